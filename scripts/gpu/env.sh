@@ -1,0 +1,7 @@
+# source me on the device machine: the carried wheels and this checkout on the path
+export PYTHONPATH=/tmp/site:$PWD
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export SPECHEADS_CACHE=/tmp/specheads-cache
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TARGET=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+export PATH=/tmp/site/bin:$PATH

@@ -1,0 +1,234 @@
+"""`specheads prepare | train | demo | generate | info`.
+
+Entry points parse arguments and call the library; errors the user can fix are printed
+as one clear line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+TRAIN_DEFAULT_CONFIG = None
+
+
+def _add_prepare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None, help="HF folder, hub id or .gguf (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--data", default="sharegpt",
+                   help="ShareGPT .json, .jsonl, .parquet, or a hub dataset id[:split] (default: embedded ShareGPT)")
+    p.add_argument("--output", default="prepared/smollm2", help="output folder (an on-disk datasets DatasetDict)")
+    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--limit", type=int, default=None, help="use at most this many conversations")
+    p.add_argument("--eval-fraction", type=float, default=0.02)
+    p.add_argument("--draft-vocab-size", type=int, default=32000)
+    p.add_argument("--regenerate", action="store_true", help="the target writes the assistant turns itself")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="per regenerated turn")
+    p.add_argument("--temperature", type=float, default=0.0, help="regeneration: 0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=64, help="regeneration batch")
+    p.add_argument("--max-turns", type=int, default=None, help="regenerate at most this many user turns each")
+
+
+def cmd_prepare(args) -> int:
+    from specheads.data.prepare import PrepareOptions, prepare
+
+    report = prepare(
+        PrepareOptions(
+            target=args.target, data=args.data, output=args.output, max_length=args.max_length, limit=args.limit,
+            eval_fraction=args.eval_fraction, draft_vocab_size=args.draft_vocab_size, regenerate=args.regenerate,
+            regen_max_new_tokens=args.max_new_tokens, regen_temperature=args.temperature, regen_top_p=args.top_p,
+            regen_seed=args.seed, regen_batch_size=args.batch_size, regen_max_turns=args.max_turns,
+        )
+    )
+    _print_prepare_report(report, args.output)
+    return 0
+
+
+def _print_prepare_report(report: dict, output: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"prepared -> {output}")
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row("train / eval conversations", f"{report['conversations']['train']} / {report['conversations']['eval']}")
+    t.add_row("train tokens (loss tokens)", f"{report['train_tokens']} ({report['train_loss_tokens']})")
+    t.add_row("truncated at max_length", str(report["truncated"]))
+    t.add_row("draft vocab (coverage)", f"{report['draft_vocab_size']} ({report['draft_vocab_coverage']:.2%})")
+    for reason, info in report["skipped"].items():
+        t.add_row(f"skipped: {reason}", str(info["count"]))
+    Console(stderr=False).print(t)
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="run config YAML (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.lr=3e-4 (repeatable)")
+    p.add_argument("--target", default=None, help="= --set target.path=...")
+    p.add_argument("--data", default=None, help="prepared data folder (= --set data.path=...)")
+    p.add_argument("--output-dir", default=None)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--deepspeed", default=None, help="DeepSpeed JSON (= --set train.deepspeed=...)")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def build_train_config(args):
+    from specheads.config import load_config
+
+    return load_config(
+        args.config, args.overrides,
+        **{"target.path": args.target, "data.path": args.data, "output_dir": args.output_dir,
+           "train.max_steps": args.max_steps, "train.deepspeed": args.deepspeed},
+    )
+
+
+def cmd_train(args) -> int:
+    from specheads.training.trainer import train
+
+    cfg = build_train_config(args)
+    _check_train_inputs(cfg)
+    summary = train(cfg)
+    if int(os.environ.get("RANK", 0)) == 0:
+        _print_train_summary(summary)
+    return 0
+
+
+def _check_train_inputs(cfg) -> None:
+    """Everything a user can get wrong, before any model loads."""
+    from pathlib import Path
+
+    from specheads.training.data import PreparedDataError
+
+    data = Path(cfg.data.path)
+    if not (data / "vocab_map.safetensors").is_file():
+        raise PreparedDataError(
+            f"data.path {str(data)!r} is not a prepared data folder; run `specheads prepare --output {data}` first"
+        )
+    if cfg.train.deepspeed and not Path(cfg.train.deepspeed).is_file():
+        raise FileNotFoundError(f"train.deepspeed {cfg.train.deepspeed!r} does not exist (see configs/ds_zero2.json)")
+
+
+def _print_train_summary(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="draft head: per-step results on the held-out split")
+    t.add_column("draft step")
+    t.add_column("top-1 acc vs target", justify="right")
+    t.add_column("chain acc (greedy)", justify="right")
+    for k, (a, c) in enumerate(zip(summary.get("eval/acc", []), summary.get("eval/chain_acc", []))):
+        t.add_row(str(k), f"{a:.3f}", f"{c:.3f}")
+    console = Console()
+    console.print(t)
+    console.print(
+        f"simulated chain acceptance length {summary.get('eval/accept_length', float('nan')):.3f}; "
+        f"{summary['tokens']} tokens in {summary['train_wall_s']} s ({summary['train_tokens_per_s']} tok/s); "
+        + (f"; peak GPU memory {summary['peak_gpu_mem_gib']} GiB" if summary.get("peak_gpu_mem_gib") else "")
+    )
+
+
+def cmd_demo(args) -> int:
+    """prepare + train on the embedded default; small on CPU, the full recipe on a GPU."""
+    import torch
+
+    from specheads.config import load_config
+    from specheads.data.prepare import PrepareOptions, prepare
+    from specheads.training.trainer import train
+
+    gpu = torch.cuda.is_available() and not args.cpu
+    data_dir = "prepared/demo-gpu" if gpu else "prepared/demo"
+    if not os.path.isdir(data_dir) or args.fresh:
+        opts = PrepareOptions(output=data_dir, max_length=2048 if gpu else 512, limit=None if gpu else args.conversations,
+                              regenerate=gpu, regen_batch_size=256)
+        _print_prepare_report(prepare(opts), data_dir)
+    overrides = {"data.path": data_dir, "output_dir": "runs/demo-gpu" if gpu else "runs/demo"}
+    if gpu:
+        cfg = load_config(None, ["train.batch_size=16", "train.lr=3e-4", "train.eval_every=100000",
+                                 "train.save_every=400"], **overrides)
+    else:
+        cfg = load_config(None, ["data.max_length=512", "train.ttt_steps=4", "train.lr=1e-3", "train.warmup_ratio=0.05",
+                                 "train.batch_size=4", f"train.max_steps={args.steps}", "train.log_every=5",
+                                 "train.eval_every=100000", "train.save_every=50", "data.eval_max_rows=32"], **overrides)
+    if args.fresh:
+        import shutil
+
+        shutil.rmtree(cfg.output_dir, ignore_errors=True)
+    _print_train_summary(train(cfg))
+    return 0
+
+
+def cmd_generate(args) -> int:
+    import torch
+
+    from specheads.data.chat import render
+    from specheads.data.regenerate import stop_token_ids
+    from specheads.runtime.generate import generate_batch
+    from specheads.runtime.sampling import SamplingParams
+    from specheads.target.loader import load_target
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model, tok, _ = load_target(args.target, dtype=dtype, device=device)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                            max_new_tokens=args.max_new_tokens).validate()
+    text = args.prompt if args.raw else render(tok, [{"role": "user", "content": args.prompt}], add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    t0 = time.time()
+    out = generate_batch(model, [ids], params, stop_token_ids(tok))[0]
+    wall = time.time() - t0
+    result = {"token_ids": out, "text": tok.decode(out), "method": "ar", "wall_s": round(wall, 3),
+              "tokens_per_s": round(len(out) / max(wall, 1e-9), 1)}
+    print(json.dumps(result) if args.json else result["text"])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specheads", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="conversations -> tokenized dataset (+ optional target regeneration)")
+    _add_prepare_args(p)
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("train", help="train a draft head (also under deepspeed / torchrun)")
+    _add_train_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("demo", help="prepare + train on the embedded SmolLM2 + ShareGPT")
+    p.add_argument("--conversations", type=int, default=300)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--cpu", action="store_true", help="the CPU demo even where a GPU is present")
+    p.add_argument("--fresh", action="store_true", help="redo data and training from scratch")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("generate", help="generate with the target (plain decoding)")
+    p.add_argument("--target", default=None)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--raw", action="store_true", help="no chat template")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_generate)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    from specheads.errors import USER_ERRORS
+
+    try:
+        return args.func(args)
+    except USER_ERRORS as e:
+        print(f"specheads {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

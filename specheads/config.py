@@ -1,0 +1,120 @@
+"""One typed run config: YAML file, then `--set a.b=value` overrides, validated up front.
+
+Unknown keys are errors (a typo must not silently train with defaults).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TargetSection(_Strict):
+    path: str | None = None  # HF folder, hub id, .gguf file; None = embedded SmolLM2-135M-Instruct
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # outputs of these 0-based decoder layers feed the head; None = EAGLE's (1, L/2-1, L-4)
+    layer_ids: list[int] | None = None
+
+
+class DataSection(_Strict):
+    path: str = "prepared/smollm2"  # a folder written by `specheads prepare`
+    max_length: int | None = Field(None, ge=16)  # cut sequences at train time (None: as prepared)
+    eval_max_rows: int = Field(256, ge=0)
+
+
+class HeadSection(_Strict):
+    kind: Literal["eagle3"] = "eagle3"
+    intermediate_size: int | None = None  # None: the target's
+
+
+class TrainSection(_Strict):
+    mode: Literal["online", "offline"] = "online"
+    ttt_steps: int = Field(7, ge=1, le=16)
+    step_decay: float = Field(0.8, gt=0, le=1)
+    lr: float = Field(1e-4, gt=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    warmup_ratio: float = Field(0.02, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    batch_size: int = Field(8, ge=1)  # sequences per micro-batch per process
+    grad_accum: int = Field(1, ge=1)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs
+    seed: int = 0
+    log_every: int = Field(10, ge=1)
+    eval_every: int = Field(200, ge=1)
+    save_every: int = Field(500, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    resume: Literal["auto", "never"] = "auto"
+    loss_chunk: int = Field(1024, ge=16)
+    deepspeed: str | None = None  # path to a DeepSpeed JSON; None: plain torch (DDP-free)
+    report_to: Literal["none", "wandb"] = "none"
+    wandb_project: str = "specheads"
+    offline_cache_dir: str | None = None  # offline mode: where hidden-state shards go
+    export_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    compile: bool = False
+
+
+class RunConfig(_Strict):
+    output_dir: str = "runs/smollm2-eagle3"
+    target: TargetSection = TargetSection()
+    data: DataSection = DataSection()
+    head: HeadSection = HeadSection()
+    train: TrainSection = TrainSection()
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.train.mode == "offline" and self.train.ttt_steps < 1:
+            raise ValueError("offline mode needs ttt_steps >= 1")
+        return self
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _set_path(tree: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: {k!r} is not a section")
+    node[keys[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, **direct) -> RunConfig:
+    """YAML (optional) <- `--set key=value` overrides <- direct keyword overrides (dotted keys)."""
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        tree = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.lr=3e-4")
+        key, raw = item.split("=", 1)
+        _set_path(tree, key.strip(), yaml.safe_load(raw))
+    for key, value in direct.items():
+        if value is not None:
+            _set_path(tree, key, value)
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"  {loc}: {msg}")
+        src = f" in {path}" if path else ""
+        raise ConfigError(f"invalid run config{src}:\n" + "\n".join(lines)) from None

