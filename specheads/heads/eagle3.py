@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, repeat_kv, rope_inv_freq
+from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, repeat_kv, rope_inv_freq
 
 
 @dataclass
@@ -182,10 +182,9 @@ class Eagle3Head(nn.Module):
         q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
         keys = k if k_cache is None else torch.cat([k_cache, k], dim=2)
         values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
-        rep = self.config.num_attention_heads // self.config.num_key_value_heads
-        keys, values = repeat_kv(keys, rep), repeat_kv(values, rep)
         if attn_mask is None and k_cache is None:
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+            rep = self.config.num_attention_heads // self.config.num_key_value_heads
+            out = F.scaled_dot_product_attention(q, repeat_kv(keys, rep), repeat_kv(values, rep), is_causal=True)
         else:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
+            out = gqa_attention(q, keys, values, attn_mask)
         return self.midlayer.finish(out, hidden), k, v

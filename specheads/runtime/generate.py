@@ -45,7 +45,7 @@ def generate_batch(
     ids = ids.to(device)
     pos = torch.arange(width, device=device).expand(b, width)
     last = torch.as_tensor(lengths, device=device) - 1
-    out = model(ids, pos, cache=cache, kv_len=width, logits_positions=last[:, None])
+    out = model(ids, pos, cache=cache, kv_len=width, logits_positions=last[:, None], prefill=True)
     token = sample(out.logits[:, 0], params, generator)
 
     stops = torch.as_tensor(sorted(stop_ids) or [-1], device=device)

@@ -136,6 +136,9 @@ def load_target(
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
+    from specheads.modules import configure_torch_backends
+
+    configure_torch_backends()
     target_dir = resolve_target(target)
     config = AutoConfig.from_pretrained(target_dir)
     with torch.device("meta"):

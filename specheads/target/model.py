@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, repeat_kv, rope_inv_freq
+from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, repeat_kv, rope_inv_freq
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -136,7 +136,10 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, cos, sin, attn_mask=None, cache: KVCache | None = None, position_ids=None, kv_len=None):
+    def forward(self, x, cos, sin, attn_mask=None, cache: KVCache | None = None, position_ids=None, kv_len=None,
+                fresh: bool = False):
+        """fresh: the tokens start at position 0 in every row (a prefill), so causal attention
+        over the new keys alone is exact and the flash kernel can run."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
@@ -146,20 +149,22 @@ class Attention(nn.Module):
         q = apply_rotary(q.transpose(1, 2), cos, sin)
         k = apply_rotary(k.transpose(1, 2), cos, sin)
         if cache is not None:
-            # write this step's keys at their positions, then attend over the cache prefix
+            # write this step's keys at their positions
             idx = position_ids[:, None, :, None].expand(b, self.n_kv, t, self.head_dim)
             cache.k[self.layer_idx].scatter_(2, idx, k)
             cache.v[self.layer_idx].scatter_(2, idx, v)
-            k = cache.k[self.layer_idx, :b, :, :kv_len]
-            v = cache.v[self.layer_idx, :b, :, :kv_len]
-        rep = self.n_heads // self.n_kv
-        k, v = repeat_kv(k, rep), repeat_kv(v, rep)
-        if attn_mask is None and cache is None and self.window is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if (cache is None or fresh) and attn_mask is None and self.window is None:
+            rep = self.n_heads // self.n_kv
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), is_causal=True)
         else:
+            if cache is not None and not fresh:
+                k = cache.k[self.layer_idx, :b, :, :kv_len]
+                v = cache.v[self.layer_idx, :b, :, :kv_len]
             if attn_mask is None:
                 attn_mask = causal_cache_mask(position_ids, k.shape[2], self.window)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            elif self.window is not None:
+                attn_mask = attn_mask & causal_cache_mask(position_ids, k.shape[2], self.window)
+            out = gqa_attention(q, k, v, attn_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -218,6 +223,7 @@ class TargetModel(nn.Module):
         kv_len: int | None = None,
         attn_mask: torch.Tensor | None = None,
         logits_positions: torch.Tensor | None = None,
+        prefill: bool = False,
     ) -> TargetOutput:
         """input_ids [B, T]. Without a cache: causal attention over the batch (right padding is
         harmless). With a cache: tokens are written at `position_ids` and attend to slots
@@ -231,7 +237,11 @@ class TargetModel(nn.Module):
         cos, sin = self.rotary(position_ids, x.dtype)
         captured = {}
         capture = set(capture_layers)
-        attn_kwargs = dict(attn_mask=attn_mask, cache=cache, position_ids=position_ids, kv_len=kv_len)
+        # a prefill (every row at positions 0..T-1) attends to its own keys only: flash-eligible
+        fresh = prefill and cache is not None and attn_mask is None
+        if cache is not None and attn_mask is None and not fresh and not any(self.spec.sliding_windows):
+            attn_mask = causal_cache_mask(position_ids, kv_len)  # built once, shared by all layers
+        attn_kwargs = dict(attn_mask=attn_mask, cache=cache, position_ids=position_ids, kv_len=kv_len, fresh=fresh)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, **attn_kwargs)
             if i in capture:

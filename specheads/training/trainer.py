@@ -390,13 +390,23 @@ class Trainer:
                 grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
             done = step + 1
             if done % cfg.train.log_every == 0 or done == self.total_steps or done == start + 1:
-                rows = sum(s.rows for s in step_stats)
-                acc = [sum(float(s.step_correct[k]) for s in step_stats) / max(sum(s.step_rows[k] for s in step_stats), 1)
-                       for k in range(cfg.train.ttt_steps)]
+                # every rank logs at the same steps: average over ranks so curves compare across world sizes
+                k_steps = cfg.train.ttt_steps
+                local = torch.tensor(
+                    [sum(float(s.loss.detach()) for s in step_stats) / len(step_stats), sum(s.rows for s in step_stats)]
+                    + [sum(float(s.step_correct[k]) for s in step_stats) for k in range(k_steps)]
+                    + [sum(s.step_rows[k] for s in step_stats) for k in range(k_steps)],
+                    dtype=torch.float64, device=self.device,
+                )
+                if self.world > 1:
+                    torch.distributed.all_reduce(local)
+                local = local.cpu()
+                mean_loss, rows = float(local[0]) / self.world, int(local[1])
+                acc = [float(local[2 + k]) / max(float(local[2 + k_steps + k]), 1.0) for k in range(k_steps)]
                 elapsed = time.time() - t_start
                 record = {
                     "step": done,
-                    "loss": round(sum(float(s.loss.detach()) for s in step_stats) / len(step_stats), 5),
+                    "loss": round(mean_loss, 5),
                     "acc": [round(x, 4) for x in acc],
                     "lr": self.scheduler.get_last_lr()[0],
                     "grad_norm": round(grad_norm, 4),

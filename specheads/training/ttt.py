@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from specheads.modules import repeat_kv
+from specheads.modules import gqa_attention
 from specheads.training.loss import soft_cross_entropy
 
 
@@ -44,7 +43,6 @@ def ttt_unroll(head, embed, input_ids: torch.Tensor, aux_hidden: torch.Tensor, s
     max_pos = head.rotary.max_positions - 1
     hidden = head.fc(aux_hidden)
     attn = head.midlayer.self_attn
-    rep = attn.n_heads // attn.n_kv
     base = torch.arange(t, device=input_ids.device)
     keys, values, outputs = [], [], []
     for k in range(steps):
@@ -54,10 +52,8 @@ def ttt_unroll(head, embed, input_ids: torch.Tensor, aux_hidden: torch.Tensor, s
         q, key, value = attn.qkv(x, cos, sin)
         keys.append(key)
         values.append(value)
-        mask = ttt_mask(t, k, input_ids.device)
-        out = F.scaled_dot_product_attention(
-            q, repeat_kv(torch.cat(keys, 2), rep), repeat_kv(torch.cat(values, 2), rep), attn_mask=mask
-        )
+        mask = ttt_mask(t, k, input_ids.device)[None, None]
+        out = gqa_attention(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
         hidden = head.midlayer.finish(out, hidden)
         outputs.append(hidden)
     return outputs
