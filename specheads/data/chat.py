@@ -32,7 +32,8 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
         upto = render(tokenizer, messages[: i + 1])
         if not (upto.startswith(before) and full.startswith(upto)):
             raise DataError("chat template does not render conversation prefixes stably")
-        spans.append((len(before), len(upto)))
+        # the template's trailing newline after the end-of-turn token is never generated
+        spans.append((len(before), len(before) + len(upto[len(before):].rstrip())))
     return full, spans
 
 

@@ -61,7 +61,10 @@ def prepare(opts: PrepareOptions) -> dict:
     t0 = time.time()
     target_dir = resolve_target(opts.target)
     tokenizer = load_tokenizer(target_dir)
-    vocab_size = len(tokenizer)
+    # the model's vocab may be padded past the tokenizer (Qwen2/3): the vocab map covers the model's
+    from transformers import AutoConfig
+
+    vocab_size = max(len(tokenizer), AutoConfig.from_pretrained(target_dir).vocab_size)
     skips = SkipLog()
     conversations = list(
         tqdm(read_conversations(opts.data, skips, opts.limit), desc="read", unit="conv", leave=False)
@@ -115,7 +118,8 @@ def prepare(opts: PrepareOptions) -> dict:
             splits["eval"][key].append(splits["train"][key].pop())
     out = Path(opts.output)
     out.mkdir(parents=True, exist_ok=True)
-    DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()}).save_to_disk(str(out))
+    # an empty split cannot be saved and loaded back: leave it out
+    DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items() if v["input_ids"]}).save_to_disk(str(out))
     counts = token_frequencies(
         ({"input_ids": i, "loss_mask": m} for i, m in zip(splits["train"]["input_ids"], splits["train"]["loss_mask"])),
         vocab_size,
@@ -130,6 +134,7 @@ def prepare(opts: PrepareOptions) -> dict:
         "target": str(opts.target or "smollm2-135m-instruct"),
         "target_dir": str(target_dir),
         "vocab_size": vocab_size,
+        "tokenizer_size": len(tokenizer),
         "data": opts.data,
         "max_length": opts.max_length,
         "regenerated": opts.regenerate,

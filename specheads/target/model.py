@@ -129,7 +129,8 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(h, self.n_heads * d, bias=spec.attention_bias)
         self.k_proj = nn.Linear(h, self.n_kv * d, bias=spec.attention_bias)
         self.v_proj = nn.Linear(h, self.n_kv * d, bias=spec.attention_bias)
-        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+        # Llama and Qwen3 put a bias on o_proj too when attention_bias is set; Qwen2 never does
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=spec.attention_bias and spec.model_type in ("llama", "qwen3"))
         if spec.qk_norm:
             self.q_norm = RMSNorm(d, spec.rms_norm_eps)
             self.k_norm = RMSNorm(d, spec.rms_norm_eps)

@@ -149,10 +149,10 @@ class Trainer:
         self.compute_dtype = dtype
         target_spec = cfg.target.path or data.report.get("target_dir") or None
         self.target, self.tokenizer, self.target_dir = load_target(target_spec, dtype=dtype, device=self.device)
-        prepared_vocab = data.report.get("vocab_size")
-        if prepared_vocab is not None and prepared_vocab != len(self.tokenizer):
+        prepared_tok = data.report.get("tokenizer_size", data.report.get("vocab_size"))
+        if prepared_tok is not None and prepared_tok != len(self.tokenizer):
             raise TrainingError(
-                f"data {cfg.data.path!r} was prepared with a tokenizer of {prepared_vocab} tokens, "
+                f"data {cfg.data.path!r} was prepared with a tokenizer of {prepared_tok} tokens, "
                 f"but target {str(self.target_dir)!r} has {len(self.tokenizer)}; prepare it again for this target"
             )
         if data.t2d.numel() != self.target.spec.vocab_size:

@@ -59,10 +59,8 @@ def test_loss_mask_covers_exactly_the_assistant_turns(tokenizer):
     answers = [CONVERSATION[2]["content"], CONVERSATION[4]["content"]]
     assert len(segments) == 2
     for seg, answer in zip(segments, answers):
-        # the answer's text and its end-of-turn token; with this ChatML template the span
-        # the template adds for the turn also ends with the newline after <|im_end|>
-        assert seg.startswith(answer + "<|im_end|>"), seg
-        assert seg[len(answer + "<|im_end|>"):] in ("", "\n"), seg
+        # the answer's text and its end-of-turn token
+        assert seg == answer + "<|im_end|>", seg  # not the template's newline after it
     # everything else (system, user, role headers) has mask 0
     unmasked = tokenizer.decode([i for i, m in zip(ids, mask) if m == 0])
     assert "Be brief and kind." in unmasked and "Hello world, how are you?" in unmasked and "Why?" in unmasked

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from specheads.data.chat import tokenize_conversation
 from specheads.data.prepare import REPORT_FILE, PrepareOptions, is_eval, prepare
@@ -157,14 +156,8 @@ def test_prepare_with_regeneration(tmp_path, tiny_target_dir, sharegpt_json):
     assert rep["conversations"]["train"] + rep["conversations"]["eval"] >= 1
 
 
-EMPTY_EVAL_BUG = (
-    "product bug: prepare saves an empty eval split (eval_fraction=0, or a single usable conversation) and "
-    "datasets.load_from_disk cannot read a DatasetDict with a 0-row split back (IndexError in "
-    "datasets/table.py), so `specheads train` crashes on such a folder; prepare.py should leave empty splits out"
-)
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=EMPTY_EVAL_BUG)
 @pytest.mark.parametrize("eval_fraction, limit", [(0.0, None), (0.5, 1)], ids=["no-eval-fraction", "one-conversation"])
 def test_no_eval_split_loads(tmp_path, tiny_target_dir, sharegpt_json, eval_fraction, limit):
     from specheads.training.data import load_prepared
