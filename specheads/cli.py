@@ -170,23 +170,48 @@ def cmd_generate(args) -> int:
 
     from specheads.data.chat import render
     from specheads.data.regenerate import stop_token_ids
-    from specheads.runtime.generate import generate_batch
+    from specheads.heads.format import load_head
+    from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.loader import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model, tok, _ = load_target(args.target, dtype=dtype, device=device)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_new_tokens=args.max_new_tokens).validate()
-    text = args.prompt if args.raw else render(tok, [{"role": "user", "content": args.prompt}], add_generation_prompt=True)
-    ids = tok(text, add_special_tokens=False)["input_ids"]
+    method = args.method or ("eagle3" if args.draft else "ar")
+    model, tok, _ = load_target(args.target, dtype=dtype, device=device)
+    head = load_head(args.draft, device=device, dtype=dtype) if args.draft and method == "eagle3" else None
+    engine = SpecEngine(model, head, method=method, num_steps=args.num_steps, topk=args.topk,
+                        num_draft_tokens=args.num_draft_tokens, static_tree=args.static_tree, max_len=args.max_len)
+    prompts = []
+    for text in args.prompt:
+        text = text if args.raw else render(tok, [{"role": "user", "content": text}], add_generation_prompt=True)
+        prompts.append(tok(text, add_special_tokens=False)["input_ids"])
     t0 = time.time()
-    out = generate_batch(model, [ids], params, stop_token_ids(tok))[0]
+    results = engine.generate(prompts, params, stop_token_ids(tok))
+    if device == "cuda":
+        torch.cuda.synchronize()
     wall = time.time() - t0
-    result = {"token_ids": out, "text": tok.decode(out), "method": "ar", "wall_s": round(wall, 3),
-              "tokens_per_s": round(len(out) / max(wall, 1e-9), 1)}
-    print(json.dumps(result) if args.json else result["text"])
+    n_tokens = sum(len(r.token_ids) for r in results)
+    steps = sum(r.steps for r in results)
+    stats = {
+        "method": method,
+        "steps": steps,
+        "accepted_tokens": sum(r.accepted_tokens for r in results),
+        "mean_accept_length": round(n_tokens / steps, 3) if steps else None,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(n_tokens / max(wall, 1e-9), 1),
+    }
+    if args.json:
+        print(json.dumps({"outputs": [{"token_ids": r.token_ids, "text": tok.decode(r.token_ids),
+                                       "finish_reason": r.finish_reason,
+                                       "mean_accept_length": round(r.mean_accept_length, 3)} for r in results],
+                          "stats": stats}))
+    else:
+        for r in results:
+            print(tok.decode(r.token_ids))
+        print(json.dumps(stats), file=sys.stderr)
     return 0
 
 
@@ -210,15 +235,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="redo data and training from scratch")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("generate", help="generate with the target (plain decoding)")
+    p = sub.add_parser("generate", help="generate with target + draft head (speculative, lossless)")
     p.add_argument("--target", default=None)
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--draft", default=None, help="head folder written by specheads (final/)")
+    p.add_argument("--method", choices=["eagle3", "ngram", "ar"], default=None,
+                   help="default: eagle3 with --draft, else ar")
+    p.add_argument("--prompt", required=True, action="append", help="repeat for a batch")
     p.add_argument("--raw", action="store_true", help="no chat template")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--num-steps", type=int, default=5, help="draft depth")
+    p.add_argument("--topk", type=int, default=4, help="branching per node; 1 = chain")
+    p.add_argument("--num-draft-tokens", type=int, default=16, help="tree nodes verified per step")
+    p.add_argument("--static-tree", default=None, help="fixed tree, e.g. '0;1;0,0;0,1;0,0,0'")
+    p.add_argument("--max-len", type=int, default=2048, help="cache length: prompt + output")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
 

@@ -3,6 +3,7 @@
 from specheads.config import ConfigError
 from specheads.data.sources import DataError
 from specheads.heads.format import HeadFormatError
+from specheads.runtime.engine import EngineError
 from specheads.target.model import UnsupportedTargetError
 from specheads.training.data import PreparedDataError
 from specheads.training.trainer import TrainingError
@@ -11,6 +12,7 @@ USER_ERRORS = (
     ConfigError,
     DataError,
     HeadFormatError,
+    EngineError,
     UnsupportedTargetError,
     PreparedDataError,
     TrainingError,

@@ -138,7 +138,7 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x, cos, sin, attn_mask=None, cache: KVCache | None = None, position_ids=None, kv_len=None,
-                fresh: bool = False):
+                fresh: bool = False, cache_slots=None):
         """fresh: the tokens start at position 0 in every row (a prefill), so causal attention
         over the new keys alone is exact and the flash kernel can run."""
         b, t, _ = x.shape
@@ -150,8 +150,9 @@ class Attention(nn.Module):
         q = apply_rotary(q.transpose(1, 2), cos, sin)
         k = apply_rotary(k.transpose(1, 2), cos, sin)
         if cache is not None:
-            # write this step's keys at their positions
-            idx = position_ids[:, None, :, None].expand(b, self.n_kv, t, self.head_dim)
+            # write this step's keys at their slots (tree tokens share positions, not slots)
+            slots = position_ids if cache_slots is None else cache_slots
+            idx = slots[:, None, :, None].expand(b, self.n_kv, t, self.head_dim)
             cache.k[self.layer_idx].scatter_(2, idx, k)
             cache.v[self.layer_idx].scatter_(2, idx, v)
         if (cache is None or fresh) and attn_mask is None and self.window is None:
@@ -164,7 +165,9 @@ class Attention(nn.Module):
             if attn_mask is None:
                 attn_mask = causal_cache_mask(position_ids, k.shape[2], self.window)
             elif self.window is not None:
-                attn_mask = attn_mask & causal_cache_mask(position_ids, k.shape[2], self.window)
+                # a caller's mask (e.g. a tree) decides causality; the window only cuts old slots
+                slots = torch.arange(k.shape[2], device=x.device)
+                attn_mask = attn_mask & (slots > position_ids[:, None, :, None] - self.window)
             out = gqa_attention(q, k, v, attn_mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -225,6 +228,7 @@ class TargetModel(nn.Module):
         attn_mask: torch.Tensor | None = None,
         logits_positions: torch.Tensor | None = None,
         prefill: bool = False,
+        cache_slots: torch.Tensor | None = None,
     ) -> TargetOutput:
         """input_ids [B, T]. Without a cache: causal attention over the batch (right padding is
         harmless). With a cache: tokens are written at `position_ids` and attend to slots
@@ -242,7 +246,8 @@ class TargetModel(nn.Module):
         fresh = prefill and cache is not None and attn_mask is None
         if cache is not None and attn_mask is None and not fresh and not any(self.spec.sliding_windows):
             attn_mask = causal_cache_mask(position_ids, kv_len)  # built once, shared by all layers
-        attn_kwargs = dict(attn_mask=attn_mask, cache=cache, position_ids=position_ids, kv_len=kv_len, fresh=fresh)
+        attn_kwargs = dict(attn_mask=attn_mask, cache=cache, position_ids=position_ids, kv_len=kv_len, fresh=fresh,
+                           cache_slots=cache_slots)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, **attn_kwargs)
             if i in capture:

@@ -1,0 +1,84 @@
+"""Commit an accepted tree path: move its KV entries into consecutive slots.
+
+Verification writes the tree's tokens at slots base, base+1, ..., base+N (node order).
+The accepted path is nodes src[0]=0, src[1], ..., src[n-1]; afterwards entry i must sit
+at slot base+i. Sources can be destinations of other path entries (src[j] = i for some
+i < n), so every program loads all its sources before it stores anything.
+
+cache: [layers, batch, kv_heads, max_len, head_dim] (the target's KVCache layout).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # triton is optional on CPU-only installs
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def commit_kv_reference(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor, n_accept: torch.Tensor) -> None:
+    """base [B] (int64), src [B, M] node indices (src[:, 0] == 0), n_accept [B] (1..M)."""
+    b_size, m = src.shape
+    for b in range(b_size):
+        n = int(n_accept[b])
+        slots_from = int(base[b]) + src[b, :n]
+        slots_to = int(base[b]) + torch.arange(n, device=src.device)
+        cache[:, b, :, slots_to] = cache[:, b, :, slots_from].clone()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _commit_kernel(
+        cache_ptr, base_ptr, src_ptr, n_ptr,
+        stride_l, stride_b, stride_h, stride_s,
+        n_heads, max_accept: tl.constexpr, head_dim: tl.constexpr, block_d: tl.constexpr,
+    ):
+        pid = tl.program_id(0)  # one program per (layer, kv head) x batch row
+        h = pid % n_heads
+        layer = pid // n_heads
+        b = tl.program_id(1)
+        base = tl.load(base_ptr + b)
+        n = tl.load(n_ptr + b)
+        rows = tl.arange(0, max_accept)
+        cols = tl.arange(0, block_d)
+        row_ok = rows < n
+        col_ok = cols < head_dim
+        src = tl.load(src_ptr + b * max_accept + rows, mask=row_ok, other=0)
+        head_ptr = cache_ptr + layer * stride_l + b * stride_b + h * stride_h
+        mask = row_ok[:, None] & col_ok[None, :]
+        vals = tl.load(head_ptr + (base + src)[:, None] * stride_s + cols[None, :], mask=mask)
+        tl.store(head_ptr + (base + rows)[:, None] * stride_s + cols[None, :], vals, mask=mask)
+
+
+def commit_kv_triton(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor, n_accept: torch.Tensor) -> None:
+    layers, b_size, heads, _, head_dim = cache.shape
+    assert cache.stride(-1) == 1, "head_dim must be contiguous"
+    m = src.shape[1]
+    max_accept = triton.next_power_of_2(m)
+    src_p = torch.zeros(b_size, max_accept, dtype=torch.int64, device=src.device)
+    src_p[:, :m] = src
+    _commit_kernel[(layers * heads, b_size)](
+        cache, base.to(torch.int64), src_p, n_accept.to(torch.int64),
+        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
+        heads, max_accept=max_accept, head_dim=head_dim, block_d=triton.next_power_of_2(head_dim),
+    )
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    if triton is None:
+        return False
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def commit_kv(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor, n_accept: torch.Tensor) -> None:
+    """In place on `cache`; Triton on GPU (or under TRITON_INTERPRET=1), torch elsewhere."""
+    if use_triton(cache):
+        commit_kv_triton(cache, base, src, n_accept)
+    else:
+        commit_kv_reference(cache, base, src, n_accept)

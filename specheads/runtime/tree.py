@@ -1,0 +1,62 @@
+"""Draft trees, batched: node 0 is the root (the last accepted token), nodes are ordered so
+that every parent comes before its children.
+
+tokens [B, N+1] target token ids; parents [B, N+1] (root: -1); depth [B, N+1];
+valid [B, N+1] (padding nodes can never be accepted); anc [B, N+1, N+1] ancestor-or-self.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[1]
+
+    def ancestors(self) -> torch.Tensor:
+        b, n = self.tokens.shape
+        eye = torch.eye(n, dtype=torch.bool, device=self.tokens.device).expand(b, n, n)
+        anc = eye.clone()
+        parent = self.parents.clamp(min=0)
+        max_depth = int(self.depth.max()) if n > 1 else 0
+        for _ in range(max_depth):  # each pass climbs one level
+            anc = eye | (anc.gather(1, parent[:, :, None].expand(b, n, n)) & (self.parents >= 0)[:, :, None])
+        return anc
+
+
+def chain_tree(root: torch.Tensor, drafts: torch.Tensor, valid: torch.Tensor) -> Tree:
+    """root [B], drafts [B, N] as one path."""
+    b, n = drafts.shape
+    dev = drafts.device
+    tokens = torch.cat([root[:, None], drafts], 1)
+    parents = torch.arange(-1, n, device=dev).expand(b, n + 1).clone()
+    depth = torch.arange(n + 1, device=dev).expand(b, n + 1).clone()
+    ok = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=dev), valid], 1)
+    ok = ok.long().cumprod(1).bool()  # a path stops at its first padding node
+    return Tree(tokens, parents, depth, ok)
+
+
+def parse_static_tree(spec: str | list) -> list[tuple[int, ...]]:
+    """'0;1;0,0;0,1;0,0,0' or [[0],[1],[0,0],...]: each path lists the child ranks from the root."""
+    if isinstance(spec, str):
+        paths = [tuple(int(x) for x in p.split(",")) for p in spec.replace(" ", "").split(";") if p]
+    else:
+        paths = [tuple(int(x) for x in p) for p in spec]
+    paths = sorted(set(paths), key=lambda p: (len(p), p))
+    have = set(paths)
+    for p in paths:
+        if any(r < 0 for r in p) or not p:
+            raise ValueError(f"static tree path {p} must be a non-empty list of ranks >= 0")
+        if len(p) > 1 and p[:-1] not in have:
+            raise ValueError(f"static tree path {p} has no parent path {p[:-1]}")
+    return paths
