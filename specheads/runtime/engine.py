@@ -25,6 +25,7 @@ import torch
 from specheads.kernels.kv_commit import commit_kv
 from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
 from specheads.runtime.generate import generate_batch
+from specheads.runtime.graphs import GraphedForward, compact_rows
 from specheads.runtime.sampling import SamplingParams, warp_probs
 from specheads.target.model import KVCache
 
@@ -50,7 +51,7 @@ class EngineError(ValueError):
 
 class SpecEngine:
     def __init__(self, target, head=None, method: str = "eagle3", num_steps: int = 5, topk: int = 4,
-                 num_draft_tokens: int = 16, static_tree=None, max_len: int = 2048):
+                 num_draft_tokens: int = 16, static_tree=None, max_len: int = 2048, use_graphs: bool | None = None):
         if method not in METHODS:
             raise EngineError(f"method {method!r} is not one of {', '.join(METHODS)}")
         self.target = target
@@ -69,6 +70,7 @@ class SpecEngine:
             self.drafter = NgramDrafter(num_draft_tokens)
         self.device = target.model.embed_tokens.weight.device
         self.dtype = target.model.embed_tokens.weight.dtype
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
 
     # ------------------------------------------------------------------ public
     def generate(self, prompts: list[list[int]], params: SamplingParams, stop_ids=()) -> list[GenerationResult]:
@@ -89,7 +91,7 @@ class SpecEngine:
         for budget in sorted(set(budgets)):  # rows with the same budget decode together
             rows = [i for i, b in enumerate(budgets) if b == budget]
             p = SamplingParams(**{**params.__dict__, "max_new_tokens": budget})
-            toks = generate_batch(self.target, [prompts[i] for i in rows], p, stop_ids)
+            toks = generate_batch(self.target, [prompts[i] for i in rows], p, stop_ids, use_graphs=self.use_graphs)
             out += list(zip(rows, toks))
         res = [None] * len(prompts)
         for i, toks in out:
@@ -103,8 +105,10 @@ class SpecEngine:
         dev = self.device
         b = len(prompts)
         tree_nodes = 1 + getattr(self.drafter, "num_draft", getattr(self.drafter, "n", 0))
-        cap = self.max_len + tree_nodes + 1  # room to verify a full tree at the end
+        cap = self.max_len + tree_nodes + 2  # room to verify a full tree at the end, + a spare slot
         cache = KVCache(self.target.spec, b, cap, self.dtype, dev)
+        self.verify_graph = (GraphedForward(self.target, cache, tree_nodes, self.layer_ids or (), tree=True)
+                             if self.use_graphs else None)
         generator = torch.Generator(device=dev).manual_seed(params.seed) if params.seed is not None else None
         if isinstance(self.drafter, Eagle3Drafter):
             self.drafter.reset(b, cap, dev, self.dtype)
@@ -139,9 +143,9 @@ class SpecEngine:
             live = [i for i, r in enumerate(rows) if reasons[r] is None]
             if not live:
                 break
-            if len(live) < len(rows):  # finished sequences leave the batch
+            if len(live) < len(rows):  # finished sequences leave the batch (in place: graphs keep their cache)
                 keep = torch.tensor(live, device=dev)
-                cache.k, cache.v = cache.k[:, keep], cache.v[:, keep]
+                compact_rows([cache.k, cache.v], keep, dim=1)
                 committed, root = committed[keep], root[keep]
                 self.drafter.select(keep)
                 rows = [rows[i] for i in live]
@@ -191,12 +195,15 @@ class SpecEngine:
         dev = self.device
         positions = committed[:, None] + tree.depth
         slots = committed[:, None] + torch.arange(n, device=dev)
-        kv_len = int(committed.max()) + n
+        kv_len = cache.max_len if self.verify_graph is not None else int(committed.max()) + n
         mask = torch.arange(kv_len, device=dev)[None, None, :] < committed[:, None, None]
         mask = mask.expand(b, n, kv_len).clone()
         mask.scatter_(2, slots[:, None, :].expand(b, n, n), tree.ancestors())
-        out = self.target(tree.tokens, positions, cache=cache, kv_len=kv_len, attn_mask=mask[:, None],
-                          cache_slots=slots, capture_layers=self.layer_ids or ())
+        if self.verify_graph is not None:
+            out = self.verify_graph(tree.tokens, positions, slots, mask[:, None])
+        else:
+            out = self.target(tree.tokens, positions, cache=cache, kv_len=kv_len, attn_mask=mask[:, None],
+                              cache_slots=slots, capture_layers=self.layer_ids or ())
         y = self._pick(out.logits, params, generator)  # the target's own token at every node
         cur = torch.zeros(b, dtype=torch.long, device=dev)
         alive = torch.ones(b, dtype=torch.bool, device=dev)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from specheads.runtime.graphs import GraphedForward, compact_rows, next_pow2
 from specheads.runtime.sampling import SamplingParams, sample
 from specheads.target.model import KVCache, TargetModel
 
@@ -19,8 +20,12 @@ def generate_batch(
     params: SamplingParams,
     stop_ids: set[int] | list[int] = (),
     compact_every: int = 32,
+    use_graphs: bool | None = None,
 ) -> list[list[int]]:
-    """Decode each prompt; returns new tokens per prompt, the stop token excluded."""
+    """Decode each prompt; returns new tokens per prompt, the stop token excluded.
+
+    On CUDA the decode step replays a CUDA graph per power-of-two batch bucket, attending
+    over the whole cache; elsewhere it runs eagerly over the filled prefix."""
     params.validate()
     device = model.model.embed_tokens.weight.device
     dtype = model.model.embed_tokens.weight.dtype
@@ -37,7 +42,10 @@ def generate_batch(
     generator = None
     if params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
-    cache = KVCache(model.spec, b, max_len, dtype, device)
+    if use_graphs is None:
+        use_graphs = device.type == "cuda"
+    cache = KVCache(model.spec, b, max_len + 1, dtype, device)  # + a spare slot for graph warm-up
+    graphed = GraphedForward(model, cache, 1) if use_graphs else None
     width = max(lengths)
     ids = torch.zeros(b, width, dtype=torch.long)
     for i, p in enumerate(prompts):
@@ -64,14 +72,19 @@ def generate_batch(
             break
         if (step + 1) % compact_every == 0:
             live = ~done[rows]
-            if not bool(live.any()):
+            n_live = int(live.sum())
+            if n_live == 0:
                 break
-            if not bool(live.all()):
-                keep = live.nonzero().squeeze(1)
+            size = next_pow2(n_live) if graphed else n_live
+            if size < rows.numel():  # finished rows leave: live rows move to the front, in place
+                keep = torch.argsort((~live).int(), stable=True)[:size]
+                compact_rows([cache.k, cache.v], keep, dim=1)
                 rows, token, position = rows[keep], token[keep], position[keep]
-                cache.k, cache.v = cache.k[:, keep], cache.v[:, keep]
         kv_len = kv_len + 1
-        out = model(token[:, None], position[:, None], cache=cache, kv_len=int(kv_len))
+        if graphed is not None:
+            out = graphed(token[:, None], position[:, None])
+        else:
+            out = model(token[:, None], position[:, None], cache=cache, kv_len=int(kv_len))
         token = sample(out.logits[:, 0], params, generator)
         position = position + 1
     produced, count = produced.cpu(), count.cpu()

@@ -193,3 +193,15 @@ def test_load_prepared_errors(tmp_path, prepared_dir):
     data = load_prepared(prepared_dir, max_length=20)
     assert max(len(x) for x in data.train_ids) == 20
     assert data.d2t.numel() == DRAFT_VOCAB
+
+
+def test_wandb_offline_logging(tmp_path, tiny_target_dir, small_prepared_dir, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = train_config(tiny_target_dir, small_prepared_dir, tmp_path, "train.max_steps=2", "train.report_to=wandb",
+                       "train.ttt_steps=1")
+    train(cfg)
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs, "wandb wrote no offline run"
+    assert any(p.suffix == ".wandb" for p in runs[0].iterdir())

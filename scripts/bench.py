@@ -1,0 +1,264 @@
+"""Decoding benchmark: our ar / eagle3 chain / eagle3 tree / ngram, and transformers peers.
+
+    python scripts/bench.py --target <dir|.gguf> --draft runs/smollm2-eagle3/final \
+        --prompts sharegpt coding --batch-sizes 1 8 --max-new-tokens 256 --out bench/smollm2
+
+Prints a table (tokens/s, mean acceptance length, speedup over our ar, share of outputs
+identical to our ar), writes <out>.json and <out>.png. `--verify-shape llama-8b` also times
+one target forward over k = 1..128 tokens for a random-weight Llama-3.1-8B shape (GPU).
+Timings are wall clock after a warm-up, synchronized; nothing here asserts speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+CODING_PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Implement binary search over a sorted list in Python and explain its complexity.",
+    "Write a JavaScript function that debounces another function.",
+    "Write a SQL query that returns the 5 customers with the highest total order value.",
+    "Write a Python class for a stack with push, pop and peek, with type hints.",
+    "Explain the difference between a list and a tuple in Python with examples.",
+    "Write a bash script that counts the lines of every .py file in a folder.",
+    "Write a C function that reverses a string in place.",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a Rust function that sums the even numbers of a vector.",
+    "Write a Python script that reads a CSV file and prints the average of a column.",
+    "Write a recursive Python function that flattens a nested list.",
+]
+
+
+def sharegpt_prompts(n: int) -> list[str]:
+    """First user turns of the held-out ShareGPT conversations (prepare's fixed eval split)."""
+    from specheads.data.prepare import is_eval
+    from specheads.data.sources import SkipLog, read_conversations
+
+    out = []
+    for conv in read_conversations("sharegpt", SkipLog()):
+        if not is_eval(conv.id, 0.02):
+            continue
+        first = next((m["content"] for m in conv.messages if m["role"] == "user"), "")
+        if 0 < len(first) < 2000:
+            out.append(first)
+        if len(out) >= n:
+            break
+    return out
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_ours(engine, prompt_ids, params, stops, batch: int):
+    t0 = time.time()
+    results = []
+    for i in range(0, len(prompt_ids), batch):
+        results += engine.generate(prompt_ids[i : i + batch], params, stops)
+    sync()
+    wall = time.time() - t0
+    tokens = sum(len(r.token_ids) for r in results)
+    steps = sum(r.steps for r in results)
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "mean_accept_length": tokens / steps if steps else None}, [r.token_ids for r in results]
+
+
+def run_hf(target_dir, prompt_ids, max_new, stops, batch: int, static_compile: bool, device, dtype):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
+    kwargs = dict(max_new_tokens=max_new, do_sample=False, eos_token_id=sorted(stops), pad_token_id=sorted(stops)[0])
+    if static_compile:
+        kwargs["cache_implementation"] = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    outs = []
+
+    def once(ids_list):
+        res = []
+        for i in range(0, len(ids_list), batch):
+            chunk = ids_list[i : i + batch]
+            width = max(len(x) for x in chunk)
+            ids = torch.full((len(chunk), width), kwargs["pad_token_id"], dtype=torch.long)
+            att = torch.zeros_like(ids)
+            for r, x in enumerate(chunk):  # left padding for generate
+                ids[r, width - len(x):] = torch.as_tensor(x)
+                att[r, width - len(x):] = 1
+            with torch.no_grad():
+                gen = model.generate(ids.to(device), attention_mask=att.to(device), **kwargs)
+            for r in range(len(chunk)):
+                new = gen[r, width:].tolist()
+                cut = next((j for j, t in enumerate(new) if t in stops), len(new))
+                res.append(new[:cut])
+        return res
+
+    once(prompt_ids[:batch])  # warm-up (and compilation)
+    sync()
+    t0 = time.time()
+    outs = once(prompt_ids)
+    sync()
+    wall = time.time() - t0
+    tokens = sum(len(o) for o in outs)
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "mean_accept_length": None}, outs
+
+
+def verify_cost(device, dtype, ks=(1, 2, 4, 8, 16, 32, 64, 128), context=512, repeats=20):
+    """One forward over k new tokens on a random-weight Llama-3.1-8B shape with a KV cache."""
+    from transformers import LlamaConfig
+
+    from specheads.target.model import KVCache, TargetModel
+
+    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8192})
+    with torch.device(device):
+        model = TargetModel(cfg, max_positions=4096).to(dtype).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    cache = KVCache(model.spec, 1, context + max(ks) + 1, dtype, device)
+    rows = []
+    with torch.no_grad():
+        ids = torch.randint(0, 1000, (1, context), device=device)
+        model(ids, cache=cache, kv_len=context, prefill=True, return_logits=False)
+        for k in ks:
+            toks = torch.randint(0, 1000, (1, k), device=device)
+            pos = context + torch.arange(k, device=device)[None]
+            for _ in range(3):
+                model(toks, pos, cache=cache, kv_len=context + k, logits_positions=torch.zeros(1, 1, dtype=torch.long, device=device))
+            sync()
+            t0 = time.time()
+            for _ in range(repeats):
+                model(toks, pos, cache=cache, kv_len=context + k, logits_positions=torch.zeros(1, 1, dtype=torch.long, device=device))
+            sync()
+            rows.append({"k": k, "ms": (time.time() - t0) / repeats * 1000})
+    base = rows[0]["ms"]
+    for r in rows:
+        r["ratio_to_k1"] = r["ms"] / base
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"rows": rows, "weight_bytes": weight_bytes, "context": context}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--prompts", nargs="+", default=["sharegpt", "coding"], help="sharegpt, coding, or a .txt file")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--methods", nargs="+", default=["ar", "eagle3-chain", "eagle3-tree", "ngram"])
+    ap.add_argument("--peers", nargs="*", default=["hf", "hf-static-compile"])
+    ap.add_argument("--tree", default="5,4,16", help="num_steps,topk,num_draft_tokens of eagle3-tree")
+    ap.add_argument("--chain-steps", type=int, default=5)
+    ap.add_argument("--verify-shape", choices=["none", "llama-8b"], default="none")
+    ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--out", default="bench/result")
+    args = ap.parse_args()
+
+    from specheads.data.chat import render
+    from specheads.data.regenerate import stop_token_ids
+    from specheads.heads.format import load_head
+    from specheads.runtime.engine import SpecEngine
+    from specheads.runtime.sampling import SamplingParams
+    from specheads.target.loader import load_target
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    target, tok, target_dir = load_target(args.target, dtype=dtype, device=device)
+    head = load_head(args.draft, device=device, dtype=dtype) if args.draft else None
+    stops = stop_token_ids(tok)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    steps, topk, n_draft = (int(x) for x in args.tree.split(","))
+    engines = {
+        "ar": lambda: SpecEngine(target, method="ar", max_len=args.max_len),
+        "eagle3-chain": lambda: SpecEngine(target, head, "eagle3", num_steps=args.chain_steps, topk=1, max_len=args.max_len),
+        "eagle3-tree": lambda: SpecEngine(target, head, "eagle3", num_steps=steps, topk=topk, num_draft_tokens=n_draft,
+                                          max_len=args.max_len),
+        "ngram": lambda: SpecEngine(target, method="ngram", num_draft_tokens=8, max_len=args.max_len),
+    }
+    rows = []
+    for source in args.prompts:
+        if source == "sharegpt":
+            texts = sharegpt_prompts(args.num_prompts)
+        elif source == "coding":
+            texts = CODING_PROMPTS[: args.num_prompts]
+        else:
+            texts = [line for line in Path(source).read_text().splitlines() if line.strip()][: args.num_prompts]
+        prompt_ids = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
+                          add_special_tokens=False)["input_ids"] for t in texts]
+        for batch in args.batch_sizes:
+            ar_out = None
+            ar_tps = None
+            for method in args.methods:
+                if method.startswith("eagle3") and head is None:
+                    continue
+                engine = engines[method]()
+                run_ours(engine, prompt_ids[:batch], SamplingParams(max_new_tokens=8), stops, batch)  # warm-up
+                res, outs = run_ours(engine, prompt_ids, params, stops, batch)
+                if method == "ar":
+                    ar_out, ar_tps = outs, res["tokens_per_s"]
+                res.update(method=method, prompts=source, batch=batch,
+                           identical_to_ar=(sum(o == a for o, a in zip(outs, ar_out)) / len(outs)) if ar_out else None)
+                rows.append(res)
+            for peer in args.peers:
+                res, outs = run_hf(target_dir, prompt_ids, args.max_new_tokens, stops, batch,
+                                   peer == "hf-static-compile", device, dtype)
+                res.update(method=peer, prompts=source, batch=batch,
+                           identical_to_ar=(sum(o == a for o, a in zip(outs, ar_out)) / len(outs)) if ar_out else None)
+                rows.append(res)
+            for r in rows:
+                if r["prompts"] == source and r["batch"] == batch and ar_tps:
+                    r["speedup_vs_ar"] = r["tokens_per_s"] / ar_tps
+    report = {"card": card, "dtype": str(dtype), "target": str(target_dir), "draft": args.draft,
+              "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    if args.verify_shape == "llama-8b":
+        report["verify_cost_llama8b"] = verify_cost(device, dtype)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    print(f"card {card}, {dtype}, max_new_tokens {args.max_new_tokens}")
+    print(f"{'prompts':>8} {'batch':>5} {'method':>18} {'tok/s':>9} {'accept':>7} {'speedup':>8} {'same as ar':>10}")
+    for r in rows:
+        acc = f"{r['mean_accept_length']:.2f}" if r.get("mean_accept_length") else "-"
+        same = f"{r['identical_to_ar']:.0%}" if r.get("identical_to_ar") is not None else "-"
+        print(f"{r['prompts']:>8} {r['batch']:>5} {r['method']:>18} {r['tokens_per_s']:>9.1f} {acc:>7} "
+              f"{r.get('speedup_vs_ar', float('nan')):>8.2f} {same:>10}")
+    if "verify_cost_llama8b" in report:
+        for r in report["verify_cost_llama8b"]["rows"]:
+            print(f"llama-8b shape: k={r['k']:>4} forward {r['ms']:.2f} ms ({r['ratio_to_k1']:.2f}x k=1)")
+    plot(report, out.with_suffix(".png"))
+
+
+def plot(report: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["prompts"], r["batch"]) for r in report["rows"]})
+    methods = list(dict.fromkeys(r["method"] for r in report["rows"]))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups) + 2), 4))
+    width = 0.8 / max(len(methods), 1)
+    for j, m in enumerate(methods):
+        vals = [next((r["tokens_per_s"] for r in report["rows"] if (r["prompts"], r["batch"]) == g and r["method"] == m), 0)
+                for g in groups]
+        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=m)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"{p}\nbatch {b}" for p, b in groups])
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(f"{report['card']}, {report['dtype']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

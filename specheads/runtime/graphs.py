@@ -1,0 +1,81 @@
+"""CUDA graphs for the target forward at fixed shapes.
+
+A graph is captured per batch size (callers use power-of-two buckets) for a fixed number
+of tokens per row, attending over the whole cache (kv_len = cache length) under a mask,
+so one capture serves every step. The KV cache is never reallocated: callers compact
+rows in place, and the model reads rows [:batch] of the same storage.
+Warm-up runs before capture write into the cache's last slot, which callers keep spare.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specheads.target.model import KVCache
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class GraphedForward:
+    def __init__(self, model, cache: KVCache, n_tokens: int, capture_layers=(), tree: bool = False,
+                 logits_rows: int | None = None):
+        """tree: the caller passes cache slots and an explicit mask (tree verification);
+        otherwise slots = positions and the mask is causal by position (plain decode)."""
+        self.model, self.cache = model, cache
+        self.n_tokens = n_tokens
+        self.capture_layers = tuple(capture_layers)
+        self.tree = tree
+        self.graphs: dict[int, tuple] = {}
+        self.pool = None
+
+    def __call__(self, ids, positions, slots=None, mask=None):
+        b = ids.shape[0]
+        if b not in self.graphs:
+            self.graphs[b] = self._capture(b)
+        graph, inputs, out = self.graphs[b]
+        inputs["ids"].copy_(ids)
+        inputs["pos"].copy_(positions)
+        if self.tree:
+            inputs["slots"].copy_(slots)
+            inputs["mask"].copy_(mask)
+        graph.replay()
+        return out
+
+    def _forward(self, inputs):
+        kv_len = self.cache.max_len
+        return self.model(
+            inputs["ids"], inputs["pos"], cache=self.cache, kv_len=kv_len,
+            attn_mask=inputs.get("mask"), cache_slots=inputs.get("slots"), capture_layers=self.capture_layers,
+        )
+
+    def _capture(self, b: int):
+        dev = self.cache.k.device
+        t, spare = self.n_tokens, self.cache.max_len - 1
+        inputs = {
+            "ids": torch.zeros(b, t, dtype=torch.long, device=dev),
+            "pos": torch.full((b, t), spare, dtype=torch.long, device=dev),
+        }
+        if self.tree:
+            inputs["slots"] = torch.full((b, t), spare, dtype=torch.long, device=dev)
+            inputs["mask"] = torch.ones(b, 1, t, self.cache.max_len, dtype=torch.bool, device=dev)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._forward(inputs)
+        self.pool = graph.pool()
+        return graph, inputs, out
+
+
+def compact_rows(tensors: list[torch.Tensor], keep: torch.Tensor, dim: int = 0) -> None:
+    """Move rows `keep` to the front of each tensor, in place (storage stays put)."""
+    n = keep.numel()
+    for t in tensors:
+        src = t.index_select(dim, keep)
+        t.narrow(dim, 0, n).copy_(src)
