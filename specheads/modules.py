@@ -67,7 +67,7 @@ class RotaryTable(nn.Module):
         self._inv_freq = inv_freq.detach().float().cpu()
         self._scaling = scaling
         self._max_positions = max_positions
-        cos, sin = self._tables(torch.device("cpu"))
+        cos, sin = self._tables(torch.empty(0).device)  # the default device (honours `with torch.device(...)`)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

@@ -151,8 +151,8 @@ class SpecEngine:
                 rows = [rows[i] for i in live]
             tree = self.drafter.propose([histories[r] for r in rows], root)
             path, n_acc, bonus, aux = self._verify(tree, cache, committed, params, generator)
-            for tensor in (cache.k, cache.v):
-                commit_kv(tensor, committed, path, n_acc)
+            for tensor in (cache.k, cache.v):  # rows past the live batch are stale after compaction
+                commit_kv(tensor[:, : len(rows)], committed, path, n_acc)
             path_tokens = tree.tokens.gather(1, path.clamp(min=0))
             if isinstance(self.drafter, Eagle3Drafter):
                 path_aux = aux.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, aux.shape[-1]))

@@ -1,0 +1,120 @@
+"""`specheads generate` in-process: JSON output, lossless against --method ar, user errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specheads.cli import main
+from tests.helpers import train_config
+
+PROMPT_ARGS = ["--prompt", "hi", "--prompt", "hello there"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory, tiny_target_dir, small_prepared_dir):
+    """A head exported by a short training run on the tiny target (draft vocab < vocab)."""
+    from specheads.training.trainer import train
+
+    out = tmp_path_factory.mktemp("generate-head")
+    train(train_config(tiny_target_dir, small_prepared_dir, out, "train.max_steps=10", "train.lr=3e-3"))
+    assert (out / "final" / "model.safetensors").is_file()
+    return out / "final"
+
+
+def _generate(capsys, target, *args):
+    capsys.readouterr()
+    code = main(["generate", "--target", str(target), *PROMPT_ARGS, "--max-new-tokens", "8", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _json(capsys, target, *args) -> dict:
+    code, out, err = _generate(capsys, target, "--json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_generate_json_equals_ar(capsys, tiny_target_dir, tiny_target, head_dir):
+    _, tok = tiny_target
+    spec = _json(capsys, tiny_target_dir, "--draft", str(head_dir), "--max-len", "256")
+    assert set(spec) == {"outputs", "stats"}
+    assert len(spec["outputs"]) == 2
+    for o in spec["outputs"]:
+        assert {"token_ids", "text", "finish_reason"} <= set(o)
+        assert all(isinstance(t, int) for t in o["token_ids"]) and 0 < len(o["token_ids"]) <= 8
+        assert o["text"] == tok.decode(o["token_ids"])
+        assert o["finish_reason"] in ("stop", "length")
+        assert o["finish_reason"] == "length" or len(o["token_ids"]) < 8
+    stats = spec["stats"]
+    assert stats["method"] == "eagle3"
+    assert isinstance(stats["steps"], int) and stats["steps"] > 0
+    n_tokens = sum(len(o["token_ids"]) for o in spec["outputs"])
+    assert stats["mean_accept_length"] == pytest.approx(n_tokens / stats["steps"], abs=1e-3)
+    assert stats["tokens_per_s"] > 0 and stats["accepted_tokens"] >= 0
+
+    ar = _json(capsys, tiny_target_dir, "--method", "ar", "--max-len", "256")
+    assert ar["stats"]["method"] == "ar"
+    assert [o["token_ids"] for o in ar["outputs"]] == [o["token_ids"] for o in spec["outputs"]]
+    assert [o["finish_reason"] for o in ar["outputs"]] == [o["finish_reason"] for o in spec["outputs"]]
+    # the other drafters through the CLI flags: the same tokens
+    for extra in (["--method", "ngram"], ["--draft", str(head_dir), "--topk", "1", "--num-steps", "3"],
+                  ["--draft", str(head_dir), "--static-tree", "0;1;0,0;0,1;1,0;0,0,0"]):
+        other = _json(capsys, tiny_target_dir, "--max-len", "256", *extra)
+        assert [o["token_ids"] for o in other["outputs"]] == [o["token_ids"] for o in ar["outputs"]], extra
+
+
+def test_generate_text_mode_prints_text_and_stats(capsys, tiny_target_dir, tiny_target, head_dir):
+    code, out, err = _generate(capsys, tiny_target_dir, "--draft", str(head_dir), "--max-len", "256")
+    assert code == 0
+    assert json.loads(err.strip().splitlines()[-1])["method"] == "eagle3"
+    assert out.count("\n") >= 2  # one printed text per prompt
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cli.py generate: --max-len defaults to 2048 whatever the target, so on a target with fewer "
+    "positions (the tiny one has 512) the plain command exits 2 'max_len 2048 exceeds the target's 512 positions'",
+)
+def test_generate_default_max_len_fits_the_target(capsys, tiny_target_dir, head_dir):
+    code, out, err = _generate(capsys, tiny_target_dir, "--draft", str(head_dir), "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["outputs"]) == 2
+
+
+def test_generate_missing_draft_folder(capsys, tmp_path, tiny_target_dir):
+    missing = tmp_path / "no-such-head"
+    code, out, err = _generate(capsys, tiny_target_dir, "--draft", str(missing), "--max-len", "256", "--json")
+    assert code == 2
+    assert out == ""
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert lines[0].startswith("specheads generate: error: ") and "Traceback" not in err
+    assert str(missing) in err
+
+
+def test_generate_max_len_beyond_target_is_a_user_error(capsys, tiny_target_dir):
+    code, _, err = _generate(capsys, tiny_target_dir, "--method", "ar", "--max-len", "4096")
+    assert code == 2
+    assert "max_len 4096 exceeds the target's 512 positions" in err
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cli.py main catches only USER_ERRORS: a bad --static-tree (ValueError from parse_static_tree) "
+    "or bad sampling flag (ValueError from SamplingParams.validate) escapes as a traceback instead of exit 2",
+)
+@pytest.mark.parametrize("bad", [["--static-tree", "0;1,1"], ["--top-p", "2"], ["--temperature", "-1"]])
+def test_generate_bad_flags_are_user_errors(capsys, tiny_target_dir, head_dir, bad):
+    code, _, err = _generate(capsys, tiny_target_dir, "--draft", str(head_dir), "--max-len", "256", *bad)
+    assert code == 2
+    assert err.startswith("specheads generate: error: ")

@@ -1,0 +1,120 @@
+"""Draft trees: ancestor masks, chains with padding, static tree specs."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import torch
+
+from specheads.runtime.tree import Tree, chain_tree, parse_static_tree
+
+
+def _tree(parents_rows, tokens_rows=None):
+    parents = torch.tensor(parents_rows)
+    b, n = parents.shape
+    depth = torch.zeros(b, n, dtype=torch.long)
+    for i in range(b):
+        for j in range(1, n):
+            depth[i, j] = depth[i, parents[i, j]] + 1
+    tokens = torch.tensor(tokens_rows) if tokens_rows is not None else torch.arange(n).expand(b, n).clone()
+    return Tree(tokens, parents, depth, torch.ones(b, n, dtype=torch.bool))
+
+
+def _brute_ancestors(parents: list[int]) -> list[list[bool]]:
+    n = len(parents)
+    out = [[False] * n for _ in range(n)]
+    for i in range(n):
+        j = i
+        while j >= 0:
+            out[i][j] = True
+            j = parents[j]
+    return out
+
+
+def test_ancestors_of_a_hand_built_tree():
+    #        0
+    #      /   \
+    #     1     2
+    #     |     |
+    #     3     5
+    #     |
+    #     4
+    # row 1 of the batch: a chain 0-1-2-3-4-5 (rows of one batch have their own shapes)
+    tree = _tree([[-1, 0, 0, 1, 3, 2], [-1, 0, 1, 2, 3, 4]])
+    assert tree.size == 6
+    assert tree.depth.tolist() == [[0, 1, 1, 2, 3, 2], [0, 1, 2, 3, 4, 5]]
+    T, F = True, False
+    expected_row0 = [
+        [T, F, F, F, F, F],
+        [T, T, F, F, F, F],
+        [T, F, T, F, F, F],
+        [T, T, F, T, F, F],
+        [T, T, F, T, T, F],
+        [T, F, T, F, F, T],
+    ]
+    anc = tree.ancestors()
+    assert anc.dtype == torch.bool and anc.shape == (2, 6, 6)
+    assert anc[0].tolist() == expected_row0
+    assert torch.equal(anc[1], torch.ones(6, 6, dtype=torch.bool).tril())
+
+
+def test_ancestors_of_a_root_only_tree():
+    tree = _tree([[-1], [-1]], [[5], [9]])
+    assert tree.ancestors().tolist() == [[[True]], [[True]]]
+
+
+def test_ancestors_match_brute_force_on_random_trees():
+    rng = random.Random(0)
+    rows = []
+    for _ in range(4):
+        n = 13
+        rows.append([-1] + [rng.randrange(j) for j in range(1, n)])  # parents come first
+    tree = _tree(rows)
+    anc = tree.ancestors()
+    for b, parents in enumerate(rows):
+        assert anc[b].tolist() == _brute_ancestors(parents), b
+
+
+def test_chain_tree_stops_at_the_first_padding_node():
+    roots = torch.tensor([7, 8, 9])
+    drafts = torch.tensor([[1, 2, 3], [4, 5, 6], [10, 11, 12]])
+    valid = torch.tensor([[True, False, True], [True, True, True], [False, True, True]])
+    tree = chain_tree(roots, drafts, valid)
+    assert tree.tokens.tolist() == [[7, 1, 2, 3], [8, 4, 5, 6], [9, 10, 11, 12]]
+    assert tree.parents.tolist() == [[-1, 0, 1, 2]] * 3
+    assert tree.depth.tolist() == [[0, 1, 2, 3]] * 3
+    # a valid node after a padding node is unreachable: the cumulative product drops it
+    assert tree.valid.tolist() == [[True, True, False, False], [True, True, True, True],
+                                   [True, False, False, False]]
+    assert torch.equal(tree.ancestors(), torch.ones(3, 4, 4, dtype=torch.bool).tril().expand(3, 4, 4))
+
+
+def test_chain_tree_with_no_drafts():
+    tree = chain_tree(torch.tensor([3]), torch.zeros(1, 0, dtype=torch.long), torch.zeros(1, 0, dtype=torch.bool))
+    assert tree.tokens.tolist() == [[3]] and tree.valid.tolist() == [[True]]
+    assert tree.ancestors().tolist() == [[[True]]]
+
+
+def test_parse_static_tree_sorts_and_deduplicates():
+    expected = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+    assert parse_static_tree("0;1;0,0;0,1;1,0;0,0,0") == expected
+    assert parse_static_tree(" 0,0,0 ; 1,0;0;0, 1;1;0,0;0;") == expected  # spaces, repeats, a trailing ';'
+    assert parse_static_tree([[1, 0], [0], [0, 0, 0], [1], [0, 1], [0, 0]]) == expected
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("0;1,0,0", "static tree path (1, 0, 0) has no parent path (1, 0)"),
+        ("0;0,0;1,1", "static tree path (1, 1) has no parent path (1,)"),
+        ([[0], [0, 1, 0]], "static tree path (0, 1, 0) has no parent path (0, 1)"),
+        ("0;-1", "static tree path (-1,) must be a non-empty list of ranks >= 0"),
+        ("0;0,-2", "static tree path (0, -2) must be a non-empty list of ranks >= 0"),
+        ([[0], []], "static tree path () must be a non-empty list of ranks >= 0"),
+    ],
+)
+def test_parse_static_tree_errors(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_static_tree(spec)
