@@ -158,7 +158,7 @@ def main() -> None:
     ap.add_argument("--tree", default="5,4,16", help="num_steps,topk,num_draft_tokens of eagle3-tree")
     ap.add_argument("--chain-steps", type=int, default=5)
     ap.add_argument("--verify-shape", choices=["none", "llama-8b"], default="none")
-    ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--max-len", type=int, default=None)
     ap.add_argument("--out", default="bench/result")
     args = ap.parse_args()
 

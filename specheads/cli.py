@@ -147,7 +147,7 @@ def cmd_demo(args) -> int:
             opts = PrepareOptions(output=data_dir, max_length=2048, regenerate=True, regen_batch_size=512,
                                   regen_max_turns=1)
         else:  # a few hundred conversations as they are, a smaller draft vocab: minutes on 2 cores
-            opts = PrepareOptions(output=data_dir, max_length=384, limit=args.conversations, draft_vocab_size=8192)
+            opts = PrepareOptions(output=data_dir, max_length=256, limit=args.conversations, draft_vocab_size=8192)
         _print_prepare_report(prepare(opts), data_dir)
     overrides = {"data.path": data_dir, "output_dir": "runs/demo-gpu" if gpu else "runs/demo"}
     if gpu:
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("demo", help="prepare + train on the embedded SmolLM2 + ShareGPT")
     p.add_argument("--conversations", type=int, default=300)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--cpu", action="store_true", help="the CPU demo even where a GPU is present")
     p.add_argument("--fresh", action="store_true", help="redo data and training from scratch")
     p.set_defaults(func=cmd_demo)
@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topk", type=int, default=4, help="branching per node; 1 = chain")
     p.add_argument("--num-draft-tokens", type=int, default=16, help="tree nodes verified per step")
     p.add_argument("--static-tree", default=None, help="fixed tree, e.g. '0;1;0,0;0,1;0,0,0'")
-    p.add_argument("--max-len", type=int, default=2048, help="cache length: prompt + output")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="cache length: prompt + output (default: the target's context, at most 4096)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
 

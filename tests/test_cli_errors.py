@@ -153,7 +153,7 @@ def test_generate_command(capsys, tiny_target, tiny_target_dir):
     code, stdout, _ = _run(capsys, "generate", "--target", str(tiny_target_dir), "--prompt", "Hello world",
                            "--max-new-tokens", "6", "--json")
     assert code == 0
-    result = json.loads(stdout.strip().splitlines()[-1])
+    result = json.loads(stdout.strip().splitlines()[-1])["outputs"][0]
     ids = tok(render(tok, [{"role": "user", "content": "Hello world"}], add_generation_prompt=True),
               add_special_tokens=False)["input_ids"]
     expected = generate_batch(model, [ids], SamplingParams(max_new_tokens=6), stop_token_ids(tok))[0]

@@ -51,11 +51,13 @@ class EngineError(ValueError):
 
 class SpecEngine:
     def __init__(self, target, head=None, method: str = "eagle3", num_steps: int = 5, topk: int = 4,
-                 num_draft_tokens: int = 16, static_tree=None, max_len: int = 2048, use_graphs: bool | None = None):
+                 num_draft_tokens: int = 16, static_tree=None, max_len: int | None = None, use_graphs: bool | None = None):
         if method not in METHODS:
             raise EngineError(f"method {method!r} is not one of {', '.join(METHODS)}")
         self.target = target
         self.method = method
+        # default: the target's context, capped so a batch's cache stays modest
+        max_len = max_len or min(target.rotary.max_positions, 4096)
         self.max_len = max_len
         if max_len > target.rotary.max_positions:
             raise EngineError(f"max_len {max_len} exceeds the target's {target.rotary.max_positions} positions")
