@@ -304,7 +304,8 @@ class Trainer:
     def save_checkpoint(self, step: int) -> None:
         tag = f"step_{step}"
         if self.engine is not None:
-            self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state={"step": step})
+            self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag,
+                                        client_state={"step": step, "head_config": self.head.config.to_dict()})
             barrier(self.world)
             if self.is_main:
                 write_done(self.ckpt_dir / tag, step)
@@ -321,6 +322,7 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "step": step,
+                "head_config": self.head.config.to_dict(),
                 "rng": torch.get_rng_state(),
             },
             tmp / "state.pt",
@@ -338,10 +340,15 @@ class Trainer:
         if ckpt is None:
             return 0
         if self.engine is not None:
+            states = list(ckpt.glob("mp_rank_00_model_states.pt"))
+            if states:
+                saved = torch.load(states[0], map_location="cpu", weights_only=False)
+                self.check_resumable(ckpt, saved.get("head_config"))
             _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=ckpt.name)
             step = int(client["step"])
         else:
             state = torch.load(ckpt / "state.pt", map_location=self.device, weights_only=False)
+            self.check_resumable(ckpt, state.get("head_config"))
             self.head.load_state_dict(state["head"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
@@ -349,6 +356,19 @@ class Trainer:
             step = int(state["step"])
         self.log(f"resumed from {ckpt} at step {step}")
         return step
+
+    def check_resumable(self, ckpt: Path, saved: dict | None) -> None:
+        """A checkpoint of another target or head shape must not half-load."""
+        if saved is None:
+            return
+        now = self.head.config.to_dict()
+        diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+        if diff:
+            detail = ", ".join(f"{k}: checkpoint {a} vs now {b}" for k, (a, b) in diff.items())
+            raise TrainingError(
+                f"checkpoint {ckpt} was written for another head/target ({detail}); "
+                f"use a new output_dir or --set train.resume=never"
+            )
 
     # .............................................................. loop
     def batch_for(self, micro_index: int) -> list[int]:

@@ -205,3 +205,13 @@ def test_wandb_offline_logging(tmp_path, tiny_target_dir, small_prepared_dir, mo
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, "wandb wrote no offline run"
     assert any(p.suffix == ".wandb" for p in runs[0].iterdir())
+
+
+def test_resume_refuses_checkpoint_of_another_head(tmp_path, tiny_target_dir, small_prepared_dir):
+    run = tmp_path / "run"
+    train(train_config(tiny_target_dir, small_prepared_dir, run, "train.max_steps=2", "train.save_every=1",
+                       "train.ttt_steps=1"))
+    shutil.rmtree(run / "checkpoints" / "step_2")
+    with pytest.raises(TrainingError, match=r"another head/target.*target_layer_ids"):
+        train(train_config(tiny_target_dir, small_prepared_dir, run, "train.max_steps=3", "train.save_every=1",
+                           "train.ttt_steps=1", "target.layer_ids=[0,1,2]"))
