@@ -4,6 +4,7 @@ from specheads.config import ConfigError
 from specheads.data.sources import DataError
 from specheads.heads.format import HeadFormatError
 from specheads.runtime.engine import EngineError
+from specheads.runtime.sampling import InvalidRequest
 from specheads.target.model import UnsupportedTargetError
 from specheads.training.data import PreparedDataError
 from specheads.training.trainer import TrainingError
@@ -13,6 +14,7 @@ USER_ERRORS = (
     DataError,
     HeadFormatError,
     EngineError,
+    InvalidRequest,
     UnsupportedTargetError,
     PreparedDataError,
     TrainingError,

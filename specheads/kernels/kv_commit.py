@@ -33,7 +33,6 @@ def commit_kv_reference(cache: torch.Tensor, base: torch.Tensor, src: torch.Tens
 
 if triton is not None:
 
-    @triton.jit
     def _commit_kernel(
         cache_ptr, base_ptr, src_ptr, n_ptr,
         stride_l, stride_b, stride_h, stride_s,
@@ -55,6 +54,16 @@ if triton is not None:
         vals = tl.load(head_ptr + (base + src)[:, None] * stride_s + cols[None, :], mask=mask)
         tl.store(head_ptr + (base + rows)[:, None] * stride_s + cols[None, :], vals, mask=mask)
 
+    _jitted: dict = {}
+
+    def _kernel():
+        # triton.jit picks compiled or interpreted mode when it wraps the function, so wrap
+        # per mode: TRITON_INTERPRET=1 set after import is honoured
+        interpret = os.environ.get("TRITON_INTERPRET") == "1"
+        if interpret not in _jitted:
+            _jitted[interpret] = triton.jit(_commit_kernel)
+        return _jitted[interpret]
+
 
 def commit_kv_triton(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor, n_accept: torch.Tensor) -> None:
     layers, b_size, heads, _, head_dim = cache.shape
@@ -63,7 +72,7 @@ def commit_kv_triton(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor,
     max_accept = triton.next_power_of_2(m)
     src_p = torch.zeros(b_size, max_accept, dtype=torch.int64, device=src.device)
     src_p[:, :m] = src
-    _commit_kernel[(layers * heads, b_size)](
+    _kernel()[(layers * heads, b_size)](
         cache, base.to(torch.int64), src_p, n_accept.to(torch.int64),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
         heads, max_accept=max_accept, head_dim=head_dim, block_d=triton.next_power_of_2(head_dim),

@@ -15,6 +15,7 @@ from specheads.runtime.tree import Tree, chain_tree, parse_static_tree
 class NgramDrafter:
     def __init__(self, num_draft_tokens: int = 8, max_ngram: int = 3):
         self.n = num_draft_tokens
+        self.depth = num_draft_tokens
         self.max_ngram = max_ngram
 
     def reset(self, *_args, **_kwargs) -> None:
@@ -35,11 +36,20 @@ class NgramDrafter:
         return chain_tree(roots, drafts.to(dev), valid.to(dev))
 
     def _lookup(self, seq: list[int]) -> list[int]:
+        """The continuation of the most recent earlier match of the longest suffix (n-gram);
+        a match too close to the end to fill the window loses to an older one that does."""
         for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
             suffix = seq[-n:]
+            best: list[int] = []
             for start in range(len(seq) - n - 1, -1, -1):
                 if seq[start : start + n] == suffix:
-                    return seq[start + n : start + n + self.n]
+                    cont = seq[start + n : start + n + self.n]
+                    if len(cont) > len(best):
+                        best = cont
+                    if len(best) == self.n:
+                        break
+            if best:
+                return best
         return []
 
     def commit(self, *_args, **_kwargs) -> None:
@@ -62,6 +72,7 @@ class Eagle3Drafter:
                 self.num_draft = num_steps
         cfg = head.config
         self.n_kv, self.head_dim = cfg.num_key_value_heads, cfg.head_dim
+        self.depth = self.steps
 
     # ................................................................. state
     def reset(self, batch: int, max_len: int, device, dtype) -> None:

@@ -56,11 +56,6 @@ class SpecEngine:
             raise EngineError(f"method {method!r} is not one of {', '.join(METHODS)}")
         self.target = target
         self.method = method
-        # default: the target's context, capped so a batch's cache stays modest
-        max_len = max_len or min(target.rotary.max_positions, 4096)
-        self.max_len = max_len
-        if max_len > target.rotary.max_positions:
-            raise EngineError(f"max_len {max_len} exceeds the target's {target.rotary.max_positions} positions")
         self.layer_ids = None
         if method == "eagle3":
             if head is None:
@@ -70,6 +65,16 @@ class SpecEngine:
             self.drafter = Eagle3Drafter(head, target.embed_tokens, num_steps, topk, num_draft_tokens, static_tree)
         elif method == "ngram":
             self.drafter = NgramDrafter(num_draft_tokens)
+        # a tree verified at the cache's end reaches `depth` positions past it
+        depth = getattr(getattr(self, "drafter", None), "depth", 0)
+        limit = target.rotary.max_positions - depth - 1
+        if max_len is not None and max_len > limit:
+            raise EngineError(
+                f"max_len {max_len} is too long: the target has {target.rotary.max_positions} positions and a draft "
+                f"tree reaches {depth + 1} past the last token, so at most {limit}"
+            )
+        # default: the target's context, capped so a batch's cache stays modest
+        self.max_len = max_len or min(limit, 4096)
         self.device = target.model.embed_tokens.weight.device
         self.dtype = target.model.embed_tokens.weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
@@ -77,6 +82,8 @@ class SpecEngine:
     # ------------------------------------------------------------------ public
     def generate(self, prompts: list[list[int]], params: SamplingParams, stop_ids=()) -> list[GenerationResult]:
         params.validate()
+        if not prompts:
+            return []
         for i, p in enumerate(prompts):
             if not p:
                 raise EngineError(f"prompt {i} is empty")
@@ -228,6 +235,8 @@ class SpecEngine:
 def check_head_matches(head, target) -> None:
     cfg, spec = head.config, target.spec
     problems = []
+    if cfg.hidden_size != spec.hidden_size:
+        problems.append(f"head hidden size {cfg.hidden_size} differs from the target's embedding width {spec.hidden_size}")
     if cfg.target_hidden_size != spec.hidden_size:
         problems.append(f"head expects target hidden size {cfg.target_hidden_size}, target has {spec.hidden_size}")
     if cfg.vocab_size != spec.vocab_size:

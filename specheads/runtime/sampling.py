@@ -7,6 +7,10 @@ from dataclasses import dataclass
 import torch
 
 
+class InvalidRequest(ValueError):
+    """A request parameter is out of range; the message names it and the valid range."""
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 0.0
@@ -17,13 +21,13 @@ class SamplingParams:
 
     def validate(self) -> "SamplingParams":
         if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+            raise InvalidRequest(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if self.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+            raise InvalidRequest(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
         return self
 
     @property

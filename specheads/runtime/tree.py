@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specheads.runtime.sampling import InvalidRequest
+
 
 @dataclass
 class Tree:
@@ -49,14 +51,17 @@ def chain_tree(root: torch.Tensor, drafts: torch.Tensor, valid: torch.Tensor) ->
 def parse_static_tree(spec: str | list) -> list[tuple[int, ...]]:
     """'0;1;0,0;0,1;0,0,0' or [[0],[1],[0,0],...]: each path lists the child ranks from the root."""
     if isinstance(spec, str):
-        paths = [tuple(int(x) for x in p.split(",")) for p in spec.replace(" ", "").split(";") if p]
+        try:
+            paths = [tuple(int(x) for x in p.split(",")) for p in spec.replace(" ", "").split(";") if p]
+        except ValueError:
+            raise InvalidRequest(f"static tree {spec!r}: expected paths of ranks like '0;1;0,0;0,1'") from None
     else:
         paths = [tuple(int(x) for x in p) for p in spec]
     paths = sorted(set(paths), key=lambda p: (len(p), p))
     have = set(paths)
     for p in paths:
         if any(r < 0 for r in p) or not p:
-            raise ValueError(f"static tree path {p} must be a non-empty list of ranks >= 0")
+            raise InvalidRequest(f"static tree path {p} must be a non-empty list of ranks >= 0")
         if len(p) > 1 and p[:-1] not in have:
-            raise ValueError(f"static tree path {p} has no parent path {p[:-1]}")
+            raise InvalidRequest(f"static tree path {p} has no parent path {p[:-1]}")
     return paths
