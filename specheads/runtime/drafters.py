@@ -43,7 +43,11 @@ class NgramDrafter:
             best: list[int] = []
             for start in range(len(seq) - n - 1, -1, -1):
                 if seq[start : start + n] == suffix:
-                    cont = seq[start + n : start + n + self.n]
+                    # the continuation may run into the suffix itself: copy forward, overlapping
+                    cont: list[int] = []
+                    for i in range(self.n):
+                        j = start + n + i
+                        cont.append(seq[j] if j < len(seq) else cont[j - len(seq)])
                     if len(cont) > len(best):
                         best = cont
                     if len(best) == self.n:

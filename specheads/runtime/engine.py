@@ -66,8 +66,9 @@ class SpecEngine:
         elif method == "ngram":
             self.drafter = NgramDrafter(num_draft_tokens)
         # a tree verified at the cache's end reaches `depth` positions past it
-        depth = getattr(getattr(self, "drafter", None), "depth", 0)
-        limit = target.rotary.max_positions - depth - 1
+        drafter = getattr(self, "drafter", None)
+        depth = drafter.depth if drafter is not None else 0
+        limit = target.rotary.max_positions - (depth + 1 if drafter is not None else 0)
         if max_len is not None and max_len > limit:
             raise EngineError(
                 f"max_len {max_len} is too long: the target has {target.rotary.max_positions} positions and a draft "

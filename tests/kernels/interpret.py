@@ -8,13 +8,14 @@ import pytest
 
 
 def interpreted_commit_kernel(monkeypatch) -> list:
-    """Sets TRITON_INTERPRET=1 for the calling test and makes sure the commit kernel is an
-    interpreter kernel; returns a list that records the `src` of every commit_kv_triton call.
+    """Sets TRITON_INTERPRET=1 for the calling test (so `commit_kv` dispatches CPU tensors to
+    the Triton kernel, run by Triton's interpreter); returns a list that records the `src`
+    and `n_accept` of every commit_kv_triton call.
 
-    `triton.jit` picks the interpreter when the decorator runs, i.e. when
-    specheads.kernels.kv_commit is first imported (at collection time here), not when
-    `commit_kv` dispatches; so the kernel is re-wrapped for the interpreter when needed
-    (see test_kv_commit.py::test_interpret_env_set_after_import_is_honoured)."""
+    kv_commit wraps the kernel with `triton.jit` per interpreter mode when it launches (a
+    kernel jitted once at import would stay a GPU kernel, see
+    test_kv_commit.py::test_interpret_env_set_after_import_is_honoured); a kernel that is
+    already a GPU JITFunction is re-wrapped for the interpreter here."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -24,8 +25,9 @@ def interpreted_commit_kernel(monkeypatch) -> list:
         pytest.skip("triton did not import")
     from triton.runtime.interpreter import InterpretedFunction
 
-    if not isinstance(kv_commit._commit_kernel, InterpretedFunction):
-        monkeypatch.setattr(kv_commit, "_commit_kernel", InterpretedFunction(kv_commit._commit_kernel.fn))
+    kernel = kv_commit._commit_kernel
+    if hasattr(kernel, "fn") and not isinstance(kernel, InterpretedFunction):  # jitted at import
+        monkeypatch.setattr(kv_commit, "_commit_kernel", InterpretedFunction(kernel.fn))
     calls = []
     original = kv_commit.commit_kv_triton
 

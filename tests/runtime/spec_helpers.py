@@ -63,7 +63,7 @@ def train_head(target, prompts: list[list[int]], new_tokens: int = 40, steps: in
     from specheads.runtime.sampling import SamplingParams
     from specheads.training.ttt import ttt_loss
 
-    outs = SpecEngine(target, method="ar", max_len=target.rotary.max_positions).generate(
+    outs = SpecEngine(target, method="ar", max_len=max(len(p) for p in prompts) + new_tokens).generate(
         prompts, SamplingParams(max_new_tokens=new_tokens))
     seqs = [p + r.token_ids for p, r in zip(prompts, outs)]
     counts: dict[int, int] = {}
@@ -98,9 +98,10 @@ def train_head(target, prompts: list[list[int]], new_tokens: int = 40, steps: in
 
 # ------------------------------------------------------------------ duck-typed drafters
 class _DrafterBase:
-    """The interface the engine uses (like NgramDrafter): num_draft, reset/select/commit/propose."""
+    """The interface the engine uses (like NgramDrafter): num_draft, depth, reset/select/commit/propose."""
 
     num_draft = 0
+    depth = 0
 
     def reset(self, *_args, **_kwargs) -> None:
         pass
@@ -153,6 +154,7 @@ class OracleDrafter(_DrafterBase):
         self.rng = random.Random(seed)
         self.race = race
         self.num_draft = self.LEVELS * self.SIBLINGS + (self.SIBLINGS - 1)
+        self.depth = self.LEVELS
         self.paths: list[list[int]] = []  # the node indices of the correct path, per proposed row
 
     def _truth(self, history: list[int]) -> list[int]:
@@ -230,6 +232,7 @@ class TopDrafter(_DrafterBase):
             level *= w
             n += level
         self.num_draft = n
+        self.depth = len(widths)
         self._cache: dict[tuple, list[int]] = {}
 
     def _top(self, seqs: list[tuple], k: int) -> list[list[int]]:

@@ -105,16 +105,25 @@ def test_generate_missing_draft_folder(capsys, tmp_path, tiny_target_dir):
 def test_generate_max_len_beyond_target_is_a_user_error(capsys, tiny_target_dir):
     code, _, err = _generate(capsys, tiny_target_dir, "--method", "ar", "--max-len", "4096")
     assert code == 2
-    assert "max_len 4096 exceeds the target's 512 positions" in err
+    assert err.startswith("specheads generate: error: ") and "Traceback" not in err
+    assert "max_len 4096" in err and "512 positions" in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli.py main catches only USER_ERRORS: a bad --static-tree (ValueError from parse_static_tree) "
-    "or bad sampling flag (ValueError from SamplingParams.validate) escapes as a traceback instead of exit 2",
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["--static-tree", "0;1,1"], "static tree path (1, 1) has no parent path (1,)"),
+        (["--static-tree", "0;x"], "static tree '0;x'"),
+        (["--top-p", "2"], "top_p must be in (0, 1], got 2.0"),
+        (["--temperature", "-1"], "temperature must be >= 0, got -1.0"),
+        (["--top-k", "-3"], "top_k must be >= 0"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be > 0"),
+    ],
 )
-@pytest.mark.parametrize("bad", [["--static-tree", "0;1,1"], ["--top-p", "2"], ["--temperature", "-1"]])
-def test_generate_bad_flags_are_user_errors(capsys, tiny_target_dir, head_dir, bad):
-    code, _, err = _generate(capsys, tiny_target_dir, "--draft", str(head_dir), "--max-len", "256", *bad)
-    assert code == 2
-    assert err.startswith("specheads generate: error: ")
+def test_generate_bad_flags_are_user_errors(capsys, tiny_target_dir, head_dir, bad, message):
+    """Bad request flags: one line naming the flag's problem, exit 2, no traceback."""
+    code, out, err = _generate(capsys, tiny_target_dir, "--draft", str(head_dir), "--max-len", "256", *bad)
+    assert code == 2 and out == ""
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specheads generate: error: ")
+    assert message in err

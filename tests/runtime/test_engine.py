@@ -124,11 +124,6 @@ def test_ngram_accepts_on_repetitive_output(tiny_target):
     _check_stats(ng)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="drafters.py NgramDrafter._lookup takes the most recent match, whose continuation runs into "
-    "the end of the history: on a run of one repeated token it drafts 1 token instead of num_draft",
-)
 def test_ngram_drafts_a_full_window_on_a_repeated_token():
     from specheads.runtime.drafters import NgramDrafter
 
@@ -161,28 +156,36 @@ def test_cache_end_stops_at_max_len(target, heads, config):
     assert alone[0].token_ids == ar[2].token_ids
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine.py _verify (and drafters.py tree steps for eagle3): positions committed + depth run past "
-    "the rotary tables when max_len is within a tree depth of the target's positions, as the default "
-    "max_len now is (IndexError in RotaryTable.forward)",
-)
-@pytest.mark.parametrize("max_len", [48, None], ids=["explicit", "default"])
-@pytest.mark.parametrize("config", ["dynamic", "ngram"])
-def test_cache_end_at_the_targets_position_limit(config, max_len):
-    """max_len = the target's positions (explicitly, or by default: the engine's default cache
-    length is the target's context)."""
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_cache_end_at_the_targets_position_limit(config):
+    """A tree verified at the end of the cache reaches `depth` positions past it: max_len must
+    leave that room (a clear error otherwise), the default max_len is the largest allowed, and
+    decoding up to it equals ar (no rotary-table overflow)."""
     target = make_target(seed=0, vocab=VOCAB, max_positions=48)
-    head = random_head(target, seed=1)
-    prompts = random_prompts(2, VOCAB, [40, 30], seed=4)
-    params = SamplingParams(max_new_tokens=NEW)
-    ar = SpecEngine(target, method="ar", max_len=48).generate(prompts, params)
     kw = dict(CONFIGS[config])
-    if max_len is not None:
-        kw["max_len"] = max_len
-    res = SpecEngine(target, head if kw["method"] == "eagle3" else None, **kw).generate(prompts, params)
-    assert [r.token_ids for r in res] == [r.token_ids for r in ar]
-    assert [len(r.token_ids) for r in res] == [8, 18]
+    head = random_head(target, seed=1) if kw["method"] == "eagle3" else None
+    with pytest.raises(EngineError, match=r"max_len 48 is too long: the target has 48 positions"):
+        SpecEngine(target, head, max_len=48, **kw)
+    eng = SpecEngine(target, head, **kw)  # default max_len
+    limit = eng.max_len
+    assert 30 < limit < 48
+    prompts = random_prompts(3, VOCAB, [limit - 3, limit - 12, limit - 1], seed=4)
+    params = SamplingParams(max_new_tokens=NEW)
+    ar = SpecEngine(target, method="ar", max_len=limit).generate(prompts, params)
+    assert [len(r.token_ids) for r in ar] == [3, 12, 1]
+    for engine in (eng, SpecEngine(target, head, max_len=limit, **kw)):
+        res = engine.generate(prompts, params)
+        assert [r.token_ids for r in res] == [r.token_ids for r in ar]
+        assert [r.finish_reason for r in res] == ["length"] * 3
+
+
+def test_ar_can_use_the_whole_context():
+    from specheads.runtime.generate import generate_batch
+
+    target = make_target(seed=0, vocab=VOCAB, max_positions=48)
+    prompts = random_prompts(1, VOCAB, [40], seed=4)
+    res = SpecEngine(target, method="ar", max_len=48).generate(prompts, SamplingParams(max_new_tokens=NEW))
+    assert res[0].token_ids == generate_batch(target, prompts, SamplingParams(max_new_tokens=8))[0]
 
 
 @pytest.mark.parametrize("config", list(CONFIGS) + ["ar"])
@@ -296,7 +299,7 @@ def test_chi2_critical_values():
 
 @pytest.fixture(scope="module")
 def starget():
-    return make_target(seed=1, vocab=SVOCAB, std=0.3, max_positions=32)
+    return make_target(seed=1, vocab=SVOCAB, std=0.3, max_positions=64)
 
 
 def _exact_joint(target, params) -> torch.Tensor:
@@ -343,7 +346,7 @@ def test_sampling_matches_target_distribution_eagle3(starget, case):
     the target's own."""
     params = SAMPLING_CASES[case]
     head = random_head(starget, seed=2)
-    eng = SpecEngine(starget, head, method="eagle3", num_steps=3, topk=3, num_draft_tokens=8, max_len=32)
+    eng = SpecEngine(starget, head, method="eagle3", num_steps=3, topk=3, num_draft_tokens=8, max_len=16)
     counts, accepted = _sample_triples(eng, params)
     assert accepted > 100, "too few accepted drafts for the test to say anything about acceptance"
     _assert_matches(counts, _exact_joint(starget, params))
@@ -353,7 +356,7 @@ def test_sampling_matches_target_distribution_deep_tree(starget):
     """A drafter proposing the target's own top tokens (4 children, 2 grandchildren each):
     most rows accept, the distribution must still be the target's."""
     params = SamplingParams(temperature=1.0, seed=3, max_new_tokens=3)
-    eng = SpecEngine(starget, method="ngram", max_len=32)
+    eng = SpecEngine(starget, method="ngram", max_len=16)
     eng.drafter = TopDrafter(starget, widths=(4, 2))
     counts, accepted = _sample_triples(eng, params)
     assert accepted > SAMPLES  # many rows accept t3 and beyond in one step
@@ -376,7 +379,7 @@ def test_chi_square_catches_a_biased_sampler(starget):
     assert stat < chi2_critical(df)
     # (2) the engine itself at the wrong temperature
     head = random_head(starget, seed=2)
-    eng = SpecEngine(starget, head, method="eagle3", num_steps=3, topk=3, num_draft_tokens=8, max_len=32)
+    eng = SpecEngine(starget, head, method="eagle3", num_steps=3, topk=3, num_draft_tokens=8, max_len=16)
     counts, _ = _sample_triples(eng, SamplingParams(temperature=0.8, seed=0, max_new_tokens=3))
     stat, df = chi_square(counts, exact)
     assert stat > chi2_critical(df), (stat, chi2_critical(df))
@@ -388,8 +391,10 @@ def test_construction_errors(target):
         SpecEngine(target, method="medusa")
     with pytest.raises(EngineError, match=r"eagle3 needs a draft head"):
         SpecEngine(target, None, method="eagle3", max_len=64)
-    with pytest.raises(EngineError, match=r"max_len 129 exceeds the target's 128 positions"):
+    with pytest.raises(EngineError, match=r"max_len 129 .*the target has 128 positions"):
         SpecEngine(target, method="ar", max_len=129)
+    with pytest.raises(EngineError, match=r"max_len 128 is too long: the target has 128 positions.*at most 123"):
+        SpecEngine(target, random_head(target), method="eagle3", num_steps=4, max_len=128)
 
 
 def _mismatched_heads():
@@ -415,15 +420,12 @@ def test_head_target_mismatch_lists_every_problem(target):
     assert "head reads target layers [1, 3, 4], target has 4" in str(e.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine.py check_head_matches: a head whose hidden_size differs from the target's embedding "
-    "width passes the check and fails mid-generation with a RuntimeError (shape mismatch)",
-)
 def test_head_hidden_size_mismatch_is_an_engine_error(target):
+    """The head consumes the target's token embeddings: its hidden size must be the target's
+    (it used to pass the check and fail mid-generation with a shape RuntimeError)."""
     head = random_head(target, hidden_size=48, num_attention_heads=4, head_dim=12, intermediate_size=64)
-    with pytest.raises(EngineError, match="hidden"):
-        SpecEngine(target, head, max_len=64).generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
+    with pytest.raises(EngineError, match=r"head hidden size 48 differs from the target's embedding width 32"):
+        SpecEngine(target, head, max_len=64)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS) + ["ar"])
@@ -451,9 +453,10 @@ def test_generate_errors_leave_the_engine_usable(target, heads, ar_outputs, conf
     assert len(one.token_ids) == 1 and one.finish_reason == "length"
 
 
-@pytest.mark.xfail(strict=True, reason="engine.py _speculate: an empty batch crashes in lengths.max() "
-                   "(method ar returns [])")
-@pytest.mark.parametrize("config", ["dynamic", "ngram"])
+@pytest.mark.parametrize("config", list(CONFIGS) + ["ar"])
 def test_empty_batch(target, heads, config):
-    assert SpecEngine(target, method="ar", max_len=MAX_LEN).generate([], SamplingParams(max_new_tokens=4)) == []
-    assert _engine(target, heads, config).generate([], SamplingParams(max_new_tokens=4)) == []
+    eng = SpecEngine(target, method="ar", max_len=MAX_LEN) if config == "ar" else _engine(target, heads, config)
+    assert eng.generate([], SamplingParams(max_new_tokens=4)) == []
+    assert [r.token_ids for r in eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=4))] == [
+        SpecEngine(target, method="ar", max_len=MAX_LEN).generate(PROMPTS[:1], SamplingParams(max_new_tokens=4))[0]
+        .token_ids]

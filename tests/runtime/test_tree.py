@@ -113,8 +113,11 @@ def test_parse_static_tree_sorts_and_deduplicates():
         ("0;-1", "static tree path (-1,) must be a non-empty list of ranks >= 0"),
         ("0;0,-2", "static tree path (0, -2) must be a non-empty list of ranks >= 0"),
         ([[0], []], "static tree path () must be a non-empty list of ranks >= 0"),
+        ("0;1,a", "static tree '0;1,a': expected paths of ranks"),
     ],
 )
 def test_parse_static_tree_errors(spec, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
+    from specheads.runtime.sampling import InvalidRequest  # a user error: the CLI exits 2 on it
+
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
         parse_static_tree(spec)
