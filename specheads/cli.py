@@ -156,7 +156,7 @@ def cmd_demo(args) -> int:
     else:
         cfg = load_config(None, ["train.ttt_steps=3", "train.lr=1e-3", "train.warmup_ratio=0.05",
                                  "train.batch_size=4", f"train.max_steps={args.steps}", "train.log_every=5",
-                                 "train.eval_every=100000", "train.save_every=20", "data.eval_max_rows=16"], **overrides)
+                                 "train.eval_every=100000", "train.save_every=40", "data.eval_max_rows=16"], **overrides)
     if args.fresh:
         import shutil
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("demo", help="prepare + train on the embedded SmolLM2 + ShareGPT")
     p.add_argument("--conversations", type=int, default=300)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=80)
     p.add_argument("--cpu", action="store_true", help="the CPU demo even where a GPU is present")
     p.add_argument("--fresh", action="store_true", help="redo data and training from scratch")
     p.set_defaults(func=cmd_demo)
