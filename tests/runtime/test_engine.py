@@ -43,15 +43,6 @@ CONFIGS = {
 EAGLE = ["dynamic", "chain", "static"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls: one thread is fastest, and 2 threads on a busy 2-core box are ~1000x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def target():
     return make_target(seed=0, vocab=VOCAB, max_positions=128)
