@@ -84,17 +84,23 @@ class Eagle3Drafter:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.committed = torch.zeros(batch, dtype=torch.long, device=device)  # entries in the cache
+        self.committed_host = [0] * batch  # the same, on the host: cache widths need no sync
         self.pending_aux = self.pending_tok = self.pending_n = None
+        self.pending_host = [0] * batch
 
     def select(self, keep: torch.Tensor) -> None:
         self.k, self.v, self.committed = self.k[keep], self.v[keep], self.committed[keep]
+        idx = keep.tolist()
+        self.committed_host = [self.committed_host[i] for i in idx]
+        self.pending_host = [self.pending_host[i] for i in idx]
         self.pending_aux, self.pending_tok, self.pending_n = (
             self.pending_aux[keep], self.pending_tok[keep], self.pending_n[keep])
 
-    def commit(self, aux: torch.Tensor, next_tokens: torch.Tensor, count: torch.Tensor) -> None:
+    def commit(self, aux: torch.Tensor, next_tokens: torch.Tensor, count: torch.Tensor, count_host: list[int]) -> None:
         """New committed target positions: their captured features [B, P, 3H], the token that
-        follows each [B, P], and how many are real per row [B]."""
+        follows each [B, P], and how many are real per row [B] (also as a host list)."""
         self.pending_aux, self.pending_tok, self.pending_n = aux, next_tokens, count
+        self.pending_host = list(count_host)
 
     # ................................................................. drafting
     def _feed(self) -> torch.Tensor:
@@ -107,7 +113,7 @@ class Eagle3Drafter:
         start = self.committed
         ar = torch.arange(p, device=dev)
         positions = start[:, None] + ar
-        ctx_len = int(start.max())
+        ctx_len = max(self.committed_host)
         ctx_mask = torch.arange(ctx_len, device=dev)[None, None, :] < start[:, None, None]
         own = (ar[None, :, None] >= ar[None, None, :]) & (ar[None, None, :] < self.pending_n[:, None, None])
         mask = torch.cat([ctx_mask.expand(b, p, ctx_len), own.expand(b, p, p)], 2)[:, None]
@@ -118,6 +124,7 @@ class Eagle3Drafter:
         self.k.scatter_(2, idx, k)
         self.v.scatter_(2, idx, v)
         self.committed = start + self.pending_n
+        self.committed_host = [c + n for c, n in zip(self.committed_host, self.pending_host)]
         last = (self.pending_n - 1).clamp(min=0)
         return out.gather(1, last[:, None, None].expand(b, 1, out.shape[-1]))
 
@@ -131,7 +138,7 @@ class Eagle3Drafter:
         dev = roots.device
         dtype = self.k.dtype
         base = self.committed  # == target committed length L
-        ctx_len = int(base.max())
+        ctx_len = max(self.committed_host)
         ctx_mask = torch.arange(ctx_len, device=dev)[None, None, :] < base[:, None, None]
 
         # frontier state: parent hidden, token, ancestor bits over tree entries so far
@@ -199,7 +206,7 @@ class Eagle3Drafter:
         parents = torch.cat([torch.full_like(roots[:, None], -1), par_tree.clamp(min=0)], 1)
         depths = torch.cat([torch.zeros_like(roots[:, None]), depth.gather(1, chosen)], 1)
         ok = torch.cat([torch.ones_like(valid[:, :1]), valid], 1)
-        return Tree(tokens, parents, depths, ok)
+        return Tree(tokens, parents, depths, ok, self.steps)
 
     def _static(self, h_last, top_id, ctx_mask, base, roots) -> Tree:
         """Fixed tree shape: node p's token is the rank-p[-1] token of its parent's draft."""
@@ -249,4 +256,5 @@ class Eagle3Drafter:
             torch.tensor([-1] + parents, device=dev).expand(b, -1).clone(),
             torch.tensor([0] + [len(p) for p in paths], device=dev).expand(b, -1).clone(),
             torch.ones(b, len(paths) + 1, dtype=torch.bool, device=dev),
+            self.steps,
         )

@@ -136,7 +136,7 @@ class SpecEngine:
         if isinstance(self.drafter, Eagle3Drafter):
             nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
             nxt.scatter_(1, (lengths - 1)[:, None], root[:, None])
-            self.drafter.commit(out.aux_hidden, nxt, lengths)
+            self.drafter.commit(out.aux_hidden, nxt, lengths, [len(p) for p in prompts])
 
         rows = list(range(b))  # original index of each live row
         emitted = [[] for _ in range(b)]
@@ -146,6 +146,7 @@ class SpecEngine:
         per_pos = [[0] * tree_nodes for _ in range(b)]
         reasons = [None] * b
         committed = lengths.clone()
+        committed_host = [len(p) for p in prompts]
         root_cpu = root.tolist()
         for r in range(b):
             self._emit(r, [root_cpu[r]], emitted, histories, budgets, stops, reasons)
@@ -157,10 +158,11 @@ class SpecEngine:
                 keep = torch.tensor(live, device=dev)
                 compact_rows([cache.k, cache.v], keep, dim=1)
                 committed, root = committed[keep], root[keep]
+                committed_host = [committed_host[i] for i in live]
                 self.drafter.select(keep)
                 rows = [rows[i] for i in live]
             tree = self.drafter.propose([histories[r] for r in rows], root)
-            path, n_acc, bonus, aux = self._verify(tree, cache, committed, params, generator)
+            path, n_acc, bonus, aux = self._verify(tree, cache, committed, max(committed_host), params, generator)
             for tensor in (cache.k, cache.v):  # rows past the live batch are stale after compaction
                 commit_kv(tensor[:, : len(rows)], committed, path, n_acc)
             path_tokens = tree.tokens.gather(1, path.clamp(min=0))
@@ -168,11 +170,13 @@ class SpecEngine:
                 path_aux = aux.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, aux.shape[-1]))
                 nxt = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], 1)
                 nxt.scatter_(1, (n_acc - 1)[:, None], bonus[:, None])
-                self.drafter.commit(path_aux, nxt, n_acc)
             committed = committed + n_acc
             root = bonus
             # the one host sync of the step
             n_cpu, toks_cpu, bonus_cpu = n_acc.tolist(), path_tokens.tolist(), bonus.tolist()
+            committed_host = [c + n for c, n in zip(committed_host, n_cpu)]
+            if isinstance(self.drafter, Eagle3Drafter):
+                self.drafter.commit(path_aux, nxt, n_acc, n_cpu)
             for i, r in enumerate(rows):
                 n = n_cpu[i]
                 steps[r] += 1
@@ -200,12 +204,12 @@ class SpecEngine:
         flat = probs.reshape(-1, probs.shape[-1])
         return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
-    def _verify(self, tree, cache, committed, params, generator):
+    def _verify(self, tree, cache, committed, committed_max: int, params, generator):
         b, n = tree.tokens.shape
         dev = self.device
         positions = committed[:, None] + tree.depth
         slots = committed[:, None] + torch.arange(n, device=dev)
-        kv_len = cache.max_len if self.verify_graph is not None else int(committed.max()) + n
+        kv_len = cache.max_len if self.verify_graph is not None else committed_max + n
         mask = torch.arange(kv_len, device=dev)[None, None, :] < committed[:, None, None]
         mask = mask.expand(b, n, kv_len).clone()
         mask.scatter_(2, slots[:, None, :].expand(b, n, n), tree.ancestors())
@@ -218,8 +222,7 @@ class SpecEngine:
         cur = torch.zeros(b, dtype=torch.long, device=dev)
         alive = torch.ones(b, dtype=torch.bool, device=dev)
         path = [cur]
-        max_depth = int(tree.depth.max())
-        for _ in range(max_depth):
+        for _ in range(tree.max_depth):
             want = y.gather(1, cur[:, None])
             match = (tree.parents == cur[:, None]) & (tree.tokens == want) & tree.valid
             found = match.any(1) & alive

@@ -20,6 +20,7 @@ class Tree:
     parents: torch.Tensor
     depth: torch.Tensor
     valid: torch.Tensor
+    max_depth: int  # known on the host: no device sync to read it
 
     @property
     def size(self) -> int:
@@ -30,8 +31,7 @@ class Tree:
         eye = torch.eye(n, dtype=torch.bool, device=self.tokens.device).expand(b, n, n)
         anc = eye.clone()
         parent = self.parents.clamp(min=0)
-        max_depth = int(self.depth.max()) if n > 1 else 0
-        for _ in range(max_depth):  # each pass climbs one level
+        for _ in range(self.max_depth):  # each pass climbs one level
             anc = eye | (anc.gather(1, parent[:, :, None].expand(b, n, n)) & (self.parents >= 0)[:, :, None])
         return anc
 
@@ -45,7 +45,7 @@ def chain_tree(root: torch.Tensor, drafts: torch.Tensor, valid: torch.Tensor) ->
     depth = torch.arange(n + 1, device=dev).expand(b, n + 1).clone()
     ok = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=dev), valid], 1)
     ok = ok.long().cumprod(1).bool()  # a path stops at its first padding node
-    return Tree(tokens, parents, depth, ok)
+    return Tree(tokens, parents, depth, ok, n)
 
 
 def parse_static_tree(spec: str | list) -> list[tuple[int, ...]]:

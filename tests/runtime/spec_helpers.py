@@ -129,8 +129,9 @@ def tree_from_nodes(rows: list[list[tuple[int, int]]], roots: torch.Tensor) -> T
         depth.append(dep)
     dev = roots.device
     t = torch.tensor(tokens, device=dev)
-    return Tree(t, torch.tensor(parents, device=dev), torch.tensor(depth, device=dev),
-                torch.ones(t.shape, dtype=torch.bool, device=dev))
+    d = torch.tensor(depth, device=dev)
+    return Tree(t, torch.tensor(parents, device=dev), d, torch.ones(t.shape, dtype=torch.bool, device=dev),
+                int(d.max()))
 
 
 class OracleDrafter(_DrafterBase):

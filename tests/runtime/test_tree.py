@@ -19,7 +19,7 @@ def _tree(parents_rows, tokens_rows=None):
         for j in range(1, n):
             depth[i, j] = depth[i, parents[i, j]] + 1
     tokens = torch.tensor(tokens_rows) if tokens_rows is not None else torch.arange(n).expand(b, n).clone()
-    return Tree(tokens, parents, depth, torch.ones(b, n, dtype=torch.bool))
+    return Tree(tokens, parents, depth, torch.ones(b, n, dtype=torch.bool), int(depth.max()))
 
 
 def _brute_ancestors(parents: list[int]) -> list[list[bool]]:
