@@ -1,4 +1,4 @@
-"""`specheads prepare | train | demo | generate | info`.
+"""`specheads prepare | train | demo | generate | export`.
 
 Entry points parse arguments and call the library; errors the user can fix are printed
 as one clear line and exit with status 2.
@@ -215,6 +215,15 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from specheads.hub import export_head
+
+    out = export_head(args.head, args.format, args.output)
+    print(f"exported {args.head} for {args.format} -> {out}")
+    print((out / "SERVING.md").read_text().strip().splitlines()[-1].strip())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specheads", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -255,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="cache length: prompt + output (default: the target's context, at most 4096)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("export", help="write a head folder for one serving engine (sglang or vllm)")
+    p.add_argument("head", help="a head folder (e.g. runs/smollm2-eagle3/final)")
+    p.add_argument("--format", choices=["sglang", "vllm"], required=True)
+    p.add_argument("--output", required=True)
+    p.set_defaults(func=cmd_export)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
