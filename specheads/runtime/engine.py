@@ -26,7 +26,7 @@ from specheads.kernels.kv_commit import commit_kv
 from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
 from specheads.runtime.generate import generate_batch
 from specheads.runtime.graphs import GraphedForward, compact_rows
-from specheads.runtime.sampling import SamplingParams, warp_probs
+from specheads.runtime.sampling import SamplingParams, sample
 from specheads.target.model import KVCache
 
 METHODS = ("eagle3", "ngram", "ar")
@@ -132,7 +132,7 @@ class SpecEngine:
         pos = torch.arange(width, device=dev).expand(b, width)
         out = self.target(ids, pos, cache=cache, kv_len=width, prefill=True, capture_layers=self.layer_ids or (),
                           logits_positions=(lengths - 1)[:, None])
-        root = self._pick(out.logits[:, 0], params, generator)
+        root = sample(out.logits[:, 0], params, generator)
         if isinstance(self.drafter, Eagle3Drafter):
             nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
             nxt.scatter_(1, (lengths - 1)[:, None], root[:, None])
@@ -197,13 +197,6 @@ class SpecEngine:
                 reasons[r] = "length"
                 return
 
-    def _pick(self, logits, params, generator):
-        if params.greedy:
-            return logits.argmax(-1)
-        probs = warp_probs(logits, params)
-        flat = probs.reshape(-1, probs.shape[-1])
-        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
-
     def _verify(self, tree, cache, committed, committed_max: int, params, generator):
         b, n = tree.tokens.shape
         dev = self.device
@@ -218,7 +211,7 @@ class SpecEngine:
         else:
             out = self.target(tree.tokens, positions, cache=cache, kv_len=kv_len, attn_mask=mask[:, None],
                               cache_slots=slots, capture_layers=self.layer_ids or ())
-        y = self._pick(out.logits, params, generator)  # the target's own token at every node
+        y = sample(out.logits, params, generator)  # the target's own token at every node
         cur = torch.zeros(b, dtype=torch.long, device=dev)
         alive = torch.ones(b, dtype=torch.bool, device=dev)
         path = [cur]

@@ -89,9 +89,7 @@ def gguf_to_hf(gguf: Path) -> Path:
         del config.quantization_config
     tmp = out.with_name(out.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    from transformers import AutoModelForCausalLM as _Auto
-
-    clean = _Auto.from_config(config, dtype=torch.float32)
+    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     clean.load_state_dict(hf.state_dict())
     clean.save_pretrained(tmp)
     _fix_chatml_eos(tok)

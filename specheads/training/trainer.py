@@ -22,7 +22,7 @@ from specheads.config import RunConfig
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from specheads.heads.format import save_head
 from specheads.training.data import collate, epoch_batches, load_prepared
-from specheads.training.ttt import chain_acceptance, ttt_loss
+from specheads.training.ttt import chain_acceptance, ttt_loss, ttt_unroll
 
 
 class TrainingError(ValueError):
@@ -98,20 +98,22 @@ def lr_lambda(total: int, warmup: int, min_ratio: float):
 
 
 # ---------------------------------------------------------------- checkpoints (plain path)
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+def finished_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every checkpoint that was written to the end, oldest first."""
     if not ckpt_dir.is_dir():
-        return None
-    steps = sorted(
+        return []
+    return sorted(
         (int(p.name.split("_")[1]), p) for p in ckpt_dir.iterdir() if p.name.startswith("step_") and (p / "done").exists()
     )
-    return steps[-1][1] if steps else None
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    done = finished_checkpoints(ckpt_dir)
+    return done[-1][1] if done else None
 
 
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
-    done = sorted(
-        (int(p.name.split("_")[1]), p) for p in ckpt_dir.iterdir() if p.name.startswith("step_") and (p / "done").exists()
-    )
-    for _, p in done[:-keep]:
+    for _, p in finished_checkpoints(ckpt_dir)[:-keep]:
         shutil.rmtree(p, ignore_errors=True)
 
 
@@ -279,10 +281,12 @@ class Trainer:
             out = self.target(ids, capture_layers=self.layer_ids, return_logits=False)
             with self.autocast:
                 embed = lambda x: self.embed(x).to(dt)  # noqa: E731
-                st = ttt_loss(self.head, embed, ids, mask, out.aux_hidden.to(dt), out.hidden.to(dt),
-                              self.teacher_weight.to(dt), steps, cfg.train.step_decay, cfg.train.loss_chunk)
-                cc, accept = chain_acceptance(self.head, embed, ids, mask, out.aux_hidden.to(dt), out.hidden.to(dt),
-                                              self.target.lm_head.weight.to(dt), steps)
+                aux, hidden = out.aux_hidden.to(dt), out.hidden.to(dt)
+                unrolled = ttt_unroll(self.head, embed, ids, aux, steps)  # shared by both metrics
+                st = ttt_loss(self.head, embed, ids, mask, aux, hidden, self.teacher_weight.to(dt), steps,
+                              cfg.train.step_decay, cfg.train.loss_chunk, outputs=unrolled)
+                cc, accept = chain_acceptance(self.head, embed, ids, mask, aux, hidden,
+                                              self.target.lm_head.weight.to(dt), steps, outputs=unrolled)
             for k in range(steps):
                 loss[k] += float(st.step_loss[k]) * st.rows
                 correct[k] += float(st.step_correct[k])
@@ -373,9 +377,11 @@ class Trainer:
     # .............................................................. loop
     def batch_for(self, micro_index: int) -> list[int]:
         epoch, pos = divmod(micro_index, self.micro_per_epoch)
-        batches = epoch_batches([len(x) for x in self.data.train_ids], self.cfg.train.batch_size, self.cfg.train.seed,
-                                epoch, self.rank, self.world)
-        return batches[pos]
+        if getattr(self, "_epoch_plan", (None,))[0] != epoch:  # plan each epoch once, not every step
+            lengths = [len(x) for x in self.data.train_ids]
+            self._epoch_plan = (epoch, epoch_batches(lengths, self.cfg.train.batch_size, self.cfg.train.seed,
+                                                     epoch, self.rank, self.world))
+        return self._epoch_plan[1][pos]
 
     def run(self) -> dict:
         from tqdm.auto import tqdm

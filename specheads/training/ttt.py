@@ -79,8 +79,11 @@ def ttt_loss(
     steps: int = 7,
     decay: float = 0.8,
     chunk: int = 1024,
+    outputs: list[torch.Tensor] | None = None,
 ) -> StepStats:
-    outputs = ttt_unroll(head, embed, input_ids, aux_hidden, steps)
+    """`outputs`: an unroll already computed for these inputs (evaluation shares one)."""
+    if outputs is None:
+        outputs = ttt_unroll(head, embed, input_ids, aux_hidden, steps)
     mask0 = shift_left(loss_mask, 2).bool()
     denom = max(int(mask0.sum()), 1)
     total = 0.0
@@ -109,6 +112,7 @@ def chain_acceptance(
     target_lm_head: torch.Tensor,
     steps: int = 7,
     chunk: int = 4096,
+    outputs: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Simulated greedy chain drafting on teacher-forced inputs.
 
@@ -117,7 +121,8 @@ def chain_acceptance(
     position t+1+k. Returns (per-step accuracy counts [steps], accept lengths [rows]),
     where accept length = 1 (the bonus token) + leading correct steps.
     """
-    outputs = ttt_unroll(head, embed, input_ids, aux_hidden, steps)
+    if outputs is None:
+        outputs = ttt_unroll(head, embed, input_ids, aux_hidden, steps)
     base = shift_left(loss_mask, 2).bool()
     correct = []
     for k, hidden in enumerate(outputs):
