@@ -13,21 +13,18 @@ from specheads.runtime.tree import Tree, chain_tree, parse_static_tree
 
 
 class NgramDrafter:
+    """A host drafter: `propose(histories, roots)` runs on the host before the step; the
+    engine copies its tree into the verify graph's inputs."""
+
     def __init__(self, num_draft_tokens: int = 8, max_ngram: int = 3):
-        self.n = num_draft_tokens
+        self.num_draft = num_draft_tokens
         self.depth = num_draft_tokens
         self.max_ngram = max_ngram
 
-    def reset(self, *_args, **_kwargs) -> None:
-        pass
-
-    def select(self, keep: torch.Tensor) -> None:
-        pass
-
     def propose(self, histories: list[list[int]], roots: torch.Tensor) -> Tree:
         b = len(histories)
-        drafts = torch.zeros(b, self.n, dtype=torch.long)
-        valid = torch.zeros(b, self.n, dtype=torch.bool)
+        drafts = torch.zeros(b, self.num_draft, dtype=torch.long)
+        valid = torch.zeros(b, self.num_draft, dtype=torch.bool)
         for i, seq in enumerate(histories):  # host-side lookup over each row's history
             cont = self._lookup(seq)
             drafts[i, : len(cont)] = torch.as_tensor(cont, dtype=torch.long)
@@ -45,22 +42,28 @@ class NgramDrafter:
                 if seq[start : start + n] == suffix:
                     # the continuation may run into the suffix itself: copy forward, overlapping
                     cont: list[int] = []
-                    for i in range(self.n):
+                    for i in range(self.num_draft):
                         j = start + n + i
                         cont.append(seq[j] if j < len(seq) else cont[j - len(seq)])
                     if len(cont) > len(best):
                         best = cont
-                    if len(best) == self.n:
+                    if len(best) == self.num_draft:
                         break
             if best:
                 return best
         return []
 
-    def commit(self, *_args, **_kwargs) -> None:
-        pass
-
 
 class Eagle3Drafter:
+    """The EAGLE-3 head, drafting on the device at fixed shapes: the engine captures the draft
+    and the verify of one step in a single CUDA graph.
+
+    Per cache row it keeps the head's own KV cache of committed entries (entry p: the target's
+    captured features at position p and the token at p + 1) and the pending entries of the
+    last step (the accepted path), fed at the start of the next step."""
+
+    on_device = True
+
     def __init__(self, head, embed, num_steps: int = 5, topk: int = 4, num_draft_tokens: int = 16,
                  static_tree=None):
         self.head, self.embed = head, embed
@@ -77,101 +80,127 @@ class Eagle3Drafter:
         cfg = head.config
         self.n_kv, self.head_dim = cfg.num_key_value_heads, cfg.head_dim
         self.depth = self.steps
+        self.width = self.depth + 1  # pending entries: an accepted path is at most depth + 1 long
 
     # ................................................................. state
-    def reset(self, batch: int, max_len: int, device, dtype) -> None:
-        shape = (batch, self.n_kv, max_len, self.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.committed = torch.zeros(batch, dtype=torch.long, device=device)  # entries in the cache
-        self.committed_host = [0] * batch  # the same, on the host: cache widths need no sync
-        self.pending_aux = self.pending_tok = self.pending_n = None
-        self.pending_host = [0] * batch
+    def allocate(self, rows: int, cap: int, device, dtype) -> None:
+        cfg = self.head.config
+        self.k = torch.zeros(rows, self.n_kv, cap, self.head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.committed = torch.zeros(rows, dtype=torch.long, device=device)  # entries in the cache
+        self.pending_aux = torch.zeros(rows, self.width, 3 * cfg.target_hidden_size, device=device, dtype=dtype)
+        self.pending_tok = torch.zeros(rows, self.width, dtype=torch.long, device=device)
+        self.pending_n = torch.ones(rows, dtype=torch.long, device=device)
+        if self.static:
+            self._static_plan = _StaticPlan(self.static, device)
 
-    def select(self, keep: torch.Tensor) -> None:
-        self.k, self.v, self.committed = self.k[keep], self.v[keep], self.committed[keep]
-        idx = keep.tolist()
-        self.committed_host = [self.committed_host[i] for i in idx]
-        self.pending_host = [self.pending_host[i] for i in idx]
-        self.pending_aux, self.pending_tok, self.pending_n = (
-            self.pending_aux[keep], self.pending_tok[keep], self.pending_n[keep])
+    def state(self) -> list[torch.Tensor]:
+        """The small per-row tensors a step changes (the engine snapshots them around graph warm-up)."""
+        return [self.committed, self.pending_aux, self.pending_tok, self.pending_n]
 
-    def commit(self, aux: torch.Tensor, next_tokens: torch.Tensor, count: torch.Tensor, count_host: list[int]) -> None:
-        """New committed target positions: their captured features [B, P, 3H], the token that
-        follows each [B, P], and how many are real per row [B] (also as a host list)."""
-        self.pending_aux, self.pending_tok, self.pending_n = aux, next_tokens, count
-        self.pending_host = list(count_host)
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        self.k[dst, :, :length] = self.k[src, :, :length]
+        self.v[dst, :, :length] = self.v[src, :, :length]
+        for t in self.state():
+            t[dst] = t[src]
+
+    def clear_row(self, row: int) -> None:
+        # an idle row computes harmlessly inside a padded batch: one real entry to attend to
+        self.committed[row] = 0
+        self.pending_aux[row] = 0
+        self.pending_tok[row] = 0
+        self.pending_n[row] = 1
+
+    def prefill(self, start: int, aux: torch.Tensor, next_tokens: torch.Tensor, lengths: list[int]) -> None:
+        """Rows start.. get a prompt each: captured features [k, W, 3H] and the token after each
+        position [k, W] (the first generated token after the last). Entries 0..len-2 go into the
+        cache now; entry len-1 pends for the first step."""
+        head, dtype = self.head, self.k.dtype
+        k_rows, w = next_tokens.shape
+        dev = next_tokens.device
+        lens = torch.tensor(lengths, device=dev)
+        ar = torch.arange(w, device=dev)
+        mask = (ar[:, None] >= ar[None, :])[None] & (ar[None, None, :] < (lens - 1)[:, None, None])
+        _, k, v = head.step(self.embed(next_tokens).to(dtype), head.fc(aux.to(dtype)), ar.expand(k_rows, w),
+                            attn_mask=mask[:, None])
+        rows = slice(start, start + k_rows)
+        self.k[rows, :, :w] = k
+        self.v[rows, :, :w] = v
+        self.committed[rows] = lens - 1
+        last = (lens - 1)[:, None]
+        self.pending_aux[rows] = 0
+        self.pending_aux[rows, 0] = aux.gather(1, last[:, :, None].expand(-1, 1, aux.shape[-1]))[:, 0].to(dtype)
+        self.pending_tok[rows] = 0
+        self.pending_tok[rows, 0] = next_tokens.gather(1, last)[:, 0]
+        self.pending_n[rows] = 1
+
+    def set_pending(self, b: int, aux: torch.Tensor, next_tokens: torch.Tensor, count: torch.Tensor) -> None:
+        """The accepted path of each row: features [b, width, 3H], the token after each, count [b]."""
+        self.pending_aux[:b].copy_(aux)
+        self.pending_tok[:b].copy_(next_tokens)
+        self.pending_n[:b].copy_(count)
 
     # ................................................................. drafting
-    def _feed(self) -> torch.Tensor:
-        """Run the pending entries through the head, store their K/V; returns the hidden of
-        each row's last entry [B, 1, H] (it predicts the token after the root)."""
-        head = self.head
-        b, p, _ = self.pending_aux.shape
-        dev = self.pending_aux.device
-        dtype = self.k.dtype
-        start = self.committed
+    def _feed(self, b: int, kv: int) -> torch.Tensor:
+        """Run rows [:b]'s pending entries through the head and store their K/V; returns the
+        hidden of each row's last entry [b, 1, H] (it predicts the root's children)."""
+        head, dtype = self.head, self.k.dtype
+        p = self.width
+        dev = self.k.device
+        start = self.committed[:b]
+        count = self.pending_n[:b]
         ar = torch.arange(p, device=dev)
         positions = start[:, None] + ar
-        ctx_len = max(self.committed_host)
-        ctx_mask = torch.arange(ctx_len, device=dev)[None, None, :] < start[:, None, None]
-        own = (ar[None, :, None] >= ar[None, None, :]) & (ar[None, None, :] < self.pending_n[:, None, None])
-        mask = torch.cat([ctx_mask.expand(b, p, ctx_len), own.expand(b, p, p)], 2)[:, None]
-        hidden = head.fc(self.pending_aux.to(dtype))
-        out, k, v = head.step(self.embed(self.pending_tok).to(dtype), hidden, positions,
-                              self.k[:, :, :ctx_len], self.v[:, :, :ctx_len], attn_mask=mask)
+        ctx_mask = torch.arange(kv, device=dev)[None, None, :] < start[:, None, None]
+        own = (ar[None, :, None] >= ar[None, None, :]) & (ar[None, None, :] < count[:, None, None])
+        mask = torch.cat([ctx_mask.expand(b, p, kv), own.expand(b, p, p)], 2)[:, None]
+        out, k, v = head.step(self.embed(self.pending_tok[:b]).to(dtype), head.fc(self.pending_aux[:b]), positions,
+                              self.k[:b, :, :kv], self.v[:b, :, :kv], attn_mask=mask)
         idx = positions[:, None, :, None].expand(b, self.n_kv, p, self.head_dim)
-        self.k.scatter_(2, idx, k)
-        self.v.scatter_(2, idx, v)
-        self.committed = start + self.pending_n
-        self.committed_host = [c + n for c, n in zip(self.committed_host, self.pending_host)]
-        last = (self.pending_n - 1).clamp(min=0)
+        self.k[:b].scatter_(2, idx, k)
+        self.v[:b].scatter_(2, idx, v)
+        self.committed[:b] += count
+        last = (count - 1).clamp(min=0)
         return out.gather(1, last[:, None, None].expand(b, 1, out.shape[-1]))
 
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.head.logits(hidden).float(), dim=-1)
 
-    def propose(self, histories, roots: torch.Tensor) -> Tree:
+    def propose(self, b: int, kv: int, roots: torch.Tensor) -> Tree:
+        """Rows [:b]: feed the pending entries, then expand the tree under each root."""
         head = self.head
-        h_last = self._feed()
-        b = roots.shape[0]
+        h_last = self._feed(b, kv)
         dev = roots.device
         dtype = self.k.dtype
-        base = self.committed  # == target committed length L
-        ctx_len = max(self.committed_host)
-        ctx_mask = torch.arange(ctx_len, device=dev)[None, None, :] < base[:, None, None]
+        base = self.committed[:b]  # == the target's committed length
+        ctx_mask = torch.arange(kv, device=dev)[None, None, :] < base[:, None, None]
+        k_cache, v_cache = self.k[:b, :, :kv], self.v[:b, :, :kv]
 
-        # frontier state: parent hidden, token, ancestor bits over tree entries so far
         logp = self._log_probs(h_last)[:, 0]  # [B, Vd]
-        k_first = self.topk if not self.static else 1 + max(p[0] for p in self.static)
-        top_lp, top_id = logp.topk(k_first, dim=-1)
-        pool_tok, pool_score, pool_parent, pool_depth = [], [], [], []
         if self.static:
-            return self._static(h_last, top_id, ctx_mask, base, roots)
-        pool_tok.append(head.draft_to_target(top_id))
-        pool_score.append(top_lp)
+            return self._static(h_last, logp, ctx_mask, base, roots, k_cache, v_cache)
+        top_lp, top_id = logp.topk(self.topk, dim=-1)
+        pool_tok, pool_score, pool_parent, pool_depth = [head.draft_to_target(top_id)], [top_lp], [], []
         pool_parent.append(torch.full_like(top_id, -1))
         pool_depth.append(torch.ones_like(top_id))
         front_tok, front_score = pool_tok[0], top_lp
         front_hidden = h_last.expand(b, self.topk, -1)
         front_pool = torch.arange(self.topk, device=dev).expand(b, -1)
         front_anc = torch.zeros(b, self.topk, 0, dtype=torch.bool, device=dev)
+        own = torch.eye(self.topk, dtype=torch.bool, device=dev).expand(b, -1, -1)
+        parent_front = torch.arange(self.topk, device=dev).repeat_interleave(self.topk).expand(b, -1)
         tree_k, tree_v = [], []
         n_pool = self.topk
         for d in range(1, self.steps):
-            own = torch.eye(self.topk, dtype=torch.bool, device=dev).expand(b, -1, -1)
-            mask = torch.cat([ctx_mask.expand(b, self.topk, ctx_len), front_anc, own], 2)[:, None]
-            k_ctx = torch.cat([self.k[:, :, :ctx_len]] + tree_k, 2)
-            v_ctx = torch.cat([self.v[:, :, :ctx_len]] + tree_v, 2)
+            mask = torch.cat([ctx_mask.expand(b, self.topk, kv), front_anc, own], 2)[:, None]
             positions = (base - 1 + d)[:, None].expand(b, self.topk)
-            tok_in = front_tok
-            out, k, v = head.step(self.embed(tok_in).to(dtype), front_hidden, positions, k_ctx, v_ctx, attn_mask=mask)
+            out, k, v = head.step(self.embed(front_tok).to(dtype), front_hidden, positions,
+                                  torch.cat([k_cache] + tree_k, 2), torch.cat([v_cache] + tree_v, 2), attn_mask=mask)
             tree_k.append(k)
             tree_v.append(v)
             lp, ids = self._log_probs(out).topk(self.topk, dim=-1)  # [B, K, K]
             scores = (front_score[:, :, None] + lp).reshape(b, -1)
             child_tok = head.draft_to_target(ids).reshape(b, -1)
-            parent_front = torch.arange(self.topk, device=dev).repeat_interleave(self.topk).expand(b, -1)
             pool_tok.append(child_tok)
             pool_score.append(scores)
             pool_parent.append(front_pool.gather(1, parent_front))
@@ -193,11 +222,14 @@ class Eagle3Drafter:
         """The best num_draft nodes by cumulative log-probability; parents precede children."""
         b, n_pool = tok.shape
         n = self.num_draft
+        dev = tok.device
         # ties: prefer shallower, then earlier nodes, so a parent always outranks its child
-        order_key = score.double() - 1e-9 * torch.arange(n_pool, device=tok.device)
-        chosen = order_key.topk(n, dim=-1).indices.sort(dim=-1).values  # pool order = depth order
-        pos_in_tree = torch.full((b, n_pool), -1, dtype=torch.long, device=tok.device)
-        pos_in_tree.scatter_(1, chosen, torch.arange(1, n + 1, device=tok.device).expand(b, -1))
+        order_key = score.double() - 1e-9 * torch.arange(n_pool, device=dev)
+        by_score = order_key.topk(n, dim=-1).indices
+        chosen, order = by_score.sort(dim=-1)  # pool order = depth order
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(1, n + 1, device=dev).expand(b, -1))
+        pos_in_tree = torch.full((b, n_pool), -1, dtype=torch.long, device=dev)
+        pos_in_tree.scatter_(1, chosen, torch.arange(1, n + 1, device=dev).expand(b, -1))
         par_pool = parent.gather(1, chosen)
         par_tree = torch.where(par_pool < 0, torch.zeros_like(par_pool),
                                pos_in_tree.gather(1, par_pool.clamp(min=0)))
@@ -206,55 +238,71 @@ class Eagle3Drafter:
         parents = torch.cat([torch.full_like(roots[:, None], -1), par_tree.clamp(min=0)], 1)
         depths = torch.cat([torch.zeros_like(roots[:, None]), depth.gather(1, chosen)], 1)
         ok = torch.cat([torch.ones_like(valid[:, :1]), valid], 1)
-        return Tree(tokens, parents, depths, ok, self.steps)
+        return Tree(tokens, parents, depths, ok, self.steps, torch.cat([torch.zeros_like(rank[:, :1]), rank], 1))
 
-    def _static(self, h_last, top_id, ctx_mask, base, roots) -> Tree:
+    def _static(self, h_last, logp, ctx_mask, base, roots, k_cache, v_cache) -> Tree:
         """Fixed tree shape: node p's token is the rank-p[-1] token of its parent's draft."""
-        head, paths = self.head, self.static
+        head, plan = self.head, self._static_plan
         b = h_last.shape[0]
-        dev = h_last.device
+        kv = ctx_mask.shape[-1]
         dtype = self.k.dtype
+        tokens = torch.zeros(b, plan.n, dtype=torch.long, device=roots.device)
+        ids = logp.topk(plan.first_ranks, dim=-1).indices
+        tokens[:, plan.first] = head.draft_to_target(ids[:, plan.first_rank])
+        hidden = torch.zeros(b, 1 + plan.n, h_last.shape[-1], dtype=h_last.dtype, device=roots.device)
+        hidden[:, 0] = h_last[:, 0]
+        tree_k, tree_v = [], []
+        for d, lv in enumerate(plan.levels, start=1):
+            m = lv.nodes.numel()
+            mask = torch.cat([ctx_mask.expand(b, m, kv), lv.anc.expand(b, -1, -1)], 2)[:, None]
+            positions = (base - 1 + d)[:, None].expand(b, m)
+            out, k, v = head.step(self.embed(tokens[:, lv.nodes]).to(dtype), hidden[:, lv.parent_slot], positions,
+                                  torch.cat([k_cache] + tree_k, 2), torch.cat([v_cache] + tree_v, 2), attn_mask=mask)
+            tree_k.append(k)
+            tree_v.append(v)
+            hidden[:, 1 + lv.nodes] = out
+            ids = self._log_probs(out).topk(lv.ranks, dim=-1).indices  # [B, m, ranks]
+            tokens[:, lv.kids] = head.draft_to_target(ids[:, lv.kid_row, lv.kid_rank])
+        return Tree(torch.cat([roots[:, None], tokens], 1), plan.parents.expand(b, -1), plan.depth.expand(b, -1),
+                    torch.ones(b, plan.n + 1, dtype=torch.bool, device=roots.device), self.steps)
+
+
+class _Level:
+    pass
+
+
+class _StaticPlan:
+    """A static tree's index tensors, built once on the device (no host work while drafting)."""
+
+    def __init__(self, paths: list[tuple[int, ...]], device):
         index = {p: i for i, p in enumerate(paths)}
-        tokens = torch.zeros(b, len(paths), dtype=torch.long, device=dev)
-        hidden_of = {}
+        self.n = len(paths)
         first = [i for i, p in enumerate(paths) if len(p) == 1]
-        for i in first:
-            tokens[:, i] = head.draft_to_target(top_id[:, paths[i][0]])
-        tree_k, tree_v, entry_of = [], [], []
-        ctx_len = ctx_mask.shape[-1]
-        for d in range(1, self.steps):
+        self.first = torch.tensor(first, device=device)
+        self.first_rank = torch.tensor([paths[i][0] for i in first], device=device)
+        self.first_ranks = 1 + max(paths[i][0] for i in first)
+        self.levels = []
+        entries: list[int] = []  # tree entries in the order the head computes them
+        for d in range(1, max(len(p) for p in paths)):
             level = [i for i, p in enumerate(paths) if len(p) == d]
             kids = [i for i, p in enumerate(paths) if len(p) == d + 1]
             if not kids:
                 break
-            m = len(level)
-            prev = len(entry_of)
-            anc = torch.zeros(m, prev + m, dtype=torch.bool, device=dev)
+            prev = len(entries)
+            anc = torch.zeros(len(level), prev + len(level), dtype=torch.bool)
             for r, i in enumerate(level):
                 for a in range(1, d):
-                    anc[r, entry_of.index(index[paths[i][:a]])] = True
+                    anc[r, entries.index(index[paths[i][:a]])] = True
                 anc[r, prev + r] = True
-            mask = torch.cat([ctx_mask.expand(b, m, ctx_len), anc.expand(b, m, prev + m)], 2)[:, None]
-            parent_hidden = torch.stack([hidden_of.get(paths[i][:-1], h_last[:, 0]) for i in level], 1)
-            positions = (base - 1 + d)[:, None].expand(b, m)
-            out, k, v = head.step(self.embed(tokens[:, level]).to(dtype), parent_hidden, positions,
-                                  torch.cat([self.k[:, :, :ctx_len]] + tree_k, 2),
-                                  torch.cat([self.v[:, :, :ctx_len]] + tree_v, 2), attn_mask=mask)
-            tree_k.append(k)
-            tree_v.append(v)
-            entry_of += level
-            ranks = 1 + max(paths[i][-1] for i in kids)
-            ids = self._log_probs(out).topk(ranks, dim=-1).indices  # [B, m, ranks]
-            for r, i in enumerate(level):
-                hidden_of[paths[i]] = out[:, r]
-            for i in kids:
-                r = level.index(index[paths[i][:-1]])
-                tokens[:, i] = head.draft_to_target(ids[:, r, paths[i][-1]])
-        parents = [0 if len(p) == 1 else 1 + index[p[:-1]] for p in paths]
-        return Tree(
-            torch.cat([roots[:, None], tokens], 1),
-            torch.tensor([-1] + parents, device=dev).expand(b, -1).clone(),
-            torch.tensor([0] + [len(p) for p in paths], device=dev).expand(b, -1).clone(),
-            torch.ones(b, len(paths) + 1, dtype=torch.bool, device=dev),
-            self.steps,
-        )
+            lv = _Level()
+            lv.nodes = torch.tensor(level, device=device)
+            lv.anc = anc.to(device)
+            lv.parent_slot = torch.tensor([0 if d == 1 else 1 + index[paths[i][:-1]] for i in level], device=device)
+            lv.kids = torch.tensor(kids, device=device)
+            lv.kid_row = torch.tensor([level.index(index[paths[i][:-1]]) for i in kids], device=device)
+            lv.kid_rank = torch.tensor([paths[i][-1] for i in kids], device=device)
+            lv.ranks = 1 + max(paths[i][-1] for i in kids)
+            self.levels.append(lv)
+            entries += level
+        self.parents = torch.tensor([-1] + [0 if len(p) == 1 else 1 + index[p[:-1]] for p in paths], device=device)[None]
+        self.depth = torch.tensor([0] + [len(p) for p in paths], device=device)[None]

@@ -1,217 +1,456 @@
 """The speculative engine: draft a tree, verify it in one target forward, accept, commit.
 
-One step for a batch of B sequences (row b has L_b committed tokens in the target cache
-and a root token, the last emitted one, not yet in it):
-  draft   the drafter proposes a tree of N nodes under each root;
-  verify  one target forward over [root + N nodes] at positions L_b + depth, written to
-          cache slots L_b + node index, under the tree mask on top of the prefix;
+Requests occupy rows of a preallocated KV cache (`max_batch` rows of `max_len` tokens plus
+room for one tree). Active rows are packed at the front; a request joins with a prefill
+into the next free row and leaves by moving the last row into its place, so requests join
+and leave between steps (continuous batching) and the step itself always sees rows [:b].
+
+One step for rows [:b] (row r has L_r committed tokens in the target cache and a root
+token, the last emitted one, not yet in it):
+  draft   the drafter proposes a tree of N nodes under each root (EAGLE-3 on the device;
+          ngram on the host, copied in);
+  verify  one target forward over [root + N nodes] at positions L_r + depth, written to
+          cache slots L_r + node index, under the tree mask on top of the prefix;
   accept  at every node the target picks its token y (argmax, or a sample of its own
           warped distribution); from the root, follow the child whose token is y while one
           exists. The last node's y is the bonus token. Every emitted token is the
           target's own choice, so greedy output equals plain decoding and sampled output
-          follows the target's distribution (lossless);
-  commit  the accepted path's KV entries move to slots L_b.. (Triton), the drafter gets
+          follows the target's distribution (lossless). With top-k drafts (distinct
+          siblings, chosen without sampling) this is exactly recursive rejection sampling
+          over the siblings: a sibling is accepted with the target's probability of it;
+  commit  the accepted path's KV entries move to slots L_r.. (Triton), the drafter gets
           the path's captured features.
-One host sync per step (the accept lengths).
+On CUDA the whole step (draft, verify, accept, commit) replays as one CUDA graph per
+(batch bucket, context bucket, greedy/sampled); one host sync per step reads the result.
 """
 
 from __future__ import annotations
 
-import time
+import random
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from specheads.kernels.kv_commit import commit_kv
 from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
-from specheads.runtime.generate import generate_batch
-from specheads.runtime.graphs import GraphedForward, compact_rows
-from specheads.runtime.sampling import SamplingParams, sample
+from specheads.runtime.graphs import next_pow2
+from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, sample_rows
+from specheads.runtime.tree import Tree
 from specheads.target.model import KVCache
 
 METHODS = ("eagle3", "ngram", "ar")
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]
-    finish_reason: str  # "stop" | "length"
-    steps: int = 0
-    accepted_tokens: int = 0  # draft tokens accepted
-    accept_per_position: list = field(default_factory=list)
-
-    @property
-    def mean_accept_length(self) -> float:
-        return len(self.token_ids) / self.steps if self.steps else 0.0
 
 
 class EngineError(ValueError):
     pass
 
 
+@dataclass
+class SpecControl:
+    """Per-request speculation: off, or a shallower / smaller tree than the engine's."""
+
+    enabled: bool = True
+    num_steps: int | None = None
+    num_draft_tokens: int | None = None
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop_ids: frozenset = frozenset()
+    spec: SpecControl = field(default_factory=SpecControl)
+
+
+@dataclass
+class StepOutput:
+    handle: int
+    new_tokens: list[int]
+    finish_reason: str | None  # None while running; "stop" | "length"
+    drafted: int = 0  # draft tokens verified this step
+    accepted: int = 0  # draft tokens accepted this step
+    accept_length: int = 0  # tokens this step produced (accepted drafts + the bonus); 1 for the prefill
+    draft_depth: int = 0  # tree depth offered this step (0: no drafts)
+    prefill: bool = False  # the first token, from the prompt's forward
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    steps: int = 0  # verify steps (the prefill not counted)
+    accepted_tokens: int = 0  # draft tokens accepted
+    accept_per_position: list = field(default_factory=list)  # [k]: steps that accepted >= k drafts
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens per verify step: accepted drafts + the bonus token."""
+        return 1.0 + self.accepted_tokens / self.steps if self.steps else 0.0
+
+
+@dataclass
+class _Row:
+    handle: int
+    request: Request
+    history: list[int]  # prompt + emitted tokens (host drafters read it)
+    budget: int
+    committed: int  # tokens in the target cache
+    emitted: int = 0
+
+
 class SpecEngine:
     def __init__(self, target, head=None, method: str = "eagle3", num_steps: int = 5, topk: int = 4,
-                 num_draft_tokens: int = 16, static_tree=None, max_len: int | None = None, use_graphs: bool | None = None):
+                 num_draft_tokens: int = 16, static_tree=None, max_len: int | None = None, max_batch: int = 8,
+                 use_graphs: bool | None = None):
         if method not in METHODS:
             raise EngineError(f"method {method!r} is not one of {', '.join(METHODS)}")
+        if max_batch < 1:
+            raise EngineError(f"max_batch must be >= 1, got {max_batch}")
         self.target = target
         self.method = method
-        self.layer_ids = None
+        self.layer_ids = ()
+        self.drafter = None
         if method == "eagle3":
             if head is None:
                 raise EngineError("method eagle3 needs a draft head (--draft)")
             check_head_matches(head, target)
-            self.layer_ids = head.config.target_layer_ids
+            self.layer_ids = tuple(head.config.target_layer_ids)
             self.drafter = Eagle3Drafter(head, target.embed_tokens, num_steps, topk, num_draft_tokens, static_tree)
         elif method == "ngram":
             self.drafter = NgramDrafter(num_draft_tokens)
         # a tree verified at the cache's end reaches `depth` positions past it
-        drafter = getattr(self, "drafter", None)
-        depth = drafter.depth if drafter is not None else 0
-        limit = target.rotary.max_positions - (depth + 1 if drafter is not None else 0)
+        depth = self.drafter.depth if self.drafter is not None else 0
+        limit = target.rotary.max_positions - (depth + 1 if self.drafter is not None else 0)
         if max_len is not None and max_len > limit:
             raise EngineError(
                 f"max_len {max_len} is too long: the target has {target.rotary.max_positions} positions and a draft "
                 f"tree reaches {depth + 1} past the last token, so at most {limit}"
             )
-        # default: the target's context, capped so a batch's cache stays modest
+        # default: the target's context, capped so that the cache stays modest
         self.max_len = max_len or min(limit, 4096)
+        self.max_batch = max_batch
         self.device = target.model.embed_tokens.weight.device
         self.dtype = target.model.embed_tokens.weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.rows: list[_Row] = []  # active, in cache-row order
+        self.waiting: list[_Row] = []  # added, prefilled at the next step
+        self._next_handle = 0
+        self._allocated = False
 
-    # ------------------------------------------------------------------ public
+    # ------------------------------------------------------------------ limits
+    @property
+    def num_steps(self) -> int:
+        return self.drafter.depth if self.drafter is not None else 0
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.drafter.num_draft if self.drafter is not None else 0
+
+    @property
+    def active(self) -> int:
+        return len(self.rows) + len(self.waiting)
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_batch - self.active
+
+    @property
+    def has_work(self) -> bool:
+        return self.active > 0
+
+    # ------------------------------------------------------------------ requests
+    def add(self, request: Request) -> int:
+        """Queue a request for the next step; returns its handle."""
+        request.params.validate()
+        n = len(request.prompt)
+        if n == 0:
+            raise InvalidRequest("prompt is empty")
+        if n + request.params.max_new_tokens > self.max_len:
+            raise InvalidRequest(
+                f"prompt ({n} tokens) + max_new_tokens ({request.params.max_new_tokens}) exceeds the context of "
+                f"{self.max_len} tokens")
+        spec = request.spec
+        for name, value, cap in (("num_steps", spec.num_steps, self.num_steps),
+                                 ("num_draft_tokens", spec.num_draft_tokens, self.num_draft_tokens)):
+            if value is not None and not 1 <= value <= max(cap, 1):
+                raise InvalidRequest(f"speculation.{name} must be in 1..{max(cap, 1)} on this server, got {value}")
+        if self.free_slots <= 0:
+            raise EngineError(f"all {self.max_batch} rows are busy")
+        self._allocate()
+        row = _Row(self._next_handle, request, list(request.prompt), request.params.max_new_tokens, n)
+        self._next_handle += 1
+        self.waiting.append(row)
+        return row.handle
+
+    def abort(self, handle: int) -> None:
+        self.waiting = [r for r in self.waiting if r.handle != handle]
+        for i, r in enumerate(self.rows):
+            if r.handle == handle:
+                self._remove([i])
+                return
+
+    def step(self) -> list[StepOutput]:
+        """Prefill the requests added since the last step, then one speculative step."""
+        outputs = self._prefill() if self.waiting else []
+        n = len(self.rows)
+        if n == 0:
+            return outputs
+        b = min(next_pow2(n), self.max_batch) if self.use_graphs else n
+        need = max(r.committed for r in self.rows) + self.tree_nodes + 1
+        kv = min(max(next_pow2(need), 128), self.cap) if self.use_graphs else need
+        sampled = any(r.request.params.temperature > 0 for r in self.rows)
+        if self.drafter is not None and not getattr(self.drafter, "on_device", False):
+            self._host_tree(n, b)
+        result = self._run(b, kv, sampled)[:n].tolist()  # the one host sync of the step
+        done = []
+        for i, (row, res) in enumerate(zip(self.rows, result)):
+            n_acc, bonus, drafted = res[0], res[1], res[2]
+            row.committed += n_acc
+            new, reason = self._emit(row, res[5: 4 + n_acc] + [bonus])
+            outputs.append(StepOutput(row.handle, new, reason, drafted, n_acc - 1, n_acc, res[3]))
+            if reason is not None:
+                done.append(i)
+        self._remove(done)
+        return outputs
+
     def generate(self, prompts: list[list[int]], params: SamplingParams, stop_ids=()) -> list[GenerationResult]:
+        """Every prompt to the end (stop token, max_new_tokens, or the cache's end), at most
+        max_batch at a time: a finished row takes the next prompt."""
         params.validate()
-        if not prompts:
-            return []
         for i, p in enumerate(prompts):
             if not p:
                 raise EngineError(f"prompt {i} is empty")
             if len(p) >= self.max_len:
                 raise EngineError(f"prompt {i} has {len(p)} tokens; the cache holds {self.max_len} (prompt + output)")
-        budgets = [min(params.max_new_tokens, self.max_len - len(p)) for p in prompts]
-        if self.method == "ar":
-            return self._ar(prompts, params, stop_ids, budgets)
-        return self._speculate(prompts, params, set(stop_ids), budgets)
+        if self.has_work:
+            raise EngineError("generate() needs an idle engine; this one is serving requests")
+        base = params.seed if params.seed is not None else random.getrandbits(32)
+        todo = deque(range(len(prompts)))
+        of_handle, results = {}, [None] * len(prompts)
+        stops = frozenset(stop_ids)
+        while todo or self.has_work:
+            while todo and self.free_slots > 0:
+                i = todo.popleft()
+                p = SamplingParams(**{**params.__dict__, "seed": base + 1_000_003 * i,
+                                      "max_new_tokens": min(params.max_new_tokens, self.max_len - len(prompts[i]))})
+                h = self.add(Request(prompts[i], p, stops))
+                of_handle[h] = i
+                results[i] = GenerationResult([], "", accept_per_position=[0] * (self.num_steps + 1))
+            for out in self.step():
+                r = results[of_handle[out.handle]]
+                r.token_ids += out.new_tokens
+                if not out.prefill:
+                    r.steps += 1
+                    r.accepted_tokens += out.accepted
+                    for k in range(1, out.accepted + 1):
+                        r.accept_per_position[k] += 1
+                if out.finish_reason:
+                    r.finish_reason = out.finish_reason
+        return results
 
-    # ------------------------------------------------------------------ ar
-    def _ar(self, prompts, params, stop_ids, budgets):
+    # ------------------------------------------------------------------ state
+    def _allocate(self) -> None:
+        if self._allocated:
+            return
+        dev, mb = self.device, self.max_batch
+        self.tree_nodes = 1 + self.num_draft_tokens
+        self.depth = self.num_steps
+        # room to verify a full tree at the end, + a spare slot
+        self.cap = self.max_len + self.tree_nodes + 2
+        self.cache = KVCache(self.target.spec, mb, self.cap, self.dtype, dev)
+        self.committed = torch.zeros(mb, dtype=torch.long, device=dev)
+        self.root = torch.zeros(mb, dtype=torch.long, device=dev)
+        self.row_params = RowParams.allocate(mb, dev)
+        self.depth_limit = torch.zeros(mb, dtype=torch.long, device=dev)
+        self.draft_limit = torch.zeros(mb, dtype=torch.long, device=dev)
+        # per row: accepted count (with the root), bonus, drafted count, depth offered, path tokens
+        self.out = torch.zeros(mb, 4 + self.depth + 1, dtype=torch.long, device=dev)
+        if isinstance(self.drafter, Eagle3Drafter):
+            self.drafter.allocate(mb, self.cap, dev, self.dtype)
+        elif self.drafter is not None:  # host drafter: its trees are copied into these inputs
+            n = self.tree_nodes
+            parents = torch.zeros(mb, n, dtype=torch.long, device=dev)
+            parents[:, 0] = -1
+            self.tree_in = Tree(torch.zeros(mb, n, dtype=torch.long, device=dev), parents,
+                                torch.ones(mb, n, dtype=torch.long, device=dev),
+                                torch.zeros(mb, n, dtype=torch.bool, device=dev), self.depth,
+                                torch.zeros(mb, n, dtype=torch.long, device=dev))
+        self.graphs: dict = {}
+        self._pool = None
+        self._allocated = True
+
+    def _state(self) -> list[torch.Tensor]:
+        """Per-row tensors a step changes; graph warm-up restores them."""
+        extra = self.drafter.state() if isinstance(self.drafter, Eagle3Drafter) else []
+        return [self.committed, self.root, self.out] + extra
+
+    def _row_tensors(self) -> list[torch.Tensor]:
+        return [self.committed, self.root, self.depth_limit, self.draft_limit] + self.row_params.tensors()
+
+    def _prefill(self) -> list[StepOutput]:
+        new, self.waiting = self.waiting, []
+        start, k = len(self.rows), len(new)
+        dev = self.device
+        lengths = [len(r.request.prompt) for r in new]
+        width = max(lengths)
+        ids = torch.zeros(k, width, dtype=torch.long)
+        for i, r in enumerate(new):
+            ids[i, : lengths[i]] = torch.as_tensor(r.request.prompt)
+        ids = ids.to(dev)
+        lens = torch.tensor(lengths, device=dev)
+        rows = slice(start, start + k)
+        for i, r in enumerate(new):
+            p, spec = r.request.params, r.request.spec
+            seed = p.seed if p.seed is not None else random.getrandbits(32)
+            self.row_params.set_row(start + i, p, seed)
+            on = spec.enabled and self.drafter is not None
+            n_draft = self.tree_nodes - 1
+            self.depth_limit[start + i] = min(spec.num_steps or self.depth, self.depth) if on else 0
+            self.draft_limit[start + i] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
+        with torch.no_grad():
+            out = self.target(ids, torch.arange(width, device=dev).expand(k, width), cache=self.cache.rows(rows),
+                              kv_len=width, prefill=True, capture_layers=self.layer_ids,
+                              logits_positions=(lens - 1)[:, None])
+            first = sample_rows(out.logits, self.row_params.rows(rows), lens[:, None], any(
+                r.request.params.temperature > 0 for r in new))[:, 0]
+            self.committed[rows] = lens
+            self.root[rows] = first
+            if isinstance(self.drafter, Eagle3Drafter):
+                nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
+                nxt.scatter_(1, (lens - 1)[:, None], first[:, None])
+                self.drafter.prefill(start, out.aux_hidden, nxt, lengths)
+        self.rows += new
+        outputs, done = [], []
+        for i, (r, tok) in enumerate(zip(new, first.tolist())):
+            toks, reason = self._emit(r, [tok])
+            outputs.append(StepOutput(r.handle, toks, reason, accept_length=1, prefill=True))
+            if reason is not None:
+                done.append(start + i)
+        self._remove(done)
+        return outputs
+
+    def _emit(self, row: _Row, tokens: list[int]) -> tuple[list[int], str | None]:
         out = []
-        for budget in sorted(set(budgets)):  # rows with the same budget decode together
-            rows = [i for i, b in enumerate(budgets) if b == budget]
-            p = SamplingParams(**{**params.__dict__, "max_new_tokens": budget})
-            toks = generate_batch(self.target, [prompts[i] for i in rows], p, stop_ids, use_graphs=self.use_graphs)
-            out += list(zip(rows, toks))
-        res = [None] * len(prompts)
-        for i, toks in out:
-            reason = "length" if len(toks) >= budgets[i] else "stop"
-            res[i] = GenerationResult(toks, reason, steps=len(toks) + (reason == "stop"))
-        return res
+        for t in tokens:
+            if t in row.request.stop_ids:
+                return out, "stop"
+            out.append(t)
+            row.history.append(t)
+            row.emitted += 1
+            if row.emitted >= row.budget:
+                return out, "length"
+        return out, None
 
-    # ------------------------------------------------------------------ speculative
-    @torch.no_grad()
-    def _speculate(self, prompts, params, stops, budgets):
-        dev = self.device
-        b = len(prompts)
-        tree_nodes = 1 + getattr(self.drafter, "num_draft", getattr(self.drafter, "n", 0))
-        cap = self.max_len + tree_nodes + 2  # room to verify a full tree at the end, + a spare slot
-        cache = KVCache(self.target.spec, b, cap, self.dtype, dev)
-        self.verify_graph = (GraphedForward(self.target, cache, tree_nodes, self.layer_ids or (), tree=True)
-                             if self.use_graphs else None)
-        generator = torch.Generator(device=dev).manual_seed(params.seed) if params.seed is not None else None
+    def _remove(self, indices: list[int]) -> None:
+        """Finished rows leave: the last row moves into each freed row (its cache entries too)."""
+        for i in sorted(indices, reverse=True):
+            last = len(self.rows) - 1
+            if i != last:
+                moving = self.rows[last]
+                length = moving.committed
+                self.cache.k[:, i, :, :length] = self.cache.k[:, last, :, :length]
+                self.cache.v[:, i, :, :length] = self.cache.v[:, last, :, :length]
+                for t in self._row_tensors():
+                    t[i] = t[last]
+                if isinstance(self.drafter, Eagle3Drafter):
+                    self.drafter.move_row(last, i, length)
+                self.rows[i] = moving
+            self.rows.pop()
+            self._clear_row(last)
+
+    def _clear_row(self, row: int) -> None:
+        # an idle row inside a padded batch computes harmlessly on its own cache row
+        for t in (self.committed, self.root, self.depth_limit, self.draft_limit):
+            t[row] = 0
         if isinstance(self.drafter, Eagle3Drafter):
-            self.drafter.reset(b, cap, dev, self.dtype)
+            self.drafter.clear_row(row)
 
-        # prefill: the prompt, its first token, the drafter's first entries
-        lengths = torch.tensor([len(p) for p in prompts], device=dev)
-        width = int(lengths.max())
-        ids = torch.zeros(b, width, dtype=torch.long, device=dev)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = torch.as_tensor(p, device=dev)
-        pos = torch.arange(width, device=dev).expand(b, width)
-        out = self.target(ids, pos, cache=cache, kv_len=width, prefill=True, capture_layers=self.layer_ids or (),
-                          logits_positions=(lengths - 1)[:, None])
-        root = sample(out.logits[:, 0], params, generator)
+    def _host_tree(self, n: int, b: int) -> None:
+        tree = self.drafter.propose([r.history for r in self.rows], self.root[:n])
+        t = self.tree_in
+        if tree.size != self.tree_nodes:
+            raise EngineError(f"drafter proposed {tree.size - 1} nodes; the engine was built for {self.tree_nodes - 1}")
+        for dst, src in ((t.tokens, tree.tokens), (t.parents, tree.parents), (t.depth, tree.depth),
+                         (t.valid, tree.valid), (t.rank, tree.ranks())):
+            dst[:n].copy_(src)
+        t.valid[n:b] = False  # padding rows: the root alone
+
+    # ------------------------------------------------------------------ the step
+    def _run(self, b: int, kv: int, sampled: bool) -> torch.Tensor:
+        if not self.use_graphs:
+            with torch.no_grad():
+                self._step(b, kv, sampled)
+            return self.out
+        key = (b, kv, sampled)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(b, kv, sampled)
+        self.graphs[key].replay()
+        return self.out
+
+    def _capture(self, b: int, kv: int, sampled: bool) -> torch.cuda.CUDAGraph:
+        state = self._state()
+        saved = [t.clone() for t in state]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(2):  # warm-up (kernel selection, Triton compile); the state is restored
+                self._step(b, kv, sampled)
+                for t, s in zip(state, saved):
+                    t.copy_(s)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
+            self._step(b, kv, sampled)
+        self._pool = graph.pool()
+        return graph
+
+    def _tree(self, b: int, kv: int) -> Tree:
         if isinstance(self.drafter, Eagle3Drafter):
-            nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
-            nxt.scatter_(1, (lengths - 1)[:, None], root[:, None])
-            self.drafter.commit(out.aux_hidden, nxt, lengths, [len(p) for p in prompts])
+            return self.drafter.propose(b, kv, self.root[:b])
+        if self.drafter is not None:
+            t = self.tree_in
+            return Tree(t.tokens[:b], t.parents[:b], t.depth[:b], t.valid[:b], self.depth, t.rank[:b])
+        ones = torch.ones(b, 1, dtype=torch.long, device=self.device)
+        return Tree(self.root[:b, None], -ones, ones * 0, ones.bool(), 0)
 
-        rows = list(range(b))  # original index of each live row
-        emitted = [[] for _ in range(b)]
-        histories = [list(p) for p in prompts]
-        steps = [0] * b
-        accepted = [0] * b
-        per_pos = [[0] * tree_nodes for _ in range(b)]
-        reasons = [None] * b
-        committed = lengths.clone()
-        committed_host = [len(p) for p in prompts]
-        root_cpu = root.tolist()
-        for r in range(b):
-            self._emit(r, [root_cpu[r]], emitted, histories, budgets, stops, reasons)
-        while True:
-            live = [i for i, r in enumerate(rows) if reasons[r] is None]
-            if not live:
-                break
-            if len(live) < len(rows):  # finished sequences leave the batch (in place: graphs keep their cache)
-                keep = torch.tensor(live, device=dev)
-                compact_rows([cache.k, cache.v], keep, dim=1)
-                committed, root = committed[keep], root[keep]
-                committed_host = [committed_host[i] for i in live]
-                self.drafter.select(keep)
-                rows = [rows[i] for i in live]
-            tree = self.drafter.propose([histories[r] for r in rows], root)
-            path, n_acc, bonus, aux = self._verify(tree, cache, committed, max(committed_host), params, generator)
-            for tensor in (cache.k, cache.v):  # rows past the live batch are stale after compaction
-                commit_kv(tensor[:, : len(rows)], committed, path, n_acc)
-            path_tokens = tree.tokens.gather(1, path.clamp(min=0))
-            if isinstance(self.drafter, Eagle3Drafter):
-                path_aux = aux.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, aux.shape[-1]))
-                nxt = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], 1)
-                nxt.scatter_(1, (n_acc - 1)[:, None], bonus[:, None])
-            committed = committed + n_acc
-            root = bonus
-            # the one host sync of the step
-            n_cpu, toks_cpu, bonus_cpu = n_acc.tolist(), path_tokens.tolist(), bonus.tolist()
-            committed_host = [c + n for c, n in zip(committed_host, n_cpu)]
-            if isinstance(self.drafter, Eagle3Drafter):
-                self.drafter.commit(path_aux, nxt, n_acc, n_cpu)
-            for i, r in enumerate(rows):
-                n = n_cpu[i]
-                steps[r] += 1
-                accepted[r] += n - 1
-                for k in range(1, n):
-                    per_pos[r][k] += 1
-                self._emit(r, toks_cpu[i][1:n] + [bonus_cpu[i]], emitted, histories, budgets, stops, reasons)
-        return [GenerationResult(emitted[r], reasons[r], steps[r], accepted[r], per_pos[r]) for r in range(b)]
+    def _step(self, b: int, kv: int, sampled: bool) -> None:
+        """Draft, verify, accept and commit for rows [:b]; fixed shapes, no host syncs."""
+        tree = self._tree(b, kv)
+        tree.valid = tree.valid & (tree.depth <= self.depth_limit[:b, None]) & (tree.ranks() < self.draft_limit[:b, None])
+        tree.valid[:, 0] = True
+        path, n_acc, bonus, aux = self._verify(tree, b, kv, sampled)
+        committed = self.committed[:b]
+        for tensor in (self.cache.k, self.cache.v) if tree.max_depth else ():  # a lone root is in place
+            commit_kv(tensor[:, :b], committed, path, n_acc)
+        path_tokens = tree.tokens.gather(1, path.clamp(min=0))
+        if isinstance(self.drafter, Eagle3Drafter):
+            path_aux = aux.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, aux.shape[-1]))
+            nxt = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], 1)
+            nxt.scatter_(1, (n_acc - 1)[:, None], bonus[:, None])
+            self.drafter.set_pending(b, path_aux, nxt, n_acc)
+        committed += n_acc
+        self.root[:b] = bonus
+        out = self.out[:b]
+        out[:, 0] = n_acc
+        out[:, 1] = bonus
+        out[:, 2] = tree.valid[:, 1:].sum(1)
+        out[:, 3] = (tree.depth * tree.valid).amax(1)
+        out[:, 4:] = path_tokens
 
-    def _emit(self, r, new, emitted, histories, budgets, stops, reasons):
-        for t in new:
-            if t in stops:
-                reasons[r] = "stop"
-                return
-            emitted[r].append(t)
-            histories[r].append(t)
-            if len(emitted[r]) >= budgets[r]:
-                reasons[r] = "length"
-                return
-
-    def _verify(self, tree, cache, committed, committed_max: int, params, generator):
-        b, n = tree.tokens.shape
+    def _verify(self, tree: Tree, b: int, kv: int, sampled: bool):
+        n = tree.size
         dev = self.device
+        committed = self.committed[:b]
         positions = committed[:, None] + tree.depth
         slots = committed[:, None] + torch.arange(n, device=dev)
-        kv_len = cache.max_len if self.verify_graph is not None else committed_max + n
-        mask = torch.arange(kv_len, device=dev)[None, None, :] < committed[:, None, None]
-        mask = mask.expand(b, n, kv_len).clone()
+        mask = torch.arange(kv, device=dev)[None, None, :] < committed[:, None, None]
+        mask = mask.expand(b, n, kv).clone()
         mask.scatter_(2, slots[:, None, :].expand(b, n, n), tree.ancestors())
-        if self.verify_graph is not None:
-            out = self.verify_graph(tree.tokens, positions, slots, mask[:, None])
-        else:
-            out = self.target(tree.tokens, positions, cache=cache, kv_len=kv_len, attn_mask=mask[:, None],
-                              cache_slots=slots, capture_layers=self.layer_ids or ())
-        y = sample(out.logits, params, generator)  # the target's own token at every node
+        out = self.target(tree.tokens, positions, cache=self.cache, kv_len=kv, attn_mask=mask[:, None],
+                          cache_slots=slots, capture_layers=self.layer_ids)
+        # the target's own token at every node (the token at sequence position `positions + 1`)
+        y = sample_rows(out.logits, self.row_params.rows(slice(0, b)), positions + 1, sampled)
         cur = torch.zeros(b, dtype=torch.long, device=dev)
         alive = torch.ones(b, dtype=torch.bool, device=dev)
         path = [cur]

@@ -59,3 +59,84 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     probs = warp_probs(logits, params)
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+# ---------------------------------------------------------------------------- per-row sampling
+# The engine samples every row of a batch with its own parameters, inside CUDA graphs, and
+# reproducibly per request: the noise for the token at sequence position t of a request
+# with seed s is a hash of (s, t, token id), so a seeded request gives the same output in
+# any batch, and speculative decoding with a seed gives exactly what plain decoding gives.
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (lowbias32) on int64 tensors holding values < 2**32."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """seeds [B], positions [B, N] -> Gumbel(0, 1) noise [B, N, V] (float32)."""
+    s = _mix32(seeds.long() & _M32)[:, None]
+    key_a = _mix32(s ^ (positions.long() & _M32))
+    key_b = _mix32(key_a ^ 0x5BD1E995)
+    v = torch.arange(vocab, device=seeds.device)
+    x = _mix32(_mix32(key_a[..., None] ^ v) ^ key_b[..., None])
+    u = ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))  # 24 bits: exact in float32, inside (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+@dataclass
+class RowParams:
+    """Sampling parameters per batch row, as device tensors [B]."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+    seed: torch.Tensor
+
+    @classmethod
+    def allocate(cls, rows: int, device) -> "RowParams":
+        return cls(torch.zeros(rows, device=device), torch.ones(rows, device=device),
+                   torch.zeros(rows, dtype=torch.long, device=device), torch.zeros(rows, dtype=torch.long, device=device))
+
+    def set_row(self, row: int, params: SamplingParams, seed: int) -> None:
+        self.temperature[row] = params.temperature
+        self.top_p[row] = params.top_p
+        self.top_k[row] = params.top_k
+        self.seed[row] = seed
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.temperature, self.top_p, self.top_k, self.seed]
+
+    def rows(self, rows: slice) -> "RowParams":
+        return RowParams(*(t[rows] for t in self.tensors()))
+
+
+def sample_rows(logits: torch.Tensor, rows: RowParams, positions: torch.Tensor, any_sampled: bool) -> torch.Tensor:
+    """logits [B, N, V]; positions [B, N] (sequence position of the token drawn) -> ids [B, N].
+
+    Rows at temperature 0 take the argmax; the others the Gumbel-max of their warped
+    distribution (temperature, then top-k, then top-p, as `warp_probs`). any_sampled=False
+    (known on the host) skips the sampling work for all-greedy batches."""
+    greedy = logits.argmax(-1)
+    if not any_sampled:
+        return greedy
+    b, n, v = logits.shape
+    temp = rows.temperature[:, None, None]
+    scaled = logits.float() / temp.clamp(min=1e-6)
+    vals, idx = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(v, device=logits.device)
+    top_k = rows.top_k[:, None, None]
+    vals = vals.masked_fill((top_k > 0) & (rank >= top_k), float("-inf"))
+    probs = torch.softmax(vals, dim=-1)
+    top_p = rows.top_p[:, None, None]
+    drop = probs.cumsum(-1) - probs > top_p
+    vals = vals.masked_fill(drop & (top_p < 1.0), float("-inf"))
+    noise = gumbel_noise(rows.seed, positions, v).gather(-1, idx)
+    choice = (vals + noise).argmax(-1, keepdim=True)
+    sampled = idx.gather(-1, choice)[..., 0]
+    return torch.where(rows.temperature[:, None] > 0, sampled, greedy)

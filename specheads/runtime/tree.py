@@ -21,10 +21,17 @@ class Tree:
     depth: torch.Tensor
     valid: torch.Tensor
     max_depth: int  # known on the host: no device sync to read it
+    rank: torch.Tensor | None = None  # [B, N+1] order of the nodes by draft score (root 0); None: node order
 
     @property
     def size(self) -> int:
         return self.tokens.shape[1]
+
+    def ranks(self) -> torch.Tensor:
+        """Parents always rank before their children, so the nodes of rank <= n form a tree."""
+        if self.rank is not None:
+            return self.rank
+        return torch.arange(self.size, device=self.tokens.device).expand_as(self.tokens)
 
     def ancestors(self) -> torch.Tensor:
         b, n = self.tokens.shape

@@ -102,6 +102,12 @@ class KVCache:
     def batch_size(self) -> int:
         return self.k.shape[1]
 
+    def rows(self, rows: slice) -> "KVCache":
+        """A view of some rows (same storage): a prefill writes new requests into their rows."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v = self.k[:, rows], self.v[:, rows]
+        return view
+
     @property
     def max_len(self) -> int:
         return self.k.shape[3]
