@@ -1,4 +1,4 @@
-"""`specheads prepare | train | demo | generate | export`.
+"""`specheads prepare | train | demo | generate | export | publish`.
 
 Entry points parse arguments and call the library; errors the user can fix are printed
 as one clear line and exit with status 2.
@@ -224,6 +224,23 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_publish(args) -> int:
+    from specheads.publish import publish_head
+
+    result = publish_head(args.head, args.repo_id, private=args.private, revision=args.revision,
+                          dry_run=args.dry_run, output=args.output, token=args.token,
+                          commit_message=args.commit_message, bench=args.bench, force=args.force)
+    for name, size in result.files.items():
+        print(f"{size:>12,d}  {name}")
+    if result.status == "dry-run":
+        print(f"dry run: nothing uploaded; the folder for {args.repo_id} is {result.folder}")
+    elif result.status == "up-to-date":
+        print(f"{args.repo_id}@{args.revision} already holds these files: nothing to do ({result.url})")
+    else:
+        print(f"published {args.head} -> {result.url}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specheads", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -246,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("generate", help="generate with target + draft head (speculative, lossless)")
     p.add_argument("--target", default=None)
-    p.add_argument("--draft", default=None, help="head folder written by specheads (final/)")
+    p.add_argument("--draft", default=None, help="head folder written by specheads (final/) or hub id org/name[@rev]")
     p.add_argument("--method", choices=["eagle3", "ngram", "ar"], default=None,
                    help="default: eagle3 with --draft, else ar")
     p.add_argument("--prompt", required=True, action="append", help="repeat for a batch")
@@ -266,10 +283,23 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("export", help="write a head folder for one serving engine (sglang or vllm)")
-    p.add_argument("head", help="a head folder (e.g. runs/smollm2-eagle3/final)")
+    p.add_argument("head", help="a head folder (e.g. runs/smollm2-eagle3/final) or hub id org/name[@rev]")
     p.add_argument("--format", choices=["sglang", "vllm"], required=True)
     p.add_argument("--output", required=True)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("publish", help="upload a head folder and a generated model card to the Hugging Face Hub")
+    p.add_argument("head", help="a head folder (e.g. runs/smollm2-eagle3/final) or a hub id")
+    p.add_argument("--repo-id", required=True, help="org/name on the Hub")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--revision", default="main", help="branch to commit to (created if missing)")
+    p.add_argument("--dry-run", action="store_true", help="write the folder that would be uploaded; no network")
+    p.add_argument("--output", default=None, help="with --dry-run: write the folder here (default: a temp folder)")
+    p.add_argument("--token", default=None, help="default: HF_TOKEN, else the token of `huggingface-cli login`")
+    p.add_argument("--commit-message", default=None)
+    p.add_argument("--bench", default=None, help="scripts/bench.py JSON for the card (default: <head>/bench.json)")
+    p.add_argument("--force", action="store_true", help="overwrite a repo that holds other content")
+    p.set_defaults(func=cmd_publish)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")

@@ -3,6 +3,7 @@
 from specheads.config import ConfigError
 from specheads.data.sources import DataError
 from specheads.heads.format import HeadFormatError
+from specheads.hub import HubError
 from specheads.runtime.engine import EngineError
 from specheads.runtime.sampling import InvalidRequest
 from specheads.target.model import UnsupportedTargetError
@@ -13,6 +14,7 @@ USER_ERRORS = (
     ConfigError,
     DataError,
     HeadFormatError,
+    HubError,
     EngineError,
     InvalidRequest,
     UnsupportedTargetError,

@@ -1,4 +1,8 @@
-"""Export heads for one serving engine.
+"""Head folders from and for the Hub, and exports for one serving engine.
+
+`resolve_head` turns a `--draft` spec into a local folder: an existing path wins, else
+`org/name[@revision]` is fetched with `snapshot_download` (the Hugging Face cache, its token
+and HF_HUB_OFFLINE apply).
 
 `<run>/final/` already loads in both SGLang and vLLM (it carries both layer-id keys).
 `export --format sglang|vllm` writes a folder with only the keys that engine reads, in its
@@ -11,6 +15,8 @@ The head is validated on load (names, shapes, dtypes, d2t/t2d, no embed_tokens).
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import torch
@@ -18,6 +24,47 @@ import torch
 from specheads.heads.format import CONFIG_FILE, META_FILE, hf_config, load_head, save_head
 
 FORMATS = ("sglang", "vllm")
+HEAD_FILES = ["config.json", "model.safetensors", "specheads.json"]
+# org/name: letters, digits, '-', '_', '.'; the Hub's own rule, minus '--' and '..'
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+
+
+class HubError(ValueError):
+    """A hub id that is malformed, missing, not cached offline, or a repo that would be overwritten."""
+
+
+def check_repo_id(repo_id: str, what: str = "--repo-id") -> str:
+    if not REPO_ID.fullmatch(repo_id) or "--" in repo_id or ".." in repo_id or repo_id.endswith((".", "-")):
+        raise HubError(f"{what} {repo_id!r} is not a hub id; expected 'org/name' (letters, digits, '-', '_', '.')")
+    return repo_id
+
+
+def resolve_head(spec: str | os.PathLike) -> Path:
+    """A head folder on disk for a local path or a hub id `org/name[@revision]`."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    repo_id, _, revision = str(spec).partition("@")
+    if str(spec).startswith((".", "/", "~")) or not REPO_ID.fullmatch(repo_id):
+        raise FileNotFoundError(f"head {str(spec)!r} is neither an existing folder nor a hub id 'org/name[@revision]'")
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    where = f"head {str(spec)!r} is not a local folder, and on the Hub"
+    try:
+        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HEAD_FILES))
+    except RevisionNotFoundError:
+        raise HubError(f"{where} {repo_id} has no revision {revision!r}") from None
+    except RepositoryNotFoundError:
+        raise HubError(f"{where} {repo_id} does not exist (or is private: set HF_TOKEN or "
+                       f"run `huggingface-cli login`)") from None
+    except LocalEntryNotFoundError:  # offline (HF_HUB_OFFLINE=1 or no connection) and not in the cache
+        reason = "HF_HUB_OFFLINE=1" if constants.is_offline_mode() else "the Hub could not be reached"
+        raise HubError(f"{where} {repo_id} is not in the cache ({constants.HF_HUB_CACHE}) and {reason}; "
+                       f"download it once with network access") from None
+    except HfHubHTTPError as e:
+        raise HubError(f"{where} {repo_id} could not be fetched: {str(e).splitlines()[0]}") from None
 
 LAUNCH = {
     "sglang": ("python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
@@ -42,7 +89,7 @@ def engine_config(head, fmt: str, dtype: torch.dtype, target_name: str | None) -
 def export_head(src: str | Path, fmt: str, out: str | Path, dtype: torch.dtype | None = None) -> Path:
     if fmt not in FORMATS:
         raise ValueError(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
-    src, out = Path(src), Path(out)
+    src, out = resolve_head(src), Path(out)
     head = load_head(src)
     meta = json.loads((src / META_FILE).read_text()) if (src / META_FILE).is_file() else {}
     dtype = dtype or next(p.dtype for p in head.parameters())

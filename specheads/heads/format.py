@@ -170,7 +170,9 @@ def validate_weights(tensors: dict, cfg: Eagle3Config, where: str) -> None:
 def load_head(folder: str | Path, device="cpu", dtype: torch.dtype | None = None) -> Eagle3Head:
     from safetensors.torch import load_file
 
-    folder = Path(folder)
+    from specheads.hub import resolve_head  # a hub id becomes its cached snapshot folder
+
+    folder = resolve_head(folder)
     cfg = config_from_folder(folder)
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():

@@ -1,0 +1,257 @@
+"""Publish a head folder to the Hugging Face Hub, with a model card built from the run's own files.
+
+Order matters: the repo id and the head are checked, and the folder to upload is staged,
+before anything touches the network; then the token; then the remote repo is compared with
+what would be uploaded, so a repo holding another head is never overwritten by accident.
+Every number on the card is read from `specheads.json` (eval metrics, data report) or a
+`scripts/bench.py` result; what was not measured is said to be not measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from specheads.heads.format import CONFIG_FILE, META_FILE, WEIGHTS_FILE, hf_config, load_head
+from specheads.hub import LAUNCH, HubError, check_repo_id, resolve_head
+from specheads.target.loader import DEFAULT_TARGET
+
+CARD_FILE = "README.md"
+BENCH_FILE = "bench.json"
+TAGS = ["eagle3", "speculative-decoding", "specheads", "draft-model"]
+DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded GGUF's source
+
+
+@dataclass
+class PublishResult:
+    folder: Path  # the staged folder (dry run: kept; upload: removed afterwards)
+    files: dict[str, int]  # name -> size in bytes
+    status: str  # "dry-run", "uploaded" or "up-to-date"
+    url: str | None = None
+    differs: list[str] = field(default_factory=list)  # remote files this upload replaced (--force)
+
+
+def publish_head(head: str | Path, repo_id: str, *, private: bool = False, revision: str = "main",
+                 dry_run: bool = False, output: str | Path | None = None, token: str | None = None,
+                 commit_message: str | None = None, bench: str | Path | None = None,
+                 force: bool = False) -> PublishResult:
+    check_repo_id(repo_id)
+    src = resolve_head(head)
+    bench_path = Path(bench) if bench else src / BENCH_FILE
+    if bench and not bench_path.is_file():
+        raise FileNotFoundError(f"--bench {str(bench)!r} does not exist (a JSON written by scripts/bench.py)")
+    if dry_run:
+        stage = Path(output) if output else Path(tempfile.mkdtemp(prefix="specheads-publish-"))
+        if stage.exists() and any(stage.iterdir()):
+            raise HubError(f"--output {str(stage)!r} is not empty; the dry run writes exactly what would be uploaded")
+        files = stage_head(src, stage, repo_id, bench_path if bench_path.is_file() else None)
+        return PublishResult(stage, files, "dry-run")
+
+    with tempfile.TemporaryDirectory(prefix="specheads-publish-") as tmp:
+        stage = Path(tmp)
+        files = stage_head(src, stage, repo_id, bench_path if bench_path.is_file() else None)
+        token = token or _saved_token()
+        if not token:
+            raise HubError("no Hugging Face token: pass --token, set HF_TOKEN, or run `huggingface-cli login` "
+                           "(a token with write access to " + repo_id.split("/")[0] + ")")
+        return _upload(stage, files, str(head), repo_id, private, revision, token, commit_message, force)
+
+
+def stage_head(src: Path, stage: Path, repo_id: str, bench_path: Path | None) -> dict[str, int]:
+    """Write the folder that goes to the Hub: the validated head, both engines' config keys, the card."""
+    head = load_head(src)  # validates names, shapes, dtypes, d2t/t2d before anything is written
+    dtype = next(p.dtype for p in head.parameters())
+    raw = json.loads((src / CONFIG_FILE).read_text())
+    meta = json.loads((src / META_FILE).read_text()) if (src / META_FILE).is_file() else {}
+    target = raw.get("specheads_target") or meta.get("target")
+    stage.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / WEIGHTS_FILE, stage / WEIGHTS_FILE)  # the validated bytes, as they are
+    # an engine-specific export carries one layer-id key; the published folder loads in both engines
+    (stage / CONFIG_FILE).write_text(json.dumps(hf_config(head.config, dtype, target), indent=2) + "\n")
+    if not meta:
+        meta = {"kind": head.kind, "layer_id_convention": "output of 0-based target decoder layer",
+                "config": head.config.to_dict()}
+    (stage / META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    bench_report = None
+    if bench_path is not None:
+        bench_report = json.loads(bench_path.read_text())
+        shutil.copyfile(bench_path, stage / BENCH_FILE)
+    (stage / CARD_FILE).write_text(model_card(head.config, meta, target, repo_id, str(dtype).replace("torch.", ""),
+                                              bench_report))
+    return {p.name: p.stat().st_size for p in sorted(stage.iterdir())}
+
+
+# ------------------------------------------------------------------ model card
+def base_model_id(target: str | None) -> str | None:
+    """The target as a hub id, or None where it is a local path (the Hub links base_model)."""
+    if target == DEFAULT_TARGET:
+        return DEFAULT_TARGET_HUB_ID
+    if target and not Path(target).exists() and not target.startswith((".", "/", "~")) and target.count("/") == 1:
+        return target
+    return None
+
+
+def _fmt(x, digits: int = 3) -> str:
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def model_card(cfg, meta: dict, target: str | None, repo_id: str, dtype: str, bench: dict | None) -> str:
+    base = base_model_id(target)
+    front = {"license": meta.get("license", "apache-2.0"), "library_name": "specheads",
+             "pipeline_tag": "text-generation", "tags": TAGS}
+    if base:
+        front = {"base_model": base, **front}
+    target_text = (f"[`{base}`](https://huggingface.co/{base})" if base
+                   else f"`{target or 'unknown'}` (a local checkpoint)")
+    serve_target = base or target or "<target>"
+    ours = list(cfg.target_layer_ids)
+    lines = [
+        "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
+        f"# EAGLE-3 draft head for {base or target or 'its target'}", "",
+        f"A speculative-decoding draft head (EAGLE-3) for {target_text}, trained with "
+        "specheads. The head proposes tokens and the target verifies them, so the "
+        "output is the target's own (greedy output equals plain decoding).", "",
+        "## Head", "",
+        "| | |", "|---|---|",
+        f"| target | {target_text} |",
+        f"| architecture | `LlamaForCausalLMEagle3`: one decoder layer, hidden size {cfg.hidden_size}, "
+        f"{cfg.num_attention_heads} heads, dtype {dtype} |",
+        f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens |",
+        f"| captured target layers (SGLang) | outputs of layers {ours}: "
+        "`eagle_config.eagle_aux_hidden_state_layer_ids` |",
+        f"| captured target layers (vLLM) | inputs of layers {[i + 1 for i in ours]}: "
+        "top-level `eagle_aux_hidden_state_layer_ids` (= SGLang ids + 1) |",
+        "", "Both keys are in `config.json`; each engine reads its own, and they name the same hidden states.", "",
+    ]
+    lines += _training_section(meta) + _acceptance_section(meta) + _bench_section(bench)
+    lines += [
+        "## Use", "",
+        "specheads (lossless speculative decoding on one GPU or CPU):", "",
+        f"    specheads generate --target {serve_target} --draft {repo_id} --prompt \"Hello\"",
+        f"    specheads serve --target {serve_target} --draft {repo_id}", "",
+        "SGLang:", "", "    " + LAUNCH["sglang"].format(target=serve_target, folder=repo_id), "",
+        "vLLM:", "", "    " + LAUNCH["vllm"].format(target=serve_target, folder=repo_id), "",
+    ]
+    return "\n".join(lines)
+
+
+def _training_section(meta: dict) -> list[str]:
+    data, train, run = meta.get("data") or {}, meta.get("train") or {}, (meta.get("run_config") or {}).get("train", {})
+    if not data and not train:
+        return ["## Training", "", "Not recorded (the folder has no specheads.json training metadata).", ""]
+    lines = ["## Training", ""]
+    if data:
+        conv = data.get("conversations", {})
+        lines.append(
+            f"- data: `{data.get('data', 'unknown')}`, {conv.get('train', '?')} train / {conv.get('eval', '?')} "
+            f"held-out conversations, {data.get('train_tokens', '?')} train tokens "
+            f"({data.get('train_loss_tokens', '?')} in the loss), max length {data.get('max_length', '?')}, "
+            + ("answers regenerated by the target itself" if data.get("regenerated") else "answers as in the data"))
+    if train:
+        lines.append(f"- {train.get('steps', '?')} optimizer steps in {train.get('train_wall_s', '?')} s on "
+                     f"{train.get('world_size', 1)} x {train.get('device', '?')}, {train.get('tokens', '?')} tokens")
+    if run:
+        lines.append(f"- TTT steps {run.get('ttt_steps', '?')}, lr {run.get('lr', '?')}, batch size "
+                     f"{run.get('batch_size', '?')} x grad accum {run.get('grad_accum', 1)}, "
+                     f"epochs {run.get('epochs', '?')}")
+    return lines + [""]
+
+
+def _acceptance_section(meta: dict) -> list[str]:
+    train = meta.get("train") or {}
+    acc, chain, length = train.get("eval/acc"), train.get("eval/chain_acc"), train.get("eval/accept_length")
+    lines = ["## Measured acceptance (held-out conversations)", ""]
+    if not acc:
+        return lines + ["Not measured: specheads.json holds no eval metrics.", ""]
+    lines += ["| draft step | top-1 accuracy vs target | chain accuracy (greedy) |", "|---|---|---|"]
+    for k, a in enumerate(acc):
+        lines.append(f"| {k} | {_fmt(a)} | {_fmt(chain[k]) if chain and k < len(chain) else 'not measured'} |")
+    lines += ["", f"Simulated greedy chain acceptance length: {_fmt(length) if length is not None else 'not measured'}"
+              + (f" over {train['eval/positions']} positions." if train.get("eval/positions") else "."), ""]
+    return lines
+
+
+def _bench_section(bench: dict | None) -> list[str]:
+    lines = ["## Decoding benchmark", ""]
+    if not bench or not bench.get("rows"):
+        return lines + ["Not measured (publish with `--bench results.json` from `scripts/bench.py` to add it).", ""]
+    lines += [f"`scripts/bench.py` on {bench.get('card', '?')}, {bench.get('dtype', '?')}, "
+              f"{bench.get('max_new_tokens', '?')} new tokens, {bench.get('date', '?')}, draft as benchmarked "
+              f"`{bench.get('draft', '?')}`:", "",
+              "| prompts | batch | method | tokens/s | mean accept length | speedup vs ar |",
+              "|---|---|---|---|---|---|"]
+    for r in bench["rows"]:
+        accept = r.get("mean_accept_length")
+        lines.append(f"| {r.get('prompts', '?')} | {r.get('batch', '?')} | {r.get('method', '?')} | "
+                     f"{_fmt(r.get('tokens_per_s'), 1)} | {_fmt(accept, 2) if accept is not None else '-'} | "
+                     f"{_fmt(r['speedup_vs_ar'], 2) if r.get('speedup_vs_ar') is not None else '-'} |")
+    return lines + [""]
+
+
+# ------------------------------------------------------------------ upload
+def _saved_token() -> str | None:
+    from huggingface_hub import get_token
+
+    return get_token()  # HF_TOKEN, then the token `huggingface-cli login` saved
+
+
+def git_blob_sha1(path: Path) -> str:
+    """The git object id the Hub reports for a regular (non-LFS) file."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def remote_differences(siblings, stage: Path, files: dict[str, int]) -> list[str]:
+    """The staged files that the remote repo lacks or holds with other content."""
+    remote = {s.rfilename: s for s in siblings}
+    differs = []
+    for name in files:
+        s = remote.get(name)
+        if s is None:
+            differs.append(f"{name} (missing)")
+        elif s.lfs is not None and s.lfs.sha256 != sha256(stage / name):
+            differs.append(name)
+        elif s.lfs is None and s.blob_id != git_blob_sha1(stage / name):
+            differs.append(name)
+    return differs
+
+
+def _upload(stage: Path, files: dict[str, int], source: str, repo_id: str, private: bool, revision: str, token: str,
+            commit_message: str | None, force: bool) -> PublishResult:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    api = HfApi(token=token)
+    where = f"{repo_id}@{revision}"
+    try:
+        try:
+            siblings = api.model_info(repo_id, revision=revision, files_metadata=True).siblings or []
+        except RepositoryNotFoundError:
+            siblings = None  # a new repo
+        except RevisionNotFoundError:
+            siblings = []  # the repo exists, the branch does not yet
+        ours = [s for s in siblings or [] if s.rfilename != ".gitattributes"]
+        differs = remote_differences(ours, stage, files) if ours else []
+        if ours and not differs:
+            return PublishResult(stage, files, "up-to-date", f"{api.endpoint}/{repo_id}")
+        if differs and not force:
+            raise HubError(f"{where} already holds other content ({', '.join(differs)} differ from what {source!r} "
+                           "gives); pass --force to overwrite, or choose another --repo-id")
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        if revision != "main":
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        commit = api.upload_folder(folder_path=str(stage), repo_id=repo_id, revision=revision, repo_type="model",
+                                   commit_message=commit_message or f"Upload EAGLE-3 draft head ({len(files)} files)")
+    except HfHubHTTPError as e:  # a bad token, no write access, the Hub down: one line naming the repo
+        raise HubError(f"publishing to {where} failed: {str(e).splitlines()[0]}") from None
+    return PublishResult(stage, files, "uploaded", commit.commit_url, differs)
