@@ -1,0 +1,167 @@
+"""The engine's request API (what the server drives): requests join and leave between steps
+and still equal plain decoding, per-request speculation control, seeded sampling that is
+the same in any batch and under speculation, aborts, and request errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specheads.runtime.engine import EngineError, Request, SpecControl, SpecEngine
+from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, gumbel_noise, sample_rows
+from tests.runtime.spec_helpers import make_target, random_prompts, train_head
+
+VOCAB = 64
+PROMPTS = random_prompts(6, VOCAB, [3, 7, 1, 12, 5, 9], seed=11)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, vocab=VOCAB, max_positions=128)
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    return train_head(target, PROMPTS, new_tokens=40)
+
+
+def _ar(target, prompts, params):
+    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=100).generate(prompts, params)]
+
+
+def _drive(engine, schedule, params_of, spec_of=lambda i: SpecControl(), prompts=PROMPTS):
+    """schedule[i] = the step before which request i (prompts[i]) joins. Returns tokens and outputs per request."""
+    tokens, outs, handle_of = {}, {}, {}
+    step = 0
+    while len(handle_of) < len(schedule) or engine.has_work:
+        for i, at in enumerate(schedule):
+            if at == step:
+                handle_of[engine.add(Request(prompts[i], params_of(i), spec=spec_of(i)))] = i
+        for o in engine.step():
+            i = handle_of[o.handle]
+            tokens.setdefault(i, []).extend(o.new_tokens)
+            outs.setdefault(i, []).append(o)
+        step += 1
+    return [tokens[i] for i in range(len(schedule))], [outs[i] for i in range(len(schedule))]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ngram", "ar"])
+def test_requests_joining_mid_flight_equal_plain_decoding(target, head, method):
+    """Six requests join at different steps into 4 rows (some wait for a free row) with
+    different budgets: each output equals its own plain greedy decode."""
+    budgets = [20, 8, 25, 5, 14, 11]
+    expected = [_ar(target, [p], SamplingParams(max_new_tokens=n))[0] for p, n in zip(PROMPTS, budgets)]
+    engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                        num_draft_tokens=8, max_len=100, max_batch=4)
+    schedule = [0, 0, 1, 2, 3, 3]
+    tokens, handle_of, step = {}, {}, 0
+    while len(handle_of) < 6 or engine.has_work:
+        for i, at in enumerate(schedule):
+            if at <= step and i not in handle_of.values() and engine.free_slots > 0:
+                handle_of[engine.add(Request(PROMPTS[i], SamplingParams(max_new_tokens=budgets[i])))] = i
+        assert engine.active <= 4
+        for o in engine.step():
+            tokens.setdefault(handle_of[o.handle], []).extend(o.new_tokens)
+        step += 1
+    assert [tokens[i] for i in range(6)] == expected
+
+
+def test_speculation_off_per_request(target, head):
+    engine = SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=4)
+    params = lambda i: SamplingParams(max_new_tokens=20)  # noqa: E731
+    spec = lambda i: SpecControl(enabled=i % 2 == 0)  # noqa: E731
+    tokens, outs = _drive(engine, [0, 0, 0, 0], params, spec)
+    assert tokens == _ar(target, PROMPTS[:4], SamplingParams(max_new_tokens=20))
+    for i, steps in enumerate(outs):
+        verify = [o for o in steps if not o.prefill]
+        if i % 2:  # off: one token per step, nothing drafted
+            assert all(o.drafted == 0 and o.accept_length == 1 and o.draft_depth == 0 for o in verify)
+        else:
+            assert all(o.drafted == 8 for o in verify) and sum(o.accepted for o in verify) > 0
+
+
+def test_smaller_tree_per_request(target, head):
+    engine = SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=4)
+    _, outs = _drive(engine, [0, 0], lambda i: SamplingParams(max_new_tokens=20),
+                     lambda i: SpecControl(num_steps=2, num_draft_tokens=3) if i == 0 else SpecControl())
+    small = [o for o in outs[0] if not o.prefill]
+    assert all(o.drafted <= 3 and o.draft_depth <= 2 and o.accepted <= 2 for o in small)
+    assert max(o.draft_depth for o in outs[1]) > 2  # the full tree goes deeper
+
+
+def test_seeded_sampling_is_the_same_in_any_batch_and_under_speculation(target, head):
+    """The noise for the token at position t of a request is a hash of (seed, t, token), so a
+    seeded request gives the same tokens alone, in a batch, and with speculation on."""
+    params = lambda i: SamplingParams(temperature=0.8, top_p=0.95, seed=100 + i, max_new_tokens=16)  # noqa: E731
+    alone = [_drive(SpecEngine(target, method="ar", max_len=100, max_batch=1), [0],
+                    lambda _, i=i: params(i), prompts=PROMPTS[i:])[0][0] for i in range(3)]
+    ar_batch, _ = _drive(SpecEngine(target, method="ar", max_len=100, max_batch=4), [0, 1, 0], params)
+    spec, outs = _drive(SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=4),
+                        [0, 1, 0], params)
+    assert ar_batch == alone == spec
+    assert sum(o.accepted for steps in outs for o in steps) > 0
+    other, _ = _drive(SpecEngine(target, method="ar", max_len=100, max_batch=4), [0, 1, 0],
+                      lambda i: SamplingParams(temperature=0.8, top_p=0.95, seed=200 + i, max_new_tokens=16))
+    assert other != alone
+
+
+def test_abort_frees_the_row_and_leaves_the_others_exact(target, head):
+    engine = SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=2)
+    params = SamplingParams(max_new_tokens=20)
+    a = engine.add(Request(PROMPTS[0], params))
+    b = engine.add(Request(PROMPTS[1], params))
+    with pytest.raises(EngineError, match="all 2 rows are busy"):
+        engine.add(Request(PROMPTS[2], params))
+    got = {a: [], b: []}
+    for o in engine.step() + engine.step():
+        got[o.handle] += o.new_tokens
+    engine.abort(a)
+    assert engine.free_slots == 1
+    c = engine.add(Request(PROMPTS[2], params))
+    got[c] = []
+    while engine.has_work:
+        for o in engine.step():
+            assert o.handle != a
+            got[o.handle] += o.new_tokens
+    expected = _ar(target, PROMPTS[1:3], params)
+    assert [got[b], got[c]] == expected
+
+
+@pytest.mark.parametrize("request_kw, message", [
+    (dict(prompt=[]), "prompt is empty"),
+    (dict(prompt=[1] * 90, params=SamplingParams(max_new_tokens=20)), r"prompt \(90 tokens\) \+ max_new_tokens \(20\)"),
+    (dict(params=SamplingParams(temperature=-1)), "temperature"),
+    (dict(spec=SpecControl(num_steps=9)), r"speculation.num_steps must be in 1..4"),
+    (dict(spec=SpecControl(num_draft_tokens=0)), r"speculation.num_draft_tokens must be in 1..8"),
+])
+def test_request_errors(target, head, request_kw, message):
+    engine = SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=2)
+    kw = {"prompt": PROMPTS[0], "params": SamplingParams(max_new_tokens=5), **request_kw}
+    with pytest.raises(InvalidRequest, match=message):
+        engine.add(Request(**kw))
+    assert engine.free_slots == 2  # nothing was taken
+    engine.add(Request(PROMPTS[0], SamplingParams(max_new_tokens=5)))
+    out = [t for _ in range(6) for o in engine.step() for t in o.new_tokens]
+    assert out == _ar(target, PROMPTS[:1], SamplingParams(max_new_tokens=5))[0]
+
+
+def test_gumbel_noise_is_uniform_and_independent():
+    g = gumbel_noise(torch.tensor([1, 2]), torch.tensor([[5, 6], [5, 6]]), 4096)
+    u = torch.exp(-torch.exp(-g))  # back to uniforms
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
+    flat = u.reshape(4, -1)
+    corr = torch.corrcoef(flat)
+    assert float((corr - torch.eye(4)).abs().max()) < 0.06  # different seeds / positions: unrelated noise
+    assert torch.equal(g, gumbel_noise(torch.tensor([1, 2]), torch.tensor([[5, 6], [5, 6]]), 4096))
+
+
+def test_sample_rows_mixes_greedy_and_sampled_rows():
+    logits = torch.tensor([[[0.0, 3.0, 1.0, 2.0]], [[0.0, 3.0, 1.0, 2.0]]])
+    rows = RowParams.allocate(2, "cpu")
+    rows.set_row(0, SamplingParams(), 0)
+    rows.set_row(1, SamplingParams(temperature=1.0, top_k=2), 0)
+    draws = [sample_rows(logits, rows, torch.tensor([[p], [p]]), True) for p in range(200)]
+    assert all(int(d[0, 0]) == 1 for d in draws)  # greedy row: always the argmax
+    second = {int(d[1, 0]) for d in draws}
+    assert second == {1, 3}  # top-k 2 keeps tokens 1 and 3, both drawn
