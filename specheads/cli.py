@@ -1,4 +1,4 @@
-"""`specheads prepare | train | demo | generate | export | publish`.
+"""`specheads prepare | train | demo | generate | export | publish | serve`.
 
 Entry points parse arguments and call the library; errors the user can fix are printed
 as one clear line and exit with status 2.
@@ -241,6 +241,35 @@ def cmd_publish(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from specheads.server.launch import serve
+
+    serve(args.target, args.draft, host=args.host, port=args.port, served_model_name=args.served_model_name,
+          api_key=args.api_key or os.environ.get("SPECHEADS_API_KEY") or None, max_queue=args.max_queue,
+          request_timeout=args.request_timeout, shutdown_grace=args.shutdown_grace, method=args.method,
+          num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens, max_batch=args.max_batch,
+          max_len=args.max_len)
+    return 0
+
+
+def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None, help="HF folder, hub id or .gguf (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default=None, help="head folder or hub id (without it: --method ar or ngram)")
+    p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' (default: env SPECHEADS_API_KEY)")
+    p.add_argument("--served-model-name", default=None, help="the `model` clients pass (default: the target's name)")
+    p.add_argument("--method", choices=["eagle3", "ngram", "ar"], default=None, help="default: eagle3 with --draft, else ar")
+    p.add_argument("--num-steps", type=int, default=5, help="draft depth (requests may ask for less)")
+    p.add_argument("--topk", type=int, default=4, help="branching per node; 1 = chain")
+    p.add_argument("--num-draft-tokens", type=int, default=16, help="tree nodes verified per step (requests may ask for less)")
+    p.add_argument("--max-batch", type=int, default=8, help="requests decoded together")
+    p.add_argument("--max-len", type=int, default=None, help="cache length per request: prompt + output")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; more get 429")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds from arrival, queue included")
+    p.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specheads", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -300,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bench", default=None, help="scripts/bench.py JSON for the card (default: <head>/bench.json)")
     p.add_argument("--force", action="store_true", help="overwrite a repo that holds other content")
     p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser("serve", help="serve target + head over an OpenAI-compatible HTTP API")
+    _add_serve_args(p)
+    p.set_defaults(func=cmd_serve)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")

@@ -1,0 +1,351 @@
+"""The OpenAI-compatible app: /v1/chat/completions, /v1/completions, /v1/models, /health,
+/metrics. Requests are checked here against the loaded model's limits, then handed to the
+scheduler; every error leaves in the OpenAI shape with a 4xx/5xx status."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specheads.server.metrics import Metrics
+from specheads.server.scheduler import Job, Scheduler
+from specheads.server.schemas import APIError, ChatCompletionRequest, CompletionRequest
+from specheads.server.tokens import Detokenizer, StopMatcher
+
+COMPLETION_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+
+
+@dataclass
+class ServerConfig:
+    served_model_name: str
+    api_key: str | None = None
+    max_queue: int = 256
+    request_timeout: float = 600.0  # seconds from arrival, queue included
+    shutdown_grace: float = 30.0  # seconds in-flight requests get to finish on shutdown
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int
+    completion_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    steps: int = 0
+    step_tokens: int = 0
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    def speculation(self) -> dict:
+        return {"draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens, "steps": self.steps,
+                "mean_acceptance_length": round(self.step_tokens / self.steps, 4) if self.steps else 0.0}
+
+
+def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
+    from specheads.data.regenerate import stop_token_ids
+    from specheads.runtime.engine import Request as EngineRequest
+    from specheads.runtime.engine import SpecControl
+    from specheads.runtime.sampling import InvalidRequest, SamplingParams
+
+    metrics = Metrics()
+    scheduler = Scheduler(engine, metrics, config.max_queue, config.request_timeout)
+    stop_ids = frozenset(stop_token_ids(tokenizer))
+    created = int(time.time())
+
+    async def check_api_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+            raise APIError(401, "Authorization header: missing or wrong API key (send 'Authorization: Bearer <key>' "
+                                "with the server's --api-key)", param="api_key", code="invalid_api_key")
+
+    @asynccontextmanager
+    async def lifespan(app):
+        scheduler.start()
+        yield
+        scheduler.close()
+
+    app = FastAPI(title="specheads", lifespan=lifespan)
+    authorized = [Depends(check_api_key)]
+    app.state.scheduler, app.state.metrics, app.state.config = scheduler, metrics, config
+
+    # ------------------------------------------------------------------ errors
+    def error_response(request: Request, err: APIError) -> JSONResponse:
+        metrics.requests.labels(endpoint=request.url.path, status=str(err.status)).inc()
+        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, err: APIError):
+        return error_response(request, err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        return error_response(request, validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        return error_response(request, APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, exc: Exception):
+        return error_response(request, APIError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                                type="server_error"))
+
+    # ------------------------------------------------------------------ checks against the model's limits
+    def check_model(body) -> None:
+        if body.model != config.served_model_name:
+            raise APIError(404, f"model {body.model!r} does not exist; this server serves "
+                                f"{config.served_model_name!r} (GET /v1/models)", param="model", code="model_not_found")
+
+    def engine_request(body, prompt: list[int], max_tokens: int | None, prompt_field: str, max_field: str):
+        if body.n != 1:
+            raise APIError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
+        if not prompt:
+            raise APIError(400, f"{prompt_field} is empty", param=prompt_field)
+        room = engine.max_len - len(prompt)
+        if room <= 0:
+            raise APIError(400, f"{prompt_field} has {len(prompt)} tokens; this server's context is {engine.max_len} "
+                                "tokens (prompt + max_tokens, server --max-len)", param=prompt_field,
+                           code="context_length_exceeded")
+        if max_tokens is not None and max_tokens > room:
+            raise APIError(400, f"{max_field} {max_tokens} is above the limit: the prompt has {len(prompt)} tokens "
+                                f"and the context {engine.max_len}, so at most {room}", param=max_field)
+        try:
+            params = SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+                                    max_new_tokens=max_tokens or room).validate()
+        except InvalidRequest as e:
+            raise APIError(400, str(e), param=str(e).split()[0]) from e
+        return EngineRequest(prompt=prompt, params=params, stop_ids=stop_ids, spec=spec_control(body.speculation))
+
+    def spec_control(spec):
+        if spec is None:
+            return SpecControl(enabled=True)
+        if spec.method in ("off", "ar"):
+            return SpecControl(enabled=False)
+        if spec.method not in (None, engine.method):
+            raise APIError(400, f"speculation.method {spec.method!r}: this server drafts with {engine.method!r}; "
+                                f"use that or 'off'", param="speculation.method")
+        for name in ("num_steps", "num_draft_tokens"):
+            value, limit = getattr(spec, name), getattr(engine, name)
+            if value is not None and value > limit:
+                raise APIError(400, f"speculation.{name} {value} is above the server's limit {limit}",
+                               param=f"speculation.{name}")
+        return SpecControl(enabled=spec.enabled, num_steps=spec.num_steps, num_draft_tokens=spec.num_draft_tokens)
+
+    # ------------------------------------------------------------------ generation
+    async def deltas(job: Job, stats: RequestStats, stops: list[str], arrival: float):
+        """(text, finish_reason) as the job's outputs arrive; the last item has a finish_reason.
+        Leaving early (stop string, client gone, error) aborts the request in the engine."""
+        detok, matcher = Detokenizer(tokenizer), StopMatcher(stops)
+        last = None
+        try:
+            while True:
+                kind, item = await job.events.get()
+                if kind == "error":
+                    raise item
+                now = time.monotonic()
+                if item.new_tokens:
+                    if last is None:
+                        metrics.ttft.observe(now - arrival)
+                    else:
+                        for _ in item.new_tokens:
+                            metrics.itl.observe((now - last) / len(item.new_tokens))
+                    last = now
+                stats.completion_tokens += len(item.new_tokens)
+                stats.draft_tokens += item.drafted
+                stats.accepted_tokens += item.accepted
+                if item.accept_length and not getattr(item, "prefill", False):
+                    stats.steps += 1
+                    stats.step_tokens += item.accept_length
+                if item.finish_reason is not None:
+                    job.finished = True
+                text, stopped = matcher.push(detok.add(item.new_tokens))
+                if not stopped and item.finish_reason is not None:
+                    tail, stopped = matcher.push(detok.flush())
+                    text += tail + ("" if stopped else matcher.flush())
+                if stopped or item.finish_reason is not None:
+                    metrics.e2e.observe(now - arrival)
+                    yield text, "stop" if stopped else item.finish_reason
+                    return
+                if text:
+                    yield text, None
+        finally:
+            if not job.finished:
+                scheduler.cancel(job)
+
+    async def generate(request: Request, body, prompt: list[int], max_tokens, kind: str):
+        arrival = time.monotonic()
+        check_model(body)
+        prompt_field, max_field = ("messages", "max_tokens") if kind == "chat" else ("prompt", "max_tokens")
+        engine_req = engine_request(body, prompt, max_tokens, prompt_field, max_field)
+        job = scheduler.submit(engine_req, asyncio.get_running_loop())
+        metrics.prompt_tokens.inc(len(prompt))
+        stats = RequestStats(prompt_tokens=len(prompt))
+        items = deltas(job, stats, body.stop_strings(), arrival)
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        shape = Shape(rid, config.served_model_name, kind)
+        # wait for the first piece (streamed) or all of it while watching the client: a client that
+        # hangs up frees its slot, and errors before any token keep their own status
+        result = await until_disconnect(request, anext(items) if body.stream else collect(items))
+        if result is None:
+            await items.aclose()
+            metrics.requests.labels(endpoint=request.url.path, status="499").inc()
+            return Response(status_code=499)
+        metrics.requests.labels(endpoint=request.url.path, status="200").inc()
+        if body.stream:
+            return StreamingResponse(sse(shape, result, items, stats), media_type="text/event-stream")
+        return shape.response(*result, stats)
+
+    async def collect(items) -> tuple[str, str]:
+        texts = []
+        async for text, reason in items:
+            texts.append(text)
+            if reason is not None:
+                return "".join(texts), reason
+        raise RuntimeError("the request ended without a finish reason")
+
+    async def sse(shape: "Shape", first, items, stats: RequestStats):
+        try:
+            if shape.kind == "chat":
+                yield shape.event(shape.chunk({"role": "assistant", "content": ""}, None))
+            text, reason = first
+            while True:
+                if text or reason is not None:
+                    yield shape.event(shape.chunk(text, reason, stats if reason is not None else None))
+                if reason is not None:
+                    break
+                text, reason = await anext(items)
+        except APIError as err:  # after the 200 went out: the error travels as an event
+            yield shape.event(err.body())
+        finally:
+            await items.aclose()
+        yield "data: [DONE]\n\n"
+
+    # ------------------------------------------------------------------ routes
+    @app.post("/v1/chat/completions", dependencies=authorized)
+    async def chat_completions(request: Request, body: ChatCompletionRequest):
+        from specheads.data.chat import render
+
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            text = render(tokenizer, messages, add_generation_prompt=True)
+        except Exception as e:
+            raise APIError(400, f"messages: the chat template rejected them ({e})", param="messages") from e
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return await generate(request, body, prompt, body.max_completion_tokens or body.max_tokens, "chat")
+
+    @app.post("/v1/completions", dependencies=authorized)
+    async def completions(request: Request, body: CompletionRequest):
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise APIError(400, f"prompt: one prompt per request, got {len(prompt)}", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt = tokenizer(prompt)["input_ids"]
+        vocab = len(tokenizer)
+        if any(not 0 <= t < vocab for t in prompt):
+            raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
+        return await generate(request, body, list(prompt), body.max_tokens, "text")
+
+    @app.get("/v1/models", dependencies=authorized)
+    async def models(request: Request):
+        return {"object": "list", "data": [{"id": config.served_model_name, "object": "model", "created": created,
+                                            "owned_by": "specheads", "max_model_len": engine.max_len}]}
+
+    @app.get("/health")
+    async def health():
+        body = {"status": "ok" if scheduler.admitting else "shutting_down", "running": len(scheduler.running),
+                "queued": len(scheduler.pending)}
+        return JSONResponse(body, status_code=200 if scheduler.admitting else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class Shape:
+    """The OpenAI response and chunk shapes of one request."""
+
+    def __init__(self, rid: str, model: str, kind: str):
+        self.rid, self.model, self.kind, self.created = rid, model, kind, int(time.time())
+
+    def _base(self, obj: str) -> dict:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
+
+    def response(self, text: str, reason: str, stats: RequestStats) -> dict:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                      "logprobs": None}
+            out = self._base("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+            out = self._base("text_completion")
+        return {**out, "choices": [choice], "usage": stats.usage(), "speculation": stats.speculation()}
+
+    def chunk(self, delta, reason: str | None, stats: RequestStats | None = None) -> dict:
+        if self.kind == "chat":
+            delta = delta if isinstance(delta, dict) else ({"content": delta} if delta else {})
+            out = {**self._base("chat.completion.chunk"),
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]}
+        else:
+            out = {**self._base("text_completion"),
+                   "choices": [{"index": 0, "text": delta, "finish_reason": reason, "logprobs": None}]}
+        if stats is not None:  # the last chunk carries the request's totals
+            out["usage"], out["speculation"] = stats.usage(), stats.speculation()
+        return out
+
+    @staticmethod
+    def event(payload: dict) -> str:
+        return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def until_disconnect(request: Request, awaitable):
+    """The awaitable's result, or None if the client hung up first (the awaitable is cancelled)."""
+    task = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, StopAsyncIteration):
+            pass
+        return None
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    """pydantic's first complaint, naming the field the way the OpenAI API does."""
+    err = exc.errors()[0]
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    if err.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}")
+    if not loc:
+        return APIError(400, f"the request body must be a JSON object ({err['msg']})")
+    param = ".".join(loc[:2]) if loc[0] in ("speculation", "stream_options") and len(loc) > 1 else loc[0]
+    return APIError(400, f"{param}: {err['msg']}", param=param)

@@ -1,0 +1,84 @@
+"""Load target + head, build the engine and the app, run uvicorn with a graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import uvicorn
+
+from specheads.server.app import ServerConfig, create_app
+
+log = logging.getLogger(__name__)
+
+
+def load_engine(target: str | None, draft: str | None, method: str | None = None, num_steps: int = 5, topk: int = 4,
+                num_draft_tokens: int = 16, max_batch: int = 8, max_len: int | None = None):
+    """(engine, tokenizer, target folder) on the GPU if there is one."""
+    import torch
+
+    from specheads.heads.format import load_head
+    from specheads.runtime.engine import SpecEngine
+    from specheads.target.loader import load_target
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    method = method or ("eagle3" if draft else "ar")
+    model, tok, folder = load_target(target, dtype=dtype, device=device)
+    head = load_head(draft, device=device, dtype=dtype) if draft and method == "eagle3" else None
+    engine = SpecEngine(model, head, method=method, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
+                        max_len=max_len, max_batch=max_batch)
+    return engine, tok, folder
+
+
+def model_name(target, folder) -> str:
+    """What clients pass as `model`: the hub id as given, else the folder or file name."""
+    from pathlib import Path
+
+    if target is None:
+        return folder.name
+    path = Path(str(target))
+    if path.exists():
+        return path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name
+    return str(target)
+
+
+class GracefulServer(uvicorn.Server):
+    """On shutdown (SIGTERM, Ctrl-C): new requests get 503 at once, in-flight ones get
+    `grace` seconds to finish, then each gets a clear error instead of a cut connection."""
+
+    def __init__(self, config: uvicorn.Config, scheduler, grace: float):
+        super().__init__(config)
+        self.scheduler, self.grace = scheduler, grace
+
+    async def shutdown(self, sockets=None):
+        self.scheduler.stop_admitting()
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.grace, self.scheduler.fail_all,
+                                f"the server is shutting down; the request did not finish within the {self.grace:g} s "
+                                "grace period")
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+
+def make_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> GracefulServer:
+    grace = app.state.config.shutdown_grace
+    # uvicorn's own limit only backs ours up: by then every request has had its error
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace + 5,
+                            lifespan="on")
+    return GracefulServer(config, app.state.scheduler, grace)
+
+
+def serve(target, draft, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
+          api_key: str | None = None, max_queue: int = 256, request_timeout: float = 600.0,
+          shutdown_grace: float = 30.0, log_level: str = "info", **engine_kwargs) -> None:
+    engine, tok, folder = load_engine(target, draft, **engine_kwargs)
+    name = served_model_name or model_name(target, folder)
+    app = create_app(engine, tok, ServerConfig(name, api_key, max_queue, request_timeout, shutdown_grace))
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        log.warning("serving on %s without --api-key: anyone who reaches this port can use it", host)
+    print(f"specheads serve: model {name!r} (method {engine.method}, max_batch {engine.max_batch}, "
+          f"max_len {engine.max_len}) on http://{host}:{port}/v1", flush=True)
+    make_server(app, host, port, log_level).run()

@@ -1,0 +1,39 @@
+import contextlib
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.helpers import free_port
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny matmuls: one thread is fastest (see tests/runtime/conftest.py)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@contextlib.contextmanager
+def running_server(app):
+    """A real uvicorn server for `app` on a free loopback port, in a background thread;
+    yields (base url, uvicorn server). Leaving the block shuts it down the way SIGTERM does."""
+    from specheads.server.launch import make_server
+
+    port = free_port()
+    server = make_server(app, "127.0.0.1", port)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        assert not thread.is_alive(), "the server did not shut down"
