@@ -56,17 +56,17 @@ def sync():
         torch.cuda.synchronize()
 
 
-def run_ours(engine, prompt_ids, params, stops, batch: int):
+def run_ours(engine, prompt_ids, params, stops):
+    """All prompts through one engine; its max_batch rows stay full (a finished row takes the next prompt)."""
     t0 = time.time()
-    results = []
-    for i in range(0, len(prompt_ids), batch):
-        results += engine.generate(prompt_ids[i : i + batch], params, stops)
+    results = engine.generate(prompt_ids, params, stops)
     sync()
     wall = time.time() - t0
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.steps for r in results)
+    accepted = sum(r.accepted_tokens for r in results)
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "mean_accept_length": tokens / steps if steps else None}, [r.token_ids for r in results]
+            "mean_accept_length": 1 + accepted / steps if steps else None}, [r.token_ids for r in results]
 
 
 def run_hf(target_dir, prompt_ids, max_new, stops, batch: int, static_compile: bool, device, dtype):
@@ -108,9 +108,12 @@ def run_hf(target_dir, prompt_ids, max_new, stops, batch: int, static_compile: b
 
 
 def verify_cost(device, dtype, ks=(1, 2, 4, 8, 16, 32, 64, 128), context=512, repeats=20):
-    """One forward over k new tokens on a random-weight Llama-3.1-8B shape with a KV cache."""
+    """One forward over k new tokens (a chain under a tree mask, as verification runs it) on a
+    random-weight Llama-3.1-8B shape with a KV cache, replayed as a CUDA graph on the fused
+    kernels, as the engine runs it."""
     from transformers import LlamaConfig
 
+    from specheads.runtime.graphs import GraphedForward
     from specheads.target.model import KVCache, TargetModel
 
     cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -122,22 +125,26 @@ def verify_cost(device, dtype, ks=(1, 2, 4, 8, 16, 32, 64, 128), context=512, re
         model = TargetModel(cfg, max_positions=4096).to(dtype).eval()
     for p in model.parameters():
         p.data.normal_(0, 0.02)
+    model.fuse_for_inference()
     cache = KVCache(model.spec, 1, context + max(ks) + 1, dtype, device)
     rows = []
     with torch.no_grad():
         ids = torch.randint(0, 1000, (1, context), device=device)
         model(ids, cache=cache, kv_len=context, prefill=True, return_logits=False)
         for k in ks:
+            graphed = GraphedForward(model, cache, k, tree=True)
             toks = torch.randint(0, 1000, (1, k), device=device)
             pos = context + torch.arange(k, device=device)[None]
+            mask = torch.arange(cache.max_len, device=device)[None, None, None, :] <= pos[:, None, :, None]
             for _ in range(3):
-                model(toks, pos, cache=cache, kv_len=context + k, logits_positions=torch.zeros(1, 1, dtype=torch.long, device=device))
+                graphed(toks, pos, pos, mask)
             sync()
             t0 = time.time()
             for _ in range(repeats):
-                model(toks, pos, cache=cache, kv_len=context + k, logits_positions=torch.zeros(1, 1, dtype=torch.long, device=device))
+                graphed(toks, pos, pos, mask)
             sync()
             rows.append({"k": k, "ms": (time.time() - t0) / repeats * 1000})
+            del graphed
     base = rows[0]["ms"]
     for r in rows:
         r["ratio_to_k1"] = r["ms"] / base
@@ -155,6 +162,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--methods", nargs="+", default=["ar", "eagle3-chain", "eagle3-tree", "ngram"])
     ap.add_argument("--peers", nargs="*", default=["hf", "hf-static-compile"])
+    ap.add_argument("--peer-batch-sizes", type=int, nargs="*", default=[1], help="batch sizes the peers run at")
     ap.add_argument("--tree", default="5,4,16", help="num_steps,topk,num_draft_tokens of eagle3-tree")
     ap.add_argument("--chain-steps", type=int, default=5)
     ap.add_argument("--verify-shape", choices=["none", "llama-8b"], default="none")
@@ -178,11 +186,12 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     steps, topk, n_draft = (int(x) for x in args.tree.split(","))
     engines = {
-        "ar": lambda: SpecEngine(target, method="ar", max_len=args.max_len),
-        "eagle3-chain": lambda: SpecEngine(target, head, "eagle3", num_steps=args.chain_steps, topk=1, max_len=args.max_len),
-        "eagle3-tree": lambda: SpecEngine(target, head, "eagle3", num_steps=steps, topk=topk, num_draft_tokens=n_draft,
-                                          max_len=args.max_len),
-        "ngram": lambda: SpecEngine(target, method="ngram", num_draft_tokens=8, max_len=args.max_len),
+        "ar": lambda b: SpecEngine(target, method="ar", max_len=args.max_len, max_batch=b),
+        "eagle3-chain": lambda b: SpecEngine(target, head, "eagle3", num_steps=args.chain_steps, topk=1,
+                                             max_len=args.max_len, max_batch=b),
+        "eagle3-tree": lambda b: SpecEngine(target, head, "eagle3", num_steps=steps, topk=topk, num_draft_tokens=n_draft,
+                                            max_len=args.max_len, max_batch=b),
+        "ngram": lambda b: SpecEngine(target, method="ngram", num_draft_tokens=8, max_len=args.max_len, max_batch=b),
     }
     rows = []
     for source in args.prompts:
@@ -190,6 +199,9 @@ def main() -> None:
             texts = sharegpt_prompts(args.num_prompts)
         elif source == "coding":
             texts = CODING_PROMPTS[: args.num_prompts]
+        elif source.endswith(".json"):  # a list of prompt texts (e.g. held-out ShareGPT turns saved elsewhere)
+            texts = json.loads(Path(source).read_text())[: args.num_prompts]
+            source = Path(source).stem
         else:
             texts = [line for line in Path(source).read_text().splitlines() if line.strip()][: args.num_prompts]
         prompt_ids = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
@@ -200,15 +212,15 @@ def main() -> None:
             for method in args.methods:
                 if method.startswith("eagle3") and head is None:
                     continue
-                engine = engines[method]()
-                run_ours(engine, prompt_ids[:batch], SamplingParams(max_new_tokens=8), stops, batch)  # warm-up
-                res, outs = run_ours(engine, prompt_ids, params, stops, batch)
+                engine = engines[method](batch)
+                run_ours(engine, prompt_ids, params, stops)  # warm-up: captures every graph the run needs
+                res, outs = run_ours(engine, prompt_ids, params, stops)
                 if method == "ar":
                     ar_out, ar_tps = outs, res["tokens_per_s"]
                 res.update(method=method, prompts=source, batch=batch,
                            identical_to_ar=(sum(o == a for o, a in zip(outs, ar_out)) / len(outs)) if ar_out else None)
                 rows.append(res)
-            for peer in args.peers:
+            for peer in args.peers if batch in args.peer_batch_sizes else []:
                 res, outs = run_hf(target_dir, prompt_ids, args.max_new_tokens, stops, batch,
                                    peer == "hf-static-compile", device, dtype)
                 res.update(method=peer, prompts=source, batch=batch,

@@ -133,6 +133,8 @@ class SpecEngine:
         self.device = target.model.embed_tokens.weight.device
         self.dtype = target.model.embed_tokens.weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.device.type == "cuda":
+            target.fuse_for_inference()
         self.rows: list[_Row] = []  # active, in cache-row order
         self.waiting: list[_Row] = []  # added, prefilled at the next step
         self._next_handle = 0

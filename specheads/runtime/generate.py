@@ -45,6 +45,8 @@ def generate_batch(
     if use_graphs is None:
         use_graphs = device.type == "cuda"
     cache = KVCache(model.spec, b, max_len + 1, dtype, device)  # + a spare slot for graph warm-up
+    if use_graphs:
+        model.fuse_for_inference()
     graphed = GraphedForward(model, cache, 1) if use_graphs else None
     width = max(lengths)
     ids = torch.zeros(b, width, dtype=torch.long)

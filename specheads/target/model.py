@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, repeat_kv, rope_inv_freq
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -212,6 +213,22 @@ class TargetModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         inv_freq, scaling = rope_inv_freq(hf_config)
         self.rotary = RotaryTable(inv_freq, scaling, max_positions or spec.max_position_embeddings)
+        self.fused = False
+
+    @torch.no_grad()
+    def fuse_for_inference(self) -> "TargetModel":
+        """Concatenate each layer's q/k/v and gate/up weights (one matmul each); the separate
+        weights become views of the fused ones, so no memory is added and state_dict is
+        unchanged. Decode and verify forwards (with a cache) then run the fused kernels.
+        Call after the model is on its device and dtype."""
+        if self.fused:
+            return self
+        for layer in self.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            a.qkv_weight, a.qkv_bias = _fuse([a.q_proj, a.k_proj, a.v_proj])
+            m.gate_up_weight, m.gate_up_bias = _fuse([m.gate_proj, m.up_proj])
+        self.fused = True
+        return self
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -244,6 +261,10 @@ class TargetModel(nn.Module):
             position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
         if cache is not None and kv_len is None:
             kv_len = cache.max_len
+        if (self.fused and cache is not None and not prefill and not self.spec.qk_norm
+                and not any(self.spec.sliding_windows)):
+            return self._fused_forward(input_ids, position_ids, cache, kv_len, attn_mask, cache_slots, capture_layers,
+                                       return_logits, logits_positions)
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
         captured = {}
@@ -265,5 +286,59 @@ class TargetModel(nn.Module):
                 1, logits_positions[..., None].expand(-1, -1, hidden.shape[-1])
             )
             logits = self.lm_head(h)
+        return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
+
+    def _output(self, hidden, captured, capture_layers, return_logits, logits_positions) -> TargetOutput:
+        logits = None
+        if return_logits:
+            h = hidden if logits_positions is None else hidden.gather(
+                1, logits_positions[..., None].expand(-1, -1, hidden.shape[-1])
+            )
+            logits = self.lm_head(h)
         aux = torch.cat([captured[i] for i in capture_layers], dim=-1) if captured else None
         return TargetOutput(hidden=hidden, aux_hidden=aux, logits=logits)
+
+    def _fused_forward(self, input_ids, position_ids, cache, kv_len, attn_mask, cache_slots, capture_layers,
+                       return_logits, logits_positions) -> TargetOutput:
+        """The same layers as `forward` with a cache, on the fused kernels: the residual add
+        rides in the next RMSNorm, rotary and the cache write are one kernel."""
+        spec = self.spec
+        b, t = input_ids.shape
+        h_q, h_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+        rep = h_q // h_kv
+        cos, sin = self.rotary.cos[position_ids], self.rotary.sin[position_ids]
+        slots = position_ids if cache_slots is None else cache_slots
+        if attn_mask is None:
+            attn_mask = causal_cache_mask(position_ids, kv_len)
+        mask = attn_mask.repeat(1, 1, rep, 1) if rep > 1 else attn_mask  # query heads of a group fold into rows
+        capture = set(capture_layers)
+        captured = {}
+        x = self.model.embed_tokens(input_ids)
+        delta = None
+        for i, layer in enumerate(self.model.layers):
+            a, m = layer.self_attn, layer.mlp
+            h, x = rmsnorm(x, layer.input_layernorm.weight, layer.input_layernorm.eps, delta)
+            q = rope_cache(F.linear(h, a.qkv_weight, a.qkv_bias), cos, sin, cache.k[i], cache.v[i], slots,
+                           h_q, h_kv, d)
+            o = F.scaled_dot_product_attention(q.view(b, h_kv, rep * t, d), cache.k[i, :b, :, :kv_len],
+                                               cache.v[i, :b, :, :kv_len], attn_mask=mask)
+            o = a.o_proj(o.view(b, h_q, t, d).transpose(1, 2).reshape(b, t, h_q * d))
+            h, x = rmsnorm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, o)
+            delta = m.down_proj(silu_mul(F.linear(h, m.gate_up_weight, m.gate_up_bias)))
+            if i in capture:
+                captured[i] = x + delta
+        hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps, delta)
+        return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
+
+
+def _fuse(linears: list[nn.Linear]):
+    weight = torch.cat([lin.weight for lin in linears])
+    bias = torch.cat([lin.bias for lin in linears]) if linears[0].bias is not None else None
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[start: start + n], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start: start + n], requires_grad=False)
+        start += n
+    return weight, bias

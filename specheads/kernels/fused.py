@@ -1,0 +1,177 @@
+"""Fused kernels for the decode / verify forward, each beside its torch reference.
+
+A small model's decode step is bound by kernel launches, not by arithmetic: the eager
+layer runs ~45 kernels (RMSNorm alone is 7). These three cut a layer to ~10:
+  rmsnorm      (residual add +) RMSNorm in one pass; also returns the sum
+  rope_cache   rotary on q and k of a fused qkv projection, k and v written into the KV
+               cache at their slots, q returned in the attention layout
+  silu_mul     silu(gate) * up of a fused gate_up projection
+Each rounds where the eager modules round (to the activation dtype after every op), so
+the fused forward gives the eager forward's numbers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:  # triton is optional on CPU-only installs
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    if triton is None:
+        return False
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ---------------------------------------------------------------------------- references
+def rmsnorm_reference(x, weight, eps, residual=None):
+    """-> (weight * normalized(x + residual), x + residual)."""
+    if residual is not None:
+        x = x + residual
+    dtype = x.dtype
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+    return weight * y, x
+
+
+def _rotate(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rope_cache_reference(qkv, cos, sin, k_cache, v_cache, slots, n_heads, n_kv, head_dim):
+    """qkv [B, T, (H + 2 KV) D]; cos, sin [B, T, D] float32; caches [B', KV, S, D]; slots [B, T].
+    Writes rotated k and v at their slots; returns rotated q [B, H, T, D]."""
+    b, t, _ = qkv.shape
+    q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
+    c, s = cos[:, None].to(qkv.dtype), sin[:, None].to(qkv.dtype)
+    q = _rotate(q.view(b, t, n_heads, head_dim).transpose(1, 2), c, s)
+    k = _rotate(k.view(b, t, n_kv, head_dim).transpose(1, 2), c, s)
+    v = v.view(b, t, n_kv, head_dim).transpose(1, 2)
+    idx = slots[:, None, :, None].expand(b, n_kv, t, head_dim)
+    k_cache[:b].scatter_(2, idx, k)
+    v_cache[:b].scatter_(2, idx, v)
+    return q.contiguous()
+
+
+def silu_mul_reference(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# ---------------------------------------------------------------------------- Triton
+if triton is not None:
+
+    def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        ok = cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + cols, mask=ok, other=0.0)
+        if HAS_RES:
+            r = tl.load(res_ptr + row * n_cols + cols, mask=ok, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+            tl.store(sum_ptr + row * n_cols + cols, x, mask=ok)
+        xf = x.to(tl.float32)
+        var = tl.sum(xf * xf, axis=0) / n_cols
+        y = (xf * (1.0 / tl.sqrt(var + eps))).to(x.dtype)
+        w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+        tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=ok)
+
+    def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr, n_tok,
+                           s_qb, s_qh, s_qt, s_cb, s_ch, s_cs,
+                           N_HEADS: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
+        row = tl.program_id(0)  # one (batch row, token)
+        head = tl.program_id(1)  # q heads, then k heads, then v heads
+        b = row // n_tok
+        t = row % n_tok
+        d = tl.arange(0, HALF)
+        src = qkv_ptr + row * (N_HEADS + 2 * N_KV) * D + head * D
+        x1 = tl.load(src + d)
+        x2 = tl.load(src + HALF + d)
+        slot = tl.load(slot_ptr + row)
+        if head < N_HEADS + N_KV:
+            dt = x1.dtype
+            c1 = tl.load(cos_ptr + row * D + d).to(dt).to(tl.float32)
+            c2 = tl.load(cos_ptr + row * D + HALF + d).to(dt).to(tl.float32)
+            s1 = tl.load(sin_ptr + row * D + d).to(dt).to(tl.float32)
+            s2 = tl.load(sin_ptr + row * D + HALF + d).to(dt).to(tl.float32)
+            a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+            # x * cos + rotate_half(x) * sin, rounded after each op as the eager module is
+            o1 = ((a1 * c1).to(dt).to(tl.float32) + (-a2 * s1).to(dt).to(tl.float32)).to(dt)
+            o2 = ((a2 * c2).to(dt).to(tl.float32) + (a1 * s2).to(dt).to(tl.float32)).to(dt)
+            if head < N_HEADS:
+                dst = q_ptr + b * s_qb + head * s_qh + t * s_qt
+            else:
+                dst = kc_ptr + b * s_cb + (head - N_HEADS) * s_ch + slot * s_cs
+            tl.store(dst + d, o1)
+            tl.store(dst + HALF + d, o2)
+        else:
+            dst = vc_ptr + b * s_cb + (head - N_HEADS - N_KV) * s_ch + slot * s_cs
+            tl.store(dst + d, x1)
+            tl.store(dst + HALF + d, x2)
+
+    def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < n_cols
+        g = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=ok, other=0.0)
+        u = tl.load(gu_ptr + row * 2 * n_cols + n_cols + cols, mask=ok, other=0.0)
+        gf = g.to(tl.float32)
+        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+        tl.store(out_ptr + row * n_cols + cols, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
+
+    _jitted: dict = {}
+
+    def _kernel(fn):
+        # wrapped per interpreter mode, so TRITON_INTERPRET=1 set after import is honoured
+        key = (fn.__name__, os.environ.get("TRITON_INTERPRET") == "1")
+        if key not in _jitted:
+            _jitted[key] = triton.jit(fn)
+        return _jitted[key]
+
+
+def rmsnorm(x, weight, eps, residual=None):
+    if not use_triton(x):
+        return rmsnorm_reference(x, weight, eps, residual)
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    out = torch.empty_like(x2)
+    total = torch.empty_like(x2) if residual is not None else x2
+    res = residual.reshape(-1, n) if residual is not None else x2
+    _kernel(_rmsnorm_kernel)[(x2.shape[0],)](x2, res, weight, out, total, n, eps,
+                                             HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
+    return out.view(x.shape), total.view(x.shape)
+
+
+def rope_cache(qkv, cos, sin, k_cache, v_cache, slots, n_heads, n_kv, head_dim):
+    if not use_triton(qkv):
+        return rope_cache_reference(qkv, cos, sin, k_cache, v_cache, slots, n_heads, n_kv, head_dim)
+    b, t, _ = qkv.shape
+    assert qkv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    q = torch.empty(b, n_heads, t, head_dim, dtype=qkv.dtype, device=qkv.device)
+    slots = slots.contiguous()
+    _kernel(_rope_cache_kernel)[(b * t, n_heads + 2 * n_kv)](
+        qkv, cos, sin, q, k_cache, v_cache, slots, t,
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        N_HEADS=n_heads, N_KV=n_kv, D=head_dim, HALF=head_dim // 2)
+    return q
+
+
+def silu_mul(gate_up):
+    if not use_triton(gate_up):
+        return silu_mul_reference(gate_up)
+    n = gate_up.shape[-1] // 2
+    gu = gate_up.reshape(-1, 2 * n)
+    out = torch.empty(gu.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, triton.next_power_of_2(n))
+    _kernel(_silu_mul_kernel)[(gu.shape[0], triton.cdiv(n, block))](gu, out, n, BLOCK=block)
+    return out.view(*gate_up.shape[:-1], n)

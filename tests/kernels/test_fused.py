@@ -1,0 +1,122 @@
+"""The fused decode kernels (Triton, through the CPU interpreter) against their torch
+references, and the fused forward against the eager one on tiny random targets."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from specheads.kernels import fused
+from specheads.target.model import KVCache
+from tests.runtime.spec_helpers import make_target
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+def interpret_triton(monkeypatch) -> None:
+    """TRITON_INTERPRET=1 for this test. triton.jit picks the interpreter when it wraps a
+    function, so kernels are wrapped per mode (see fused._kernel); triton's own library
+    functions (tl.sum) were wrapped at import, for the GPU: re-wrap the one we use."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if fused.triton is None:
+        pytest.skip("triton did not import")
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(tl.sum, InterpretedFunction):
+        monkeypatch.setattr(tl, "sum", InterpretedFunction(tl.sum.fn))
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    interpret_triton(monkeypatch)
+
+
+@needs_triton
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm_kernel_equals_reference(interpret, with_residual):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 40, generator=g)
+    res = torch.randn(3, 5, 40, generator=g) if with_residual else None
+    w = torch.randn(40, generator=g)
+    out, total = fused.rmsnorm(x, w, 1e-5, res)
+    ref_out, ref_total = fused.rmsnorm_reference(x, w, 1e-5, res)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(total, ref_total)
+    assert not torch.equal(out, x)
+
+
+@needs_triton
+def test_rope_cache_kernel_equals_reference(interpret):
+    g = torch.Generator().manual_seed(1)
+    b, t, h, kv, d, s = 2, 3, 4, 2, 8, 12
+    qkv = torch.randn(b, t, (h + 2 * kv) * d, generator=g)
+    cos, sin = torch.randn(b, t, d, generator=g), torch.randn(b, t, d, generator=g)
+    slots = torch.tensor([[4, 5, 7], [0, 9, 10]])
+    caches = [torch.full((3, kv, s, d), -7.0) for _ in range(4)]  # 3 rows: the kernel may write rows [:b] only
+    q = fused.rope_cache(qkv, cos, sin, caches[0], caches[1], slots, h, kv, d)
+    q_ref = fused.rope_cache_reference(qkv, cos, sin, caches[2], caches[3], slots, h, kv, d)
+    torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[0], caches[2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[1], caches[3])
+    assert (caches[0][2] == -7.0).all() and (caches[0][0, :, 3] == -7.0).all()  # untouched rows and slots
+    assert not (caches[0][1, :, 9] == -7.0).any()
+
+
+@needs_triton
+def test_silu_mul_kernel_equals_reference(interpret):
+    gu = torch.randn(2, 3, 2 * 1500, generator=torch.Generator().manual_seed(2))  # > one block of columns
+    torch.testing.assert_close(fused.silu_mul(gu), fused.silu_mul_reference(gu), rtol=1e-5, atol=1e-6)
+
+
+def _verify_forward(model, fuse: bool):
+    """A prefill then a 4-node tree verify over the cache, as the engine runs them."""
+    torch.manual_seed(0)
+    b, prompt, n = 2, 6, 4
+    cache = KVCache(model.spec, b, 16, torch.float32, "cpu")
+    ids = torch.randint(0, model.spec.vocab_size, (b, prompt))
+    model(ids, cache=cache, kv_len=prompt, prefill=True)
+    if fuse:
+        model.fuse_for_inference()
+    tree = torch.randint(0, model.spec.vocab_size, (b, n))
+    positions = torch.tensor([[6, 7, 7, 8], [6, 7, 8, 8]])
+    slots = torch.arange(6, 6 + n).expand(b, n)
+    mask = torch.zeros(b, 1, n, 10, dtype=torch.bool)
+    mask[:, :, :, :6] = True
+    anc = torch.tensor([[[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]],
+                        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]]], dtype=torch.bool)
+    mask[:, 0, :, 6:] = anc
+    out = model(tree, positions, cache=cache, kv_len=10, attn_mask=mask, cache_slots=slots, capture_layers=[0, 2])
+    return out, cache
+
+
+def _target(family):
+    model = make_target(seed=3)
+    if family == "qwen2":  # q/k/v biases ride in the fused projection
+        g = torch.Generator().manual_seed(4)
+        for layer in model.model.layers:
+            for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                lin.bias = torch.nn.Parameter(torch.randn(lin.out_features, generator=g) * 0.1, requires_grad=False)
+    return model
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_fused_forward_equals_eager(family, kernels, monkeypatch):
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    ref_model, model = _target(family), _target(family)
+    ref, ref_cache = _verify_forward(ref_model, fuse=False)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    out, cache = _verify_forward(model, fuse=True)
+    assert model.fused
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.aux_hidden, ref.aux_hidden, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(cache.k, ref_cache.k, rtol=1e-5, atol=1e-5)
+    # fusing changes no weight and no state_dict key
+    assert {k: v for k, v in model.state_dict().items()}.keys() == state.keys()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
