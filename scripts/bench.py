@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -194,6 +195,21 @@ def main() -> None:
         "ngram": lambda b: SpecEngine(target, method="ngram", num_draft_tokens=8, max_len=args.max_len, max_batch=b),
     }
     rows = []
+    report = {"card": card, "dtype": str(dtype), "target": str(target_dir), "draft": args.draft,
+              "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": rows,
+              "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1"}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after every row: a run cut short keeps what it measured
+        for r in rows:
+            ar = next((x for x in rows if x["method"] == "ar" and (x["prompts"], x["batch"]) == (r["prompts"], r["batch"])),
+                      None)
+            if ar:
+                r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"]
+        out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+
+    sources = {}
     for source in args.prompts:
         if source == "sharegpt":
             texts = sharegpt_prompts(args.num_prompts)
@@ -204,36 +220,42 @@ def main() -> None:
             source = Path(source).stem
         else:
             texts = [line for line in Path(source).read_text().splitlines() if line.strip()][: args.num_prompts]
-        prompt_ids = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
-                          add_special_tokens=False)["input_ids"] for t in texts]
+        sources[source] = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
+                               add_special_tokens=False)["input_ids"] for t in texts]
+    ar_outs = {}
+    for source, prompt_ids in sources.items():
         for batch in args.batch_sizes:
-            ar_out = None
-            ar_tps = None
             for method in args.methods:
                 if method.startswith("eagle3") and head is None:
                     continue
+                print(f"running {method} on {source} prompts at batch {batch}", flush=True)
                 engine = engines[method](batch)
                 run_ours(engine, prompt_ids, params, stops)  # warm-up: captures every graph the run needs
                 res, outs = run_ours(engine, prompt_ids, params, stops)
+                del engine
                 if method == "ar":
-                    ar_out, ar_tps = outs, res["tokens_per_s"]
+                    ar_outs[(source, batch)] = outs
+                ar_out = ar_outs.get((source, batch))
                 res.update(method=method, prompts=source, batch=batch,
                            identical_to_ar=(sum(o == a for o, a in zip(outs, ar_out)) / len(outs)) if ar_out else None)
                 rows.append(res)
-            for peer in args.peers if batch in args.peer_batch_sizes else []:
+                save()
+    if args.verify_shape == "llama-8b":
+        report["verify_cost_llama8b"] = verify_cost(device, dtype)
+        save()
+        for r in report["verify_cost_llama8b"]["rows"]:
+            print(f"llama-8b shape: k={r['k']:>4} forward {r['ms']:.2f} ms ({r['ratio_to_k1']:.2f}x k=1)", flush=True)
+    for source, prompt_ids in sources.items():
+        for batch in args.peer_batch_sizes:
+            for peer in args.peers:
+                print(f"running {peer} on {source} prompts at batch {batch}", flush=True)
                 res, outs = run_hf(target_dir, prompt_ids, args.max_new_tokens, stops, batch,
                                    peer == "hf-static-compile", device, dtype)
+                ar_out = ar_outs.get((source, batch))
                 res.update(method=peer, prompts=source, batch=batch,
                            identical_to_ar=(sum(o == a for o, a in zip(outs, ar_out)) / len(outs)) if ar_out else None)
                 rows.append(res)
-            for r in rows:
-                if r["prompts"] == source and r["batch"] == batch and ar_tps:
-                    r["speedup_vs_ar"] = r["tokens_per_s"] / ar_tps
-    report = {"card": card, "dtype": str(dtype), "target": str(target_dir), "draft": args.draft,
-              "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+                save()
     print(f"card {card}, {dtype}, max_new_tokens {args.max_new_tokens}")
     print(f"{'prompts':>8} {'batch':>5} {'method':>18} {'tok/s':>9} {'accept':>7} {'speedup':>8} {'same as ar':>10}")
     for r in rows:
@@ -242,11 +264,6 @@ def main() -> None:
         print(f"{r['prompts']:>8} {r['batch']:>5} {r['method']:>18} {r['tokens_per_s']:>9.1f} {acc:>7} "
               f"{r.get('speedup_vs_ar', float('nan')):>8.2f} {same:>10}")
     plot(report, out.with_suffix(".png"))
-    if args.verify_shape == "llama-8b":
-        report["verify_cost_llama8b"] = verify_cost(device, dtype)
-        out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-        for r in report["verify_cost_llama8b"]["rows"]:
-            print(f"llama-8b shape: k={r['k']:>4} forward {r['ms']:.2f} ms ({r['ratio_to_k1']:.2f}x k=1)")
 
 
 def plot(report: dict, png: Path) -> None:

@@ -133,6 +133,7 @@ class SpecEngine:
         self.device = target.model.embed_tokens.weight.device
         self.dtype = target.model.embed_tokens.weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.buckets = self.use_graphs  # tests set it to run the graphs' shapes eagerly
         if self.device.type == "cuda":
             target.fuse_for_inference()
         self.rows: list[_Row] = []  # active, in cache-row order
@@ -198,9 +199,10 @@ class SpecEngine:
         n = len(self.rows)
         if n == 0:
             return outputs
-        b = min(next_pow2(n), self.max_batch) if self.use_graphs else n
+        # graphs are captured per bucket: batch and context widths round up to powers of two
+        b = min(next_pow2(n), self.max_batch) if self.buckets else n
         need = max(r.committed for r in self.rows) + self.tree_nodes + 1
-        kv = min(max(next_pow2(need), 128), self.cap) if self.use_graphs else need
+        kv = min(max(next_pow2(need), 128), self.cap) if self.buckets else need
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         if self.drafter is not None and not getattr(self.drafter, "on_device", False):
             self._host_tree(n, b)

@@ -322,7 +322,7 @@ class TargetModel(nn.Module):
                            h_q, h_kv, d)
             o = F.scaled_dot_product_attention(q.view(b, h_kv, rep * t, d), cache.k[i, :b, :, :kv_len],
                                                cache.v[i, :b, :, :kv_len], attn_mask=mask)
-            o = a.o_proj(o.view(b, h_q, t, d).transpose(1, 2).reshape(b, t, h_q * d))
+            o = a.o_proj(o.reshape(b, h_q, t, d).transpose(1, 2).reshape(b, t, h_q * d))
             h, x = rmsnorm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, o)
             delta = m.down_proj(silu_mul(F.linear(h, m.gate_up_weight, m.gate_up_bias)))
             if i in capture:
