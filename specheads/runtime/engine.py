@@ -207,6 +207,8 @@ class SpecEngine:
         if self.drafter is not None and not getattr(self.drafter, "on_device", False):
             self._host_tree(n, b)
         result = self._run(b, kv, sampled)[:n].tolist()  # the one host sync of the step
+        if b > n:  # padding rows stepped too: keep them at an empty context, far from the bucket's end
+            self._clear_row(slice(n, b))
         done = []
         for i, (row, res) in enumerate(zip(self.rows, result)):
             n_acc, bonus, drafted = res[0], res[1], res[2]
@@ -363,7 +365,7 @@ class SpecEngine:
             self.rows.pop()
             self._clear_row(last)
 
-    def _clear_row(self, row: int) -> None:
+    def _clear_row(self, row: int | slice) -> None:
         # an idle row inside a padded batch computes harmlessly on its own cache row
         for t in (self.committed, self.root, self.depth_limit, self.draft_limit):
             t[row] = 0

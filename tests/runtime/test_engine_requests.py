@@ -165,3 +165,29 @@ def test_sample_rows_mixes_greedy_and_sampled_rows():
     assert all(int(d[0, 0]) == 1 for d in draws)  # greedy row: always the argmax
     second = {int(d[1, 0]) for d in draws}
     assert second == {1, 3}  # top-k 2 keeps tokens 1 and 3, both drawn
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ngram", "ar"])
+def test_graph_bucket_shapes_run_eagerly(target, head, method):
+    """The shapes CUDA graphs replay (batch and context rounded up to powers of two, idle
+    padding rows stepping along), run eagerly on CPU: outputs equal plain decoding twice in a
+    row on one engine, and padding rows stay at an empty context (they used to advance every
+    step until their slots ran past the context bucket: a GPU index assert on the next run)."""
+    engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                        num_draft_tokens=8, max_len=100, max_batch=8)
+    engine.buckets = True
+    run = engine._run
+    padded = []
+
+    def checked(b, kv, sampled):
+        n = len(engine.rows)
+        padded.append(b > n)
+        assert (engine.committed[n:] == 0).all(), engine.committed
+        return run(b, kv, sampled)
+
+    engine._run = checked
+    params = SamplingParams(max_new_tokens=30)
+    expected = _ar(target, PROMPTS[:3], params)
+    for _ in range(2):
+        assert [r.token_ids for r in engine.generate(PROMPTS[:3], params)] == expected
+    assert any(padded)
