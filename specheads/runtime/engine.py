@@ -96,6 +96,7 @@ class _Row:
     history: list[int]  # prompt + emitted tokens (host drafters read it)
     budget: int
     committed: int  # tokens in the target cache
+    speculate: bool = False  # the request wants drafts (and the engine has a drafter)
     emitted: int = 0
 
 
@@ -181,7 +182,8 @@ class SpecEngine:
         if self.free_slots <= 0:
             raise EngineError(f"all {self.max_batch} rows are busy")
         self._allocate()
-        row = _Row(self._next_handle, request, list(request.prompt), request.params.max_new_tokens, n)
+        row = _Row(self._next_handle, request, list(request.prompt), request.params.max_new_tokens, n,
+                   speculate=spec.enabled and self.drafter is not None)
         self._next_handle += 1
         self.waiting.append(row)
         return row.handle
@@ -204,9 +206,11 @@ class SpecEngine:
         need = max(r.committed for r in self.rows) + self.tree_nodes + 1
         kv = min(max(next_pow2(need), 128), self.cap) if self.buckets else need
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
-        if self.drafter is not None and not getattr(self.drafter, "on_device", False):
+        # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
+        draft = any(r.speculate for r in self.rows)
+        if draft and not getattr(self.drafter, "on_device", False):
             self._host_tree(n, b)
-        result = self._run(b, kv, sampled)[:n].tolist()  # the one host sync of the step
+        result = self._run(b, kv, sampled, draft)[:n].tolist()  # the one host sync of the step
         if b > n:  # padding rows stepped too: keep them at an empty context, far from the bucket's end
             self._clear_row(slice(n, b))
         done = []
@@ -383,46 +387,46 @@ class SpecEngine:
         t.valid[n:b] = False  # padding rows: the root alone
 
     # ------------------------------------------------------------------ the step
-    def _run(self, b: int, kv: int, sampled: bool) -> torch.Tensor:
+    def _run(self, b: int, kv: int, sampled: bool, draft: bool) -> torch.Tensor:
+        key = (b, kv, sampled, draft)
         if not self.use_graphs:
             with torch.no_grad():
-                self._step(b, kv, sampled)
+                self._step(*key)
             return self.out
-        key = (b, kv, sampled)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(b, kv, sampled)
+            self.graphs[key] = self._capture(*key)
         self.graphs[key].replay()
         return self.out
 
-    def _capture(self, b: int, kv: int, sampled: bool) -> torch.cuda.CUDAGraph:
+    def _capture(self, b: int, kv: int, sampled: bool, draft: bool) -> torch.cuda.CUDAGraph:
         state = self._state()
         saved = [t.clone() for t in state]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.no_grad():
             for _ in range(2):  # warm-up (kernel selection, Triton compile); the state is restored
-                self._step(b, kv, sampled)
+                self._step(b, kv, sampled, draft)
                 for t, s in zip(state, saved):
                     t.copy_(s)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
-            self._step(b, kv, sampled)
+            self._step(b, kv, sampled, draft)
         self._pool = graph.pool()
         return graph
 
-    def _tree(self, b: int, kv: int) -> Tree:
-        if isinstance(self.drafter, Eagle3Drafter):
+    def _tree(self, b: int, kv: int, draft: bool) -> Tree:
+        if draft and isinstance(self.drafter, Eagle3Drafter):
             return self.drafter.propose(b, kv, self.root[:b])
-        if self.drafter is not None:
+        if draft:
             t = self.tree_in
             return Tree(t.tokens[:b], t.parents[:b], t.depth[:b], t.valid[:b], self.depth, t.rank[:b])
         ones = torch.ones(b, 1, dtype=torch.long, device=self.device)
         return Tree(self.root[:b, None], -ones, ones * 0, ones.bool(), 0)
 
-    def _step(self, b: int, kv: int, sampled: bool) -> None:
+    def _step(self, b: int, kv: int, sampled: bool, draft: bool) -> None:
         """Draft, verify, accept and commit for rows [:b]; fixed shapes, no host syncs."""
-        tree = self._tree(b, kv)
+        tree = self._tree(b, kv, draft)
         tree.valid = tree.valid & (tree.depth <= self.depth_limit[:b, None]) & (tree.ranks() < self.draft_limit[:b, None])
         tree.valid[:, 0] = True
         path, n_acc, bonus, aux = self._verify(tree, b, kv, sampled)
@@ -430,7 +434,7 @@ class SpecEngine:
         for tensor in (self.cache.k, self.cache.v) if tree.max_depth else ():  # a lone root is in place
             commit_kv(tensor[:, :b], committed, path, n_acc)
         path_tokens = tree.tokens.gather(1, path.clamp(min=0))
-        if isinstance(self.drafter, Eagle3Drafter):
+        if draft and isinstance(self.drafter, Eagle3Drafter):
             path_aux = aux.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, aux.shape[-1]))
             nxt = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], 1)
             nxt.scatter_(1, (n_acc - 1)[:, None], bonus[:, None])
@@ -442,7 +446,7 @@ class SpecEngine:
         out[:, 1] = bonus
         out[:, 2] = tree.valid[:, 1:].sum(1)
         out[:, 3] = (tree.depth * tree.valid).amax(1)
-        out[:, 4:] = path_tokens
+        out[:, 4: 4 + path_tokens.shape[1]] = path_tokens
 
     def _verify(self, tree: Tree, b: int, kv: int, sampled: bool):
         n = tree.size

@@ -168,7 +168,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
                 stats.completion_tokens += len(item.new_tokens)
                 stats.draft_tokens += item.drafted
                 stats.accepted_tokens += item.accepted
-                if item.accept_length and not getattr(item, "prefill", False):
+                if item.accept_length and not item.prefill:
                     stats.steps += 1
                     stats.step_tokens += item.accept_length
                 if item.finish_reason is not None:

@@ -133,7 +133,7 @@ class Scheduler:
                 if job is None:
                     continue
                 self.metrics.generation_tokens.inc(len(out.new_tokens))
-                if not getattr(out, "prefill", False):  # the prompt's own token is no speculative step
+                if not out.prefill:  # the prompt's own token is no speculative step
                     self.metrics.record_step(out.drafted, out.accepted, out.accept_length, out.draft_depth)
                 job.send("out", out)
                 if out.finish_reason is not None:  # the engine freed its slot

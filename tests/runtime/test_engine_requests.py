@@ -179,11 +179,11 @@ def test_graph_bucket_shapes_run_eagerly(target, head, method):
     run = engine._run
     padded = []
 
-    def checked(b, kv, sampled):
+    def checked(b, *key):
         n = len(engine.rows)
         padded.append(b > n)
         assert (engine.committed[n:] == 0).all(), engine.committed
-        return run(b, kv, sampled)
+        return run(b, *key)
 
     engine._run = checked
     params = SamplingParams(max_new_tokens=30)
@@ -191,3 +191,26 @@ def test_graph_bucket_shapes_run_eagerly(target, head, method):
     for _ in range(2):
         assert [r.token_ids for r in engine.generate(PROMPTS[:3], params)] == expected
     assert any(padded)
+
+
+def test_no_row_drafting_runs_plain_decode_steps(target, head, monkeypatch):
+    """When every active request has speculation off, a step is a plain decode (no drafting
+    work at all); a drafting request joining later still drafts and stays exact."""
+    engine = SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=4)
+    calls = []
+    propose = engine.drafter.propose
+    monkeypatch.setattr(engine.drafter, "propose", lambda *a: calls.append(1) or propose(*a))
+    params = SamplingParams(max_new_tokens=20)
+    off = engine.add(Request(PROMPTS[0], params, spec=SpecControl(enabled=False)))
+    got = {off: []}
+    for _ in range(5):
+        for o in engine.step():
+            got[o.handle] += o.new_tokens
+    assert calls == []
+    on = engine.add(Request(PROMPTS[1], params))
+    got[on] = []
+    while engine.has_work:
+        for o in engine.step():
+            got[o.handle] += o.new_tokens
+    assert calls  # the drafting request drafted
+    assert [got[off], got[on]] == _ar(target, PROMPTS[:2], params)
