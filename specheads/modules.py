@@ -131,6 +131,22 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     return out.reshape(b, h, t, d)
 
 
+@torch.no_grad()
+def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linears over the same input, for one matmul at
+    inference; each linear's parameters become views of it (no memory added, same state_dict)."""
+    weight = torch.cat([lin.weight for lin in linears])
+    bias = torch.cat([lin.bias for lin in linears]) if linears[0].bias is not None else None
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[start: start + n], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start: start + n], requires_grad=False)
+        start += n
+    return weight, bias
+
+
 def configure_torch_backends() -> None:
     """cuDNN's SDPA re-plans for every new sequence length (17 ms of CPU per call measured on
     an H200 with torch 2.11), and our lengths change every batch: use flash / mem-efficient."""

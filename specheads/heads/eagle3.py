@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, repeat_kv, rope_inv_freq
+from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
+from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
+                               rope_inv_freq)
 
 
 @dataclass
@@ -150,6 +152,18 @@ class Eagle3Head(nn.Module):
                              else torch.zeros(cfg.vocab_size, dtype=torch.bool))
         inv_freq, scaling = rope_inv_freq(cfg.rope_config())
         self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
+        self.fused = False
+
+    def fuse_for_inference(self) -> "Eagle3Head":
+        """Drafting on the fused kernels (as TargetModel.fuse_for_inference): fused q/k/v and
+        gate/up weights (views, nothing added), one kernel per norm, rotary and silu*mul.
+        Call after the head is on its device and dtype."""
+        if not self.fused:
+            attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
+            attn.qkv_weight, _ = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+            mlp.gate_up_weight, _ = fuse_linears([mlp.gate_proj, mlp.up_proj])
+            self.fused = True
+        return self
 
     def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
@@ -177,6 +191,8 @@ class Eagle3Head(nn.Module):
         attn_mask bool [B, 1, T, S + T]. Returns (new hidden, k, v) with this step's k/v.
         Without a cache or mask: causal over T.
         """
+        if self.fused:
+            return self._fused_step(embeds, hidden, position_ids, k_cache, v_cache, attn_mask)
         cos, sin = self.rotary(position_ids, embeds.dtype)
         x = self.midlayer.attn_input(embeds, hidden)
         q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
@@ -188,3 +204,27 @@ class Eagle3Head(nn.Module):
         else:
             out = gqa_attention(q, keys, values, attn_mask)
         return self.midlayer.finish(out, hidden), k, v
+
+    def _fused_step(self, embeds, hidden, position_ids, k_cache, v_cache, attn_mask):
+        """`step` on the fused kernels; the same numbers (each op rounds where the eager one does)."""
+        layer, cfg = self.midlayer, self.config
+        attn, mlp = layer.self_attn, layer.mlp
+        b, t, _ = embeds.shape
+        n_kv, d = cfg.num_key_value_heads, cfg.head_dim
+        x = torch.cat([rmsnorm(embeds, layer.input_layernorm.weight, layer.input_layernorm.eps)[0],
+                       rmsnorm(hidden, layer.hidden_norm.weight, layer.hidden_norm.eps)[0]], dim=-1)
+        k = torch.empty(b, n_kv, t, d, dtype=embeds.dtype, device=embeds.device)
+        v = torch.empty_like(k)
+        slots = torch.arange(t, device=embeds.device).expand(b, t)
+        q = rope_cache(F.linear(x, attn.qkv_weight), self.rotary.cos[position_ids], self.rotary.sin[position_ids],
+                       k, v, slots, cfg.num_attention_heads, n_kv, d)
+        if attn_mask is None and k_cache is None:
+            rep = cfg.num_attention_heads // n_kv
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), is_causal=True)
+        else:
+            keys = k if k_cache is None else torch.cat([k_cache, k], dim=2)
+            values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
+            out = gqa_attention(q, keys, values, attn_mask)
+        o = attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        normed, h = rmsnorm(o, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, hidden)
+        return h + mlp.down_proj(silu_mul(F.linear(normed, mlp.gate_up_weight))), k, v

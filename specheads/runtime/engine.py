@@ -137,6 +137,8 @@ class SpecEngine:
         self.buckets = self.use_graphs  # tests set it to run the graphs' shapes eagerly
         if self.device.type == "cuda":
             target.fuse_for_inference()
+            if method == "eagle3":
+                head.fuse_for_inference()
         self.rows: list[_Row] = []  # active, in cache-row order
         self.waiting: list[_Row] = []  # added, prefilled at the next step
         self._next_handle = 0

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
-from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, repeat_kv, rope_inv_freq
+from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
+                               rope_inv_freq)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -225,8 +226,8 @@ class TargetModel(nn.Module):
             return self
         for layer in self.model.layers:
             a, m = layer.self_attn, layer.mlp
-            a.qkv_weight, a.qkv_bias = _fuse([a.q_proj, a.k_proj, a.v_proj])
-            m.gate_up_weight, m.gate_up_bias = _fuse([m.gate_proj, m.up_proj])
+            a.qkv_weight, a.qkv_bias = fuse_linears([a.q_proj, a.k_proj, a.v_proj])
+            m.gate_up_weight, m.gate_up_bias = fuse_linears([m.gate_proj, m.up_proj])
         self.fused = True
         return self
 
@@ -329,16 +330,3 @@ class TargetModel(nn.Module):
                 captured[i] = x + delta
         hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps, delta)
         return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
-
-
-def _fuse(linears: list[nn.Linear]):
-    weight = torch.cat([lin.weight for lin in linears])
-    bias = torch.cat([lin.bias for lin in linears]) if linears[0].bias is not None else None
-    start = 0
-    for lin in linears:
-        n = lin.weight.shape[0]
-        lin.weight = nn.Parameter(weight[start: start + n], requires_grad=False)
-        if bias is not None:
-            lin.bias = nn.Parameter(bias[start: start + n], requires_grad=False)
-        start += n
-    return weight, bias

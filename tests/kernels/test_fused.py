@@ -120,3 +120,32 @@ def test_fused_forward_equals_eager(family, kernels, monkeypatch):
     # fusing changes no weight and no state_dict key
     assert {k: v for k, v in model.state_dict().items()}.keys() == state.keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_fused_head_step_equals_eager(kernels, monkeypatch):
+    """The EAGLE-3 head's draft step on the fused kernels: causal without a cache (the prefill
+    feed) and over a cache under a tree mask (a draft depth)."""
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from tests.runtime.spec_helpers import random_head
+
+    target = make_target(seed=3)
+    eager, fused_head = random_head(target, seed=5), random_head(target, seed=5)
+    fused_head.fuse_for_inference()
+    g = torch.Generator().manual_seed(6)
+    b, t, s, h = 2, 3, 5, target.spec.hidden_size
+    n_kv, d = eager.config.num_key_value_heads, eager.config.head_dim
+    emb, hid = torch.randn(b, t, h, generator=g), torch.randn(b, t, h, generator=g)
+    pos = torch.tensor([[5, 6, 6], [3, 4, 5]])
+    k_cache, v_cache = torch.randn(b, n_kv, s, d, generator=g), torch.randn(b, n_kv, s, d, generator=g)
+    mask = torch.rand(b, 1, t, s + t, generator=g) > 0.3
+    mask[..., s:] = torch.eye(t, dtype=torch.bool)
+    for args in [(emb, hid, pos), (emb, hid, pos, k_cache, v_cache, mask)]:
+        with torch.no_grad():
+            ref, got = eager.step(*args), fused_head.step(*args)
+        for r, x in zip(ref, got):
+            torch.testing.assert_close(x, r, rtol=1e-5, atol=1e-5)
+    assert fused_head.fused and not eager.fused

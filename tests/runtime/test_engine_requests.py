@@ -214,3 +214,18 @@ def test_no_row_drafting_runs_plain_decode_steps(target, head, monkeypatch):
             got[o.handle] += o.new_tokens
     assert calls  # the drafting request drafted
     assert [got[off], got[on]] == _ar(target, PROMPTS[:2], params)
+
+
+def test_fused_kernels_in_the_engine_keep_output_exact(target, head):
+    """On CUDA the engine fuses the target's and the head's projections and runs the fused
+    kernels; on CPU (their torch references) the output still equals plain decoding."""
+    import copy
+
+    fused_target, fused_head = copy.deepcopy(target), copy.deepcopy(head)
+    fused_target.fuse_for_inference()
+    fused_head.fuse_for_inference()
+    engine = SpecEngine(fused_target, fused_head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=4)
+    params = SamplingParams(max_new_tokens=25)
+    res = engine.generate(PROMPTS[:4], params)
+    assert [r.token_ids for r in res] == _ar(target, PROMPTS[:4], params)
+    assert sum(r.accepted_tokens for r in res) > 0
