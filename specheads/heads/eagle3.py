@@ -182,6 +182,8 @@ class Eagle3Head(nn.Module):
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self.lm_head(rmsnorm(hidden, self.norm.weight, self.norm.eps)[0])
         return self.lm_head(self.norm(hidden))
 
     def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None):

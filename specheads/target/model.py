@@ -312,6 +312,9 @@ class TargetModel(nn.Module):
         if attn_mask is None:
             attn_mask = causal_cache_mask(position_ids, kv_len)
         mask = attn_mask.repeat(1, 1, rep, 1) if rep > 1 else attn_mask  # query heads of a group fold into rows
+        # additive once here, not converted from bool inside every layer's attention call
+        mask = torch.zeros(mask.shape, dtype=self.model.embed_tokens.weight.dtype, device=mask.device).masked_fill_(
+            ~mask, float("-inf"))
         capture = set(capture_layers)
         captured = {}
         x = self.model.embed_tokens(input_ids)
