@@ -20,7 +20,7 @@ import yaml
 
 from specheads.heads.format import CONFIG_FILE, META_FILE, WEIGHTS_FILE, hf_config, load_head
 from specheads.hub import LAUNCH, HubError, check_repo_id, resolve_head
-from specheads.target.loader import DEFAULT_TARGET
+from specheads.target.loader import DEFAULT_TARGET, SMOLLM2_GGUF
 
 CARD_FILE = "README.md"
 BENCH_FILE = "bench.json"
@@ -90,7 +90,8 @@ def stage_head(src: Path, stage: Path, repo_id: str, bench_path: Path | None) ->
 # ------------------------------------------------------------------ model card
 def base_model_id(target: str | None) -> str | None:
     """The target as a hub id, or None where it is a local path (the Hub links base_model)."""
-    if target == DEFAULT_TARGET:
+    # the embedded default, by name or as its GGUF file staged elsewhere (e.g. on a GPU box)
+    if target == DEFAULT_TARGET or (target and Path(target).name == SMOLLM2_GGUF):
         return DEFAULT_TARGET_HUB_ID
     if target and not Path(target).exists() and not target.startswith((".", "/", "~")) and target.count("/") == 1:
         return target

@@ -148,6 +148,10 @@ def test_card_names_a_hub_target_as_base_model(trained):
     assert front["base_model"] == "Org/Target-1B" and front["license"] == "mit"
     front = _front_matter(model_card(head.config, {}, "smollm2-135m-instruct", REPO, "bfloat16", None))
     assert front["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    # the embedded GGUF staged at another path (a GPU box's /tmp) is still the default target
+    front = _front_matter(model_card(head.config, {}, "/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf", REPO, "bfloat16",
+                                     None))
+    assert front["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 @pytest.mark.parametrize("fmt", ["sglang", "vllm"])

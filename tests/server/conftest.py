@@ -2,19 +2,7 @@ import contextlib
 import threading
 import time
 
-import pytest
-import torch
-
-from tests.helpers import free_port
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls: one thread is fastest (see tests/runtime/conftest.py)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from tests.helpers import free_port, one_torch_thread  # noqa: F401  (autouse for this folder)
 
 
 @contextlib.contextmanager
