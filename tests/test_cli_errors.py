@@ -146,7 +146,7 @@ def test_prepare_and_train_succeed_through_the_cli(capsys, tmp_path, tiny_target
 def test_generate_command(capsys, tiny_target, tiny_target_dir):
     from specheads.data.chat import render
     from specheads.data.regenerate import stop_token_ids
-    from specheads.runtime.generate import generate_batch
+    from specheads.runtime.engine import decode
     from specheads.runtime.sampling import SamplingParams
 
     model, tok = tiny_target
@@ -156,6 +156,6 @@ def test_generate_command(capsys, tiny_target, tiny_target_dir):
     result = json.loads(stdout.strip().splitlines()[-1])["outputs"][0]
     ids = tok(render(tok, [{"role": "user", "content": "Hello world"}], add_generation_prompt=True),
               add_special_tokens=False)["input_ids"]
-    expected = generate_batch(model, [ids], SamplingParams(max_new_tokens=6), stop_token_ids(tok))[0]
+    expected = decode(model, [ids], SamplingParams(max_new_tokens=6), stop_token_ids(tok))[0]
     assert result["token_ids"] == expected
     assert result["text"] == tok.decode(expected)

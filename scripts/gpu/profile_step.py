@@ -1,5 +1,5 @@
-"""Profile one training micro-step and one batched decode step on the GPU (prints kernel tables)."""
-import os, sys, time, torch
+"""Profile training micro-steps on the GPU (prints the kernel table); decoding: scripts/gpu/profile_decode.py."""
+import os, time, torch
 from torch.profiler import profile, ProfilerActivity
 from specheads.config import load_config
 from specheads.training.trainer import Trainer
@@ -18,14 +18,3 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         tr.micro_step(tr.batch_for(i)); tr.head.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
-from specheads.runtime.generate import generate_batch
-from specheads.runtime.sampling import SamplingParams
-prompts = [torch.randint(100, 40000, (400 + (i % 7) * 50,)).tolist() for i in range(256)]
-generate_batch(tr.target, prompts[:8], SamplingParams(max_new_tokens=8))
-torch.cuda.synchronize(); t = time.time()
-generate_batch(tr.target, prompts, SamplingParams(max_new_tokens=64), compact_every=10**9)
-torch.cuda.synchronize(); print("decode 256 x 64 tokens s", time.time() - t)
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-    generate_batch(tr.target, prompts, SamplingParams(max_new_tokens=16), compact_every=10**9)
-    torch.cuda.synchronize()
-print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60))

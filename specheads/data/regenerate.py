@@ -8,11 +8,13 @@ room in `max_length`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tqdm.auto import tqdm
 
 from specheads.data.chat import render
 from specheads.data.sources import Conversation
-from specheads.runtime.generate import generate_batch
+from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
 
 
@@ -37,6 +39,8 @@ def regenerate(
     max_turns: int | None = None,
 ) -> list[Conversation]:
     stops = stop_token_ids(tokenizer)
+    # answers are cut where prompt + answer reach max_length (the engine's context)
+    engine = SpecEngine(model, method="ar", max_len=min(max_length, model.rotary.max_positions), max_batch=batch_size)
     states = []
     for c in conversations:
         system = [m for m in c.messages[:1] if m["role"] == "system"]
@@ -56,24 +60,18 @@ def regenerate(
             prompt = tokenizer(render(tokenizer, msgs, add_generation_prompt=True), add_special_tokens=False)[
                 "input_ids"
             ]
-            if len(prompt) >= max_length - 8:
+            if len(prompt) >= engine.max_len - 8:
                 s["open"] = False
                 bar.update(len(s["users"]) - round_idx)
                 continue
             jobs.append((s, msgs, prompt))
         if not jobs:
             break
-        jobs.sort(key=lambda j: len(j[2]))
-        for i in range(0, len(jobs), batch_size):
-            chunk = jobs[i : i + batch_size]
-            room = max_length - max(len(j[2]) for j in chunk)
-            p = SamplingParams(**{**params.__dict__, "max_new_tokens": max(1, min(params.max_new_tokens, room))})
-            if p.seed is not None:
-                p.seed = p.seed + round_idx * 100003 + i
-            outs = generate_batch(model, [j[2] for j in chunk], p, stops)
-            for (s, msgs, _), new in zip(chunk, outs):
-                s["messages"] = msgs + [{"role": "assistant", "content": tokenizer.decode(new)}]
-            bar.update(len(chunk))
+        # one engine for all rounds: batch_size rows kept full, a finished answer's row takes the next prompt
+        seed = None if params.seed is None else params.seed + round_idx * 100003
+        outs = engine.generate([j[2] for j in jobs], replace(params, seed=seed), stops, progress=bar.update)
+        for (s, msgs, _), res in zip(jobs, outs):
+            s["messages"] = msgs + [{"role": "assistant", "content": tokenizer.decode(res.token_ids)}]
         round_idx += 1
     bar.close()
     return [

@@ -226,9 +226,11 @@ class SpecEngine:
         self._remove(done)
         return outputs
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, stop_ids=()) -> list[GenerationResult]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, stop_ids=(),
+                 progress=None) -> list[GenerationResult]:
         """Every prompt to the end (stop token, max_new_tokens, or the cache's end), at most
-        max_batch at a time: a finished row takes the next prompt."""
+        max_batch at a time: a finished row takes the next prompt. `progress(n)` is called
+        with the number of prompts that finished at each step."""
         params.validate()
         for i, p in enumerate(prompts):
             if not p:
@@ -259,6 +261,8 @@ class SpecEngine:
                         r.accept_per_position[k] += 1
                 if out.finish_reason:
                     r.finish_reason = out.finish_reason
+                    if progress is not None:
+                        progress(1)
         return results
 
     # ------------------------------------------------------------------ state
@@ -478,6 +482,17 @@ class SpecEngine:
         n_acc = (path >= 0).sum(1)
         bonus = y.gather(1, cur[:, None])[:, 0]
         return path, n_acc, bonus, out.aux_hidden
+
+
+def decode(target, prompts: list[list[int]], params: SamplingParams, stop_ids=(), max_batch: int | None = None,
+           max_len: int | None = None, progress=None) -> list[list[int]]:
+    """Plain decoding (the target alone) of many prompts on the engine, the stop token left
+    out: what regeneration runs, and the reference speculative decoding must equal."""
+    if not prompts:
+        return []
+    max_len = max_len or min(max(len(p) for p in prompts) + params.max_new_tokens, target.rotary.max_positions)
+    engine = SpecEngine(target, method="ar", max_len=max_len, max_batch=max_batch or len(prompts))
+    return [r.token_ids for r in engine.generate(prompts, params, stop_ids, progress)]
 
 
 def check_head_matches(head, target) -> None:

@@ -1,9 +1,8 @@
-"""CUDA graphs for the target forward at fixed shapes.
+"""A CUDA graph of one target forward at fixed shapes (the benchmark times verification
+cost with it; the engine captures its whole step itself).
 
-A graph is captured per batch size (callers use power-of-two buckets) for a fixed number
-of tokens per row, attending over the whole cache (kv_len = cache length) under a mask,
-so one capture serves every step. The KV cache is never reallocated: callers compact
-rows in place, and the model reads rows [:batch] of the same storage.
+A graph is captured per batch size for a fixed number of tokens per row, attending over
+the whole cache (kv_len = cache length) under a mask, so one capture serves every call.
 Warm-up runs before capture write into the cache's last slot, which callers keep spare.
 """
 
@@ -72,10 +71,3 @@ class GraphedForward:
         self.pool = graph.pool()
         return graph, inputs, out
 
-
-def compact_rows(tensors: list[torch.Tensor], keep: torch.Tensor, dim: int = 0) -> None:
-    """Move rows `keep` to the front of each tensor, in place (storage stays put)."""
-    n = keep.numel()
-    for t in tensors:
-        src = t.index_select(dim, keep)
-        t.narrow(dim, 0, n).copy_(src)

@@ -52,15 +52,6 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits [..., V] -> token ids [...]."""
-    if params.greedy:
-        return logits.argmax(-1)
-    probs = warp_probs(logits, params)
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
-
-
 # ---------------------------------------------------------------------------- per-row sampling
 # The engine samples every row of a batch with its own parameters, inside CUDA graphs, and
 # reproducibly per request: the noise for the token at sequence position t of a request

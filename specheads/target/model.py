@@ -281,12 +281,6 @@ class TargetModel(nn.Module):
             if i in capture:
                 captured[i] = x
         hidden = self.model.norm(x)
-        logits = None
-        if return_logits:
-            h = hidden if logits_positions is None else hidden.gather(
-                1, logits_positions[..., None].expand(-1, -1, hidden.shape[-1])
-            )
-            logits = self.lm_head(h)
         return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
 
     def _output(self, hidden, captured, capture_layers, return_logits, logits_positions) -> TargetOutput:

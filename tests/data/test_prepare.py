@@ -122,7 +122,7 @@ def test_regenerate_turns_are_the_targets_greedy_answers(tiny_target):
     from specheads.data.chat import render
     from specheads.data.regenerate import regenerate, stop_token_ids
     from specheads.data.sources import Conversation
-    from specheads.runtime.generate import generate_batch
+    from specheads.runtime.engine import decode
     from specheads.runtime.sampling import SamplingParams
 
     model, tok = tiny_target
@@ -143,7 +143,7 @@ def test_regenerate_turns_are_the_targets_greedy_answers(tiny_target):
     assert tok.convert_tokens_to_ids("<|im_end|>") in stops
     for i in (2, 4):  # each answer continues the regenerated history before it
         prompt = tok(render(tok, a[:i], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-        expected = generate_batch(model, [prompt], SamplingParams(max_new_tokens=6), stops)[0]
+        expected = decode(model, [prompt], SamplingParams(max_new_tokens=6), stops)[0]
         assert a[i]["content"] == tok.decode(expected)
 
 

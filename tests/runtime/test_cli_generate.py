@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from specheads.cli import main
 from tests.helpers import train_config

@@ -171,12 +171,12 @@ def test_cache_end_at_the_targets_position_limit(config):
 
 
 def test_ar_can_use_the_whole_context():
-    from specheads.runtime.generate import generate_batch
+    from specheads.runtime.engine import decode
 
     target = make_target(seed=0, vocab=VOCAB, max_positions=48)
     prompts = random_prompts(1, VOCAB, [40], seed=4)
     res = SpecEngine(target, method="ar", max_len=48).generate(prompts, SamplingParams(max_new_tokens=NEW))
-    assert res[0].token_ids == generate_batch(target, prompts, SamplingParams(max_new_tokens=8))[0]
+    assert res[0].token_ids == decode(target, prompts, SamplingParams(max_new_tokens=8))[0]
 
 
 @pytest.mark.parametrize("config", list(CONFIGS) + ["ar"])

@@ -1,12 +1,12 @@
-"""Sampling parameters, the warper, and batched decoding behaviour (stops, compaction, seeds)."""
+"""Sampling parameters, the warper, and plain batched decoding on the engine (stops, seeds, errors)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specheads.runtime.generate import generate_batch
-from specheads.runtime.sampling import SamplingParams, sample, warp_probs
+from specheads.runtime.engine import decode
+from specheads.runtime.sampling import SamplingParams, warp_probs
 
 
 @pytest.mark.parametrize(
@@ -75,66 +75,56 @@ def test_temperature():
     assert warp_probs(torch.tensor([[1.0, 3.0]]), SamplingParams(temperature=0.0))[0, 1] == pytest.approx(1.0)
 
 
-def test_sample():
-    logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 0.0]])
-    assert sample(logits, SamplingParams()).tolist() == [1, 0]
-    params = SamplingParams(temperature=1.0, top_k=2)
-    draws = torch.stack([sample(logits, params, torch.Generator().manual_seed(s)) for s in range(50)])
-    assert set(draws[:, 0].tolist()) <= {1, 2} and set(draws[:, 1].tolist()) <= {0, 1, 2}
-    a = sample(logits, params, torch.Generator().manual_seed(3))
-    b = sample(logits, params, torch.Generator().manual_seed(3))
-    assert torch.equal(a, b)
-
-
-# ------------------------------------------------------------------ generate_batch on the tiny target
+# ------------------------------------------------------------------ plain decoding (`decode`) on the tiny target
 PROMPTS = [[1, 50, 60, 70, 80], [1, 90, 91], [1, 100, 120, 140, 160, 180, 200, 220, 240]]
 
 
 def test_batch_equals_one_by_one(tiny_target):
     model, _ = tiny_target
     params = SamplingParams(max_new_tokens=10)
-    together = generate_batch(model, PROMPTS, params)
-    alone = [generate_batch(model, [p], params)[0] for p in PROMPTS]
+    together = decode(model, PROMPTS, params)
+    alone = [decode(model, [p], params)[0] for p in PROMPTS]
     assert together == alone
     assert all(len(x) == 10 for x in together)
 
 
-def test_stops_and_compaction(tiny_target):
+def test_stops(tiny_target):
     model, _ = tiny_target
-    full = generate_batch(model, PROMPTS, SamplingParams(max_new_tokens=12))
+    full = decode(model, PROMPTS, SamplingParams(max_new_tokens=12))
     stop = full[0][3]  # a token row 0 produces; rows finish at different steps
     expected = [row[: row.index(stop)] if stop in row else row for row in full]
     assert len({len(e) for e in expected}) > 1
-    for every in (1, 2, 32):
-        got = generate_batch(model, PROMPTS, SamplingParams(max_new_tokens=12), {stop}, compact_every=every)
-        assert got == expected, every
+    assert decode(model, PROMPTS, SamplingParams(max_new_tokens=12), {stop}) == expected
+    # one row at a time: a finished row's slot takes the next prompt
+    assert decode(model, PROMPTS, SamplingParams(max_new_tokens=12), {stop}, max_batch=1) == expected
 
 
 def test_all_rows_stop_immediately(tiny_target):
     model, _ = tiny_target
-    first = [r[0] for r in generate_batch(model, PROMPTS, SamplingParams(max_new_tokens=1))]
-    assert generate_batch(model, PROMPTS, SamplingParams(max_new_tokens=8), set(first), compact_every=1) == [[]] * 3
+    first = [r[0] for r in decode(model, PROMPTS, SamplingParams(max_new_tokens=1))]
+    assert decode(model, PROMPTS, SamplingParams(max_new_tokens=8), set(first)) == [[]] * 3
 
 
 def test_seeded_sampling_is_reproducible(tiny_target):
     model, _ = tiny_target
     # the tiny target is confident: a high temperature makes the draws depend on the seed
     params = SamplingParams(temperature=50.0, top_p=0.95, seed=7, max_new_tokens=8)
-    a = generate_batch(model, PROMPTS, params)
-    assert a == generate_batch(model, PROMPTS, params)
-    others = [generate_batch(model, PROMPTS, SamplingParams(temperature=50.0, seed=s, max_new_tokens=8))
+    a = decode(model, PROMPTS, params)
+    assert a == decode(model, PROMPTS, params)
+    others = [decode(model, PROMPTS, SamplingParams(temperature=50.0, seed=s, max_new_tokens=8))
               for s in range(8, 12)]
     assert any(o != a for o in others)
-    assert a != generate_batch(model, PROMPTS, SamplingParams(max_new_tokens=8))
+    assert a != decode(model, PROMPTS, SamplingParams(max_new_tokens=8))
 
 
-def test_generate_errors(tiny_target):
+def test_decode_errors(tiny_target):
     model, _ = tiny_target
-    with pytest.raises(ValueError, match="at least one token"):
-        generate_batch(model, [[1, 2], []], SamplingParams(max_new_tokens=2))
-    with pytest.raises(ValueError, match="positions"):
-        generate_batch(model, [[1] * 500], SamplingParams(max_new_tokens=20))
+    limit = model.rotary.max_positions
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        decode(model, [[1, 2], []], SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match=f"prompt 0 has {limit} tokens"):
+        decode(model, [[1] * limit], SamplingParams(max_new_tokens=20))
     with pytest.raises(ValueError, match="top_p"):
-        generate_batch(model, [[1]], SamplingParams(top_p=2.0))
-    # exactly at the limit is fine
-    assert len(generate_batch(model, [[1] * 500], SamplingParams(max_new_tokens=12))[0]) == 12
+        decode(model, [[1]], SamplingParams(top_p=2.0))
+    # the answer stops at the target's last position
+    assert len(decode(model, [[1] * (limit - 12)], SamplingParams(max_new_tokens=20))[0]) == 12

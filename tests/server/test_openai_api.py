@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specheads.data.chat import render
 from specheads.data.regenerate import stop_token_ids
 from specheads.runtime.engine import SpecEngine
-from specheads.runtime.generate import generate_batch
+from specheads.runtime.engine import decode
 from specheads.runtime.sampling import SamplingParams
 from specheads.server.app import ServerConfig, create_app
 from tests.helpers import random_sentence
@@ -62,7 +62,7 @@ def client(served):
 def greedy(served, prompt_ids: list[int], max_new: int = NEW) -> tuple[str, int, str]:
     """(text, tokens, finish_reason) of the target's own plain greedy decoding."""
     _, model, tok, _ = served
-    ids = generate_batch(model, [prompt_ids], SamplingParams(max_new_tokens=max_new), stop_token_ids(tok))[0]
+    ids = decode(model, [prompt_ids], SamplingParams(max_new_tokens=max_new), stop_token_ids(tok))[0]
     return tok.decode(ids, skip_special_tokens=True), len(ids), "length" if len(ids) == max_new else "stop"
 
 

@@ -134,11 +134,11 @@ def test_kv_cache_prefill_then_decode_equals_full_forward(pair):
             torch.testing.assert_close(step.aux_hidden[:, 0], full.aux_hidden[:, p], atol=1e-4, rtol=0)
 
 
-def test_generate_batch_equals_hf_greedy_generate(pair):
+def test_decode_equals_hf_greedy_generate(pair):
     """A batch of prompts of different lengths through our cache == HF greedy, one prompt at a time."""
     from transformers import GenerationConfig
 
-    from specheads.runtime.generate import generate_batch
+    from specheads.runtime.engine import decode
     from specheads.runtime.sampling import SamplingParams
 
     name, hf, ours = pair
@@ -151,7 +151,7 @@ def test_generate_batch_equals_hf_greedy_generate(pair):
             out = hf.generate(torch.tensor([p]), generation_config=gen_cfg)
             expected.append(out[0, len(p):].tolist())
     assert all(len(e) == new for e in expected)
-    got = generate_batch(ours, prompts, SamplingParams(temperature=0.0, max_new_tokens=new))
+    got = decode(ours, prompts, SamplingParams(temperature=0.0, max_new_tokens=new))
     assert got == expected
     # the prompts' lengths differ, so the decode path ran with right-padded rows in the cache
     assert len({len(p) for p in prompts}) == 3
@@ -227,7 +227,7 @@ def test_smollm2_matches_transformers(default_cache):
 
     from specheads.data.chat import render
     from specheads.data.regenerate import stop_token_ids
-    from specheads.runtime.generate import generate_batch
+    from specheads.runtime.engine import decode
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.loader import load_target
 
@@ -255,7 +255,7 @@ def test_smollm2_matches_transformers(default_cache):
     if expected and expected[-1] in stops:
         expected = expected[:-1]
     assert len(expected) >= 8, "the prompt should give a long enough greedy answer to compare"
-    got = generate_batch(ours, [ids[0].tolist()], SamplingParams(max_new_tokens=16), stops)[0]
+    got = decode(ours, [ids[0].tolist()], SamplingParams(max_new_tokens=16), stops)[0]
     assert got == expected
 
 
