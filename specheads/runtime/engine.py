@@ -462,26 +462,38 @@ class SpecEngine:
         slots = committed[:, None] + torch.arange(n, device=dev)
         mask = torch.arange(kv, device=dev)[None, None, :] < committed[:, None, None]
         mask = mask.expand(b, n, kv).clone()
-        mask.scatter_(2, slots[:, None, :].expand(b, n, n), tree.ancestors())
+        anc = tree.ancestors()
+        mask.scatter_(2, slots[:, None, :].expand(b, n, n), anc)
         out = self.target(tree.tokens, positions, cache=self.cache, kv_len=kv, attn_mask=mask[:, None],
                           cache_slots=slots, capture_layers=self.layer_ids)
         # the target's own token at every node (the token at sequence position `positions + 1`)
         y = sample_rows(out.logits, self.row_params.rows(slice(0, b)), positions + 1, sampled)
-        cur = torch.zeros(b, dtype=torch.long, device=dev)
-        alive = torch.ones(b, dtype=torch.bool, device=dev)
-        path = [cur]
-        for _ in range(tree.max_depth):
-            want = y.gather(1, cur[:, None])
-            match = (tree.parents == cur[:, None]) & (tree.tokens == want) & tree.valid
-            found = match.any(1) & alive
-            nxt = match.float().argmax(1)
-            cur = torch.where(found, nxt, cur)
-            alive = found
-            path.append(torch.where(found, nxt, torch.full_like(nxt, -1)))
-        path = torch.stack(path, 1)  # [B, depth+1], -1 after the end
-        n_acc = (path >= 0).sum(1)
-        bonus = y.gather(1, cur[:, None])[:, 0]
+        path, n_acc, last = accept_path(tree, anc, y)
+        bonus = y.gather(1, last[:, None])[:, 0]
         return path, n_acc, bonus, out.aux_hidden
+
+
+def accept_path(tree: Tree, anc: torch.Tensor, y: torch.Tensor):
+    """Walk the tree the target's way, without a loop over depths: a node is taken when its
+    token is the target's choice y at its parent (and it is a valid draft, the first such
+    sibling), and it is on the path when it and all its ancestors are taken. Returns the
+    path [B, depth+1] (node indices, -1 after its end), its length [B] and its last node [B]."""
+    b, n = tree.tokens.shape
+    dev = y.device
+    parents = tree.parents.clamp(min=0)
+    taken = (tree.tokens == y.gather(1, parents)) & tree.valid
+    earlier = torch.ones(n, n, dtype=torch.bool, device=dev).tril(-1)  # [i, j]: j < i
+    twin = (tree.parents[:, :, None] == tree.parents[:, None, :]) & (tree.tokens[:, :, None] == tree.tokens[:, None, :])
+    taken = taken & ~(twin & earlier & taken[:, None, :]).any(-1)  # a repeated sibling: the first one counts
+    taken[:, 0] = True  # the root
+    on_path = ~(anc & ~taken[:, None, :]).any(-1)
+    depth = torch.where(on_path, tree.depth, -1)
+    last = depth.argmax(1)
+    n_acc = depth.amax(1) + 1
+    cols = tree.max_depth + 1
+    path = torch.full((b, cols + 1), -1, dtype=torch.long, device=dev)
+    path.scatter_(1, torch.where(on_path, tree.depth, cols), torch.arange(n, device=dev).expand(b, n))
+    return path[:, :cols], n_acc, last
 
 
 def decode(target, prompts: list[list[int]], params: SamplingParams, stop_ids=(), max_batch: int | None = None,

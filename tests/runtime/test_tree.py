@@ -121,3 +121,41 @@ def test_parse_static_tree_errors(spec, message):
 
     with pytest.raises(InvalidRequest, match=re.escape(message)):
         parse_static_tree(spec)
+
+
+def _walk(parents, tokens, valid, y):
+    """The reference: from the root, follow the first valid child whose token is y[current]."""
+    path = [0]
+    while True:
+        cur = path[-1]
+        nxt = next((i for i in range(len(tokens)) if parents[i] == cur and valid[i] and tokens[i] == y[cur]), None)
+        if nxt is None:
+            return path
+        path.append(nxt)
+
+
+def test_accept_path_equals_the_walk_on_random_trees():
+    """Random trees with repeated sibling tokens (the first one counts), children that repeat
+    the root's token, invalid nodes, and targets that often agree with the drafts."""
+    from specheads.runtime.engine import accept_path
+
+    rng = random.Random(0)
+    for _ in range(300):
+        b, n, vocab = 3, rng.randint(1, 12), rng.randint(2, 4)
+        parents = [[-1] + [rng.randrange(i) for i in range(1, n)] for _ in range(b)]
+        tokens = [[rng.randrange(vocab) for _ in range(n)] for _ in range(b)]
+        valid = [[True] + [rng.random() < 0.85 for _ in range(1, n)] for _ in range(b)]
+        y = [[rng.randrange(vocab) for _ in range(n)] for _ in range(b)]
+        depth = []
+        for p in parents:
+            d = [0] * n
+            for i in range(1, n):
+                d[i] = d[p[i]] + 1
+            depth.append(d)
+        max_depth = max(max(d) for d in depth)
+        tree = Tree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depth), torch.tensor(valid), max_depth)
+        path, n_acc, last = accept_path(tree, tree.ancestors(), torch.tensor(y))
+        for r in range(b):
+            want = _walk(parents[r], tokens[r], valid[r], y[r])
+            assert path[r, : len(want)].tolist() == want and (path[r, len(want):] == -1).all()
+            assert int(n_acc[r]) == len(want) and int(last[r]) == want[-1]
