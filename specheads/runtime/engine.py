@@ -468,6 +468,9 @@ class SpecEngine:
                           cache_slots=slots, capture_layers=self.layer_ids)
         # the target's own token at every node (the token at sequence position `positions + 1`)
         y = sample_rows(out.logits, self.row_params.rows(slice(0, b)), positions + 1, sampled)
+        if tree.max_depth == 0:  # a lone root (plain decoding): its token is the target's
+            zero = torch.zeros(b, 1, dtype=torch.long, device=dev)
+            return zero, zero[:, 0] + 1, y[:, 0], out.aux_hidden
         path, n_acc, last = accept_path(tree, anc, y)
         bonus = y.gather(1, last[:, None])[:, 0]
         return path, n_acc, bonus, out.aux_hidden
