@@ -140,14 +140,19 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=60, help="per cell, at most (then no new requests)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=64, help="ShareGPT held-out first turns")
+    ap.add_argument("--prompt-file", default=None,
+                    help="a JSON list of prompt texts instead of reading ShareGPT (e.g. .dev/prompts/sharegpt.json)")
     ap.add_argument("--out", default="bench/serve_load")
     args = ap.parse_args()
     if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost", "http://[::1]")):
         ap.error("--url must be a loopback address")
 
-    from bench import sharegpt_prompts
+    if args.prompt_file:
+        prompts = json.loads(Path(args.prompt_file).read_text())[: args.prompts]
+    else:
+        from bench import sharegpt_prompts
 
-    prompts = sharegpt_prompts(args.prompts)
+        prompts = sharegpt_prompts(args.prompts)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     rows = []
 

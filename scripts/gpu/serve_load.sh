@@ -8,4 +8,6 @@ source scripts/gpu/env.sh
 HEAD=${1:-${HEAD:?usage: serve_load.sh HEAD_DIR [args]}}
 shift || true
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
-python3 scripts/serve_load.py --target $TARGET --draft $HEAD --out $OUT/serve_load "$@" 2>&1 | grep -v -i warn
+PROMPTS=()
+[ -f .dev/prompts/sharegpt.json ] && PROMPTS=(--prompt-file .dev/prompts/sharegpt.json)
+python3 scripts/serve_load.py --target $TARGET --draft $HEAD "${PROMPTS[@]}" --out $OUT/serve_load "$@" 2>&1 | grep -v -i warn
