@@ -35,8 +35,10 @@ def model_name(target, folder) -> str:
     """What clients pass as `model`: the hub id as given, else the folder or file name."""
     from pathlib import Path
 
-    if target is None:
-        return folder.name
+    from specheads.target.loader import DEFAULT_TARGET
+
+    if target is None or str(target) == DEFAULT_TARGET:
+        return "SmolLM2-135M-Instruct"  # the embedded default, not its cache folder's name
     path = Path(str(target))
     if path.exists():
         return path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name

@@ -55,3 +55,15 @@ def test_serve_missing_head_is_a_user_error(capsys, tmp_path, tiny_target_dir):
     code = main(["serve", "--target", str(tiny_target_dir), "--draft", str(missing), "--port", str(free_port())])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("specheads serve: error: ") and str(missing) in err
+
+
+def test_served_model_name():
+    from pathlib import Path
+
+    from specheads.server.launch import model_name
+
+    cache = Path("/root/.cache/specheads/gguf/SmolLM2-135M-Instruct.Q4_1-7a84ab7e")
+    assert model_name(None, cache) == "SmolLM2-135M-Instruct"  # the embedded default, not its cache folder
+    assert model_name("smollm2-135m-instruct", cache) == "SmolLM2-135M-Instruct"
+    assert model_name("Org/Model-7B", Path("/hf/cache/x")) == "Org/Model-7B"
+    assert model_name(str(Path(__file__)), Path("/x")) == Path(__file__).name
