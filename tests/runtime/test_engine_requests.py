@@ -229,3 +229,34 @@ def test_fused_kernels_in_the_engine_keep_output_exact(target, head):
     res = engine.generate(PROMPTS[:4], params)
     assert [r.token_ids for r in res] == _ar(target, PROMPTS[:4], params)
     assert sum(r.accepted_tokens for r in res) > 0
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ngram", "ar"])
+def test_graph_warm_up_restores_every_state_tensor(target, head, method):
+    """Before a CUDA graph is captured, the step runs twice eagerly and the engine restores the
+    per-row state it changed (`_state()`). Emulated on CPU before every step: a tensor missing
+    from `_state()` would advance twice and change the output or, for the drafter's state,
+    the drafts (and so what gets accepted)."""
+    def build():
+        return SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                          num_draft_tokens=8, max_len=100, max_batch=4)
+
+    params = SamplingParams(max_new_tokens=25)
+    plain = build().generate(PROMPTS[:3], params)
+    engine = build()
+    run = engine._run
+
+    def warmed(*key):
+        state = engine._state()
+        saved = [t.clone() for t in state]
+        for _ in range(2):
+            with torch.no_grad():
+                engine._step(*key)
+            for t, s in zip(state, saved):
+                t.copy_(s)
+        return run(*key)
+
+    engine._run = warmed
+    res = engine.generate(PROMPTS[:3], params)
+    assert [r.token_ids for r in res] == [r.token_ids for r in plain] == _ar(target, PROMPTS[:3], params)
+    assert [r.accept_per_position for r in res] == [r.accept_per_position for r in plain]
