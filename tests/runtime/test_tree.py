@@ -159,3 +159,35 @@ def test_accept_path_equals_the_walk_on_random_trees():
             want = _walk(parents[r], tokens[r], valid[r], y[r])
             assert path[r, : len(want)].tolist() == want and (path[r, len(want):] == -1).all()
             assert int(n_acc[r]) == len(want) and int(last[r]) == want[-1]
+
+
+def _naive_lookup(seq, num_draft, max_ngram):
+    """The definition: the continuation of the most recent earlier occurrence of the longest suffix."""
+    for n in range(min(max_ngram, len(seq) - 1), 0, -1):
+        for start in range(len(seq) - n - 1, -1, -1):
+            if seq[start: start + n] == seq[-n:]:
+                cont = []
+                for i in range(num_draft):
+                    j = start + n + i
+                    cont.append(seq[j] if j < len(seq) else cont[j - len(seq)])
+                return cont
+    return []
+
+
+def test_ngram_index_equals_the_naive_search_as_histories_grow():
+    from specheads.runtime.drafters import NgramDrafter
+
+    rng = random.Random(1)
+    drafter = NgramDrafter(num_draft_tokens=5, max_ngram=3)
+    histories = [[rng.randrange(4)] for _ in range(3)]
+    for step in range(120):
+        tree = drafter.propose(histories, torch.tensor([h[-1] for h in histories]))
+        for r, h in enumerate(histories):
+            want = _naive_lookup(h, 5, 3)
+            got = [t for t, ok in zip(tree.tokens[r, 1:].tolist(), tree.valid[r, 1:].tolist()) if ok]
+            assert got == want, (step, r, h)
+        for h in histories:  # grow in place, as the engine does, sometimes by several tokens
+            h.extend(rng.randrange(4) for _ in range(rng.randint(1, 3)))
+        if step == 60:  # a request leaves, a new one takes its row
+            histories[1] = [rng.randrange(4) for _ in range(5)]
+    assert len(drafter._index) == 3  # the finished request's index was dropped
