@@ -198,14 +198,16 @@ class Eagle3Head(nn.Module):
         cos, sin = self.rotary(position_ids, embeds.dtype)
         x = self.midlayer.attn_input(embeds, hidden)
         q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
-        keys = k if k_cache is None else torch.cat([k_cache, k], dim=2)
-        values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
+        return self.midlayer.finish(self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
+
+    def _attend(self, q, k, v, k_cache, v_cache, attn_mask):
+        """This step's queries over the cached keys/values plus this step's; causal without either."""
         if attn_mask is None and k_cache is None:
             rep = self.config.num_attention_heads // self.config.num_key_value_heads
-            out = F.scaled_dot_product_attention(q, repeat_kv(keys, rep), repeat_kv(values, rep), is_causal=True)
-        else:
-            out = gqa_attention(q, keys, values, attn_mask)
-        return self.midlayer.finish(out, hidden), k, v
+            return F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), is_causal=True)
+        keys = k if k_cache is None else torch.cat([k_cache, k], dim=2)
+        values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
+        return gqa_attention(q, keys, values, attn_mask)
 
     def _fused_step(self, embeds, hidden, position_ids, k_cache, v_cache, attn_mask):
         """`step` on the fused kernels; the same numbers (each op rounds where the eager one does)."""
@@ -220,13 +222,7 @@ class Eagle3Head(nn.Module):
         slots = torch.arange(t, device=embeds.device).expand(b, t)
         q = rope_cache(F.linear(x, attn.qkv_weight), self.rotary.cos[position_ids], self.rotary.sin[position_ids],
                        k, v, slots, cfg.num_attention_heads, n_kv, d)
-        if attn_mask is None and k_cache is None:
-            rep = cfg.num_attention_heads // n_kv
-            out = F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), is_causal=True)
-        else:
-            keys = k if k_cache is None else torch.cat([k_cache, k], dim=2)
-            values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
-            out = gqa_attention(q, keys, values, attn_mask)
+        out = self._attend(q, k, v, k_cache, v_cache, attn_mask)
         o = attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         normed, h = rmsnorm(o, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, hidden)
         return h + mlp.down_proj(silu_mul(F.linear(normed, mlp.gate_up_weight))), k, v

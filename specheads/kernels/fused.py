@@ -17,6 +17,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from specheads.modules import apply_rotary, rms_norm
+
 try:  # triton is optional on CPU-only installs
     import triton
     import triton.language as tl
@@ -35,15 +37,7 @@ def rmsnorm_reference(x, weight, eps, residual=None):
     """-> (weight * normalized(x + residual), x + residual)."""
     if residual is not None:
         x = x + residual
-    dtype = x.dtype
-    xf = x.float()
-    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
-    return weight * y, x
-
-
-def _rotate(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return rms_norm(x, weight, eps), x
 
 
 def rope_cache_reference(qkv, cos, sin, k_cache, v_cache, slots, n_heads, n_kv, head_dim):
@@ -52,8 +46,8 @@ def rope_cache_reference(qkv, cos, sin, k_cache, v_cache, slots, n_heads, n_kv, 
     b, t, _ = qkv.shape
     q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
     c, s = cos[:, None].to(qkv.dtype), sin[:, None].to(qkv.dtype)
-    q = _rotate(q.view(b, t, n_heads, head_dim).transpose(1, 2), c, s)
-    k = _rotate(k.view(b, t, n_kv, head_dim).transpose(1, 2), c, s)
+    q = apply_rotary(q.view(b, t, n_heads, head_dim).transpose(1, 2), c, s)
+    k = apply_rotary(k.view(b, t, n_kv, head_dim).transpose(1, 2), c, s)
     v = v.view(b, t, n_kv, head_dim).transpose(1, 2)
     idx = slots[:, None, :, None].expand(b, n_kv, t, head_dim)
     k_cache[:b].scatter_(2, idx, k)

@@ -125,7 +125,7 @@ class Eagle3Drafter:
         for t in self.state():
             t[dst] = t[src]
 
-    def clear_row(self, row: int | slice) -> None:
+    def clear_row(self, row: int) -> None:
         # an idle row computes harmlessly inside a padded batch: one real entry to attend to
         self.committed[row] = 0
         self.pending_aux[row] = 0

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from specheads.kernels.kv_commit import commit_kv
 from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
-from specheads.runtime.graphs import next_pow2
+from specheads.runtime.graphs import capture_graph, next_pow2
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, sample_rows
 from specheads.runtime.tree import Tree
 from specheads.target.model import KVCache
@@ -213,8 +213,10 @@ class SpecEngine:
         if draft and not getattr(self.drafter, "on_device", False):
             self._host_tree(n, b)
         result = self._run(b, kv, sampled, draft)[:n].tolist()  # the one host sync of the step
-        if b > n:  # padding rows stepped too: keep them at an empty context, far from the bucket's end
-            self._clear_row(slice(n, b))
+        if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
+            self.committed[n:b] = 0
+            if isinstance(self.drafter, Eagle3Drafter):
+                self.drafter.committed[n:b] = 0
         done = []
         for i, (row, res) in enumerate(zip(self.rows, result)):
             n_acc, bonus, drafted = res[0], res[1], res[2]
@@ -246,8 +248,8 @@ class SpecEngine:
         while todo or self.has_work:
             while todo and self.free_slots > 0:
                 i = todo.popleft()
-                p = SamplingParams(**{**params.__dict__, "seed": base + 1_000_003 * i,
-                                      "max_new_tokens": min(params.max_new_tokens, self.max_len - len(prompts[i]))})
+                p = replace(params, seed=base + 1_000_003 * i,
+                            max_new_tokens=min(params.max_new_tokens, self.max_len - len(prompts[i])))
                 h = self.add(Request(prompts[i], p, stops))
                 of_handle[h] = i
                 results[i] = GenerationResult([], "", accept_per_position=[0] * (self.num_steps + 1))
@@ -316,12 +318,12 @@ class SpecEngine:
         ids = ids.to(dev)
         lens = torch.tensor(lengths, device=dev)
         rows = slice(start, start + k)
+        n_draft = self.tree_nodes - 1
         for i, r in enumerate(new):
             p, spec = r.request.params, r.request.spec
             seed = p.seed if p.seed is not None else random.getrandbits(32)
             self.row_params.set_row(start + i, p, seed)
-            on = spec.enabled and self.drafter is not None
-            n_draft = self.tree_nodes - 1
+            on = r.speculate
             self.depth_limit[start + i] = min(spec.num_steps or self.depth, self.depth) if on else 0
             self.draft_limit[start + i] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
         with torch.no_grad():
@@ -375,7 +377,7 @@ class SpecEngine:
             self.rows.pop()
             self._clear_row(last)
 
-    def _clear_row(self, row: int | slice) -> None:
+    def _clear_row(self, row: int) -> None:
         # an idle row inside a padded batch computes harmlessly on its own cache row
         for t in (self.committed, self.root, self.depth_limit, self.draft_limit):
             t[row] = 0
@@ -407,17 +409,12 @@ class SpecEngine:
     def _capture(self, b: int, kv: int, sampled: bool, draft: bool) -> torch.cuda.CUDAGraph:
         state = self._state()
         saved = [t.clone() for t in state]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.no_grad():
-            for _ in range(2):  # warm-up (kernel selection, Triton compile); the state is restored
-                self._step(b, kv, sampled, draft)
-                for t, s in zip(state, saved):
-                    t.copy_(s)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
-            self._step(b, kv, sampled, draft)
+
+        def restore():  # the warm-up steps must leave no trace in the rows' state
+            for t, s in zip(state, saved):
+                t.copy_(s)
+
+        graph, _ = capture_graph(lambda: self._step(b, kv, sampled, draft), self._pool, restore)
         self._pool = graph.pool()
         return graph
 

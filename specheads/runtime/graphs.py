@@ -17,9 +17,26 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def capture_graph(fn, pool=None, after_warmup=None):
+    """Run `fn` twice on a side stream (kernel selection, Triton compilation; `after_warmup`
+    runs after each, e.g. to undo state the warm-up changed), then capture it in a CUDA graph
+    that shares memory `pool`. Returns (graph, fn's output inside the graph)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.no_grad():
+        for _ in range(2):
+            fn()
+            if after_warmup is not None:
+                after_warmup()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool), torch.no_grad():
+        out = fn()
+    return graph, out
+
+
 class GraphedForward:
-    def __init__(self, model, cache: KVCache, n_tokens: int, capture_layers=(), tree: bool = False,
-                 logits_rows: int | None = None):
+    def __init__(self, model, cache: KVCache, n_tokens: int, capture_layers=(), tree: bool = False):
         """tree: the caller passes cache slots and an explicit mask (tree verification);
         otherwise slots = positions and the mask is causal by position (plain decode)."""
         self.model, self.cache = model, cache
@@ -59,15 +76,7 @@ class GraphedForward:
         if self.tree:
             inputs["slots"] = torch.full((b, t), spare, dtype=torch.long, device=dev)
             inputs["mask"] = torch.ones(b, 1, t, self.cache.max_len, dtype=torch.bool, device=dev)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward(inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self._forward(inputs)
+        graph, out = capture_graph(lambda: self._forward(inputs), self.pool)
         self.pool = graph.pool()
         return graph, inputs, out
 
