@@ -161,7 +161,8 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--methods", nargs="+", default=["ar", "eagle3-chain", "eagle3-tree", "ngram"])
+    ap.add_argument("--methods", nargs="+", default=["ar", "eagle3-chain", "eagle3-tree", "ngram"],
+                    help="also eagle3-tree@STEPS,TOPK,TOKENS for other trees (a sweep)")
     ap.add_argument("--peers", nargs="*", default=["hf", "hf-static-compile"])
     ap.add_argument("--peer-batch-sizes", type=int, nargs="*", default=[1], help="batch sizes the peers run at")
     ap.add_argument("--tree", default="5,4,16", help="num_steps,topk,num_draft_tokens of eagle3-tree")
@@ -188,6 +189,8 @@ def main() -> None:
     steps, topk, n_draft = (int(x) for x in args.tree.split(","))
     engines = {
         "ar": lambda b: SpecEngine(target, method="ar", max_len=args.max_len, max_batch=b),
+        # without overlap: the host reads each step before the next is launched
+        "ar-sync": lambda b: SpecEngine(target, method="ar", max_len=args.max_len, max_batch=b, overlap=False),
         "eagle3-chain": lambda b: SpecEngine(target, head, "eagle3", num_steps=args.chain_steps, topk=1,
                                              max_len=args.max_len, max_batch=b),
         "eagle3-tree": lambda b: SpecEngine(target, head, "eagle3", num_steps=steps, topk=topk, num_draft_tokens=n_draft,
@@ -229,7 +232,12 @@ def main() -> None:
                 if method.startswith("eagle3") and head is None:
                     continue
                 print(f"running {method} on {source} prompts at batch {batch}", flush=True)
-                engine = engines[method](batch)
+                if method.startswith("eagle3-tree@"):  # a tree of its own: eagle3-tree@steps,topk,tokens
+                    s_, k_, n_ = (int(x) for x in method.split("@")[1].split(","))
+                    engine = SpecEngine(target, head, "eagle3", num_steps=s_, topk=k_, num_draft_tokens=n_,
+                                        max_len=args.max_len, max_batch=batch)
+                else:
+                    engine = engines[method](batch)
                 run_ours(engine, prompt_ids, params, stops)  # warm-up: captures every graph the run needs
                 res, outs = run_ours(engine, prompt_ids, params, stops)
                 del engine

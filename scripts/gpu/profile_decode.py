@@ -19,7 +19,7 @@ target, tok, _ = load_target(os.environ["TARGET"], dtype=torch.bfloat16, device=
 head = load_head(sys.argv[1], device="cuda", dtype=torch.bfloat16)
 text = json.load(open(".dev/prompts/sharegpt.json"))[0]
 prompt = tok(render(tok, [{"role": "user", "content": text}], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-report = {}
+report, tables = {}, []
 for name, kw in [("ar", dict(method="ar")), ("eagle3-tree", dict(method="eagle3", num_steps=5, topk=4, num_draft_tokens=16))]:
     engine = SpecEngine(target, head if name != "ar" else None, max_batch=1, **kw)
     engine.add(Request(prompt, SamplingParams(max_new_tokens=400), frozenset()))
@@ -39,10 +39,13 @@ for name, kw in [("ar", dict(method="ar")), ("eagle3-tree", dict(method="eagle3"
     events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     kernels = sum(e.count for e in events) / 10
     gpu_ms = sum(e.self_device_time_total for e in events) / 10 / 1000
-    print(f"\n== {name}: {step_ms:.3f} ms per step (no profiler), {kernels:.0f} kernels per step, "
-          f"{gpu_ms:.3f} ms of kernel time per step")
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
+    line = (f"== {name}: {step_ms:.3f} ms per step (no profiler), {kernels:.0f} kernels per step, "
+            f"{gpu_ms:.3f} ms of kernel time per step")
+    print(line)
+    tables.append(line + "\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30,
+                                                          max_name_column_width=90))
     report[name] = {"step_ms": step_ms, "kernels_per_step": kernels, "kernel_ms_per_step": gpu_ms}
 out = os.environ.get("OUT", ".")
 json.dump(report, open(os.path.join(out, "profile_decode.json"), "w"), indent=1)
+open(os.path.join(out, "profile_decode.txt"), "w").write("\n\n".join(tables))  # the top kernels of each
 print(json.dumps(report))

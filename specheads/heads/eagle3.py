@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specheads.kernels.attention import tree_attention
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
                                rope_inv_freq)
@@ -222,7 +223,10 @@ class Eagle3Head(nn.Module):
         slots = torch.arange(t, device=embeds.device).expand(b, t)
         q = rope_cache(F.linear(x, attn.qkv_weight), self.rotary.cos[position_ids], self.rotary.sin[position_ids],
                        k, v, slots, cfg.num_attention_heads, n_kv, d)
-        out = self._attend(q, k, v, k_cache, v_cache, attn_mask)
+        if attn_mask is None or k_cache is None:
+            out = self._attend(q, k, v, k_cache, v_cache, attn_mask)
+        else:  # the draft tree's queries over the head's cache and this step's keys
+            out = tree_attention(q, torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2), attn_mask)
         o = attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         normed, h = rmsnorm(o, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, hidden)
         return h + mlp.down_proj(silu_mul(F.linear(normed, mlp.gate_up_weight))), k, v

@@ -22,6 +22,13 @@ token, the last emitted one, not yet in it):
           the path's captured features.
 On CUDA the whole step (draft, verify, accept, commit) replays as one CUDA graph per
 (batch bucket, context bucket, greedy/sampled); one host sync per step reads the result.
+
+Overlap: every input of a step (roots, committed lengths, the drafter's pending features)
+lives on the device, so with a device drafter (or none) the next step is launched before
+the host reads the current one's result: the GPU never waits for the host's bookkeeping.
+A row that finished in the step being read has run one step too many; that step's output
+is dropped, and the row's cleanup is queued behind it. Rows within one step of their
+token budget are not run ahead, so no step writes past the cache.
 """
 
 from __future__ import annotations
@@ -98,12 +105,22 @@ class _Row:
     committed: int  # tokens in the target cache
     speculate: bool = False  # the request wants drafts (and the engine has a drafter)
     emitted: int = 0
+    finished: bool = False  # left the engine (steps launched before that are dropped)
+
+
+@dataclass
+class _Launch:
+    """A step on its way: the rows it ran for, in row order, and where its result lands."""
+
+    rows: list[_Row]
+    host: torch.Tensor
+    event: object = None  # torch.cuda.Event on CUDA
 
 
 class SpecEngine:
     def __init__(self, target, head=None, method: str = "eagle3", num_steps: int = 5, topk: int = 4,
                  num_draft_tokens: int = 16, static_tree=None, max_len: int | None = None, max_batch: int = 8,
-                 use_graphs: bool | None = None):
+                 use_graphs: bool | None = None, overlap: bool = True):
         if method not in METHODS:
             raise EngineError(f"method {method!r} is not one of {', '.join(METHODS)}")
         if max_batch < 1:
@@ -135,6 +152,9 @@ class SpecEngine:
         self.dtype = target.model.embed_tokens.weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.buckets = self.use_graphs  # tests set it to run the graphs' shapes eagerly
+        # launch step t+1 before reading step t (device drafters only: a host drafter needs t's tokens)
+        self.overlap = overlap
+        self._inflight: _Launch | None = None
         if self.device.type == "cuda":
             target.fuse_for_inference()
             if method == "eagle3":
@@ -198,34 +218,74 @@ class SpecEngine:
                 return
 
     def step(self) -> list[StepOutput]:
-        """Prefill the requests added since the last step, then one speculative step."""
-        outputs = self._prefill() if self.waiting else []
+        """Prefill the requests added since the last step, then one speculative step (with
+        overlap: read the step in flight and launch the next one first)."""
+        outputs = []
+        if self.waiting:
+            stepped = self._inflight is not None
+            outputs += self._drain()
+            outputs += self._prefill()
+            if stepped:  # this call has read its step; the next one (new rows included) goes in flight
+                if self.rows:
+                    self._inflight = self._launch(ahead=0)
+                return outputs
+        if not self.rows:
+            return outputs + self._drain()
+        current = self._inflight or self._launch(ahead=0)
+        self._inflight = self._launch(ahead=1) if self._may_run_ahead() else None
+        return outputs + self._finish(current)
+
+    def _drain(self) -> list[StepOutput]:
+        current, self._inflight = self._inflight, None
+        return self._finish(current) if current is not None else []
+
+    def _may_run_ahead(self) -> bool:
+        # every row keeps budget for the step in flight (depth + 1 tokens at most) and one more
+        on_device = self.drafter is None or getattr(self.drafter, "on_device", False)
+        return self.overlap and on_device and not self.waiting and all(
+            r.emitted + self.depth + 1 < r.budget for r in self.rows)
+
+    def _launch(self, ahead: int) -> _Launch:
+        """Queue one step for the active rows; `ahead` steps are in flight before it."""
         n = len(self.rows)
-        if n == 0:
-            return outputs
         # graphs are captured per bucket: batch and context widths round up to powers of two
         b = min(next_pow2(n), self.max_batch) if self.buckets else n
-        need = max(r.committed for r in self.rows) + self.tree_nodes + 1
-        kv = min(max(next_pow2(need), 128), self.cap) if self.buckets else need
+        need = max(r.committed for r in self.rows) + ahead * (self.depth + 1) + self.tree_nodes + 1
+        kv = min(max(next_pow2(need), 128) if self.buckets else need, self.cap)
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         draft = any(r.speculate for r in self.rows)
         if draft and not getattr(self.drafter, "on_device", False):
             self._host_tree(n, b)
-        result = self._run(b, kv, sampled, draft)[:n].tolist()  # the one host sync of the step
+        out = self._run(b, kv, sampled, draft)
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
             if isinstance(self.drafter, Eagle3Drafter):
                 self.drafter.committed[n:b] = 0
-        done = []
-        for i, (row, res) in enumerate(zip(self.rows, result)):
+        host = self._host_out[self._flip]
+        self._flip ^= 1
+        host[:n].copy_(out[:n], non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return _Launch(list(self.rows), host, event)
+
+    def _finish(self, launch: _Launch) -> list[StepOutput]:
+        """Read a launched step's result (the one host sync of a step) and emit its tokens."""
+        if launch.event is not None:
+            launch.event.synchronize()
+        outputs, done = [], []
+        for row, res in zip(launch.rows, launch.host[:len(launch.rows)].tolist()):
+            if row.finished:  # it left after this step was launched
+                continue
             n_acc, bonus, drafted = res[0], res[1], res[2]
             row.committed += n_acc
             new, reason = self._emit(row, res[5: 4 + n_acc] + [bonus])
             outputs.append(StepOutput(row.handle, new, reason, drafted, n_acc - 1, n_acc, res[3]))
             if reason is not None:
-                done.append(i)
-        self._remove(done)
+                done.append(row)
+        self._remove([self.rows.index(r) for r in done])
         return outputs
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, stop_ids=(),
@@ -284,6 +344,9 @@ class SpecEngine:
         self.draft_limit = torch.zeros(mb, dtype=torch.long, device=dev)
         # per row: accepted count (with the root), bonus, drafted count, depth offered, path tokens
         self.out = torch.zeros(mb, 4 + self.depth + 1, dtype=torch.long, device=dev)
+        pinned = dev.type == "cuda"
+        self._host_out = [torch.zeros(mb, self.out.shape[1], dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._flip = 0
         if isinstance(self.drafter, Eagle3Drafter):
             self.drafter.allocate(mb, self.cap, dev, self.dtype)
         elif self.drafter is not None:  # host drafter: its trees are copied into these inputs
@@ -361,12 +424,15 @@ class SpecEngine:
         return out, None
 
     def _remove(self, indices: list[int]) -> None:
-        """Finished rows leave: the last row moves into each freed row (its cache entries too)."""
+        """Finished rows leave: the last row moves into each freed row (its cache entries too,
+        including what a step still in flight will have added)."""
+        ahead = self.depth + 1 if self._inflight is not None else 0
         for i in sorted(indices, reverse=True):
+            self.rows[i].finished = True
             last = len(self.rows) - 1
             if i != last:
                 moving = self.rows[last]
-                length = moving.committed
+                length = min(moving.committed + ahead, self.cap)
                 self.cache.k[:, i, :, :length] = self.cache.k[:, last, :, :length]
                 self.cache.v[:, i, :, :length] = self.cache.v[:, last, :, :length]
                 for t in self._row_tensors():

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specheads.kernels.attention import tree_attention
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
                                rope_inv_freq)
@@ -300,15 +301,10 @@ class TargetModel(nn.Module):
         spec = self.spec
         b, t = input_ids.shape
         h_q, h_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
-        rep = h_q // h_kv
         cos, sin = self.rotary.cos[position_ids], self.rotary.sin[position_ids]
         slots = position_ids if cache_slots is None else cache_slots
         if attn_mask is None:
             attn_mask = causal_cache_mask(position_ids, kv_len)
-        mask = attn_mask.repeat(1, 1, rep, 1) if rep > 1 else attn_mask  # query heads of a group fold into rows
-        # additive once here, not converted from bool inside every layer's attention call
-        mask = torch.zeros(mask.shape, dtype=self.model.embed_tokens.weight.dtype, device=mask.device).masked_fill_(
-            ~mask, float("-inf"))
         capture = set(capture_layers)
         captured = {}
         x = self.model.embed_tokens(input_ids)
@@ -318,9 +314,8 @@ class TargetModel(nn.Module):
             h, x = rmsnorm(x, layer.input_layernorm.weight, layer.input_layernorm.eps, delta)
             q = rope_cache(F.linear(h, a.qkv_weight, a.qkv_bias), cos, sin, cache.k[i], cache.v[i], slots,
                            h_q, h_kv, d)
-            o = F.scaled_dot_product_attention(q.view(b, h_kv, rep * t, d), cache.k[i, :b, :, :kv_len],
-                                               cache.v[i, :b, :, :kv_len], attn_mask=mask)
-            o = a.o_proj(o.reshape(b, h_q, t, d).transpose(1, 2).reshape(b, t, h_q * d))
+            o = tree_attention(q, cache.k[i, :b, :, :kv_len], cache.v[i, :b, :, :kv_len], attn_mask)
+            o = a.o_proj(o.transpose(1, 2).reshape(b, t, h_q * d))
             h, x = rmsnorm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, o)
             delta = m.down_proj(silu_mul(F.linear(h, m.gate_up_weight, m.gate_up_bias)))
             if i in capture:

@@ -18,15 +18,17 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 def interpret_triton(monkeypatch) -> None:
     """TRITON_INTERPRET=1 for this test. triton.jit picks the interpreter when it wraps a
     function, so kernels are wrapped per mode (see fused._kernel); triton's own library
-    functions (tl.sum) were wrapped at import, for the GPU: re-wrap the one we use."""
+    functions (tl.sum, tl.max, tl.zeros) were wrapped at import, for the GPU: re-wrap those we use."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if fused.triton is None:
         pytest.skip("triton did not import")
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    if not isinstance(tl.sum, InterpretedFunction):
-        monkeypatch.setattr(tl, "sum", InterpretedFunction(tl.sum.fn))
+    for name in ("sum", "max", "zeros"):
+        fn = getattr(tl, name)
+        if not isinstance(fn, InterpretedFunction):
+            monkeypatch.setattr(tl, name, InterpretedFunction(fn.fn))
 
 
 @pytest.fixture

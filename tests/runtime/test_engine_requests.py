@@ -260,3 +260,47 @@ def test_graph_warm_up_restores_every_state_tensor(target, head, method):
     res = engine.generate(PROMPTS[:3], params)
     assert [r.token_ids for r in res] == [r.token_ids for r in plain] == _ar(target, PROMPTS[:3], params)
     assert [r.accept_per_position for r in res] == [r.accept_per_position for r in plain]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ar"])
+@pytest.mark.parametrize("buckets", [False, True], ids=["exact", "buckets"])
+def test_overlapped_steps_equal_sequential_steps(target, head, method, buckets):
+    """With overlap the next step is launched before the current one is read, so rows that
+    finish (budget, stop token, abort) run one step too many and rows move while a step is
+    in flight. Every request's outputs (tokens, stats, finish reasons) equal those of the
+    sequential engine, rows run to the cache's end, and steps did run ahead."""
+    stop = _ar(target, [PROMPTS[2]], SamplingParams(max_new_tokens=12))[0][9]
+
+    def run(overlap):
+        engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                            num_draft_tokens=8, max_len=40, max_batch=4, overlap=overlap)
+        engine.buckets = buckets
+        ahead = []
+        launch = engine._launch
+        engine._launch = lambda ahead=0, _log=ahead: _log.append(ahead) or launch(ahead=ahead)
+        budgets = [33, 9, 20, 30, 6, 25]  # clipped to the 40-token cache below
+        schedule = [0, 0, 1, 3, 4, 6]
+        got, handle_of, step = {}, {}, 0
+        while len(handle_of) < 6 or engine.has_work:
+            for i, at in enumerate(schedule):
+                if at <= step and i not in handle_of.values() and engine.free_slots > 0:
+                    n = min(budgets[i], 40 - len(PROMPTS[i]))
+                    h = engine.add(Request(PROMPTS[i], SamplingParams(max_new_tokens=n), frozenset({stop})))
+                    handle_of[h] = i
+                    got[i] = []
+            for o in engine.step():
+                got[handle_of[o.handle]].append((o.new_tokens, o.finish_reason, o.drafted, o.accepted, o.prefill))
+                if handle_of[o.handle] == 3 and len(got[3]) == 3:  # it leaves while a step may be in flight
+                    engine.abort(o.handle)
+            step += 1
+        return [got[i] for i in range(6)], ahead
+
+    sequential, ahead_off = run(False)
+    overlapped, ahead_on = run(True)
+    assert overlapped == sequential
+    assert len(sequential[3]) == 3 and sequential[3][-1][1] is None  # aborted
+    assert set(ahead_off) == {0} and ahead_on.count(1) >= 3
+    reasons = [steps[-1][1] for steps in sequential if steps[-1][1]]
+    assert "stop" in reasons and "length" in reasons
+    if method == "eagle3":
+        assert sum(s[3] for steps in sequential for s in steps) > 0

@@ -1,0 +1,155 @@
+"""Attention for decode, verify and draft steps: a few query tokens per row (a tree, a draft
+frontier, one token) over a KV cache under an explicit mask, beside its torch reference.
+
+SDPA's memory-efficient kernel serves these shapes poorly: one program per (row, head) walks
+the whole cache bucket, and a 16-token tree costs ~24 us per layer on an H200. Here the query
+heads of a KV group share a program (their rows stacked, so K and V are read once per group),
+the cache is split into chunks handled by separate programs (split-K, as in flash-decoding)
+that skip blocks the mask hides, and a second small kernel merges the chunks' partial
+softmaxes. With a single chunk the first kernel writes the output itself.
+
+  q     [B, H, T, D]      (any strides; last dim contiguous)
+  k, v  [B, KV, S, D]     (cache views; last dim contiguous)
+  mask  bool [B or 1, 1, T, S]  True = attend; every query must see at least one key
+  ->    [B, H, T, D] in q's dtype
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specheads.kernels.fused import triton, use_triton
+from specheads.modules import gqa_attention
+
+if triton is not None:
+    import triton.language as tl
+
+    from specheads.kernels.fused import _kernel
+
+CHUNK = 128  # keys per split-K program
+MAX_ROWS = 256  # stacked query rows (heads of a group x tokens) above which SDPA serves better
+
+
+def attention_reference(q, k, v, mask):
+    return gqa_attention(q, k, v, mask)
+
+
+if triton is not None:
+
+    def _split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, part_ptr, stat_ptr,
+                      n_kv, n_tok, n_rows, n_keys, n_splits, scale,
+                      s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mt, s_ob, s_oh, s_ot,
+                      REP: tl.constexpr, D: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, DIRECT: tl.constexpr):
+        bh = tl.program_id(0)  # (batch row, kv head)
+        split = tl.program_id(1)
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        b = bh // n_kv
+        g = bh % n_kv
+        row_ok = rows < n_rows
+        head = g * REP + rows // n_tok
+        tok = rows % n_tok
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + tok[:, None] * s_qt + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        start = split * CHUNK_N
+        for off in range(0, CHUNK_N, BLOCK_N):
+            cols = start + off + tl.arange(0, BLOCK_N)
+            col_ok = cols < n_keys
+            allowed = tl.load(m_ptr + b * s_mb + tok[:, None] * s_mt + cols[None, :],
+                              mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
+            if tl.sum(allowed.to(tl.int32)) > 0:  # a block the mask hides costs its mask load only
+                k = tl.load(k_ptr + b * s_kb + g * s_kh + cols[:, None] * s_ks + d[None, :],
+                            mask=col_ok[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(k)) * scale
+                s = tl.where(allowed, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp(s - m_safe[:, None])
+                alpha = tl.exp(m_i - m_safe)
+                v = tl.load(v_ptr + b * s_vb + g * s_vh + cols[:, None] * s_vs + d[None, :],
+                            mask=col_ok[:, None], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                m_i = m_new
+        if DIRECT:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(o_ptr + b * s_ob + head[:, None] * s_oh + tok[:, None] * s_ot + d[None, :],
+                     out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            base = (bh * n_splits + split) * n_rows + rows
+            tl.store(part_ptr + base[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+            tl.store(stat_ptr + base * 2, m_i, mask=row_ok)
+            tl.store(stat_ptr + base * 2 + 1, l_i, mask=row_ok)
+
+    def _merge_kernel(part_ptr, stat_ptr, o_ptr, n_kv, n_tok, n_rows, n_splits, s_ob, s_oh, s_ot,
+                      REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
+        bh = tl.program_id(0)
+        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_rows
+        d = tl.arange(0, D)
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_sum = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for split in range(0, n_splits):
+            base = (bh * n_splits + split) * n_rows + rows
+            ms = tl.load(stat_ptr + base * 2, mask=row_ok, other=float("-inf"))
+            ls = tl.load(stat_ptr + base * 2 + 1, mask=row_ok, other=0.0)
+            part = tl.load(part_ptr + base[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+            m_new = tl.maximum(m, ms)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_safe)
+            beta = tl.exp(ms - m_safe)
+            acc = acc * alpha[:, None] + part * beta[:, None]
+            l_sum = l_sum * alpha + ls * beta
+            m = m_new
+        b = bh // n_kv
+        head = (bh % n_kv) * REP + rows // n_tok
+        tok = rows % n_tok
+        out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+        tl.store(o_ptr + b * s_ob + head[:, None] * s_oh + tok[:, None] * s_ot + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of q over k, v under a boolean mask (see the module docstring);
+    Triton on GPU (or under TRITON_INTERPRET=1) for up to MAX_ROWS stacked rows, else SDPA."""
+    b, h, t, d = q.shape
+    n_kv, n_keys = k.shape[1], k.shape[2]
+    rep = h // n_kv
+    rows = rep * t
+    if not use_triton(q) or rows > MAX_ROWS or d & (d - 1) or d < 16:
+        return attention_reference(q, k, v, mask)
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+    if mask.dtype != torch.bool:
+        raise TypeError(f"tree_attention takes a bool mask, got {mask.dtype}")
+    mask = mask.expand(-1, 1, t, n_keys) if mask.shape[2] == 1 else mask
+    if mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    out = torch.empty(b, h, t, d, dtype=q.dtype, device=q.device)
+    block_m = max(16, min(64, triton.next_power_of_2(rows)))
+    n_splits = triton.cdiv(n_keys, CHUNK)
+    direct = n_splits == 1
+    if direct:
+        part = stat = out  # unused
+    else:
+        part = torch.empty(b * n_kv * n_splits * rows, d, dtype=torch.float32, device=q.device)
+        stat = torch.empty(b * n_kv * n_splits * rows, 2, dtype=torch.float32, device=q.device)
+    m_rows = mask.stride(0) if mask.shape[0] > 1 else 0
+    grid = (b * n_kv, n_splits, triton.cdiv(rows, block_m))
+    _kernel(_split_kernel)[grid](
+        q, k, v, mask, out, part, stat, n_kv, t, rows, n_keys, n_splits, 1.0 / math.sqrt(d),
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), m_rows, mask.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        REP=rep, D=d, CHUNK_N=CHUNK, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct)
+    if not direct:
+        _kernel(_merge_kernel)[(b * n_kv, triton.cdiv(rows, block_m))](
+            part, stat, out, n_kv, t, rows, n_splits, out.stride(0), out.stride(1), out.stride(2),
+            REP=rep, D=d, BLOCK_M=block_m)
+    return out
