@@ -17,6 +17,7 @@ softmaxes. With a single chunk the first kernel writes the output itself.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -42,7 +43,7 @@ if triton is not None:
                       n_kv, n_tok, n_rows, n_keys, n_splits, scale,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mt, s_ob, s_oh, s_ot,
                       REP: tl.constexpr, D: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DIRECT: tl.constexpr):
+                      BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr):
         bh = tl.program_id(0)  # (batch row, kv head)
         split = tl.program_id(1)
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -66,7 +67,7 @@ if triton is not None:
             if tl.sum(allowed.to(tl.int32)) > 0:  # a block the mask hides costs its mask load only
                 k = tl.load(k_ptr + b * s_kb + g * s_kh + cols[:, None] * s_ks + d[None, :],
                             mask=col_ok[:, None], other=0.0)
-                s = tl.dot(q, tl.trans(k)) * scale
+                s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
                 s = tl.where(allowed, s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -74,7 +75,7 @@ if triton is not None:
                 alpha = tl.exp(m_i - m_safe)
                 v = tl.load(v_ptr + b * s_vb + g * s_vh + cols[:, None] * s_vs + d[None, :],
                             mask=col_ok[:, None], other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
                 l_i = l_i * alpha + tl.sum(p, 1)
                 m_i = m_new
         if DIRECT:
@@ -123,7 +124,8 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     n_kv, n_keys = k.shape[1], k.shape[2]
     rep = h // n_kv
     rows = rep * t
-    if not use_triton(q) or rows > MAX_ROWS or d & (d - 1) or d < 16:
+    if (not use_triton(q) or rows > MAX_ROWS or d & (d - 1) or d < 16
+            or os.environ.get("SPECHEADS_ATTENTION") == "sdpa"):  # the reference everywhere (a fallback)
         return attention_reference(q, k, v, mask)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
     if mask.dtype != torch.bool:
@@ -147,7 +149,8 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), m_rows, mask.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        REP=rep, D=d, CHUNK_N=CHUNK, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct)
+        REP=rep, D=d, CHUNK_N=CHUNK, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # float32 stays float32 (no TF32)
     if not direct:
         _kernel(_merge_kernel)[(b * n_kv, triton.cdiv(rows, block_m))](
             part, stat, out, n_kv, t, rows, n_splits, out.stride(0), out.stride(1), out.stride(2),

@@ -36,6 +36,7 @@ def _mask(b, t, s, seed, hidden_block=False):
     (1, 3, 3, 1, 40, 16),  # one token, one chunk (direct output)
     (2, 6, 2, 5, 300, 32),  # groups of 3 query heads, 3 chunks merged
     (2, 9, 3, 17, 140, 64),  # a 17-node tree, 2 chunks
+    (2, 9, 3, 33, 200, 64),  # 99 stacked rows: two row blocks
     (1, 4, 1, 70, 90, 16),  # 280 stacked rows: beyond MAX_ROWS, SDPA
 ])
 def test_tree_attention_equals_sdpa(interpret, b, h, kv, t, s, d):

@@ -1,0 +1,44 @@
+"""Where does a tree lose acceptance on the GPU? One eagle3 tree run several ways (graphs,
+overlap, attention kernel or SDPA) on held-out ShareGPT prompts, against ar's tokens.
+    python3 scripts/gpu/diagnose_tree.py HEAD STEPS,TOPK,TOKENS [STEPS,TOPK,TOKENS ...]"""
+import json
+import os
+import sys
+import time
+
+import torch
+
+from specheads.data.chat import render
+from specheads.data.regenerate import stop_token_ids
+from specheads.heads.format import load_head
+from specheads.runtime.engine import SpecEngine
+from specheads.runtime.sampling import SamplingParams
+from specheads.target.loader import load_target
+
+target, tok, _ = load_target(os.environ["TARGET"], dtype=torch.bfloat16, device="cuda")
+head = load_head(sys.argv[1], device="cuda", dtype=torch.bfloat16)
+texts = json.load(open(".dev/prompts/sharegpt.json"))[:int(os.environ.get("N", 4))]
+prompts = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+           for t in texts]
+params = SamplingParams(max_new_tokens=int(os.environ.get("TOKENS", 128)))
+stops = stop_token_ids(tok)
+ar = [r.token_ids for r in SpecEngine(target, method="ar", max_batch=1).generate(prompts, params, stops)]
+rows = []
+for tree in sys.argv[2:]:
+    s, k, n = (int(x) for x in tree.split(","))
+    for graphs, overlap, attn in [(True, True, "triton"), (True, False, "triton"), (True, True, "sdpa"),
+                                  (False, False, "triton"), (False, False, "sdpa")]:
+        os.environ["SPECHEADS_ATTENTION"] = attn
+        eng = SpecEngine(target, head, "eagle3", num_steps=s, topk=k, num_draft_tokens=n, max_batch=1,
+                         use_graphs=graphs, overlap=overlap)
+        t0 = time.time()
+        res = eng.generate(prompts, params, stops)
+        torch.cuda.synchronize()
+        acc = sum(r.accepted_tokens for r in res) / max(sum(r.steps for r in res), 1) + 1
+        same = sum(r.token_ids == a for r, a in zip(res, ar))
+        row = dict(tree=tree, graphs=graphs, overlap=overlap, attention=attn, accept=round(acc, 3),
+                   same_as_ar=f"{same}/{len(ar)}", wall_s=round(time.time() - t0, 2))
+        rows.append(row)
+        print(row, flush=True)
+os.environ.pop("SPECHEADS_ATTENTION")
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "."), "diagnose_tree.json"), "w"), indent=1)
