@@ -3,7 +3,8 @@
 Verification writes the tree's tokens at slots base, base+1, ..., base+N (node order).
 The accepted path is nodes src[0]=0, src[1], ..., src[n-1]; afterwards entry i must sit
 at slot base+i. Sources can be destinations of other path entries (src[j] = i for some
-i < n), so every program loads all its sources before it stores anything.
+i < n), so every program loads all its sources, then waits at a barrier for all its
+threads, before it stores anything.
 
 cache: [layers, batch, kv_heads, max_len, head_dim] (the target's KVCache layout).
 """
@@ -52,6 +53,10 @@ if triton is not None:
         head_ptr = cache_ptr + layer * stride_l + b * stride_b + h * stride_h
         mask = row_ok[:, None] & col_ok[None, :]
         vals = tl.load(head_ptr + (base + src)[:, None] * stride_s + cols[None, :], mask=mask)
+        # the rows of this tile live in different warps: without a barrier one warp may store
+        # into a slot that another has yet to load (seen on an H100 as corrupted KV in trees
+        # whose accepted path skips nodes)
+        tl.debug_barrier()
         tl.store(head_ptr + (base + rows)[:, None] * stride_s + cols[None, :], vals, mask=mask)
 
     _jitted: dict = {}
