@@ -24,24 +24,34 @@ params = SamplingParams(max_new_tokens=int(os.environ.get("TOKENS", 128)))
 stops = stop_token_ids(tok)
 ar = [r.token_ids for r in SpecEngine(target, method="ar", max_batch=1).generate(prompts, params, stops)]
 rows = []
+import specheads.runtime.engine as engine_mod  # noqa: E402
+from specheads.kernels.kv_commit import commit_kv, commit_kv_reference  # noqa: E402
+
+# (graphs, overlap, attention, fused modules, triton commit)
+VARIANTS = {"base": (True, True, "triton", True, True), "no-overlap": (True, False, "triton", True, True),
+            "sdpa": (True, True, "sdpa", True, True), "eager": (False, False, "triton", True, True),
+            "unfused": (True, True, "sdpa", False, True), "torch-commit": (True, True, "triton", True, False)}
 for tree in sys.argv[2:]:
     s, k, n = (int(x) for x in tree.split(","))
-    variants = [(True, True, "triton"), (True, False, "triton"), (True, True, "sdpa"), (False, False, "triton"),
-                (False, False, "sdpa")]
-    for graphs, overlap, attn in variants[:int(os.environ.get("VARIANTS", 5))]:
+    for name in os.environ.get("VARIANTS", "base,no-overlap,sdpa,eager").split(","):
+        graphs, overlap, attn, fused, triton_commit = VARIANTS[name]
         os.environ["SPECHEADS_ATTENTION"] = attn
+        engine_mod.commit_kv = commit_kv if triton_commit else commit_kv_reference
         eng = SpecEngine(target, head, "eagle3", num_steps=s, topk=k, num_draft_tokens=n, max_batch=1,
                          use_graphs=graphs, overlap=overlap)
+        target.fused = head.fused = fused
         for rep in range(2 if os.environ.get("TWICE") else 1):  # TWICE: the benchmark's warm-up + timed run
             t0 = time.time()
             res = eng.generate(prompts, params, stops)
             torch.cuda.synchronize()
             acc = sum(r.accepted_tokens for r in res) / max(sum(r.steps for r in res), 1) + 1
             same = sum(r.token_ids == a for r, a in zip(res, ar))
-            row = dict(tree=tree, graphs=graphs, overlap=overlap, attention=attn, run=rep, accept=round(acc, 3),
+            row = dict(tree=tree, variant=name, run=rep, accept=round(acc, 3),
                        per_prompt=[round(r.mean_accept_length, 2) for r in res],
                        same_as_ar=f"{same}/{len(ar)}", wall_s=round(time.time() - t0, 2))
             rows.append(row)
             print(row, flush=True)
+        target.fused = head.fused = True
+        del eng
 os.environ.pop("SPECHEADS_ATTENTION")
 json.dump(rows, open(os.path.join(os.environ.get("OUT", "."), "diagnose_tree.json"), "w"), indent=1)
