@@ -136,10 +136,11 @@ def rmsnorm(x, weight, eps, residual=None):
     if not use_triton(x):
         return rmsnorm_reference(x, weight, eps, residual)
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
+    # the kernel walks rows n apart: a broadcast (stride-0) or sliced input must be copied first
+    x2 = x.reshape(-1, n).contiguous()
     out = torch.empty_like(x2)
     total = torch.empty_like(x2) if residual is not None else x2
-    res = residual.reshape(-1, n) if residual is not None else x2
+    res = residual.reshape(-1, n).contiguous() if residual is not None else x2
     _kernel(_rmsnorm_kernel)[(x2.shape[0],)](x2, res, weight, out, total, n, eps,
                                              HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
     return out.view(x.shape), total.view(x.shape)
@@ -164,7 +165,7 @@ def silu_mul(gate_up):
     if not use_triton(gate_up):
         return silu_mul_reference(gate_up)
     n = gate_up.shape[-1] // 2
-    gu = gate_up.reshape(-1, 2 * n)
+    gu = gate_up.reshape(-1, 2 * n).contiguous()
     out = torch.empty(gu.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n))
     _kernel(_silu_mul_kernel)[(gu.shape[0], triton.cdiv(n, block))](gu, out, n, BLOCK=block)

@@ -51,6 +51,22 @@ def test_rmsnorm_kernel_equals_reference(interpret, with_residual):
 
 
 @needs_triton
+def test_rmsnorm_kernel_takes_broadcast_and_sliced_inputs(interpret):
+    """The draft's first depth feeds one hidden state expanded over its top-k children (a
+    stride-0 view that reshape keeps as a view); rows must not be read n apart from it."""
+    g = torch.Generator().manual_seed(7)
+    h = torch.randn(1, 1, 40, generator=g).expand(1, 4, 40)
+    res = torch.randn(1, 1, 40, generator=g).expand(1, 4, 40)
+    wide = torch.randn(1, 3, 50, generator=g)[..., :40]  # row stride 50
+    w = torch.randn(40, generator=g)
+    for x, r in ((h, None), (h, res), (wide, None), (torch.randn(1, 4, 40, generator=g), res)):
+        out, total = fused.rmsnorm(x, w, 1e-5, r)
+        ref_out, ref_total = fused.rmsnorm_reference(x, w, 1e-5, r)
+        torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(total, ref_total)
+
+
+@needs_triton
 def test_rope_cache_kernel_equals_reference(interpret):
     g = torch.Generator().manual_seed(1)
     b, t, h, kv, d, s = 2, 3, 4, 2, 8, 12
