@@ -77,7 +77,13 @@ def run_hf(target_dir, prompt_ids, max_new, stops, batch: int, static_compile: b
     kwargs = dict(max_new_tokens=max_new, do_sample=False, eos_token_id=sorted(stops), pad_token_id=sorted(stops)[0])
     if static_compile:
         kwargs["cache_implementation"] = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+
+        def forward(*args, **kw):  # each call a new CUDA-graph step: the static cache persists across calls
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(*args, **kw)
+
+        model.forward = forward
     outs = []
 
     def once(ids_list):

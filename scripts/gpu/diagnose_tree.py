@@ -15,8 +15,9 @@ from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from specheads.target.loader import load_target
 
-target, tok, _ = load_target(os.environ["TARGET"], dtype=torch.bfloat16, device="cuda")
-head = load_head(sys.argv[1], device="cuda", dtype=torch.bfloat16)
+dtype = getattr(torch, os.environ.get("DTYPE", "bfloat16"))  # float32: the GPU path must equal ar exactly
+target, tok, _ = load_target(os.environ["TARGET"], dtype=dtype, device="cuda")
+head = load_head(sys.argv[1], device="cuda", dtype=dtype)
 texts = json.load(open(".dev/prompts/sharegpt.json"))[:int(os.environ.get("N", 4))]
 prompts = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
            for t in texts]
