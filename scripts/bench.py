@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from specheads.runtime.defaults import DEFAULT_TREE
+
 CODING_PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
     "Implement binary search over a sorted list in Python and explain its complexity.",
@@ -76,14 +78,10 @@ def run_hf(target_dir, prompt_ids, max_new, stops, batch: int, static_compile: b
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
     kwargs = dict(max_new_tokens=max_new, do_sample=False, eos_token_id=sorted(stops), pad_token_id=sorted(stops)[0])
     if static_compile:
+        # generate compiles the decode forward itself with a static cache (torch.compile,
+        # "reduce-overhead": CUDA graphs); compiling model.forward by hand as well crashed in
+        # transformers' cache update on torch 2.11
         kwargs["cache_implementation"] = "static"
-        compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-
-        def forward(*args, **kw):  # each call a new CUDA-graph step: the static cache persists across calls
-            torch.compiler.cudagraph_mark_step_begin()
-            return compiled(*args, **kw)
-
-        model.forward = forward
     outs = []
 
     def once(ids_list):
@@ -155,8 +153,22 @@ def verify_cost(device, dtype, ks=(1, 2, 4, 8, 16, 32, 64, 128), context=512, re
     base = rows[0]["ms"]
     for r in rows:
         r["ratio_to_k1"] = r["ms"] / base
+    # the copy-bandwidth floor on this card: reading every weight once per forward
+    buf = torch.empty(2 * 1024**3, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(buf)
+    for _ in range(3):
+        dst.copy_(buf)
+    sync()
+    t0 = time.time()
+    for _ in range(10):
+        dst.copy_(buf)
+    sync()
+    bandwidth = 2 * buf.numel() * 10 / (time.time() - t0)  # read + write bytes per second
+    del buf, dst
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"rows": rows, "weight_bytes": weight_bytes, "context": context}
+    floor_ms = weight_bytes / bandwidth * 1000
+    return {"rows": rows, "weight_bytes": weight_bytes, "context": context, "copy_bandwidth_tb_s": bandwidth / 1e12,
+            "floor_ms": floor_ms, "k1_share_of_floor": floor_ms / base}
 
 
 def main() -> None:
@@ -171,8 +183,8 @@ def main() -> None:
                     help="also eagle3-tree@STEPS,TOPK,TOKENS for other trees (a sweep)")
     ap.add_argument("--peers", nargs="*", default=["hf", "hf-static-compile"])
     ap.add_argument("--peer-batch-sizes", type=int, nargs="*", default=[1], help="batch sizes the peers run at")
-    ap.add_argument("--tree", default="5,4,16", help="num_steps,topk,num_draft_tokens of eagle3-tree")
-    ap.add_argument("--chain-steps", type=int, default=5)
+    ap.add_argument("--tree", default=",".join(map(str, DEFAULT_TREE)), help="num_steps,topk,num_draft_tokens of eagle3-tree")
+    ap.add_argument("--chain-steps", type=int, default=DEFAULT_TREE[0])
     ap.add_argument("--verify-shape", choices=["none", "llama-8b"], default="none")
     ap.add_argument("--max-len", type=int, default=None)
     ap.add_argument("--out", default="bench/result")
@@ -259,6 +271,9 @@ def main() -> None:
         save()
         for r in report["verify_cost_llama8b"]["rows"]:
             print(f"llama-8b shape: k={r['k']:>4} forward {r['ms']:.2f} ms ({r['ratio_to_k1']:.2f}x k=1)", flush=True)
+        vc = report["verify_cost_llama8b"]
+        print(f"llama-8b shape: copy bandwidth {vc['copy_bandwidth_tb_s']:.2f} TB/s, floor {vc['floor_ms']:.2f} ms, "
+              f"k=1 at {100 * vc['k1_share_of_floor']:.0f}% of it", flush=True)
     for source, prompt_ids in sources.items():
         for batch in args.peer_batch_sizes:
             for peer in args.peers:

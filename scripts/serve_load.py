@@ -26,6 +26,8 @@ from pathlib import Path
 
 import httpx
 
+from specheads.runtime.defaults import DEFAULT_TREE
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
@@ -129,9 +131,9 @@ def main() -> None:
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--target", default=None)
     ap.add_argument("--draft", default=None)
-    ap.add_argument("--num-steps", type=int, default=5)
-    ap.add_argument("--topk", type=int, default=4)
-    ap.add_argument("--num-draft-tokens", type=int, default=16)
+    ap.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0])
+    ap.add_argument("--topk", type=int, default=DEFAULT_TREE[1])
+    ap.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2])
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])

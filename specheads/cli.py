@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from specheads.runtime.defaults import DEFAULT_TREE
+
 TRAIN_DEFAULT_CONFIG = None
 
 
@@ -260,9 +262,9 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' (default: env SPECHEADS_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the `model` clients pass (default: the target's name)")
     p.add_argument("--method", choices=["eagle3", "ngram", "ar"], default=None, help="default: eagle3 with --draft, else ar")
-    p.add_argument("--num-steps", type=int, default=5, help="draft depth (requests may ask for less)")
-    p.add_argument("--topk", type=int, default=4, help="branching per node; 1 = chain")
-    p.add_argument("--num-draft-tokens", type=int, default=16, help="tree nodes verified per step (requests may ask for less)")
+    p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0], help="draft depth (requests may ask for less)")
+    p.add_argument("--topk", type=int, default=DEFAULT_TREE[1], help="branching per node; 1 = chain")
+    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2], help="tree nodes verified per step (requests may ask for less)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together")
     p.add_argument("--max-len", type=int, default=None, help="cache length per request: prompt + output")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; more get 429")
@@ -302,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-steps", type=int, default=5, help="draft depth")
-    p.add_argument("--topk", type=int, default=4, help="branching per node; 1 = chain")
-    p.add_argument("--num-draft-tokens", type=int, default=16, help="tree nodes verified per step")
+    p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0], help="draft depth")
+    p.add_argument("--topk", type=int, default=DEFAULT_TREE[1], help="branching per node; 1 = chain")
+    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2], help="tree nodes verified per step")
     p.add_argument("--static-tree", default=None, help="fixed tree, e.g. '0;1;0,0;0,1;0,0,0'")
     p.add_argument("--max-len", type=int, default=None,
                    help="cache length: prompt + output (default: the target's context, at most 4096)")

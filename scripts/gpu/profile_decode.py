@@ -20,7 +20,7 @@ head = load_head(sys.argv[1], device="cuda", dtype=torch.bfloat16)
 text = json.load(open(".dev/prompts/sharegpt.json"))[0]
 prompt = tok(render(tok, [{"role": "user", "content": text}], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
 report, tables = {}, []
-for name, kw in [("ar", dict(method="ar")), ("eagle3-tree", dict(method="eagle3", num_steps=5, topk=4, num_draft_tokens=16))]:
+for name, kw in [("ar", dict(method="ar")), ("eagle3-tree", dict(method="eagle3"))]:
     engine = SpecEngine(target, head if name != "ar" else None, max_batch=1, **kw)
     engine.add(Request(prompt, SamplingParams(max_new_tokens=400), frozenset()))
     for _ in range(20):  # prefill + captures

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specheads.kernels.kv_commit import commit_kv
+from specheads.runtime.defaults import DEFAULT_TREE
 from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
 from specheads.runtime.graphs import capture_graph, next_pow2
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, sample_rows
@@ -118,8 +119,8 @@ class _Launch:
 
 
 class SpecEngine:
-    def __init__(self, target, head=None, method: str = "eagle3", num_steps: int = 5, topk: int = 4,
-                 num_draft_tokens: int = 16, static_tree=None, max_len: int | None = None, max_batch: int = 8,
+    def __init__(self, target, head=None, method: str = "eagle3", num_steps: int = DEFAULT_TREE[0],
+                 topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], static_tree=None, max_len: int | None = None, max_batch: int = 8,
                  use_graphs: bool | None = None, overlap: bool = True):
         if method not in METHODS:
             raise EngineError(f"method {method!r} is not one of {', '.join(METHODS)}")
