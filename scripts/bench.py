@@ -83,12 +83,15 @@ def run_hf(target_dir, prompt_ids, max_new, stops, batch: int, static_compile: b
         # transformers' cache update on torch 2.11
         kwargs["cache_implementation"] = "static"
     outs = []
+    # a static cache is sized by prompt width + max_new_tokens: one width for every call, so the
+    # compiled forward is built once, not once per prompt length
+    common = max(len(x) for x in prompt_ids) if static_compile else None
 
     def once(ids_list):
         res = []
         for i in range(0, len(ids_list), batch):
             chunk = ids_list[i : i + batch]
-            width = max(len(x) for x in chunk)
+            width = common or max(len(x) for x in chunk)
             ids = torch.full((len(chunk), width), kwargs["pad_token_id"], dtype=torch.long)
             att = torch.zeros_like(ids)
             for r, x in enumerate(chunk):  # left padding for generate
