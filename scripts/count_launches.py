@@ -40,7 +40,7 @@ def main():
     from transformers import LlamaConfig
 
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
-    from specheads.kernels import fused, kv_commit
+    from specheads.kernels import attention, fused, kv_commit
     from specheads.runtime.engine import Request, SpecEngine
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.model import TargetModel
@@ -49,7 +49,8 @@ def main():
         import triton.language as tl
         from triton.runtime.interpreter import InterpretedFunction
 
-        tl.sum = InterpretedFunction(tl.sum.fn)
+        for name in ("sum", "max", "zeros"):  # library functions wrapped at import, for the GPU
+            setattr(tl, name, InterpretedFunction(getattr(tl, name).fn))
     # SmolLM2's shape with a small vocab (the count does not depend on the widths)
     cfg = LlamaConfig(vocab_size=512, hidden_size=144, intermediate_size=96, num_hidden_layers=args.layers,
                       num_attention_heads=9, num_key_value_heads=3, head_dim=16, max_position_embeddings=2048)
@@ -64,7 +65,8 @@ def main():
     engine.step()
     triton_calls = collections.Counter()
     count = Count()
-    for mod, names in ((fused, ["rmsnorm", "rope_cache", "silu_mul"]), (kv_commit, ["commit_kv_triton"])):
+    for mod, names in ((fused, ["rmsnorm", "rope_cache", "silu_mul"]), (kv_commit, ["commit_kv_triton"]),
+                       (attention, ["tree_attention"])):
         for name in names:
             real = getattr(mod, name)
 
@@ -81,6 +83,7 @@ def main():
     for m in (tm, e3):
         for name in ("rmsnorm", "rope_cache", "silu_mul"):
             setattr(m, name, getattr(fused, name))
+        m.tree_attention = attention.tree_attention
     with torch.no_grad(), count:
         n = len(engine.rows)
         engine._run(1, 128, False, head is not None or args.method == "ngram")

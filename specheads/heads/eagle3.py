@@ -164,6 +164,7 @@ class Eagle3Head(nn.Module):
             attn.qkv_weight, _ = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             mlp.gate_up_weight, _ = fuse_linears([mlp.gate_proj, mlp.up_proj])
             self.fused = True
+        self._target_ids = self.target_rows()  # draft id -> target id in one lookup while drafting
         return self
 
     def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
@@ -174,8 +175,12 @@ class Eagle3Head(nn.Module):
             )
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
+        if self.fused:
+            self._target_ids = self.target_rows()
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self._target_ids[draft_ids]
         return draft_ids + self.d2t[draft_ids]
 
     def target_rows(self) -> torch.Tensor:
@@ -187,18 +192,26 @@ class Eagle3Head(nn.Module):
             return self.lm_head(rmsnorm(hidden, self.norm.weight, self.norm.eps)[0])
         return self.lm_head(self.norm(hidden))
 
-    def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None):
+    def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None, cache_len=None):
         """One draft forward over new tokens, attending to cached keys/values plus themselves.
 
         embeds, hidden [B, T, H]; k_cache/v_cache [B, kv_heads, S, D] from earlier tokens;
         attn_mask bool [B, 1, T, S + T]. Returns (new hidden, k, v) with this step's k/v.
-        Without a cache or mask: causal over T.
+        Without a cache or mask: causal over T. With `cache_len` the caches are buffers with
+        room: entries [:cache_len] are the earlier tokens, this step's k/v are written at
+        [cache_len, cache_len + T) and the attention covers [:cache_len + T] (no concatenation).
         """
         if self.fused:
-            return self._fused_step(embeds, hidden, position_ids, k_cache, v_cache, attn_mask)
+            return self._fused_step(embeds, hidden, position_ids, k_cache, v_cache, attn_mask, cache_len)
         cos, sin = self.rotary(position_ids, embeds.dtype)
         x = self.midlayer.attn_input(embeds, hidden)
         q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
+        if cache_len is not None:
+            t = k.shape[2]
+            k_cache[:, :, cache_len: cache_len + t] = k
+            v_cache[:, :, cache_len: cache_len + t] = v
+            out = gqa_attention(q, k_cache[:, :, : cache_len + t], v_cache[:, :, : cache_len + t], attn_mask)
+            return self.midlayer.finish(out, hidden), k, v
         return self.midlayer.finish(self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
 
     def _attend(self, q, k, v, k_cache, v_cache, attn_mask):
@@ -210,7 +223,7 @@ class Eagle3Head(nn.Module):
         values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
         return gqa_attention(q, keys, values, attn_mask)
 
-    def _fused_step(self, embeds, hidden, position_ids, k_cache, v_cache, attn_mask):
+    def _fused_step(self, embeds, hidden, position_ids, k_cache, v_cache, attn_mask, cache_len=None):
         """`step` on the fused kernels; the same numbers (each op rounds where the eager one does)."""
         layer, cfg = self.midlayer, self.config
         attn, mlp = layer.self_attn, layer.mlp
@@ -218,15 +231,24 @@ class Eagle3Head(nn.Module):
         n_kv, d = cfg.num_key_value_heads, cfg.head_dim
         x = torch.cat([rmsnorm(embeds, layer.input_layernorm.weight, layer.input_layernorm.eps)[0],
                        rmsnorm(hidden, layer.hidden_norm.weight, layer.hidden_norm.eps)[0]], dim=-1)
-        k = torch.empty(b, n_kv, t, d, dtype=embeds.dtype, device=embeds.device)
-        v = torch.empty_like(k)
-        slots = torch.arange(t, device=embeds.device).expand(b, t)
-        q = rope_cache(F.linear(x, attn.qkv_weight), self.rotary.cos[position_ids], self.rotary.sin[position_ids],
-                       k, v, slots, cfg.num_attention_heads, n_kv, d)
-        if attn_mask is None or k_cache is None:
-            out = self._attend(q, k, v, k_cache, v_cache, attn_mask)
-        else:  # the draft tree's queries over the head's cache and this step's keys
-            out = tree_attention(q, torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2), attn_mask)
+        qkv = F.linear(x, attn.qkv_weight)
+        if cache_len is not None:  # rotary k/v go straight into the buffer after the earlier entries
+            end = cache_len + t
+            slots = torch.arange(cache_len, end, device=embeds.device).expand(b, t)
+            q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache, slots,
+                           cfg.num_attention_heads, n_kv, d)
+            out = tree_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask)
+            k, v = k_cache[:, :, cache_len:end], v_cache[:, :, cache_len:end]
+        else:
+            k = torch.empty(b, n_kv, t, d, dtype=embeds.dtype, device=embeds.device)
+            v = torch.empty_like(k)
+            slots = torch.arange(t, device=embeds.device).expand(b, t)
+            q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, k, v, slots,
+                           cfg.num_attention_heads, n_kv, d)
+            if attn_mask is None or k_cache is None:
+                out = self._attend(q, k, v, k_cache, v_cache, attn_mask)
+            else:  # the draft tree's queries over the head's cache and this step's keys
+                out = tree_attention(q, torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2), attn_mask)
         o = attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         normed, h = rmsnorm(o, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, hidden)
         return h + mlp.down_proj(silu_mul(F.linear(normed, mlp.gate_up_weight))), k, v

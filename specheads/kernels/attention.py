@@ -11,7 +11,7 @@ softmaxes. With a single chunk the first kernel writes the output itself.
   q     [B, H, T, D]      (any strides; last dim contiguous)
   k, v  [B, KV, S, D]     (cache views; last dim contiguous)
   mask  bool [B or 1, 1, T, S]  True = attend; every query must see at least one key
-  ->    [B, H, T, D] in q's dtype
+  ->    [B, H, T, D] in q's dtype (a view of [B, T, H, D] memory on the Triton path)
 """
 
 from __future__ import annotations
@@ -133,7 +133,9 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     mask = mask.expand(-1, 1, t, n_keys) if mask.shape[2] == 1 else mask
     if mask.stride(-1) != 1:
         mask = mask.contiguous()
-    out = torch.empty(b, h, t, d, dtype=q.dtype, device=q.device)
+    # written token-major ([B, T, H, D] memory): the output projection then reads it as
+    # [B, T, H * D] without a copy (out.transpose(1, 2).reshape(...) is a view)
+    out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     # a fixed row block: a row's arithmetic is then the same whether it sits in a 1-token
     # decode or a 33-node tree (only its keys differ), so fewer near-ties flip between the two
     block_m = 16

@@ -40,10 +40,11 @@ def rmsnorm_reference(x, weight, eps, residual=None):
     return rms_norm(x, weight, eps), x
 
 
-def rope_cache_reference(qkv, cos, sin, k_cache, v_cache, slots, n_heads, n_kv, head_dim):
-    """qkv [B, T, (H + 2 KV) D]; cos, sin [B, T, D] float32; caches [B', KV, S, D]; slots [B, T].
-    Writes rotated k and v at their slots; returns rotated q [B, H, T, D]."""
+def rope_cache_reference(qkv, cos_table, sin_table, positions, k_cache, v_cache, slots, n_heads, n_kv, head_dim):
+    """qkv [B, T, (H + 2 KV) D]; cos/sin tables [P, D] float32; positions, slots [B, T];
+    caches [B', KV, S, D]. Writes rotated k and v at their slots; returns rotated q [B, H, T, D]."""
     b, t, _ = qkv.shape
+    cos, sin = cos_table[positions], sin_table[positions]
     q, k, v = qkv.split([n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], dim=-1)
     c, s = cos[:, None].to(qkv.dtype), sin[:, None].to(qkv.dtype)
     q = apply_rotary(q.view(b, t, n_heads, head_dim).transpose(1, 2), c, s)
@@ -79,8 +80,8 @@ if triton is not None:
         w = tl.load(w_ptr + cols, mask=ok, other=0.0)
         tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=ok)
 
-    def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr, n_tok,
-                           s_qb, s_qh, s_qt, s_cb, s_ch, s_cs,
+    def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr, n_tok,
+                           s_pb, s_pt, s_sb, s_st, s_qb, s_qh, s_qt, s_cb, s_ch, s_cs,
                            N_HEADS: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
         row = tl.program_id(0)  # one (batch row, token)
         head = tl.program_id(1)  # q heads, then k heads, then v heads
@@ -90,13 +91,14 @@ if triton is not None:
         src = qkv_ptr + row * (N_HEADS + 2 * N_KV) * D + head * D
         x1 = tl.load(src + d)
         x2 = tl.load(src + HALF + d)
-        slot = tl.load(slot_ptr + row)
+        slot = tl.load(slot_ptr + b * s_sb + t * s_st)
         if head < N_HEADS + N_KV:
             dt = x1.dtype
-            c1 = tl.load(cos_ptr + row * D + d).to(dt).to(tl.float32)
-            c2 = tl.load(cos_ptr + row * D + HALF + d).to(dt).to(tl.float32)
-            s1 = tl.load(sin_ptr + row * D + d).to(dt).to(tl.float32)
-            s2 = tl.load(sin_ptr + row * D + HALF + d).to(dt).to(tl.float32)
+            pos = tl.load(pos_ptr + b * s_pb + t * s_pt)  # the table row: no gather kernel before this one
+            c1 = tl.load(cos_ptr + pos * D + d).to(dt).to(tl.float32)
+            c2 = tl.load(cos_ptr + pos * D + HALF + d).to(dt).to(tl.float32)
+            s1 = tl.load(sin_ptr + pos * D + d).to(dt).to(tl.float32)
+            s2 = tl.load(sin_ptr + pos * D + HALF + d).to(dt).to(tl.float32)
             a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
             # x * cos + rotate_half(x) * sin, rounded after each op as the eager module is
             o1 = ((a1 * c1).to(dt).to(tl.float32) + (-a2 * s1).to(dt).to(tl.float32)).to(dt)
@@ -146,16 +148,17 @@ def rmsnorm(x, weight, eps, residual=None):
     return out.view(x.shape), total.view(x.shape)
 
 
-def rope_cache(qkv, cos, sin, k_cache, v_cache, slots, n_heads, n_kv, head_dim):
+def rope_cache(qkv, cos_table, sin_table, positions, k_cache, v_cache, slots, n_heads, n_kv, head_dim):
     if not use_triton(qkv):
-        return rope_cache_reference(qkv, cos, sin, k_cache, v_cache, slots, n_heads, n_kv, head_dim)
+        return rope_cache_reference(qkv, cos_table, sin_table, positions, k_cache, v_cache, slots, n_heads, n_kv,
+                                    head_dim)
     b, t, _ = qkv.shape
-    assert qkv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    assert qkv.is_contiguous() and cos_table.is_contiguous() and sin_table.is_contiguous()
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     q = torch.empty(b, n_heads, t, head_dim, dtype=qkv.dtype, device=qkv.device)
-    slots = slots.contiguous()
     _kernel(_rope_cache_kernel)[(b * t, n_heads + 2 * n_kv)](
-        qkv, cos, sin, q, k_cache, v_cache, slots, t,
+        qkv, cos_table, sin_table, positions, q, k_cache, v_cache, slots, t,
+        positions.stride(0), positions.stride(1), slots.stride(0), slots.stride(1),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         N_HEADS=n_heads, N_KV=n_kv, D=head_dim, HALF=head_dim // 2)
     return q

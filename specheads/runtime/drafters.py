@@ -106,7 +106,10 @@ class Eagle3Drafter:
     # ................................................................. state
     def allocate(self, rows: int, cap: int, device, dtype) -> None:
         cfg = self.head.config
-        self.k = torch.zeros(rows, self.n_kv, cap, self.head_dim, device=device, dtype=dtype)
+        # room after any context bucket (<= cap) for the draft tree's own entries: each depth
+        # writes its keys there and attends over [:bucket + entries so far], with no copy
+        self.tree_room = (self.steps - 1) * self.topk if not self.static else len(self.static)
+        self.k = torch.zeros(rows, self.n_kv, cap + self.tree_room, self.head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.committed = torch.zeros(rows, dtype=torch.long, device=device)  # entries in the cache
         self.pending_aux = torch.zeros(rows, self.width, 3 * cfg.target_hidden_size, device=device, dtype=dtype)
@@ -195,8 +198,7 @@ class Eagle3Drafter:
         dtype = self.k.dtype
         base = self.committed[:b]  # == the target's committed length
         ctx_mask = torch.arange(kv, device=dev)[None, None, :] < base[:, None, None]
-        k_cache, v_cache = self.k[:b, :, :kv], self.v[:b, :, :kv]
-
+        k_cache, v_cache = self.k[:b], self.v[:b]  # [:kv] the context, then room for the tree
         logp = self._log_probs(h_last)[:, 0]  # [B, Vd]
         if self.static:
             return self._static(h_last, logp, ctx_mask, base, roots, k_cache, v_cache)
@@ -210,15 +212,12 @@ class Eagle3Drafter:
         front_anc = torch.zeros(b, self.topk, 0, dtype=torch.bool, device=dev)
         own = torch.eye(self.topk, dtype=torch.bool, device=dev).expand(b, -1, -1)
         parent_front = torch.arange(self.topk, device=dev).repeat_interleave(self.topk).expand(b, -1)
-        tree_k, tree_v = [], []
         n_pool = self.topk
         for d in range(1, self.steps):
             mask = torch.cat([ctx_mask.expand(b, self.topk, kv), front_anc, own], 2)[:, None]
             positions = (base - 1 + d)[:, None].expand(b, self.topk)
             out, k, v = head.step(self.embed(front_tok).to(dtype), front_hidden, positions,
-                                  torch.cat([k_cache] + tree_k, 2), torch.cat([v_cache] + tree_v, 2), attn_mask=mask)
-            tree_k.append(k)
-            tree_v.append(v)
+                                  k_cache, v_cache, attn_mask=mask, cache_len=kv + (d - 1) * self.topk)
             lp, ids = self._log_probs(out).topk(self.topk, dim=-1)  # [B, K, K]
             scores = (front_score[:, :, None] + lp).reshape(b, -1)
             child_tok = head.draft_to_target(ids).reshape(b, -1)
@@ -272,15 +271,14 @@ class Eagle3Drafter:
         tokens[:, plan.first] = head.draft_to_target(ids[:, plan.first_rank])
         hidden = torch.zeros(b, 1 + plan.n, h_last.shape[-1], dtype=h_last.dtype, device=roots.device)
         hidden[:, 0] = h_last[:, 0]
-        tree_k, tree_v = [], []
+        length = kv
         for d, lv in enumerate(plan.levels, start=1):
             m = lv.nodes.numel()
             mask = torch.cat([ctx_mask.expand(b, m, kv), lv.anc.expand(b, -1, -1)], 2)[:, None]
             positions = (base - 1 + d)[:, None].expand(b, m)
             out, k, v = head.step(self.embed(tokens[:, lv.nodes]).to(dtype), hidden[:, lv.parent_slot], positions,
-                                  torch.cat([k_cache] + tree_k, 2), torch.cat([v_cache] + tree_v, 2), attn_mask=mask)
-            tree_k.append(k)
-            tree_v.append(v)
+                                  k_cache, v_cache, attn_mask=mask, cache_len=length)
+            length += m
             hidden[:, 1 + lv.nodes] = out
             ids = self._log_probs(out).topk(lv.ranks, dim=-1).indices  # [B, m, ranks]
             tokens[:, lv.kids] = head.draft_to_target(ids[:, lv.kid_row, lv.kid_rank])

@@ -301,7 +301,6 @@ class TargetModel(nn.Module):
         spec = self.spec
         b, t = input_ids.shape
         h_q, h_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
-        cos, sin = self.rotary.cos[position_ids], self.rotary.sin[position_ids]
         slots = position_ids if cache_slots is None else cache_slots
         if attn_mask is None:
             attn_mask = causal_cache_mask(position_ids, kv_len)
@@ -312,7 +311,8 @@ class TargetModel(nn.Module):
         for i, layer in enumerate(self.model.layers):
             a, m = layer.self_attn, layer.mlp
             h, x = rmsnorm(x, layer.input_layernorm.weight, layer.input_layernorm.eps, delta)
-            q = rope_cache(F.linear(h, a.qkv_weight, a.qkv_bias), cos, sin, cache.k[i], cache.v[i], slots,
+            q = rope_cache(F.linear(h, a.qkv_weight, a.qkv_bias), self.rotary.cos, self.rotary.sin, position_ids,
+                           cache.k[i], cache.v[i], slots,
                            h_q, h_kv, d)
             o = tree_attention(q, cache.k[i, :b, :, :kv_len], cache.v[i, :b, :, :kv_len], attn_mask)
             o = a.o_proj(o.transpose(1, 2).reshape(b, t, h_q * d))

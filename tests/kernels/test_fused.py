@@ -71,11 +71,19 @@ def test_rope_cache_kernel_equals_reference(interpret):
     g = torch.Generator().manual_seed(1)
     b, t, h, kv, d, s = 2, 3, 4, 2, 8, 12
     qkv = torch.randn(b, t, (h + 2 * kv) * d, generator=g)
-    cos, sin = torch.randn(b, t, d, generator=g), torch.randn(b, t, d, generator=g)
+    cos, sin = torch.randn(20, d, generator=g), torch.randn(20, d, generator=g)  # tables of 20 positions
+    positions = torch.tensor([[3, 4, 4], [17, 0, 9]])
     slots = torch.tensor([[4, 5, 7], [0, 9, 10]])
     caches = [torch.full((3, kv, s, d), -7.0) for _ in range(4)]  # 3 rows: the kernel may write rows [:b] only
-    q = fused.rope_cache(qkv, cos, sin, caches[0], caches[1], slots, h, kv, d)
-    q_ref = fused.rope_cache_reference(qkv, cos, sin, caches[2], caches[3], slots, h, kv, d)
+    q = fused.rope_cache(qkv, cos, sin, positions, caches[0], caches[1], slots, h, kv, d)
+    q_ref = fused.rope_cache_reference(qkv, cos, sin, positions, caches[2], caches[3], slots, h, kv, d)
+    # positions and slots broadcast over the batch (stride 0), as a draft depth passes them
+    pos_b, slots_b = torch.tensor([5, 6, 6]).expand(b, t), torch.tensor([1, 2, 3]).expand(b, t)
+    caches_b = [torch.full((3, kv, s, d), -7.0) for _ in range(4)]
+    q_b = fused.rope_cache(qkv, cos, sin, pos_b, caches_b[0], caches_b[1], slots_b, h, kv, d)
+    q_b_ref = fused.rope_cache_reference(qkv, cos, sin, pos_b, caches_b[2], caches_b[3], slots_b, h, kv, d)
+    torch.testing.assert_close(q_b, q_b_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches_b[0], caches_b[2], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(caches[0], caches[2], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(caches[1], caches[3])
