@@ -29,7 +29,8 @@ if triton is not None:
 
     from specheads.kernels.fused import _kernel
 
-CHUNK = 128  # keys per split-K program
+# keys per split-K program (a tuning knob: SPECHEADS_ATTN_CHUNK, a power of two >= 64)
+CHUNK = int(os.environ.get("SPECHEADS_ATTN_CHUNK", 128))
 MAX_ROWS = 256  # stacked query rows (heads of a group x tokens) above which SDPA serves better
 
 
