@@ -174,4 +174,17 @@ def test_fused_head_step_equals_eager(kernels, monkeypatch):
             ref, got = eager.step(*args), fused_head.step(*args)
         for r, x in zip(ref, got):
             torch.testing.assert_close(x, r, rtol=1e-5, atol=1e-5)
+    # a buffer with room (how a draft depth runs): this step's k/v written at [s, s + t), the
+    # same numbers as the concatenating call; a broadcast hidden and positions, as depth 1 has
+    bufs = [torch.cat([c, torch.full((b, n_kv, t + 2, d), 9.0)], 2) for c in (k_cache, v_cache) for _ in range(2)]
+    one_hid, one_pos = hid[:, :1].expand(b, t, h), pos[:, :1].expand(b, t)
+    with torch.no_grad():
+        ref = eager.step(emb, one_hid, one_pos, bufs[0], bufs[2], mask, cache_len=s)
+        got = fused_head.step(emb, one_hid, one_pos, bufs[1], bufs[3], mask, cache_len=s)
+        cat = eager.step(emb, one_hid, one_pos, k_cache, v_cache, mask)
+    for r, x, c in zip(ref, got, cat):
+        torch.testing.assert_close(x, r, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r, c, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bufs[1], bufs[0], rtol=1e-5, atol=1e-5)  # same k written in place
+    assert (bufs[1][:, :, s + t:] == 9.0).all()  # nothing past this step's entries
     assert fused_head.fused and not eager.fused
