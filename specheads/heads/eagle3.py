@@ -22,7 +22,7 @@ from torch import nn
 
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
-from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
+from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, repeat_kv,
                                rope_inv_freq)
 
 
@@ -210,7 +210,7 @@ class Eagle3Head(nn.Module):
             t = k.shape[2]
             k_cache[:, :, cache_len: cache_len + t] = k
             v_cache[:, :, cache_len: cache_len + t] = v
-            out = gqa_attention(q, k_cache[:, :, : cache_len + t], v_cache[:, :, : cache_len + t], attn_mask)
+            out = tree_attention(q, k_cache[:, :, : cache_len + t], v_cache[:, :, : cache_len + t], attn_mask)
             return self.midlayer.finish(out, hidden), k, v
         return self.midlayer.finish(self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
 
@@ -221,7 +221,7 @@ class Eagle3Head(nn.Module):
             return F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), is_causal=True)
         keys = k if k_cache is None else torch.cat([k_cache, k], dim=2)
         values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
-        return gqa_attention(q, keys, values, attn_mask)
+        return tree_attention(q, keys, values, attn_mask)  # the torch reference off the GPU
 
     def _fused_step(self, embeds, hidden, position_ids, k_cache, v_cache, attn_mask, cache_len=None):
         """`step` on the fused kernels; the same numbers (each op rounds where the eager one does)."""
@@ -245,10 +245,7 @@ class Eagle3Head(nn.Module):
             slots = torch.arange(t, device=embeds.device).expand(b, t)
             q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, k, v, slots,
                            cfg.num_attention_heads, n_kv, d)
-            if attn_mask is None or k_cache is None:
-                out = self._attend(q, k, v, k_cache, v_cache, attn_mask)
-            else:  # the draft tree's queries over the head's cache and this step's keys
-                out = tree_attention(q, torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2), attn_mask)
+            out = self._attend(q, k, v, k_cache, v_cache, attn_mask)
         o = attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         normed, h = rmsnorm(o, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, hidden)
         return h + mlp.down_proj(silu_mul(F.linear(normed, mlp.gate_up_weight))), k, v

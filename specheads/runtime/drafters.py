@@ -216,7 +216,7 @@ class Eagle3Drafter:
         for d in range(1, self.steps):
             mask = torch.cat([ctx_mask.expand(b, self.topk, kv), front_anc, own], 2)[:, None]
             positions = (base - 1 + d)[:, None].expand(b, self.topk)
-            out, k, v = head.step(self.embed(front_tok).to(dtype), front_hidden, positions,
+            out, _, _ = head.step(self.embed(front_tok).to(dtype), front_hidden, positions,
                                   k_cache, v_cache, attn_mask=mask, cache_len=kv + (d - 1) * self.topk)
             lp, ids = self._log_probs(out).topk(self.topk, dim=-1)  # [B, K, K]
             scores = (front_score[:, :, None] + lp).reshape(b, -1)
@@ -276,7 +276,7 @@ class Eagle3Drafter:
             m = lv.nodes.numel()
             mask = torch.cat([ctx_mask.expand(b, m, kv), lv.anc.expand(b, -1, -1)], 2)[:, None]
             positions = (base - 1 + d)[:, None].expand(b, m)
-            out, k, v = head.step(self.embed(tokens[:, lv.nodes]).to(dtype), hidden[:, lv.parent_slot], positions,
+            out, _, _ = head.step(self.embed(tokens[:, lv.nodes]).to(dtype), hidden[:, lv.parent_slot], positions,
                                   k_cache, v_cache, attn_mask=mask, cache_len=length)
             length += m
             hidden[:, 1 + lv.nodes] = out

@@ -120,8 +120,9 @@ class _Launch:
 
 class SpecEngine:
     def __init__(self, target, head=None, method: str = "eagle3", num_steps: int = DEFAULT_TREE[0],
-                 topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], static_tree=None, max_len: int | None = None, max_batch: int = 8,
-                 use_graphs: bool | None = None, overlap: bool = True):
+                 topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], static_tree=None,
+                 max_len: int | None = None, max_batch: int = 8, use_graphs: bool | None = None,
+                 overlap: bool = True):
         if method not in METHODS:
             raise EngineError(f"method {method!r} is not one of {', '.join(METHODS)}")
         if max_batch < 1:
@@ -242,9 +243,13 @@ class SpecEngine:
 
     def _may_run_ahead(self) -> bool:
         # every row keeps budget for the step in flight (depth + 1 tokens at most) and one more
-        on_device = self.drafter is None or getattr(self.drafter, "on_device", False)
-        return self.overlap and on_device and not self.waiting and all(
+        return self.overlap and not self._host_drafts and not self.waiting and all(
             r.emitted + self.depth + 1 < r.budget for r in self.rows)
+
+    @property
+    def _host_drafts(self) -> bool:
+        """The drafter proposes on the host (it needs the tokens of the step before)."""
+        return self.drafter is not None and not getattr(self.drafter, "on_device", False)
 
     def _launch(self, ahead: int) -> _Launch:
         """Queue one step for the active rows; `ahead` steps are in flight before it."""
@@ -256,7 +261,7 @@ class SpecEngine:
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         draft = any(r.speculate for r in self.rows)
-        if draft and not getattr(self.drafter, "on_device", False):
+        if draft and self._host_drafts:
             self._host_tree(n, b)
         out = self._run(b, kv, sampled, draft)
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end

@@ -8,14 +8,14 @@ import logging
 import uvicorn
 
 from specheads.runtime.defaults import DEFAULT_TREE
-
 from specheads.server.app import ServerConfig, create_app
 
 log = logging.getLogger(__name__)
 
 
 def load_engine(target: str | None, draft: str | None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
-                topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], max_batch: int = 8, max_len: int | None = None):
+                topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], max_batch: int = 8,
+                max_len: int | None = None):
     """(engine, tokenizer, target folder) on the GPU if there is one."""
     import torch
 
