@@ -40,7 +40,7 @@ def main():
     from transformers import LlamaConfig
 
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
-    from specheads.kernels import attention, fused, kv_commit
+    from specheads.kernels import attention, draft, fused, kv_commit, tree_mask
     from specheads.runtime.engine import Request, SpecEngine
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.model import TargetModel
@@ -49,7 +49,7 @@ def main():
         import triton.language as tl
         from triton.runtime.interpreter import InterpretedFunction
 
-        for name in ("sum", "max", "zeros"):  # library functions wrapped at import, for the GPU
+        for name in ("sum", "max", "min", "zeros"):  # library functions wrapped at import, for the GPU
             setattr(tl, name, InterpretedFunction(getattr(tl, name).fn))
     # SmolLM2's shape with a small vocab (the count does not depend on the widths)
     cfg = LlamaConfig(vocab_size=512, hidden_size=144, intermediate_size=96, num_hidden_layers=args.layers,
@@ -66,7 +66,8 @@ def main():
     triton_calls = collections.Counter()
     count = Count()
     for mod, names in ((fused, ["rmsnorm", "rope_cache", "silu_mul"]), (kv_commit, ["commit_kv_triton"]),
-                       (attention, ["tree_attention"])):
+                       (attention, ["tree_attention"]), (draft, ["head_input", "topk_expand", "select_tree"]),
+                       (tree_mask, ["tree_masks"])):
         for name in names:
             real = getattr(mod, name)
 
@@ -84,6 +85,10 @@ def main():
         for name in ("rmsnorm", "rope_cache", "silu_mul"):
             setattr(m, name, getattr(fused, name))
         m.tree_attention = attention.tree_attention
+    import specheads.runtime.drafters as dr
+    import specheads.runtime.engine as en
+    e3.head_input, dr.topk_expand, dr.select_tree = draft.head_input, draft.topk_expand, draft.select_tree
+    en.tree_masks = tree_mask.tree_masks
     with torch.no_grad(), count:
         n = len(engine.rows)
         engine._run(1, 128, False, head is not None or args.method == "ngram")

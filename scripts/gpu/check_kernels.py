@@ -52,3 +52,33 @@ for trial in range(200):
     commit_kv_triton(cache, base.to(dev), src.to(dev), n_acc.to(dev))
     bad += int(not torch.equal(cache, ref))
 print(f"kv commit: {bad} of 200 trials differ from the reference")
+
+# The draft loop's kernels at the default tree's shapes (draft vocab 32000, k = 8)
+from specheads.kernels import draft  # noqa: E402
+
+for b, n in [(1, 1), (1, 8), (8, 8)]:
+    k, vocab, ctx, width = 8, 32000, 300, 16 if n > 1 else 0
+    logits = (torch.randn(b, n, vocab, device=dev) * 4).to(torch.bfloat16)
+    score, pool_in = -torch.rand(b, n, device=dev) * 5, torch.randint(0, 100, (b, n), device=dev)
+    tid = torch.randperm(49152, device=dev)[:vocab].contiguous()
+    src = torch.rand(b, k, ctx + width + k, device=dev) < 0.5
+    results = []
+    for fn in (draft.topk_expand, draft.topk_expand_reference):
+        pools = [torch.zeros(b, n * k, dtype=dt, device=dev) for dt in (torch.long, torch.float32, torch.long)]
+        dst = torch.zeros_like(src)
+        out = fn(logits, score, pool_in, k, tid, *pools, 9, src, dst, ctx, width)
+        results.append((out, pools, dst))
+    (o1, p1, m1), (o2, p2, m2) = results
+    same = all(torch.equal(x, y) for x, y in zip(o1, o2) if x.dtype != torch.float32)
+    same &= torch.equal(p1[0], p2[0]) and torch.equal(p1[2], p2[2]) and torch.equal(m1, m2)
+    err = max((o1[1] - o2[1]).abs().max().item(), (p1[1] - p2[1]).abs().max().item())
+    print(f"topk_expand b={b} n={n}: ids/parents/mask equal {same}, max score error {err:.2e}", flush=True)
+for dtype in (torch.float32, torch.bfloat16):
+    table = torch.randn(49152, 576, device=dev, dtype=dtype)
+    hidden = torch.randn(8, 8, 576, device=dev, dtype=dtype)
+    tokens = torch.randint(0, 49152, (8, 8), device=dev)
+    rows = torch.randint(0, 8, (8, 8), device=dev)
+    w1, w2 = torch.randn(576, device=dev, dtype=dtype), torch.randn(576, device=dev, dtype=dtype)
+    x, _ = draft.head_input(tokens, table, hidden, rows, w1, 1e-5, w2, 1e-5)
+    ref, _ = draft.head_input_reference(tokens, table, hidden, rows, w1, 1e-5, w2, 1e-5)
+    print(f"head_input {dtype}: max abs err {(x.float() - ref.float()).abs().max().item():.2e}")

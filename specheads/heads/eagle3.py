@@ -7,7 +7,8 @@
     logits  = lm_head(norm(h'))                                       over the draft vocab
     next step feeds on h' (pre-norm), not on fc again.
 
-The token embedding is the target's (frozen, shared, never saved): callers pass embeddings.
+The token embedding is the target's (frozen, shared, never saved): callers pass embeddings
+(`draft_step` takes token ids and the table).
 Parameter names match the checkpoint layout SGLang and vLLM load (`fc`, `midlayer.*`,
 `norm`, `lm_head`, buffers `d2t`, `t2d`).
 """
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.kernels.attention import tree_attention
+from specheads.kernels.draft import head_input, head_input_reference
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, repeat_kv,
                                rope_inv_freq)
@@ -192,27 +194,45 @@ class Eagle3Head(nn.Module):
             return self.lm_head(rmsnorm(hidden, self.norm.weight, self.norm.eps)[0])
         return self.lm_head(self.norm(hidden))
 
-    def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None, cache_len=None):
-        """One draft forward over new tokens, attending to cached keys/values plus themselves.
+    def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None):
+        """One forward over new tokens, attending to cached keys/values plus themselves
+        (training and the prompt's feed; drafting runs `draft_step`).
 
         embeds, hidden [B, T, H]; k_cache/v_cache [B, kv_heads, S, D] from earlier tokens;
         attn_mask bool [B, 1, T, S + T]. Returns (new hidden, k, v) with this step's k/v.
-        Without a cache or mask: causal over T. With `cache_len` the caches are buffers with
-        room: entries [:cache_len] are the earlier tokens, this step's k/v are written at
-        [cache_len, cache_len + T) and the attention covers [:cache_len + T] (no concatenation).
-        """
+        Without a cache or mask: causal over T."""
         if self.fused:
-            return self._fused_step(embeds, hidden, position_ids, k_cache, v_cache, attn_mask, cache_len)
+            return self._fused_step(embeds, hidden, position_ids, k_cache, v_cache, attn_mask)
         cos, sin = self.rotary(position_ids, embeds.dtype)
         x = self.midlayer.attn_input(embeds, hidden)
         q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
-        if cache_len is not None:
-            t = k.shape[2]
-            k_cache[:, :, cache_len: cache_len + t] = k
-            v_cache[:, :, cache_len: cache_len + t] = v
-            out = tree_attention(q, k_cache[:, :, : cache_len + t], v_cache[:, :, : cache_len + t], attn_mask)
-            return self.midlayer.finish(out, hidden), k, v
         return self.midlayer.finish(self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
+
+    def draft_step(self, tokens, embed_weight, hidden, rows, position_ids, k_cache, v_cache, slots, attn_mask):
+        """One draft depth over a KV buffer, in place: token ids [B, T] are embedded with the
+        target's table; node t's hidden input is hidden[b, rows[b, t]] (rows None: hidden is
+        [B, T, H] itself); its k/v are written at `slots` [B, T] of k_cache/v_cache
+        [B, kv_heads, S, D]; it attends to entries [:W] under attn_mask bool [B, 1, T, W].
+        Returns the new hidden [B, T, H]."""
+        layer, cfg = self.midlayer, self.config
+        attn, mlp = layer.self_attn, layer.mlp
+        ln, hn = layer.input_layernorm, layer.hidden_norm
+        b, t = tokens.shape
+        n_kv, d = cfg.num_key_value_heads, cfg.head_dim
+        span = attn_mask.shape[-1]
+        if not self.fused:  # the torch modules, op by op (the reference of the fused path)
+            x, hid = head_input_reference(tokens, embed_weight, hidden, rows, ln.weight, ln.eps, hn.weight, hn.eps)
+            cos, sin = self.rotary(position_ids, x.dtype)
+            q, k, v = attn.qkv(x, cos, sin)
+            idx = slots[:, None, :, None].expand(b, n_kv, t, d)
+            k_cache.scatter_(2, idx, k)
+            v_cache.scatter_(2, idx, v)
+            return layer.finish(tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask), hid)
+        x, hid = head_input(tokens, embed_weight, hidden, rows, ln.weight, ln.eps, hn.weight, hn.eps)
+        q = rope_cache(F.linear(x, attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache,
+                       slots, cfg.num_attention_heads, n_kv, d)
+        out = tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask)
+        return self._fused_finish(out, hid)
 
     def _attend(self, q, k, v, k_cache, v_cache, attn_mask):
         """This step's queries over the cached keys/values plus this step's; causal without either."""
@@ -223,29 +243,25 @@ class Eagle3Head(nn.Module):
         values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
         return tree_attention(q, keys, values, attn_mask)  # the torch reference off the GPU
 
-    def _fused_step(self, embeds, hidden, position_ids, k_cache, v_cache, attn_mask, cache_len=None):
+    def _fused_step(self, embeds, hidden, position_ids, k_cache, v_cache, attn_mask):
         """`step` on the fused kernels; the same numbers (each op rounds where the eager one does)."""
         layer, cfg = self.midlayer, self.config
-        attn, mlp = layer.self_attn, layer.mlp
         b, t, _ = embeds.shape
         n_kv, d = cfg.num_key_value_heads, cfg.head_dim
         x = torch.cat([rmsnorm(embeds, layer.input_layernorm.weight, layer.input_layernorm.eps)[0],
                        rmsnorm(hidden, layer.hidden_norm.weight, layer.hidden_norm.eps)[0]], dim=-1)
-        qkv = F.linear(x, attn.qkv_weight)
-        if cache_len is not None:  # rotary k/v go straight into the buffer after the earlier entries
-            end = cache_len + t
-            slots = torch.arange(cache_len, end, device=embeds.device).expand(b, t)
-            q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache, slots,
-                           cfg.num_attention_heads, n_kv, d)
-            out = tree_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask)
-            k, v = k_cache[:, :, cache_len:end], v_cache[:, :, cache_len:end]
-        else:
-            k = torch.empty(b, n_kv, t, d, dtype=embeds.dtype, device=embeds.device)
-            v = torch.empty_like(k)
-            slots = torch.arange(t, device=embeds.device).expand(b, t)
-            q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, k, v, slots,
-                           cfg.num_attention_heads, n_kv, d)
-            out = self._attend(q, k, v, k_cache, v_cache, attn_mask)
-        o = attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-        normed, h = rmsnorm(o, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, hidden)
-        return h + mlp.down_proj(silu_mul(F.linear(normed, mlp.gate_up_weight))), k, v
+        k = torch.empty(b, n_kv, t, d, dtype=embeds.dtype, device=embeds.device)
+        v = torch.empty_like(k)
+        slots = torch.arange(t, device=embeds.device).expand(b, t)
+        q = rope_cache(F.linear(x, layer.self_attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k, v,
+                       slots, cfg.num_attention_heads, n_kv, d)
+        return self._fused_finish(self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
+
+    def _fused_finish(self, attn_out, residual):
+        """Layer.finish on the fused kernels: o_proj, residual add + norm, silu*mul MLP."""
+        layer = self.midlayer
+        b, _, t, _ = attn_out.shape
+        o = layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
+        ln = layer.post_attention_layernorm
+        normed, h = rmsnorm(o, ln.weight, ln.eps, residual)
+        return h + layer.mlp.down_proj(silu_mul(F.linear(normed, layer.mlp.gate_up_weight)))

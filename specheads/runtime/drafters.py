@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from specheads.kernels.draft import select_tree, topk_expand
 from specheads.runtime.tree import Tree, chain_tree, parse_static_tree
 
 
@@ -117,6 +118,10 @@ class Eagle3Drafter:
         self.pending_n = torch.ones(rows, dtype=torch.long, device=device)
         if self.static:
             self._static_plan = _StaticPlan(self.static, device)
+        else:  # the candidate pool: the root's k children, then k * k children per deeper depth
+            k = self.topk
+            self.pool_depth = torch.tensor([1] * k + [d for d in range(2, self.steps + 1) for _ in range(k * k)],
+                                           device=device)
 
     def state(self) -> list[torch.Tensor]:
         """The small per-row tensors a step changes (the engine snapshots them around graph warm-up)."""
@@ -166,124 +171,92 @@ class Eagle3Drafter:
 
     # ................................................................. drafting
     def _feed(self, b: int, kv: int) -> torch.Tensor:
-        """Run rows [:b]'s pending entries through the head and store their K/V; returns the
-        hidden of each row's last entry [b, 1, H] (it predicts the root's children)."""
-        head, dtype = self.head, self.k.dtype
-        p = self.width
-        dev = self.k.device
+        """Run rows [:b]'s pending entries through the head, their K/V written in place at
+        their positions; returns the hidden of each row's last entry [b, 1, H] (it predicts
+        the root's children). Padding entries (past a row's count) are written beyond its
+        committed length, where the next step's entries overwrite them before anyone looks."""
+        head = self.head
         start = self.committed[:b]
         count = self.pending_n[:b]
-        ar = torch.arange(p, device=dev)
-        positions = start[:, None] + ar
-        ctx_mask = torch.arange(kv, device=dev)[None, None, :] < start[:, None, None]
-        own = (ar[None, :, None] >= ar[None, None, :]) & (ar[None, None, :] < count[:, None, None])
-        mask = torch.cat([ctx_mask.expand(b, p, kv), own.expand(b, p, p)], 2)[:, None]
-        out, k, v = head.step(self.embed(self.pending_tok[:b]).to(dtype), head.fc(self.pending_aux[:b]), positions,
-                              self.k[:b, :, :kv], self.v[:b, :, :kv], attn_mask=mask)
-        idx = positions[:, None, :, None].expand(b, self.n_kv, p, self.head_dim)
-        self.k[:b].scatter_(2, idx, k)
-        self.v[:b].scatter_(2, idx, v)
+        positions = start[:, None] + torch.arange(self.width, device=start.device)
+        # causal by position: the committed entries and this feed's own earlier entries
+        mask = torch.arange(kv, device=start.device)[None, None, :] <= positions[:, :, None]
+        out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.fc(self.pending_aux[:b]), None, positions,
+                              self.k[:b], self.v[:b], positions, mask[:, None])
         self.committed[:b] += count
         last = (count - 1).clamp(min=0)
         return out.gather(1, last[:, None, None].expand(b, 1, out.shape[-1]))
 
-    def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.head.logits(hidden).float(), dim=-1)
-
     def propose(self, b: int, kv: int, roots: torch.Tensor) -> Tree:
-        """Rows [:b]: feed the pending entries, then expand the tree under each root."""
-        head = self.head
+        """Rows [:b]: feed the pending entries, then expand the tree under each root.
+
+        Depth d's K frontier nodes write their keys at [kv + (d-1)K, kv + dK) of the head's
+        buffer (room after the context) and attend to [:kv + dK] under mask rows that
+        `topk_expand` builds from their parents' rows (two buffers, read one, write the other)."""
+        head, k = self.head, self.topk
         h_last = self._feed(b, kv)
         dev = roots.device
-        dtype = self.k.dtype
         base = self.committed[:b]  # == the target's committed length
-        ctx_mask = torch.arange(kv, device=dev)[None, None, :] < base[:, None, None]
-        k_cache, v_cache = self.k[:b], self.v[:b]  # [:kv] the context, then room for the tree
-        logp = self._log_probs(h_last)[:, 0]  # [B, Vd]
         if self.static:
-            return self._static(h_last, logp, ctx_mask, base, roots, k_cache, v_cache)
-        top_lp, top_id = logp.topk(self.topk, dim=-1)
-        pool_tok, pool_score, pool_parent, pool_depth = [head.draft_to_target(top_id)], [top_lp], [], []
-        pool_parent.append(torch.full_like(top_id, -1))
-        pool_depth.append(torch.ones_like(top_id))
-        front_tok, front_score = pool_tok[0], top_lp
-        front_hidden = h_last.expand(b, self.topk, -1)
-        front_pool = torch.arange(self.topk, device=dev).expand(b, -1)
-        front_anc = torch.zeros(b, self.topk, 0, dtype=torch.bool, device=dev)
-        own = torch.eye(self.topk, dtype=torch.bool, device=dev).expand(b, -1, -1)
-        parent_front = torch.arange(self.topk, device=dev).repeat_interleave(self.topk).expand(b, -1)
-        n_pool = self.topk
+            return self._static(h_last, base, kv, roots)
+        cols = torch.arange(kv + self.tree_room, device=dev)
+        ctx = (cols < base[:, None])[:, None, :].expand(b, k, cols.numel())
+        masks = [ctx.clone(), ctx.clone()] if self.steps > 1 else [None, None]
+        n_pool = self.pool_depth.numel()
+        pool_tok = torch.empty(b, n_pool, dtype=torch.long, device=dev)
+        pool_score = torch.empty(b, n_pool, dtype=torch.float32, device=dev)
+        pool_parent = torch.empty(b, n_pool, dtype=torch.long, device=dev)
+        target_ids = head.target_rows() if not head.fused else head._target_ids
+        start = torch.zeros(b, 1, dtype=torch.float32, device=dev)
+        front_tok, front_score, rows, front_pool = topk_expand(
+            head.logits(h_last), start, torch.full((b, 1), -1, dtype=torch.long, device=dev), k, target_ids,
+            pool_tok[:, :k], pool_score[:, :k], pool_parent[:, :k], 0, masks[0], masks[0], kv, 0)
+        hidden, rows = h_last, torch.zeros_like(rows)  # depth 1: every node reads the root's hidden
+        depth0 = base - 1
+        slots = (kv + cols[: self.tree_room])[None]
+        off = k
         for d in range(1, self.steps):
-            mask = torch.cat([ctx_mask.expand(b, self.topk, kv), front_anc, own], 2)[:, None]
-            positions = (base - 1 + d)[:, None].expand(b, self.topk)
-            out, _, _ = head.step(self.embed(front_tok).to(dtype), front_hidden, positions,
-                                  k_cache, v_cache, attn_mask=mask, cache_len=kv + (d - 1) * self.topk)
-            lp, ids = self._log_probs(out).topk(self.topk, dim=-1)  # [B, K, K]
-            scores = (front_score[:, :, None] + lp).reshape(b, -1)
-            child_tok = head.draft_to_target(ids).reshape(b, -1)
-            pool_tok.append(child_tok)
-            pool_score.append(scores)
-            pool_parent.append(front_pool.gather(1, parent_front))
-            pool_depth.append(torch.full_like(child_tok, d + 1))
-            # next frontier: the best K children by cumulative log-probability
-            best = scores.topk(self.topk, dim=-1).indices
-            par = best // self.topk
-            entry_bits = torch.cat([front_anc, own], 2)  # ancestors of this depth's entries + themselves
-            front_anc = entry_bits.gather(1, par[:, :, None].expand(-1, -1, entry_bits.shape[2]))
-            front_hidden = out.gather(1, par[:, :, None].expand(-1, -1, out.shape[-1]))
-            front_tok = child_tok.gather(1, best)
-            front_score = scores.gather(1, best)
-            front_pool = n_pool + best
-            n_pool += scores.shape[1]
-        return self._select(roots, torch.cat(pool_tok, 1), torch.cat(pool_score, 1), torch.cat(pool_parent, 1),
-                            torch.cat(pool_depth, 1))
+            mask = masks[(d - 1) % 2]
+            out = head.draft_step(front_tok, self.embed.weight, hidden, rows, (depth0 + d)[:, None].expand(b, k),
+                                  self.k[:b], self.v[:b], slots[:, (d - 1) * k: d * k].expand(b, k),
+                                  mask[:, None, :, : kv + d * k])
+            n = k * k
+            front_tok, front_score, rows, front_pool = topk_expand(
+                head.logits(out), front_score, front_pool, k, target_ids, pool_tok[:, off: off + n],
+                pool_score[:, off: off + n], pool_parent[:, off: off + n], off, mask,
+                masks[d % 2] if d + 1 < self.steps else None, kv, d * k)
+            hidden = out
+            off += n
+        # the best num_draft nodes by cumulative log-probability, as a tree
+        tokens, parents, depths, ranks = select_tree(roots, pool_tok, pool_score, pool_parent,
+                                                     self.pool_depth.expand(b, -1), self.num_draft)
+        return Tree(tokens, parents, depths, torch.ones_like(tokens, dtype=torch.bool), self.steps, ranks)
 
-    def _select(self, roots, tok, score, parent, depth) -> Tree:
-        """The best num_draft nodes by cumulative log-probability; parents precede children."""
-        b, n_pool = tok.shape
-        n = self.num_draft
-        dev = tok.device
-        # ties: prefer shallower, then earlier nodes, so a parent always outranks its child
-        order_key = score.double() - 1e-9 * torch.arange(n_pool, device=dev)
-        by_score = order_key.topk(n, dim=-1).indices
-        chosen, order = by_score.sort(dim=-1)  # pool order = depth order
-        rank = torch.empty_like(order).scatter_(1, order, torch.arange(1, n + 1, device=dev).expand(b, -1))
-        pos_in_tree = torch.full((b, n_pool), -1, dtype=torch.long, device=dev)
-        pos_in_tree.scatter_(1, chosen, torch.arange(1, n + 1, device=dev).expand(b, -1))
-        par_pool = parent.gather(1, chosen)
-        par_tree = torch.where(par_pool < 0, torch.zeros_like(par_pool),
-                               pos_in_tree.gather(1, par_pool.clamp(min=0)))
-        valid = par_tree >= 0
-        tokens = torch.cat([roots[:, None], tok.gather(1, chosen)], 1)
-        parents = torch.cat([torch.full_like(roots[:, None], -1), par_tree.clamp(min=0)], 1)
-        depths = torch.cat([torch.zeros_like(roots[:, None]), depth.gather(1, chosen)], 1)
-        ok = torch.cat([torch.ones_like(valid[:, :1]), valid], 1)
-        return Tree(tokens, parents, depths, ok, self.steps, torch.cat([torch.zeros_like(rank[:, :1]), rank], 1))
-
-    def _static(self, h_last, logp, ctx_mask, base, roots, k_cache, v_cache) -> Tree:
+    def _static(self, h_last, base, kv, roots) -> Tree:
         """Fixed tree shape: node p's token is the rank-p[-1] token of its parent's draft."""
         head, plan = self.head, self._static_plan
         b = h_last.shape[0]
-        kv = ctx_mask.shape[-1]
-        dtype = self.k.dtype
-        tokens = torch.zeros(b, plan.n, dtype=torch.long, device=roots.device)
-        ids = logp.topk(plan.first_ranks, dim=-1).indices
+        dev = roots.device
+        ctx_mask = torch.arange(kv, device=dev)[None, None, :] < base[:, None, None]
+        tokens = torch.zeros(b, plan.n, dtype=torch.long, device=dev)
+        ids = head.logits(h_last)[:, 0].topk(plan.first_ranks, dim=-1).indices  # log-softmax keeps the order
         tokens[:, plan.first] = head.draft_to_target(ids[:, plan.first_rank])
-        hidden = torch.zeros(b, 1 + plan.n, h_last.shape[-1], dtype=h_last.dtype, device=roots.device)
+        hidden = torch.zeros(b, 1 + plan.n, h_last.shape[-1], dtype=h_last.dtype, device=dev)
         hidden[:, 0] = h_last[:, 0]
         length = kv
         for d, lv in enumerate(plan.levels, start=1):
             m = lv.nodes.numel()
             mask = torch.cat([ctx_mask.expand(b, m, kv), lv.anc.expand(b, -1, -1)], 2)[:, None]
             positions = (base - 1 + d)[:, None].expand(b, m)
-            out, _, _ = head.step(self.embed(tokens[:, lv.nodes]).to(dtype), hidden[:, lv.parent_slot], positions,
-                                  k_cache, v_cache, attn_mask=mask, cache_len=length)
+            slots = torch.arange(length, length + m, device=dev).expand(b, m)
+            out = head.draft_step(tokens[:, lv.nodes], self.embed.weight, hidden, lv.parent_slot.expand(b, -1),
+                                  positions, self.k[:b], self.v[:b], slots, mask)
             length += m
             hidden[:, 1 + lv.nodes] = out
-            ids = self._log_probs(out).topk(lv.ranks, dim=-1).indices  # [B, m, ranks]
+            ids = head.logits(out).topk(lv.ranks, dim=-1).indices  # [B, m, ranks]
             tokens[:, lv.kids] = head.draft_to_target(ids[:, lv.kid_row, lv.kid_rank])
         return Tree(torch.cat([roots[:, None], tokens], 1), plan.parents.expand(b, -1), plan.depth.expand(b, -1),
-                    torch.ones(b, plan.n + 1, dtype=torch.bool, device=roots.device), self.steps)
+                    torch.ones(b, plan.n + 1, dtype=torch.bool, device=dev), self.steps)
 
 
 class _Level:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specheads.kernels.kv_commit import commit_kv
+from specheads.kernels.tree_mask import tree_masks
 from specheads.runtime.defaults import DEFAULT_TREE
 from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
 from specheads.runtime.graphs import capture_graph, next_pow2
@@ -529,10 +530,7 @@ class SpecEngine:
         committed = self.committed[:b]
         positions = committed[:, None] + tree.depth
         slots = committed[:, None] + torch.arange(n, device=dev)
-        mask = torch.arange(kv, device=dev)[None, None, :] < committed[:, None, None]
-        mask = mask.expand(b, n, kv).clone()
-        anc = tree.ancestors()
-        mask.scatter_(2, slots[:, None, :].expand(b, n, n), anc)
+        anc, mask = tree_masks(tree.parents, committed, kv, tree.max_depth)
         out = self.target(tree.tokens, positions, cache=self.cache, kv_len=kv, attn_mask=mask[:, None],
                           cache_slots=slots, capture_layers=self.layer_ids)
         # the target's own token at every node (the token at sequence position `positions + 1`)

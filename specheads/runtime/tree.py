@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specheads.kernels.tree_mask import ancestors_reference
 from specheads.runtime.sampling import InvalidRequest
 
 
@@ -34,13 +35,8 @@ class Tree:
         return torch.arange(self.size, device=self.tokens.device).expand_as(self.tokens)
 
     def ancestors(self) -> torch.Tensor:
-        b, n = self.tokens.shape
-        eye = torch.eye(n, dtype=torch.bool, device=self.tokens.device).expand(b, n, n)
-        anc = eye.clone()
-        parent = self.parents.clamp(min=0)
-        for _ in range(self.max_depth):  # each pass climbs one level
-            anc = eye | (anc.gather(1, parent[:, :, None].expand(b, n, n)) & (self.parents >= 0)[:, :, None])
-        return anc
+        """[B, N+1, N+1] ancestor-or-self (the verify step builds it with its mask: tree_masks)."""
+        return ancestors_reference(self.parents, self.max_depth)
 
 
 def chain_tree(root: torch.Tensor, drafts: torch.Tensor, valid: torch.Tensor) -> Tree:

@@ -18,14 +18,14 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 def interpret_triton(monkeypatch) -> None:
     """TRITON_INTERPRET=1 for this test. triton.jit picks the interpreter when it wraps a
     function, so kernels are wrapped per mode (see fused._kernel); triton's own library
-    functions (tl.sum, tl.max, tl.zeros) were wrapped at import, for the GPU: re-wrap those we use."""
+    functions (tl.sum, tl.max, tl.min, tl.zeros) were wrapped at import, for the GPU: re-wrap those we use."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if fused.triton is None:
         pytest.skip("triton did not import")
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    for name in ("sum", "max", "zeros"):
+    for name in ("sum", "max", "min", "zeros"):
         fn = getattr(tl, name)
         if not isinstance(fn, InterpretedFunction):
             monkeypatch.setattr(tl, name, InterpretedFunction(fn.fn))
@@ -174,17 +174,22 @@ def test_fused_head_step_equals_eager(kernels, monkeypatch):
             ref, got = eager.step(*args), fused_head.step(*args)
         for r, x in zip(ref, got):
             torch.testing.assert_close(x, r, rtol=1e-5, atol=1e-5)
-    # a buffer with room (how a draft depth runs): this step's k/v written at [s, s + t), the
-    # same numbers as the concatenating call; a broadcast hidden and positions, as depth 1 has
+    # a draft depth: token ids embedded in the step, each node's hidden read from its parent's
+    # row, k/v written in place at [s, s + t) of a buffer with room; the same numbers as the
+    # concatenating call
+    table = target.embed_tokens.weight
+    tokens = torch.randint(0, table.shape[0], (b, t), generator=g)
+    parents, rows = torch.randn(b, 2, h, generator=g), torch.tensor([[0, 1, 1], [1, 0, 0]])
     bufs = [torch.cat([c, torch.full((b, n_kv, t + 2, d), 9.0)], 2) for c in (k_cache, v_cache) for _ in range(2)]
-    one_hid, one_pos = hid[:, :1].expand(b, t, h), pos[:, :1].expand(b, t)
+    one_pos = pos[:, :1].expand(b, t)
+    slots = torch.arange(s, s + t).expand(b, t)
     with torch.no_grad():
-        ref = eager.step(emb, one_hid, one_pos, bufs[0], bufs[2], mask, cache_len=s)
-        got = fused_head.step(emb, one_hid, one_pos, bufs[1], bufs[3], mask, cache_len=s)
-        cat = eager.step(emb, one_hid, one_pos, k_cache, v_cache, mask)
-    for r, x, c in zip(ref, got, cat):
-        torch.testing.assert_close(x, r, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(r, c, rtol=1e-5, atol=1e-5)
+        ref = eager.draft_step(tokens, table, parents, rows, one_pos, bufs[0], bufs[2], slots, mask)
+        got = fused_head.draft_step(tokens, table, parents, rows, one_pos, bufs[1], bufs[3], slots, mask)
+        hid = parents.gather(1, rows[:, :, None].expand(b, t, h))
+        cat = eager.step(table[tokens], hid, one_pos, k_cache, v_cache, mask)[0]
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ref, cat, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(bufs[1], bufs[0], rtol=1e-5, atol=1e-5)  # same k written in place
     assert (bufs[1][:, :, s + t:] == 9.0).all()  # nothing past this step's entries
     assert fused_head.fused and not eager.fused

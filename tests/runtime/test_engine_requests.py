@@ -10,6 +10,7 @@ import torch
 from specheads.runtime.engine import EngineError, Request, SpecControl, SpecEngine
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, gumbel_noise, sample_rows
 from tests.runtime.spec_helpers import make_target, random_prompts, train_head
+from tests.kernels.test_fused import interpret_triton, needs_triton
 
 VOCAB = 64
 PROMPTS = random_prompts(6, VOCAB, [3, 7, 1, 12, 5, 9], seed=11)
@@ -216,18 +217,25 @@ def test_no_row_drafting_runs_plain_decode_steps(target, head, monkeypatch):
     assert [got[off], got[on]] == _ar(target, PROMPTS[:2], params)
 
 
-def test_fused_kernels_in_the_engine_keep_output_exact(target, head):
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_fused_kernels_in_the_engine_keep_output_exact(target, head, kernels, monkeypatch):
     """On CUDA the engine fuses the target's and the head's projections and runs the fused
-    kernels; on CPU (their torch references) the output still equals plain decoding."""
+    kernels: on CPU their torch references, and the Triton kernels themselves (interpreted:
+    fused layers, tree attention, the draft loop's input and frontier kernels, the KV commit).
+    The output equals plain decoding either way."""
     import copy
 
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
     fused_target, fused_head = copy.deepcopy(target), copy.deepcopy(head)
     fused_target.fuse_for_inference()
     fused_head.fuse_for_inference()
-    engine = SpecEngine(fused_target, fused_head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=4)
-    params = SamplingParams(max_new_tokens=25)
-    res = engine.generate(PROMPTS[:4], params)
-    assert [r.token_ids for r in res] == _ar(target, PROMPTS[:4], params)
+    n, new = (4, 25) if kernels == "torch" else (2, 12)
+    engine = SpecEngine(fused_target, fused_head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=n)
+    params = SamplingParams(max_new_tokens=new)
+    res = engine.generate(PROMPTS[:n], params)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert [r.token_ids for r in res] == _ar(target, PROMPTS[:n], params)
     assert sum(r.accepted_tokens for r in res) > 0
 
 
