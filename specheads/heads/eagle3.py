@@ -215,7 +215,7 @@ class Eagle3Head(nn.Module):
         [B, kv_heads, S, D]; it attends to entries [:W] under attn_mask bool [B, 1, T, W].
         Returns the new hidden [B, T, H]."""
         layer, cfg = self.midlayer, self.config
-        attn, mlp = layer.self_attn, layer.mlp
+        attn = layer.self_attn
         ln, hn = layer.input_layernorm, layer.hidden_norm
         b, t = tokens.shape
         n_kv, d = cfg.num_key_value_heads, cfg.head_dim
