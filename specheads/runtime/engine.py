@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specheads.kernels.kv_commit import commit_kv
-from specheads.kernels.tree_mask import tree_masks
+from specheads.kernels.verify import accept, tree_masks
 from specheads.runtime.defaults import DEFAULT_TREE
 from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
 from specheads.runtime.graphs import capture_graph, next_pow2
@@ -538,32 +538,14 @@ class SpecEngine:
         if tree.max_depth == 0:  # a lone root (plain decoding): its token is the target's
             zero = torch.zeros(b, 1, dtype=torch.long, device=dev)
             return zero, zero[:, 0] + 1, y[:, 0], out.aux_hidden
-        path, n_acc, last = accept_path(tree, anc, y)
-        bonus = y.gather(1, last[:, None])[:, 0]
+        path, n_acc, _, bonus = accept_path(tree, anc, y)
         return path, n_acc, bonus, out.aux_hidden
 
 
 def accept_path(tree: Tree, anc: torch.Tensor, y: torch.Tensor):
-    """Walk the tree the target's way, without a loop over depths: a node is taken when its
-    token is the target's choice y at its parent (and it is a valid draft, the first such
-    sibling), and it is on the path when it and all its ancestors are taken. Returns the
-    path [B, depth+1] (node indices, -1 after its end), its length [B] and its last node [B]."""
-    b, n = tree.tokens.shape
-    dev = y.device
-    parents = tree.parents.clamp(min=0)
-    taken = (tree.tokens == y.gather(1, parents)) & tree.valid
-    earlier = torch.ones(n, n, dtype=torch.bool, device=dev).tril(-1)  # [i, j]: j < i
-    twin = (tree.parents[:, :, None] == tree.parents[:, None, :]) & (tree.tokens[:, :, None] == tree.tokens[:, None, :])
-    taken = taken & ~(twin & earlier & taken[:, None, :]).any(-1)  # a repeated sibling: the first one counts
-    taken[:, 0] = True  # the root
-    on_path = ~(anc & ~taken[:, None, :]).any(-1)
-    depth = torch.where(on_path, tree.depth, -1)
-    last = depth.argmax(1)
-    n_acc = depth.amax(1) + 1
-    cols = tree.max_depth + 1
-    path = torch.full((b, cols + 1), -1, dtype=torch.long, device=dev)
-    path.scatter_(1, torch.where(on_path, tree.depth, cols), torch.arange(n, device=dev).expand(b, n))
-    return path[:, :cols], n_acc, last
+    """The accepted path of each row (kernels.verify.accept): path [B, depth+1] (node indices,
+    -1 after its end), its length [B], its last node [B] and the bonus token [B]."""
+    return accept(tree.tokens, tree.parents, tree.valid, tree.depth, anc, y, tree.max_depth)
 
 
 def decode(target, prompts: list[list[int]], params: SamplingParams, stop_ids=(), max_batch: int | None = None,

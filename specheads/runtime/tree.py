@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specheads.kernels.tree_mask import ancestors_reference
+from specheads.kernels.verify import ancestors_reference
 from specheads.runtime.sampling import InvalidRequest
 
 

@@ -1,10 +1,31 @@
-"""Running the Triton KV-commit kernel on CPU through Triton's interpreter."""
+"""Running the Triton kernels on CPU through Triton's interpreter."""
 
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
+
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+def interpret_triton(monkeypatch) -> None:
+    """TRITON_INTERPRET=1 for this test. triton.jit picks the interpreter when it wraps a
+    function, so kernels are wrapped per mode (see fused._kernel); triton's own library
+    functions (tl.sum, tl.max, tl.min, tl.zeros) were wrapped at import, for the GPU: re-wrap those."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from specheads.kernels import fused
+
+    if fused.triton is None:
+        pytest.skip("triton did not import")
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    for name in ("sum", "max", "min", "zeros"):
+        fn = getattr(tl, name)
+        if not isinstance(fn, InterpretedFunction):
+            monkeypatch.setattr(tl, name, InterpretedFunction(fn.fn))
 
 
 def interpreted_commit_kernel(monkeypatch) -> list:
@@ -18,7 +39,7 @@ def interpreted_commit_kernel(monkeypatch) -> list:
     already a GPU JITFunction is re-wrapped for the interpreter here."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    interpret_triton(monkeypatch)  # the other kernels of a step run interpreted too
     from specheads.kernels import kv_commit
 
     if kv_commit.triton is None:

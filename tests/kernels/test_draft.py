@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specheads.kernels import draft, fused
-from tests.kernels.test_fused import interpret_triton, needs_triton
+from tests.kernels.interpret import interpret_triton, needs_triton
 
 
 @pytest.fixture

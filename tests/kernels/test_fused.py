@@ -3,33 +3,14 @@ references, and the fused forward against the eager one on tiny random targets."
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 import torch
 
 from specheads.kernels import fused
 from specheads.target.model import KVCache
+from tests.kernels.interpret import interpret_triton, needs_triton
 from tests.runtime.spec_helpers import make_target
-
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-
-
-def interpret_triton(monkeypatch) -> None:
-    """TRITON_INTERPRET=1 for this test. triton.jit picks the interpreter when it wraps a
-    function, so kernels are wrapped per mode (see fused._kernel); triton's own library
-    functions (tl.sum, tl.max, tl.min, tl.zeros) were wrapped at import, for the GPU: re-wrap those we use."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    if fused.triton is None:
-        pytest.skip("triton did not import")
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    for name in ("sum", "max", "min", "zeros"):
-        fn = getattr(tl, name)
-        if not isinstance(fn, InterpretedFunction):
-            monkeypatch.setattr(tl, name, InterpretedFunction(fn.fn))
-
 
 @pytest.fixture
 def interpret(monkeypatch):

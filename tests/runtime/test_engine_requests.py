@@ -10,7 +10,7 @@ import torch
 from specheads.runtime.engine import EngineError, Request, SpecControl, SpecEngine
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, gumbel_noise, sample_rows
 from tests.runtime.spec_helpers import make_target, random_prompts, train_head
-from tests.kernels.test_fused import interpret_triton, needs_triton
+from tests.kernels.interpret import interpret_triton, needs_triton
 
 VOCAB = 64
 PROMPTS = random_prompts(6, VOCAB, [3, 7, 1, 12, 5, 9], seed=11)

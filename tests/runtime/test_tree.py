@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specheads.runtime.tree import Tree, chain_tree, parse_static_tree
+from tests.kernels.interpret import interpret_triton, needs_triton
 
 
 def _tree(parents_rows, tokens_rows=None):
@@ -134,13 +135,17 @@ def _walk(parents, tokens, valid, y):
         path.append(nxt)
 
 
-def test_accept_path_equals_the_walk_on_random_trees():
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_accept_path_equals_the_walk_on_random_trees(kernels, monkeypatch):
     """Random trees with repeated sibling tokens (the first one counts), children that repeat
-    the root's token, invalid nodes, and targets that often agree with the drafts."""
+    the root's token, invalid nodes, and targets that often agree with the drafts; the torch
+    reference and the Triton kernel (interpreted)."""
     from specheads.runtime.engine import accept_path
 
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
     rng = random.Random(0)
-    for _ in range(300):
+    for _ in range(300 if kernels == "torch" else 60):
         b, n, vocab = 3, rng.randint(1, 12), rng.randint(2, 4)
         parents = [[-1] + [rng.randrange(i) for i in range(1, n)] for _ in range(b)]
         tokens = [[rng.randrange(vocab) for _ in range(n)] for _ in range(b)]
@@ -154,11 +159,11 @@ def test_accept_path_equals_the_walk_on_random_trees():
             depth.append(d)
         max_depth = max(max(d) for d in depth)
         tree = Tree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depth), torch.tensor(valid), max_depth)
-        path, n_acc, last = accept_path(tree, tree.ancestors(), torch.tensor(y))
+        path, n_acc, last, bonus = accept_path(tree, tree.ancestors().contiguous(), torch.tensor(y))
         for r in range(b):
             want = _walk(parents[r], tokens[r], valid[r], y[r])
             assert path[r, : len(want)].tolist() == want and (path[r, len(want):] == -1).all()
-            assert int(n_acc[r]) == len(want) and int(last[r]) == want[-1]
+            assert int(n_acc[r]) == len(want) and int(last[r]) == want[-1] and int(bonus[r]) == y[r][want[-1]]
 
 
 def _naive_lookup(seq, num_draft, max_ngram):

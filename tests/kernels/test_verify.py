@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specheads.kernels import tree_mask
-from tests.kernels.test_fused import interpret_triton, needs_triton
+from specheads.kernels import verify as tree_mask
+from tests.kernels.interpret import interpret_triton, needs_triton
 
 
 def _random_parents(b, n, seed):
