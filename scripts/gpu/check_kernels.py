@@ -82,3 +82,29 @@ for dtype in (torch.float32, torch.bfloat16):
     x, _ = draft.head_input(tokens, table, hidden, rows, w1, 1e-5, w2, 1e-5)
     ref, _ = draft.head_input_reference(tokens, table, hidden, rows, w1, 1e-5, w2, 1e-5)
     print(f"head_input {dtype}: max abs err {(x.float() - ref.float()).abs().max().item():.2e}")
+
+# The verify-side kernels: the tree mask and the accept walk on random trees of the default size
+from specheads.kernels import verify  # noqa: E402
+
+bad = 0
+for trial in range(100):
+    g = torch.Generator().manual_seed(trial)
+    b, n, kv = 8, 33, 512
+    parents = torch.full((b, n), -1)
+    for i in range(1, n):
+        parents[:, i] = (torch.rand(b, generator=g) * i).long()
+    depth = torch.zeros(b, n, dtype=torch.long)
+    for i in range(1, n):
+        depth[:, i] = depth.gather(1, parents[:, i: i + 1])[:, 0] + 1
+    d = int(depth.max())
+    tokens = torch.randint(0, 3, (b, n), generator=g)
+    y = torch.randint(0, 3, (b, n), generator=g)
+    valid = torch.rand(b, n, generator=g) < 0.9
+    committed = torch.randint(0, kv - n, (b,), generator=g)
+    args = [t.to(dev) for t in (parents, committed)]
+    got = verify.tree_masks(*args, kv, d)
+    want = verify.tree_masks_reference(*args, kv, d)
+    acc = verify.accept(*(t.to(dev) for t in (tokens, parents, valid, depth)), got[0], y.to(dev), d)
+    ref = verify.accept_reference(*(t.to(dev) for t in (tokens, parents, valid, depth)), want[0], y.to(dev), d)
+    bad += int(not all(torch.equal(x, y_) for x, y_ in zip(got + acc, want + ref)))
+print(f"tree mask + accept: {bad} of 100 random batches differ from the reference")
