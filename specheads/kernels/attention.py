@@ -29,8 +29,22 @@ if triton is not None:
 
     from specheads.kernels.fused import _kernel
 
-# keys per split-K program (a tuning knob: SPECHEADS_ATTN_CHUNK, a power of two >= 64)
-CHUNK = int(os.environ.get("SPECHEADS_ATTN_CHUNK", 128))
+# keys per split-K program: SPECHEADS_ATTN_CHUNK (a power of two >= 64) fixes it; by default
+# `chunk_for` picks it by shape (see docs/benchmarks.md, scripts/gpu/attn_chunks.py)
+CHUNK = int(os.environ["SPECHEADS_ATTN_CHUNK"]) if os.environ.get("SPECHEADS_ATTN_CHUNK") else None
+
+
+def chunk_for(n_keys: int, rows: int) -> int:
+    """Keys per split-K program, from per-call timings on an H100 (scripts/gpu/attn_chunks.py):
+    few keys or few stacked rows split finer (more programs in flight), long caches coarser
+    (fewer partials to merge)."""
+    if CHUNK:
+        return CHUNK
+    if n_keys <= 256 or (n_keys <= 512 and rows <= 8):
+        return 64
+    if n_keys <= 1024 or rows <= 32:
+        return 128
+    return 256
 MAX_ROWS = 256  # stacked query rows (heads of a group x tokens) above which SDPA serves better
 
 
@@ -140,7 +154,8 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     # a fixed row block: a row's arithmetic is then the same whether it sits in a 1-token
     # decode or a 33-node tree (only its keys differ), so fewer near-ties flip between the two
     block_m = 16
-    n_splits = triton.cdiv(n_keys, CHUNK)
+    chunk = chunk_for(n_keys, rows)
+    n_splits = triton.cdiv(n_keys, chunk)
     direct = n_splits == 1
     if direct:
         part = stat = out  # unused
@@ -154,7 +169,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), m_rows, mask.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        REP=rep, D=d, CHUNK_N=CHUNK, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct,
+        REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # float32 stays float32 (no TF32)
     if not direct:
         _kernel(_merge_kernel)[(b * n_kv, triton.cdiv(rows, block_m))](
