@@ -140,14 +140,14 @@ class Eagle3Drafter:
         self.pending_tok[row] = 0
         self.pending_n[row] = 1
 
-    def prefill(self, start: int, aux: torch.Tensor, next_tokens: torch.Tensor, lengths: list[int]) -> None:
+    def prefill(self, start: int, aux: torch.Tensor, next_tokens: torch.Tensor, lens: torch.Tensor) -> None:
         """Rows start.. get a prompt each: captured features [k, W, 3H] and the token after each
-        position [k, W] (the first generated token after the last). Entries 0..len-2 go into the
-        cache now; entry len-1 pends for the first step."""
+        position [k, W] (the first generated token after the last), lengths lens [k] (on the
+        device: no host sync, capturable). Entries 0..len-2 go into the cache now; entry
+        len-1 pends for the first step."""
         head, dtype = self.head, self.k.dtype
         k_rows, w = next_tokens.shape
         dev = next_tokens.device
-        lens = torch.tensor(lengths, device=dev)
         ar = torch.arange(w, device=dev)
         mask = (ar[:, None] >= ar[None, :])[None] & (ar[None, None, :] < (lens - 1)[:, None, None])
         _, k, v = head.step(self.embed(next_tokens).to(dtype), head.fc(aux.to(dtype)), ar.expand(k_rows, w),

@@ -382,12 +382,16 @@ class SpecEngine:
         dev = self.device
         lengths = [len(r.request.prompt) for r in new]
         width = max(lengths)
+        if self.buckets and k == 1:
+            # one request joining (the common case): its width rounds up to a bucket, and on CUDA
+            # the prefill replays a captured graph (eager, the Triton launches alone cost ~12 ms
+            # of host time for a 30-layer prompt forward). Padding writes past the prompt, into
+            # slots no query sees before they are written again.
+            width = min(max(16, next_pow2(width)), self.max_len)
         ids = torch.zeros(k, width, dtype=torch.long)
         for i, r in enumerate(new):
             ids[i, : lengths[i]] = torch.as_tensor(r.request.prompt)
-        ids = ids.to(dev)
-        lens = torch.tensor(lengths, device=dev)
-        rows = slice(start, start + k)
+        lens = torch.tensor(lengths)
         n_draft = self.tree_nodes - 1
         for i, r in enumerate(new):
             p, spec = r.request.params, r.request.spec
@@ -396,18 +400,23 @@ class SpecEngine:
             on = r.speculate
             self.depth_limit[start + i] = min(spec.num_steps or self.depth, self.depth) if on else 0
             self.draft_limit[start + i] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
-        with torch.no_grad():
-            out = self.target(ids, torch.arange(width, device=dev).expand(k, width), cache=self.cache.rows(rows),
-                              kv_len=width, prefill=True, capture_layers=self.layer_ids,
-                              logits_positions=(lens - 1)[:, None])
-            first = sample_rows(out.logits, self.row_params.rows(rows), lens[:, None], any(
-                r.request.params.temperature > 0 for r in new))[:, 0]
-            self.committed[rows] = lens
-            self.root[rows] = first
-            if isinstance(self.drafter, Eagle3Drafter):
-                nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
-                nxt.scatter_(1, (lens - 1)[:, None], first[:, None])
-                self.drafter.prefill(start, out.aux_hidden, nxt, lengths)
+        sampled = any(r.request.params.temperature > 0 for r in new)
+        if self.use_graphs and k == 1:
+            key = ("prefill", start, width, sampled)
+            if key not in self.graphs:
+                inputs = (torch.empty_like(ids, device=dev), torch.empty_like(lens, device=dev))
+                for buf, src in zip(inputs, (ids, lens)):
+                    buf.copy_(src)
+                graph, first = capture_graph(lambda: self._prefill_forward(start, *inputs, sampled), self._pool)
+                self._pool = graph.pool()
+                self.graphs[key] = (graph, inputs, first)
+            graph, inputs, first = self.graphs[key]
+            for buf, src in zip(inputs, (ids, lens)):
+                buf.copy_(src, non_blocking=True)
+            graph.replay()
+        else:
+            with torch.no_grad():
+                first = self._prefill_forward(start, ids.to(dev), lens.to(dev), sampled)
         self.rows += new
         outputs, done = [], []
         for i, (r, tok) in enumerate(zip(new, first.tolist())):
@@ -417,6 +426,23 @@ class SpecEngine:
                 done.append(start + i)
         self._remove(done)
         return outputs
+
+    def _prefill_forward(self, start: int, ids: torch.Tensor, lens: torch.Tensor, sampled: bool) -> torch.Tensor:
+        """Prompts ids [k, W] (right-padded, lengths lens [k]) into rows start..: the target's
+        cache and features, the first token (returned), the drafter's cache. Device work only."""
+        k, width = ids.shape
+        rows = slice(start, start + k)
+        out = self.target(ids, torch.arange(width, device=ids.device).expand(k, width), cache=self.cache.rows(rows),
+                          kv_len=width, prefill=True, capture_layers=self.layer_ids,
+                          logits_positions=(lens - 1)[:, None])
+        first = sample_rows(out.logits, self.row_params.rows(rows), lens[:, None], sampled)[:, 0]
+        self.committed[rows] = lens
+        self.root[rows] = first
+        if isinstance(self.drafter, Eagle3Drafter):
+            nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
+            nxt.scatter_(1, (lens - 1)[:, None], first[:, None])
+            self.drafter.prefill(start, out.aux_hidden, nxt, lens)
+        return first
 
     def _emit(self, row: _Row, tokens: list[int]) -> tuple[list[int], str | None]:
         out = []
