@@ -194,6 +194,35 @@ def test_graph_bucket_shapes_run_eagerly(target, head, method):
     assert any(padded)
 
 
+@pytest.mark.parametrize("method", ["eagle3", "ar"])
+def test_single_joins_prefill_at_bucket_widths(target, head, method):
+    """A request joining alone runs its prefill at the graph's bucket width (prompt padded on
+    the right, into slots nobody reads before they are rewritten), in any row: outputs equal
+    plain decoding."""
+    engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                        num_draft_tokens=8, max_len=100, max_batch=2)
+    engine.buckets = True
+    widths = []
+    real = engine._prefill_forward
+
+    def recording(start, ids, lens, sampled):
+        widths.append((start, ids.shape[1], lens.tolist()))
+        return real(start, ids, lens, sampled)
+
+    engine._prefill_forward = recording
+    params = SamplingParams(max_new_tokens=20)
+    prompts = PROMPTS[:4]
+    got = []
+    for p in prompts:  # one at a time: every join is a single request
+        got += [r.token_ids for r in engine.generate([p], params)]
+    both = engine.generate(prompts[:3], params)  # two rows: the third joins alone into a freed row
+    assert got == _ar(target, prompts, params)
+    assert [r.token_ids for r in both] == got[:3]
+    single = [w for w in widths if len(w[2]) == 1]
+    assert single and all(w[1] >= 16 and w[1] & (w[1] - 1) == 0 and w[1] >= w[2][0] for w in single)
+    assert any(w[1] > w[2][0] for w in single)  # padded
+
+
 def test_no_row_drafting_runs_plain_decode_steps(target, head, monkeypatch):
     """When every active request has speculation off, a step is a plain decode (no drafting
     work at all); a drafting request joining later still drafts and stays exact."""
