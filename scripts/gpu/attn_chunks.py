@@ -21,8 +21,7 @@ for b, h, kv, t, s, d in shapes:
     k = torch.randn(b, kv, s, d, device=dev, dtype=torch.bfloat16)
     v = torch.randn(b, kv, s, d, device=dev, dtype=torch.bfloat16)
     mask = torch.ones(b, 1, t, s, dtype=torch.bool, device=dev)
-    attention.CHUNK = None
-    res = {"b": b, "h": h, "kv": kv, "t": t, "s": s, "d": d, "rule": attention.chunk_for(s, h // kv * t)}
+    res = {"b": b, "h": h, "kv": kv, "t": t, "s": s, "d": d}
     for chunk in (64, 128, 256, 512, 1024, 2048):
         if chunk > max(s, 64) * 2:
             continue

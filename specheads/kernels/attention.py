@@ -29,22 +29,20 @@ if triton is not None:
 
     from specheads.kernels.fused import _kernel
 
-# keys per split-K program: SPECHEADS_ATTN_CHUNK (a power of two >= 64) fixes it; by default
-# `chunk_for` picks it by shape (see docs/benchmarks.md, scripts/gpu/attn_chunks.py)
-CHUNK = int(os.environ["SPECHEADS_ATTN_CHUNK"]) if os.environ.get("SPECHEADS_ATTN_CHUNK") else None
+# keys per split-K program (a knob: SPECHEADS_ATTN_CHUNK, a power of two >= 64)
+CHUNK = int(os.environ.get("SPECHEADS_ATTN_CHUNK") or 128)
 
 
 def chunk_for(n_keys: int, rows: int) -> int:
-    """Keys per split-K program, from per-call timings on an H100 (scripts/gpu/attn_chunks.py):
-    few keys or few stacked rows split finer (more programs in flight), long caches coarser
-    (fewer partials to merge)."""
-    if CHUNK:
-        return CHUNK
-    if n_keys <= 256 or (n_keys <= 512 and rows <= 8):
-        return 64
-    if n_keys <= 1024 or rows <= 32:
-        return 128
-    return 256
+    """Keys per split-K program: one size for every call. Per-shape sizes time up to ~1 us
+    better per call (scripts/gpu/attn_chunks.py; docs/benchmarks.md), but with a fixed size
+    chunk boundaries sit at the same keys whatever the cache bucket and the number of query
+    rows, so a token's attention sums in the same order in a 1-token decode and in a tree
+    (hidden chunks add nothing), and bf16 speculation matches plain decoding more often
+    (per-shape sizes cut chain and ngram from 6/6 to 4/6-5/6 identical outputs on the H100)."""
+    return CHUNK
+
+
 MAX_ROWS = 256  # stacked query rows (heads of a group x tokens) above which SDPA serves better
 
 
