@@ -180,10 +180,12 @@ class Eagle3Head(nn.Module):
         if self.fused:
             self._target_ids = self.target_rows()
 
+    def target_ids(self) -> torch.Tensor:
+        """Target token id of each draft id [draft_vocab]: cached while fused for drafting."""
+        return self._target_ids if self.fused else self.target_rows()
+
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            return self._target_ids[draft_ids]
-        return draft_ids + self.d2t[draft_ids]
+        return self.target_ids()[draft_ids]
 
     def target_rows(self) -> torch.Tensor:
         """Target token id of each draft id, [draft_vocab]."""

@@ -177,7 +177,7 @@ if triton is not None:
         flat = n * K + kk
         tl.store(ptok_ptr + b * s_pt + flat, tok, mask=ok)
         tl.store(pscore_ptr + b * s_ps + flat, score, mask=ok)
-        tl.store(ppar_ptr + b * s_pp + flat + kk * 0, fp + kk * 0, mask=ok)
+        tl.store(ppar_ptr + b * s_pp + flat, fp + kk * 0, mask=ok)  # each child's parent, broadcast
         # the next frontier: the best k of all children, and their mask rows
         w = tl.arange(0, WP)
         for j in tl.static_range(K):

@@ -206,7 +206,7 @@ class Eagle3Drafter:
         pool_tok = torch.empty(b, n_pool, dtype=torch.long, device=dev)
         pool_score = torch.empty(b, n_pool, dtype=torch.float32, device=dev)
         pool_parent = torch.empty(b, n_pool, dtype=torch.long, device=dev)
-        target_ids = head.target_rows() if not head.fused else head._target_ids
+        target_ids = head.target_ids()
         start = torch.zeros(b, 1, dtype=torch.float32, device=dev)
         front_tok, front_score, rows, front_pool = topk_expand(
             head.logits(h_last), start, torch.full((b, 1), -1, dtype=torch.long, device=dev), k, target_ids,
