@@ -23,7 +23,8 @@ from torch import nn
 
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
-from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
+from specheads.kernels.fused import rmsnorm, rope_cache
+from specheads.kernels.linear import linear
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, repeat_kv,
                                rope_inv_freq)
 
@@ -193,7 +194,7 @@ class Eagle3Head(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            return self.lm_head(rmsnorm(hidden, self.norm.weight, self.norm.eps)[0])
+            return linear(hidden, self.lm_head.weight, norm_weight=self.norm.weight, eps=self.norm.eps)
         return self.lm_head(self.norm(hidden))
 
     def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None):
@@ -231,7 +232,7 @@ class Eagle3Head(nn.Module):
             v_cache.scatter_(2, idx, v)
             return layer.finish(tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask), hid)
         x, hid = head_input(tokens, embed_weight, hidden, rows, ln.weight, ln.eps, hn.weight, hn.eps)
-        q = rope_cache(F.linear(x, attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache,
+        q = rope_cache(linear(x, attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache,
                        slots, cfg.num_attention_heads, n_kv, d)
         out = tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask)
         return self._fused_finish(out, hid)
@@ -255,15 +256,16 @@ class Eagle3Head(nn.Module):
         k = torch.empty(b, n_kv, t, d, dtype=embeds.dtype, device=embeds.device)
         v = torch.empty_like(k)
         slots = torch.arange(t, device=embeds.device).expand(b, t)
-        q = rope_cache(F.linear(x, layer.self_attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k, v,
+        q = rope_cache(linear(x, layer.self_attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k, v,
                        slots, cfg.num_attention_heads, n_kv, d)
         return self._fused_finish(self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
 
     def _fused_finish(self, attn_out, residual):
-        """Layer.finish on the fused kernels: o_proj, residual add + norm, silu*mul MLP."""
+        """Layer.finish on the fused kernels: o_proj onto the residual, norm + gate_up + silu,
+        down_proj onto the residual (kernels/linear.py)."""
         layer = self.midlayer
         b, _, t, _ = attn_out.shape
-        o = layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
+        h = linear(attn_out.transpose(1, 2).reshape(b, t, -1), layer.self_attn.o_proj.weight, residual=residual)
         ln = layer.post_attention_layernorm
-        normed, h = rmsnorm(o, ln.weight, ln.eps, residual)
-        return h + layer.mlp.down_proj(silu_mul(F.linear(normed, layer.mlp.gate_up_weight)))
+        act = linear(h, layer.mlp.gate_up_weight, norm_weight=ln.weight, eps=ln.eps, silu=True)
+        return linear(act, layer.mlp.down_proj.weight, residual=h)

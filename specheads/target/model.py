@@ -19,6 +19,7 @@ from torch import nn
 
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
+from specheads.kernels.linear import linear, serves
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
                                rope_inv_freq)
 
@@ -216,6 +217,7 @@ class TargetModel(nn.Module):
         inv_freq, scaling = rope_inv_freq(hf_config)
         self.rotary = RotaryTable(inv_freq, scaling, max_positions or spec.max_position_embeddings)
         self.fused = False
+        self._own_gemm = False  # set by fuse_for_inference: our GEMM kernel serves these widths
 
     @torch.no_grad()
     def fuse_for_inference(self) -> "TargetModel":
@@ -230,6 +232,8 @@ class TargetModel(nn.Module):
             a.qkv_weight, a.qkv_bias = fuse_linears([a.q_proj, a.k_proj, a.v_proj])
             m.gate_up_weight, m.gate_up_bias = fuse_linears([m.gate_proj, m.up_proj])
         self.fused = True
+        spec = self.spec
+        self._own_gemm = serves(spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.intermediate_size)
         return self
 
     @property
@@ -285,20 +289,45 @@ class TargetModel(nn.Module):
         hidden = self.model.norm(x)
         return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
 
+    def _cublas_layers(self, x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
+                       logits_positions) -> TargetOutput:
+        """`_fused_forward`'s layers for models too wide for our GEMM (kernels/linear.py,
+        MAX_K): cuBLAS projections, the residual add in the next RMSNorm."""
+        spec = self.spec
+        b, t = position_ids.shape
+        h_q, h_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+        capture, captured, delta = set(capture_layers), {}, None
+        for i, layer in enumerate(self.model.layers):
+            a, m = layer.self_attn, layer.mlp
+            h, x = rmsnorm(x, layer.input_layernorm.weight, layer.input_layernorm.eps, delta)
+            q = rope_cache(F.linear(h, a.qkv_weight, a.qkv_bias), self.rotary.cos, self.rotary.sin, position_ids,
+                           cache.k[i], cache.v[i], slots, h_q, h_kv, d)
+            o = tree_attention(q, cache.k[i, :b, :, :kv_len], cache.v[i, :b, :, :kv_len], attn_mask)
+            o = a.o_proj(o.transpose(1, 2).reshape(b, t, h_q * d))
+            h, x = rmsnorm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, o)
+            delta = m.down_proj(silu_mul(F.linear(h, m.gate_up_weight, m.gate_up_bias)))
+            if i in capture:
+                captured[i] = x + delta
+        hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps, delta)
+        return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
+
     def _output(self, hidden, captured, capture_layers, return_logits, logits_positions) -> TargetOutput:
         logits = None
         if return_logits:
             h = hidden if logits_positions is None else hidden.gather(
                 1, logits_positions[..., None].expand(-1, -1, hidden.shape[-1])
             )
-            logits = self.lm_head(h)
+            # fused: the same row-independent GEMM as the layers (a token's logits equal in a
+            # decode and in a tree verify)
+            logits = linear(h, self.lm_head.weight) if self._own_gemm else self.lm_head(h)
         aux = torch.cat([captured[i] for i in capture_layers], dim=-1) if captured else None
         return TargetOutput(hidden=hidden, aux_hidden=aux, logits=logits)
 
     def _fused_forward(self, input_ids, position_ids, cache, kv_len, attn_mask, cache_slots, capture_layers,
                        return_logits, logits_positions) -> TargetOutput:
-        """The same layers as `forward` with a cache, on the fused kernels: the residual add
-        rides in the next RMSNorm, rotary and the cache write are one kernel."""
+        """The same layers as `forward` with a cache, on the fused kernels: each projection
+        carries its norm, activation or residual add (kernels/linear.py), rotary and the cache
+        write are one kernel."""
         spec = self.spec
         b, t = input_ids.shape
         h_q, h_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
@@ -308,18 +337,20 @@ class TargetModel(nn.Module):
         capture = set(capture_layers)
         captured = {}
         x = self.model.embed_tokens(input_ids)
-        delta = None
+        if not self._own_gemm:  # wide layers: cuBLAS's GEMV, the residual add rides in the next norm
+            return self._cublas_layers(x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
+                                       logits_positions)
         for i, layer in enumerate(self.model.layers):
             a, m = layer.self_attn, layer.mlp
-            h, x = rmsnorm(x, layer.input_layernorm.weight, layer.input_layernorm.eps, delta)
-            q = rope_cache(F.linear(h, a.qkv_weight, a.qkv_bias), self.rotary.cos, self.rotary.sin, position_ids,
-                           cache.k[i], cache.v[i], slots,
+            n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+            qkv = linear(x, a.qkv_weight, a.qkv_bias, norm_weight=n1.weight, eps=n1.eps)
+            q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, cache.k[i], cache.v[i], slots,
                            h_q, h_kv, d)
             o = tree_attention(q, cache.k[i, :b, :, :kv_len], cache.v[i, :b, :, :kv_len], attn_mask)
-            o = a.o_proj(o.transpose(1, 2).reshape(b, t, h_q * d))
-            h, x = rmsnorm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, o)
-            delta = m.down_proj(silu_mul(F.linear(h, m.gate_up_weight, m.gate_up_bias)))
+            x = linear(o.transpose(1, 2).reshape(b, t, h_q * d), a.o_proj.weight, a.o_proj.bias, residual=x)
+            act = linear(x, m.gate_up_weight, m.gate_up_bias, norm_weight=n2.weight, eps=n2.eps, silu=True)
+            x = linear(act, m.down_proj.weight, m.down_proj.bias, residual=x)
             if i in capture:
-                captured[i] = x + delta
-        hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps, delta)
+                captured[i] = x
+        hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps)
         return self._output(hidden, captured, capture_layers, return_logits, logits_positions)

@@ -111,7 +111,14 @@ def _target(family):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
-def test_fused_forward_equals_eager(family, kernels, monkeypatch):
+@pytest.mark.parametrize("gemm", ["ours", "cublas"])
+def test_fused_forward_equals_eager(family, kernels, gemm, monkeypatch):
+    """Both layer paths: our GEMM carrying norm / silu / residual, and (for layers wider than
+    linear.MAX_K) cuBLAS projections with the residual add in the next norm."""
+    if gemm == "cublas":
+        from specheads.kernels import linear
+
+        monkeypatch.setattr(linear, "MAX_K", 8)
     if kernels == "triton":
         interpret_triton(monkeypatch)
     else:
@@ -120,7 +127,7 @@ def test_fused_forward_equals_eager(family, kernels, monkeypatch):
     ref, ref_cache = _verify_forward(ref_model, fuse=False)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     out, cache = _verify_forward(model, fuse=True)
-    assert model.fused
+    assert model.fused and model._own_gemm == (gemm == "ours")
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out.aux_hidden, ref.aux_hidden, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(cache.k, ref_cache.k, rtol=1e-5, atol=1e-5)

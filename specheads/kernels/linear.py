@@ -1,0 +1,144 @@
+"""The target layer's projections as one Triton kernel each, beside their torch reference.
+
+    y = [residual +] act( [rmsnorm](x) @ W.T [+ bias] )
+
+  norm_weight  RMSNorm x first, inside the kernel (a row's norm is a pass over its K values)
+  silu         W is a fused gate_up [2I, K]: y = silu(gate) * up, [.., I]
+  residual     added after the projection (the decoder's residual stream)
+
+Why our own GEMM for the decode / verify shapes (a few to a few hundred rows):
+- launches: a layer of a small model is bound by kernel launches, not arithmetic; the norm,
+  the activation and the residual add ride in the GEMM (10 kernels a layer -> 7).
+- lossless in bf16, not only in float32: cuBLAS picks a different algorithm for 1 row than
+  for a 33-token tree, so a token's logits round differently when verified than when
+  decoded, and near-ties flip. Here a row's value never depends on how many rows are in
+  the call: the tile shape and the K order are chosen from the weight's shape only
+  (`_config`), so a 1-token decode and a tree verify give a token the same bits.
+Every step rounds where the eager modules round (to the activation dtype after the norm,
+after the projection, after silu, after the add), so the reference is the eager forward.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from specheads.kernels.fused import _kernel, rmsnorm, silu_mul, triton, use_triton
+
+if triton is not None:
+    import triton.language as tl
+
+# rows above which cuBLAS serves better (long prefills); below, the Triton kernel runs
+MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_MAX_ROWS") or 1024)
+# widest input (K) served: at K = 4096 (an 8B layer) cuBLAS's 1-row GEMV streams the weight
+# faster than this kernel does (scripts/gpu/linear_check.py, docs/benchmarks.md)
+MAX_K = 2048
+
+
+def serves(*widths: int) -> bool:
+    """Whether projections over inputs of these widths run here (else the model keeps cuBLAS)."""
+    return all(w <= MAX_K and w % 16 == 0 for w in widths)
+
+
+def linear_reference(x, weight, bias=None, norm_weight=None, eps=0.0, residual=None, silu=False):
+    """The same op from torch ops (and the fused norm / silu kernels where those run)."""
+    h = rmsnorm(x, norm_weight, eps)[0] if norm_weight is not None else x
+    y = F.linear(h, weight, bias)
+    if silu:
+        y = silu_mul(y)
+    return y if residual is None else residual + y
+
+
+def _config(n: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) from the weight's shape alone (never from
+    the number of rows: see the module docstring). Enough column blocks to spread the weight
+    over the SMs; the longest K step that divides K."""
+    block_k = 128 if k % 128 == 0 and k >= 1024 else 64
+    block_n = 128 if n >= 8192 else (32 if n >= 2048 else 16)
+    return block_n, block_k, 4, 4
+
+
+if triton is not None:
+
+    def _linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, o_ptr, n_rows, n_out, n_in, eps,
+                       s_xm, s_wn, s_rm, s_om,
+                       NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PRECISION: tl.constexpr):
+        rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        m_ok = rm < n_rows
+        n_ok = rn < n_out
+        dt = o_ptr.dtype.element_ty
+        if NORM:  # a first pass for each row's mean square (K is a few thousand at most)
+            ss = tl.zeros([BLOCK_M], tl.float32)
+            for k0 in range(0, n_in, BLOCK_K):
+                kk = k0 + rk
+                xf = tl.load(x_ptr + rm[:, None] * s_xm + kk[None, :], mask=m_ok[:, None] & (kk < n_in)[None, :],
+                             other=0.0).to(tl.float32)
+                ss += tl.sum(xf * xf, 1)
+            rstd = 1.0 / tl.sqrt(ss / n_in + eps)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, n_in, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < n_in
+            a = tl.load(x_ptr + rm[:, None] * s_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if NORM:
+                nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+                y = (a.to(tl.float32) * rstd[:, None]).to(dt)
+                a = (nw[None, :] * y.to(tl.float32)).to(dt)
+            w = tl.load(w_ptr + rn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+            if SILU:  # the up rows sit n_out rows below the gate rows
+                wu = tl.load(w_ptr + (rn + n_out)[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                             other=0.0)
+                acc_up = tl.dot(a, tl.trans(wu), acc_up, input_precision=PRECISION)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if SILU:
+                acc_up += tl.load(b_ptr + n_out + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        out = acc.to(dt)
+        if SILU:
+            g = out.to(tl.float32)
+            s = (g / (1.0 + tl.exp(-g))).to(dt)
+            out = (s.to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
+        ok = m_ok[:, None] & n_ok[None, :]
+        if HAS_RES:
+            r = tl.load(r_ptr + rm[:, None] * s_rm + rn[None, :], mask=ok, other=0.0)
+            out = (r.to(tl.float32) + out.to(tl.float32)).to(dt)
+        tl.store(o_ptr + rm[:, None] * s_om + rn[None, :], out, mask=ok)
+
+
+def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
+    """t as [rows, k] with unit column stride (a view where one exists)."""
+    t2 = t.reshape(-1, k)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, silu=False) -> torch.Tensor:
+    """x [..., K], weight [N, K] -> [..., N] ([..., N / 2] with silu); see the module docstring."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if not use_triton(x) or rows == 0 or rows > MAX_ROWS or not serves(k) or weight.stride(-1) != 1:
+        return linear_reference(x, weight, bias, norm_weight, eps, residual, silu)
+    n = weight.shape[0] // 2 if silu else weight.shape[0]
+    x2 = _rows(x, k)
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    res = _rows(residual, n) if residual is not None else out
+    block_n, block_k, warps, stages = _config(weight.shape[0], k)
+    # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
+    # scripts/gpu/linear_check.py); one block for up to 64 rows reads the weight once
+    block_m = 16 if rows <= 16 else (64 if rows <= 64 else 128)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
+    _kernel(_linear_kernel)[grid](
+        x2, weight, bias if bias is not None else out, norm_weight if norm_weight is not None else out, res, out,
+        rows, n, k, float(eps), x2.stride(0), weight.stride(0), res.stride(0), out.stride(0),
+        NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
+        num_warps=8 if block_m == 128 else warps, num_stages=stages)
+    return out.view(*x.shape[:-1], n)

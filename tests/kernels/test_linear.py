@@ -1,0 +1,79 @@
+"""The fused projection kernel (Triton, through the CPU interpreter) against its torch
+reference. The property it exists for, a row's bits not depending on the other rows of the
+call, holds on the GPU's tensor cores (scripts/gpu/linear_check.py: 1 row against 8, 33
+and 264); the interpreter's numpy matmul rounds by row position, so here only the part
+that decides it is tested: the tile configuration comes from the weight's shape alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specheads.kernels import linear as lin
+from tests.kernels.interpret import interpret_triton, needs_triton
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    interpret_triton(monkeypatch)
+
+
+def _inputs(rows, k, n, seed=0, silu=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    w = torch.randn(2 * n if silu else n, k, generator=g) / k**0.5
+    return g, x, w
+
+
+@needs_triton
+@pytest.mark.parametrize("norm,silu,bias,residual", [
+    (False, False, False, False),
+    (True, False, True, False),   # a qkv projection (Qwen2 has biases)
+    (False, False, False, True),  # o_proj / down_proj onto the residual stream
+    (True, True, False, False),   # gate_up with the post-attention norm
+    (True, True, True, True),
+])
+def test_kernel_equals_reference(interpret, norm, silu, bias, residual):
+    rows, k, n = 5, 48, 40  # neither a multiple of the blocks: masked edges
+    g, x, w = _inputs(rows, k, n, silu=silu)
+    x = x.view(1, rows, k)
+    kw = dict(
+        bias=torch.randn(w.shape[0], generator=g) if bias else None,
+        norm_weight=torch.randn(k, generator=g) if norm else None,
+        eps=1e-5,
+        residual=torch.randn(1, rows, n, generator=g) if residual else None,
+        silu=silu,
+    )
+    out = lin.linear(x, w, **kw)
+    ref = lin.linear_reference(x, w, **kw)
+    assert out.shape == ref.shape == (1, rows, n)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+def test_strided_input_rows(interpret):
+    """The attention output arrives as a [B, T, H*D] view; a sliced input is copied, not misread."""
+    g, x, w = _inputs(6, 80, 32, seed=3)
+    wide = x[:, :64]  # row stride 80
+    torch.testing.assert_close(lin.linear(wide, w[:, :64].contiguous()), lin.linear_reference(wide, w[:, :64]),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_large_calls_take_the_reference(monkeypatch):
+    """Above MAX_ROWS (long prefills) cuBLAS serves: the reference path, same numbers."""
+    monkeypatch.setattr(lin, "MAX_ROWS", 4)
+    _, x, w = _inputs(6, 32, 16, seed=4)
+    torch.testing.assert_close(lin.linear(x, w), x @ w.t())
+
+
+def test_config_depends_on_the_weight_only():
+    assert lin._config(49152, 576) == lin._config(49152, 576)
+    for n, k in ((960, 576), (3072, 576), (576, 1536), (49152, 576), (6144, 4096), (28672 * 2, 4096), (4096, 14336)):
+        block_n, block_k, _, _ = lin._config(n, k)
+        assert k % block_k == 0 and block_n in (16, 32, 64, 128)
+
+
+def test_serves_the_small_widths_only():
+    assert lin.serves(576, 576, 1536)  # SmolLM2-135M
+    assert not lin.serves(4096, 4096, 14336)  # an 8B layer keeps cuBLAS
+    assert not lin.serves(100)  # not a multiple of 16
