@@ -5,8 +5,12 @@ SDPA's memory-efficient kernel serves these shapes poorly: one program per (row,
 the whole cache bucket, and a 16-token tree costs ~24 us per layer on an H200. Here the query
 heads of a KV group share a program (their rows stacked, so K and V are read once per group),
 the cache is split into chunks handled by separate programs (split-K, as in flash-decoding)
-that skip blocks the mask hides, and a second small kernel merges the chunks' partial
-softmaxes. With a single chunk the first kernel writes the output itself.
+that skip blocks the mask hides. With a single chunk a program writes the output itself;
+with several, each program stores its chunk's partial softmax (fp32 accumulator, max, sum)
+and bumps a counter of its (row, kv head, row block), and the program that brings the
+counter to the number of chunks merges the partials in chunk order and writes the output
+(one launch per call: the decode step is launch-bound, and a second merge kernel per layer
+cost ~30 launches a target forward).
 
   q     [B, H, T, D]      (any strides; last dim contiguous)
   k, v  [B, KV, S, D]     (cache views; last dim contiguous)
@@ -50,9 +54,40 @@ def attention_reference(q, k, v, mask):
     return gqa_attention(q, k, v, mask)
 
 
+# Split-K arrival counters, one int32 per (batch row, kv head, row block), per device. The
+# program that merges a group's chunks sets its counter back to 0, so a buffer is all zeros
+# between launches and needs no memset kernel. CUDA graphs bake in its address, so it must
+# outlive every graph that used it: buffers are never freed, only superseded by a bigger one
+# (zeros) when a call needs more entries. A first allocation or a growth inside CUDA graph
+# capture would put the buffer in the graph's pool and a memset in the graph, so
+# split_counters refuses it; it does not happen in the engine, whose captures
+# (runtime/graphs.py capture_graph) first run the same step twice, at the same shapes,
+# outside capture. MIN_COUNTERS covers batch 32 x 8 kv heads x 16 row blocks (256 rows)
+# without any growth. Calls share a device's buffer, so they must not run at the same time
+# on two streams (the engine runs one stream; its capture warm-up waits on the main one).
+MIN_COUNTERS = 4096
+_counters: dict = {}  # torch.device -> the current int32 buffer
+_retired: list = []  # superseded buffers, kept alive for graphs that captured their address
+
+
+def split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """An all-zeros int32 buffer of at least n entries on device, the same one call after call."""
+    buf = _counters.get(device)
+    if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"tree_attention needs {n} split-K counters during CUDA graph capture; run the "
+                "captured step once outside capture first (the buffer is then allocated)")
+        if buf is not None:
+            _retired.append(buf)
+        buf = torch.zeros(max(MIN_COUNTERS, 1 << (n - 1).bit_length()), dtype=torch.int32, device=device)
+        _counters[device] = buf
+    return buf
+
+
 if triton is not None:
 
-    def _split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, part_ptr, stat_ptr,
+    def _split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, part_ptr, stat_ptr, cnt_ptr,
                       n_kv, n_tok, n_rows, n_keys, n_splits, scale,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mt, s_ob, s_oh, s_ot,
                       REP: tl.constexpr, D: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -100,34 +135,32 @@ if triton is not None:
             tl.store(part_ptr + base[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
             tl.store(stat_ptr + base * 2, m_i, mask=row_ok)
             tl.store(stat_ptr + base * 2 + 1, l_i, mask=row_ok)
-
-    def _merge_kernel(part_ptr, stat_ptr, o_ptr, n_kv, n_tok, n_rows, n_splits, s_ob, s_oh, s_ot,
-                      REP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
-        bh = tl.program_id(0)
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < n_rows
-        d = tl.arange(0, D)
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_sum = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for split in range(0, n_splits):
-            base = (bh * n_splits + split) * n_rows + rows
-            ms = tl.load(stat_ptr + base * 2, mask=row_ok, other=float("-inf"))
-            ls = tl.load(stat_ptr + base * 2 + 1, mask=row_ok, other=0.0)
-            part = tl.load(part_ptr + base[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-            m_new = tl.maximum(m, ms)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m - m_safe)
-            beta = tl.exp(ms - m_safe)
-            acc = acc * alpha[:, None] + part * beta[:, None]
-            l_sum = l_sum * alpha + ls * beta
-            m = m_new
-        b = bh // n_kv
-        head = (bh % n_kv) * REP + rows // n_tok
-        tok = rows % n_tok
-        out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-        tl.store(o_ptr + b * s_ob + head[:, None] * s_oh + tok[:, None] * s_ot + d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+            # every thread's stores are issued before the (one-thread) atomic; acq_rel at gpu
+            # scope publishes them to, and makes the others' visible to, the program that merges
+            tl.debug_barrier()
+            cnt = cnt_ptr + bh * tl.num_programs(2) + tl.program_id(2)
+            done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if done == n_splits - 1:  # the last chunk of this (row, kv head, row block) to finish
+                m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                l_sum = tl.zeros([BLOCK_M], tl.float32)
+                acc_m = tl.zeros([BLOCK_M, D], tl.float32)
+                for s_idx in range(0, n_splits):  # in chunk order: the sum is the same whoever merges
+                    base_s = (bh * n_splits + s_idx) * n_rows + rows
+                    ms = tl.load(stat_ptr + base_s * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                    ls = tl.load(stat_ptr + base_s * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+                    part = tl.load(part_ptr + base_s[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0,
+                                   cache_modifier=".cg")
+                    m_new = tl.maximum(m, ms)
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.exp(m - m_safe)
+                    beta = tl.exp(ms - m_safe)
+                    acc_m = acc_m * alpha[:, None] + part * beta[:, None]
+                    l_sum = l_sum * alpha + ls * beta
+                    m = m_new
+                out = acc_m / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+                tl.store(o_ptr + b * s_ob + head[:, None] * s_oh + tok[:, None] * s_ot + d[None, :],
+                         out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+                tl.store(cnt, 0)  # every chunk has counted: ready for the next launch (or graph replay)
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -155,22 +188,21 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     chunk = chunk_for(n_keys, rows)
     n_splits = triton.cdiv(n_keys, chunk)
     direct = n_splits == 1
+    row_blocks = triton.cdiv(rows, block_m)
     if direct:
         part = stat = out  # unused
+        counters = out
     else:
         part = torch.empty(b * n_kv * n_splits * rows, d, dtype=torch.float32, device=q.device)
         stat = torch.empty(b * n_kv * n_splits * rows, 2, dtype=torch.float32, device=q.device)
+        counters = split_counters(q.device, b * n_kv * row_blocks)
     m_rows = mask.stride(0) if mask.shape[0] > 1 else 0
-    grid = (b * n_kv, n_splits, triton.cdiv(rows, block_m))
+    grid = (b * n_kv, n_splits, row_blocks)
     _kernel(_split_kernel)[grid](
-        q, k, v, mask, out, part, stat, n_kv, t, rows, n_keys, n_splits, 1.0 / math.sqrt(d),
+        q, k, v, mask, out, part, stat, counters, n_kv, t, rows, n_keys, n_splits, 1.0 / math.sqrt(d),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), m_rows, mask.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # float32 stays float32 (no TF32)
-    if not direct:
-        _kernel(_merge_kernel)[(b * n_kv, triton.cdiv(rows, block_m))](
-            part, stat, out, n_kv, t, rows, n_splits, out.stride(0), out.stride(1), out.stride(2),
-            REP=rep, D=d, BLOCK_M=block_m)
     return out

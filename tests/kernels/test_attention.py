@@ -1,5 +1,6 @@
 """The tree-attention kernel (Triton, through the CPU interpreter) against SDPA: query heads
-of a group stacked, split-K chunks merged, blocks the mask hides skipped, strided cache views."""
+of a group stacked, split-K chunks merged by the last of their programs (one launch, its
+counters left at zero), blocks the mask hides skipped, strided cache views."""
 
 from __future__ import annotations
 
@@ -60,3 +61,69 @@ def test_tree_attention_skips_hidden_blocks_and_broadcasts_the_mask(interpret):
     torch.testing.assert_close(out, attention.attention_reference(q, k, v, mask), rtol=1e-4, atol=1e-5)
     with pytest.raises(TypeError, match="bool mask"):
         attention.tree_attention(q, k, v, mask.float())
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """64 keys per split-K program: 200 keys make 4 chunks, the last one partial."""
+    monkeypatch.setattr(attention, "CHUNK", 64)
+
+
+def _case(b, h, kv, t, s, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, h, d, generator=g).transpose(1, 2)
+    k, v = torch.randn(b, kv, s, d, generator=g), torch.randn(b, kv, s, d, generator=g)
+    mask = _mask(b, t, s, seed=seed)
+    return q, k, v, mask
+
+
+@needs_triton
+@pytest.mark.parametrize("b, h, kv, t, s, hide", [
+    (2, 4, 2, 3, 200, "chunks"),  # 4 chunks (the last 8 keys), whole chunks hidden from every query
+    (3, 6, 3, 5, 200, "partial"),  # a chunk hidden up to its last key, a partial last chunk
+    (1, 2, 1, 9, 130, "none"),  # 3 chunks, an 18-row tree: one row block, rows past n_rows masked
+])
+def test_one_launch_merges_the_chunks(interpret, small_chunks, monkeypatch, b, h, kv, t, s, hide):
+    q, k, v, mask = _case(b, h, kv, t, s, 16, seed=b * 10 + t)
+    mask = mask.clone()
+    if hide == "chunks":
+        mask[..., 64:128] = False  # chunk 1 hidden from every query
+        mask[0, ..., :64] = False  # batch row 0: chunk 0 too
+        mask[..., s - 1] = True  # every query sees a key (in the partial last chunk)
+    elif hide == "partial":
+        mask[..., :127] = False  # chunk 0 hidden, chunk 1 all but its last key
+        mask[..., 127] = True
+    launched = []
+    real = attention._kernel
+
+    def recording(fn):
+        launched.append(fn.__name__)
+        return real(fn)
+
+    monkeypatch.setattr(attention, "_kernel", recording)
+    out = attention.tree_attention(q, k, v, mask)
+    assert launched == ["_split_kernel"]  # no second (merge) launch
+    torch.testing.assert_close(out, attention.attention_reference(q, k, v, mask), rtol=1e-4, atol=1e-5)
+    counters = attention._counters[q.device]
+    assert counters.numel() >= attention.MIN_COUNTERS and not counters.any()  # reset for the next call
+    again = attention.tree_attention(q, k, v, mask)
+    assert torch.equal(out, again)
+    assert attention._counters[q.device] is counters and not counters.any()
+
+
+@needs_triton
+def test_counters_grow_and_stay_alive(interpret, small_chunks, monkeypatch):
+    monkeypatch.setattr(attention, "_counters", {})
+    monkeypatch.setattr(attention, "_retired", [])
+    monkeypatch.setattr(attention, "MIN_COUNTERS", 4)
+    q, k, v, mask = _case(1, 2, 1, 3, 140, 16, seed=5)  # 1 x 1 x 1 row block: 1 counter
+    attention.tree_attention(q, k, v, mask)
+    first = attention._counters[q.device]
+    assert first.numel() == 4
+    q, k, v, mask = _case(3, 4, 2, 3, 140, 16, seed=6)  # 3 x 2 x 1 = 6 counters: a bigger buffer
+    out = attention.tree_attention(q, k, v, mask)
+    torch.testing.assert_close(out, attention.attention_reference(q, k, v, mask), rtol=1e-4, atol=1e-5)
+    grown = attention._counters[q.device]
+    assert grown.numel() == 8 and not grown.any()
+    assert attention._retired == [first]  # a graph may still hold its address
+    assert attention.split_counters(q.device, 5) is grown
