@@ -4,7 +4,7 @@
 
 For each weight shape of SmolLM2-135M (target layer, draft head, lm_heads) and of a
 Llama-3.1-8B layer: the error against the composed torch reference (bf16); whether a row's
-bits are the same alone and among 8 / 33 / 264 rows (the property that keeps bf16
+bits are the same alone and among 8 / 16 / 33 / 64 rows (the property that keeps bf16
 speculation identical to plain decoding); and the time of one call replayed in a CUDA graph,
 ours against the composed reference (cuBLAS + the separate norm / silu kernels + add).
 `--sweep` also times other tile configs at 1 and 33 rows and prints the best per shape.
@@ -83,10 +83,10 @@ def main():
         x, w, kw = args_for(op, n, k, 264, dev, dt, g)
         alone = lin.linear(x[:1], w, **{**kw, **({"residual": kw["residual"][:1]} if "residual" in kw else {})})
         same = {}
-        for rows in (8, 33, 264):
+        for rows in (8, 16, 33, 64):
             sub = {**kw, **({"residual": kw["residual"][:rows]} if "residual" in kw else {})}
             same[rows] = bool(torch.equal(lin.linear(x[:rows], w, **sub)[:1], alone))
-        for rows in (1, 33) if "8b" in name else (1, 33, 264):
+        for rows in (1, 8, 33) if "8b" in name else (1, 8, 33, 64):
             sub = {**kw, **({"residual": kw["residual"][:rows]} if "residual" in kw else {})}
             xr = x[:rows]
             out = lin.linear(xr, w, **sub).float()

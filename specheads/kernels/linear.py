@@ -30,8 +30,9 @@ from specheads.kernels.fused import _kernel, rmsnorm, silu_mul, triton, use_trit
 if triton is not None:
     import triton.language as tl
 
-# rows above which cuBLAS serves better (long prefills); below, the Triton kernel runs
-MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_MAX_ROWS") or 1024)
+# rows above which cuBLAS serves better (prefills, trees of 8 rows): at 264 rows its large
+# tiles beat ours 2x on the 135M shapes (H100, scripts/gpu/linear_check.py)
+MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_MAX_ROWS") or 64)
 # widest input (K) served: at K = 4096 (an 8B layer) cuBLAS's 1-row GEMV streams the weight
 # faster than this kernel does (scripts/gpu/linear_check.py, docs/benchmarks.md)
 MAX_K = 2048
@@ -131,8 +132,9 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     res = _rows(residual, n) if residual is not None else out
     block_n, block_k, warps, stages = _config(weight.shape[0], k)
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
-    # scripts/gpu/linear_check.py); one block for up to 64 rows reads the weight once
-    block_m = 16 if rows <= 16 else (64 if rows <= 64 else 128)
+    # scripts/gpu/linear_check.py). Narrow weights want many programs (16-row blocks), an
+    # lm_head wants its 50-100 MB read once (one 64-row block)
+    block_m = 16 if rows <= 16 or n < 8192 else 64
     grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
     _kernel(_linear_kernel)[grid](
         x2, weight, bias if bias is not None else out, norm_weight if norm_weight is not None else out, res, out,
@@ -140,5 +142,5 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
-        num_warps=8 if block_m == 128 else warps, num_stages=stages)
+        num_warps=warps, num_stages=stages)
     return out.view(*x.shape[:-1], n)

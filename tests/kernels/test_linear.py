@@ -1,7 +1,7 @@
 """The fused projection kernel (Triton, through the CPU interpreter) against its torch
 reference. The property it exists for, a row's bits not depending on the other rows of the
-call, holds on the GPU's tensor cores (scripts/gpu/linear_check.py: 1 row against 8, 33
-and 264); the interpreter's numpy matmul rounds by row position, so here only the part
+call, holds on the GPU's tensor cores (scripts/gpu/linear_check.py: 1 row against 8, 16, 33
+and 64, and 264 earlier); the interpreter's numpy matmul rounds by row position, so here only the part
 that decides it is tested: the tile configuration comes from the weight's shape alone."""
 
 from __future__ import annotations
