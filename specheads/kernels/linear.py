@@ -43,6 +43,14 @@ def serves(*widths: int) -> bool:
     return all(w <= MAX_K and w % 16 == 0 for w in widths)
 
 
+def _runs_here(rows: int, n: int, k: int) -> bool:
+    if rows == 0 or rows > MAX_ROWS or k % 16:
+        return False
+    # a wide model's lm_head at decode: one pass over 250+ MB, where ours streams faster than
+    # cuBLAS's 1-row GEMV (Llama-3.1-8B shape, H100: 343 vs 375 us, linear_check.py)
+    return serves(k) or (n >= 32768 and rows <= 16)
+
+
 def linear_reference(x, weight, bias=None, norm_weight=None, eps=0.0, residual=None, silu=False):
     """The same op from torch ops (and the fused norm / silu kernels where those run)."""
     h = rmsnorm(x, norm_weight, eps)[0] if norm_weight is not None else x
@@ -57,7 +65,7 @@ def _config(n: int, k: int) -> tuple[int, int, int, int]:
     the number of rows: see the module docstring). Enough column blocks to spread the weight
     over the SMs; the longest K step that divides K."""
     block_k = 128 if k % 128 == 0 and k >= 1024 else 64
-    block_n = 128 if n >= 8192 else (32 if n >= 2048 else 16)
+    block_n = (64 if k >= 2048 else 128) if n >= 8192 else (32 if n >= 2048 else 16)
     return block_n, block_k, 4, 4
 
 
@@ -124,7 +132,7 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     """x [..., K], weight [N, K] -> [..., N] ([..., N / 2] with silu); see the module docstring."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
-    if not use_triton(x) or rows == 0 or rows > MAX_ROWS or not serves(k) or weight.stride(-1) != 1:
+    if not use_triton(x) or not _runs_here(rows, weight.shape[0], k) or weight.stride(-1) != 1:
         return linear_reference(x, weight, bias, norm_weight, eps, residual, silu)
     n = weight.shape[0] // 2 if silu else weight.shape[0]
     x2 = _rows(x, k)

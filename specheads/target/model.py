@@ -318,8 +318,8 @@ class TargetModel(nn.Module):
                 1, logits_positions[..., None].expand(-1, -1, hidden.shape[-1])
             )
             # fused: the same row-independent GEMM as the layers (a token's logits equal in a
-            # decode and in a tree verify)
-            logits = linear(h, self.lm_head.weight) if self._own_gemm else self.lm_head(h)
+            # decode and in a tree verify); `linear` keeps cuBLAS where that is faster
+            logits = linear(h, self.lm_head.weight) if self.fused else self.lm_head(h)
         aux = torch.cat([captured[i] for i in capture_layers], dim=-1) if captured else None
         return TargetOutput(hidden=hidden, aux_hidden=aux, logits=logits)
 

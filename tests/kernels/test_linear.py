@@ -77,3 +77,10 @@ def test_serves_the_small_widths_only():
     assert lin.serves(576, 576, 1536)  # SmolLM2-135M
     assert not lin.serves(4096, 4096, 14336)  # an 8B layer keeps cuBLAS
     assert not lin.serves(100)  # not a multiple of 16
+
+
+def test_wide_lm_head_runs_here_at_decode_only():
+    assert lin._runs_here(1, 128256, 4096)  # an 8B lm_head, one row
+    assert not lin._runs_here(33, 128256, 4096)  # its tree verify: cuBLAS
+    assert not lin._runs_here(1, 6144, 4096)  # an 8B projection: cuBLAS
+    assert lin._runs_here(33, 960, 576) and not lin._runs_here(65, 960, 576)
