@@ -10,6 +10,7 @@ ours against the composed reference (cuBLAS + the separate norm / silu kernels +
 `--sweep` also times other tile configs at 1 and 33 rows and prints the best per shape.
 Writes linear_check.json under --out."""
 import argparse
+import itertools
 import json
 import os
 from pathlib import Path
@@ -72,6 +73,11 @@ def graph_time(fn, reps=50):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--only", default="", help="shapes whose name starts with this (e.g. 135m)")
+    ap.add_argument("--bn", type=int, nargs="+", default=[16, 32, 64, 128])
+    ap.add_argument("--bk", type=int, nargs="+", default=[64, 128], help="may exceed K (masked)")
+    ap.add_argument("--stages", type=int, nargs="+", default=[3, 4])
+    ap.add_argument("--warps", type=int, nargs="+", default=[4])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
@@ -79,7 +85,7 @@ def main():
     report = {"card": torch.cuda.get_device_name(), "rows": []}
     default_config = lin._config
     print(f"{'shape':14} {'rows':>4} {'err':>8} {'same bits':>9} {'ours us':>8} {'ref us':>8}  config")
-    for name, n, k, op in SHAPES:
+    for name, n, k, op in [s for s in SHAPES if s[0].startswith(a.only)]:
         x, w, kw = args_for(op, n, k, 264, dev, dt, g)
         alone = lin.linear(x[:1], w, **{**kw, **({"residual": kw["residual"][:1]} if "residual" in kw else {})})
         same = {}
@@ -97,19 +103,17 @@ def main():
             best = None
             if a.sweep and rows in (1, 33):
                 cands = []
-                for bn in (16, 32, 64, 128):
-                    for bk in (64, 128):
-                        if k % bk or (n // (2 if "silu" in op else 1)) < bn:
-                            continue
-                        for stages in (3, 4):
-                            cfg = (bn, bk, 4, stages)
-                            lin._config = lambda n_, k_, cfg=cfg: cfg
-                            try:
-                                cands.append((graph_time(lambda: lin.linear(xr, w, **sub), reps=20), cfg))
-                            except Exception:  # out of shared memory etc.
-                                pass
-                            finally:
-                                lin._config = default_config
+                for bn, bk, warps, stages in itertools.product(a.bn, a.bk, a.warps, a.stages):
+                    if (bk < k and k % bk) or bk > 2 * k or (n // (2 if "silu" in op else 1)) < bn:
+                        continue
+                    cfg = (bn, bk, warps, stages)
+                    lin._config = lambda n_, k_, cfg=cfg: cfg
+                    try:
+                        cands.append((graph_time(lambda: lin.linear(xr, w, **sub), reps=20), cfg))
+                    except Exception:  # out of shared memory etc.
+                        pass
+                    finally:
+                        lin._config = default_config
                 best = min(cands)
             row = {"shape": name, "n": n, "k": k, "op": op, "rows": rows, "rel_err": err, "same_bits": same,
                    "ours_us": t_ours, "ref_us": t_ref, "config": default_config(n, k), "best": best}

@@ -64,9 +64,12 @@ def _config(n: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) from the weight's shape alone (never from
     the number of rows: see the module docstring). Enough column blocks to spread the weight
     over the SMs; the longest K step that divides K."""
-    block_k = 128 if k % 128 == 0 and k >= 1024 else 64
+    if 1024 <= k <= 2048 and k % 512 == 0:  # an MLP's down_proj: 3.9 vs 4.4 us at K = 1536 (H100)
+        block_k, stages = 512, 3
+    else:
+        block_k, stages = (128 if k % 128 == 0 and k >= 1024 else 64), 4
     block_n = (64 if k >= 2048 else 128) if n >= 8192 else (32 if n >= 2048 else 16)
-    return block_n, block_k, 4, 4
+    return block_n, block_k, 4, stages
 
 
 if triton is not None:
