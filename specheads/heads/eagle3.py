@@ -23,8 +23,8 @@ from torch import nn
 
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
-from specheads.kernels.fused import rmsnorm, rope_cache
-from specheads.kernels.linear import linear
+from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
+from specheads.kernels.linear import fits, linear
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, repeat_kv,
                                rope_inv_freq)
 
@@ -265,7 +265,13 @@ class Eagle3Head(nn.Module):
         down_proj onto the residual (kernels/linear.py)."""
         layer = self.midlayer
         b, _, t, _ = attn_out.shape
-        h = linear(attn_out.transpose(1, 2).reshape(b, t, -1), layer.self_attn.o_proj.weight, residual=residual)
         ln = layer.post_attention_layernorm
+        cfg = self.config
+        if not fits(b * t, cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size):
+            # cuBLAS (many rows, wide heads): the residual add rides in the norm, as eager rounds it
+            o = layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
+            normed, h = rmsnorm(o, ln.weight, ln.eps, residual)
+            return h + layer.mlp.down_proj(silu_mul(F.linear(normed, layer.mlp.gate_up_weight)))
+        h = linear(attn_out.transpose(1, 2).reshape(b, t, -1), layer.self_attn.o_proj.weight, residual=residual)
         act = linear(h, layer.mlp.gate_up_weight, norm_weight=ln.weight, eps=ln.eps, silu=True)
         return linear(act, layer.mlp.down_proj.weight, residual=h)

@@ -43,12 +43,17 @@ def serves(*widths: int) -> bool:
     return all(w <= MAX_K and w % 16 == 0 for w in widths)
 
 
+def fits(rows: int, *widths: int) -> bool:
+    """Whether a call of this many rows over inputs of these widths runs here: callers that
+    would otherwise pay separate residual-add kernels on the cuBLAS path keep their own
+    fused structure when it does not (TargetModel, Eagle3Head)."""
+    return 0 < rows <= MAX_ROWS and serves(*widths)
+
+
 def _runs_here(rows: int, n: int, k: int) -> bool:
-    if rows == 0 or rows > MAX_ROWS or k % 16:
-        return False
     # a wide model's lm_head at decode: one pass over 250+ MB, where ours streams faster than
     # cuBLAS's 1-row GEMV (Llama-3.1-8B shape, H100: 343 vs 375 us, linear_check.py)
-    return serves(k) or (n >= 32768 and rows <= 16)
+    return fits(rows, k) or (0 < rows <= 16 and n >= 32768 and k % 16 == 0)
 
 
 def linear_reference(x, weight, bias=None, norm_weight=None, eps=0.0, residual=None, silu=False):

@@ -19,7 +19,7 @@ from torch import nn
 
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
-from specheads.kernels.linear import linear, serves
+from specheads.kernels.linear import fits, linear, serves
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
                                rope_inv_freq)
 
@@ -291,8 +291,9 @@ class TargetModel(nn.Module):
 
     def _cublas_layers(self, x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
                        logits_positions) -> TargetOutput:
-        """`_fused_forward`'s layers for models too wide for our GEMM (kernels/linear.py,
-        MAX_K): cuBLAS projections, the residual add in the next RMSNorm."""
+        """`_fused_forward`'s layers where our GEMM does not run (layers wider than
+        linear.MAX_K, calls of more than linear.MAX_ROWS rows: batched trees, prefills):
+        cuBLAS projections, the residual add in the next RMSNorm."""
         spec = self.spec
         b, t = position_ids.shape
         h_q, h_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
@@ -337,7 +338,7 @@ class TargetModel(nn.Module):
         capture = set(capture_layers)
         captured = {}
         x = self.model.embed_tokens(input_ids)
-        if not self._own_gemm:  # wide layers: cuBLAS's GEMV, the residual add rides in the next norm
+        if not (self._own_gemm and fits(b * t)):  # wide layers or many rows: cuBLAS, the residual add in the next norm
             return self._cublas_layers(x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
                                        logits_positions)
         for i, layer in enumerate(self.model.layers):

@@ -111,14 +111,17 @@ def _target(family):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
-@pytest.mark.parametrize("gemm", ["ours", "cublas"])
+@pytest.mark.parametrize("gemm", ["ours", "cublas", "cublas-rows"])
 def test_fused_forward_equals_eager(family, kernels, gemm, monkeypatch):
     """Both layer paths: our GEMM carrying norm / silu / residual, and (for layers wider than
-    linear.MAX_K) cuBLAS projections with the residual add in the next norm."""
-    if gemm == "cublas":
-        from specheads.kernels import linear
+    linear.MAX_K, or calls of more than linear.MAX_ROWS rows) cuBLAS projections with the
+    residual add in the next norm."""
+    from specheads.kernels import linear
 
+    if gemm == "cublas":
         monkeypatch.setattr(linear, "MAX_K", 8)
+    if gemm == "cublas-rows":
+        monkeypatch.setattr(linear, "MAX_ROWS", 4)  # the 8-row verify below exceeds it
     if kernels == "triton":
         interpret_triton(monkeypatch)
     else:
@@ -127,7 +130,7 @@ def test_fused_forward_equals_eager(family, kernels, gemm, monkeypatch):
     ref, ref_cache = _verify_forward(ref_model, fuse=False)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     out, cache = _verify_forward(model, fuse=True)
-    assert model.fused and model._own_gemm == (gemm == "ours")
+    assert model.fused and model._own_gemm == (gemm != "cublas")
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out.aux_hidden, ref.aux_hidden, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(cache.k, ref_cache.k, rtol=1e-5, atol=1e-5)
@@ -137,9 +140,13 @@ def test_fused_forward_equals_eager(family, kernels, gemm, monkeypatch):
 
 
 @pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
-def test_fused_head_step_equals_eager(kernels, monkeypatch):
+@pytest.mark.parametrize("max_rows", [64, 2])
+def test_fused_head_step_equals_eager(kernels, max_rows, monkeypatch):
     """The EAGLE-3 head's draft step on the fused kernels: causal without a cache (the prefill
-    feed) and over a cache under a tree mask (a draft depth)."""
+    feed) and over a cache under a tree mask (a draft depth); max_rows 2: the cuBLAS finish."""
+    from specheads.kernels import linear
+
+    monkeypatch.setattr(linear, "MAX_ROWS", max_rows)
     if kernels == "triton":
         interpret_triton(monkeypatch)
     else:
