@@ -36,6 +36,8 @@ if os.environ.get("TWICE"):  # the same graphed engine twice (the benchmark's wa
 for graphs in (False, True):
     eng = SpecEngine(target, head, use_graphs=graphs, max_batch=batch, **kw)
     eng.buckets = True  # eager at the graphs' widths: the same kernels, so the check isolates capture
+    if graphs and os.environ.get("PRECAPTURE"):  # the server's start-up capture (batch 1) first
+        print(f"captured {eng.capture_common((1,))} graphs at start", flush=True)
     t0 = time.time()
     res[graphs] = eng.generate(prompts, SamplingParams(max_new_tokens=tokens), stop_token_ids(tok))
     torch.cuda.synchronize()

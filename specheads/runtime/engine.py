@@ -404,15 +404,7 @@ class SpecEngine:
             self.draft_limit[start + i] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
         sampled = any(r.request.params.temperature > 0 for r in new)
         if self.use_graphs and k == 1:
-            key = ("prefill", start, width, sampled)
-            if key not in self.graphs:
-                inputs = (torch.empty_like(ids, device=dev), torch.empty_like(lens, device=dev))
-                for buf, src in zip(inputs, (ids, lens)):
-                    buf.copy_(src)
-                graph, first = capture_graph(lambda: self._prefill_forward(start, *inputs, sampled), self._pool)
-                self._pool = graph.pool()
-                self.graphs[key] = (graph, inputs, first)
-            graph, inputs, first = self.graphs[key]
+            graph, inputs, first = self._prefill_graph(start, width, sampled)
             for buf, src in zip(inputs, (ids, lens)):
                 buf.copy_(src, non_blocking=True)
             graph.replay()
@@ -428,6 +420,60 @@ class SpecEngine:
                 done.append(start + i)
         self._remove(done)
         return outputs
+
+    def _prefill_graph(self, start: int, width: int, sampled: bool):
+        """The captured prefill of one prompt of `width` (a bucket) into row `start`: (graph,
+        its input buffers (ids [1, W], lengths [1]), its output), captured on first use."""
+        key = ("prefill", start, width, sampled)
+        if key not in self.graphs:
+            inputs = (torch.zeros(1, width, dtype=torch.long, device=self.device),
+                      torch.ones(1, dtype=torch.long, device=self.device))
+            graph, first = capture_graph(lambda: self._prefill_forward(start, *inputs, sampled), self._pool,
+                                         self._restorer())
+            self._pool = graph.pool()
+            self.graphs[key] = (graph, inputs, first)
+        return self.graphs[key]
+
+    def _restorer(self):
+        """A function that puts the rows' small state back as it is now (graph warm-ups run
+        real steps; they must leave no trace)."""
+        state = self._state()
+        saved = [t.clone() for t in state]
+
+        def restore():
+            for t, s in zip(state, saved):
+                t.copy_(s)
+        return restore
+
+    def capture_common(self, batch_sizes=(1,)) -> int:
+        """Capture now what requests of these batch sizes replay at temperature 0 (a server
+        calls it at start, so no request pays a capture): the step graph of every context
+        bucket, with drafts and without, and (for one joining request) the prefill graph of
+        every prompt-width bucket. Other shapes are still captured on first use. Returns
+        the number of graphs captured."""
+        if self.rows or self.waiting:
+            raise EngineError("capture_common() needs an idle engine")
+        if not self.use_graphs:
+            return 0
+        before = len(self.graphs)
+        kvs, kv = [], 128
+        while kv < self.cap:
+            kvs.append(kv)
+            kv *= 2
+        kvs.append(self.cap)
+        drafts = (True, False) if self.drafter is not None else (False,)
+        for b in sorted({min(next_pow2(n), self.max_batch) for n in batch_sizes}):
+            for kv in kvs:
+                for draft in drafts:
+                    if (b, kv, False, draft) not in self.graphs:
+                        self.graphs[(b, kv, False, draft)] = self._capture(b, kv, False, draft)
+        width = 16
+        while True:
+            self._prefill_graph(0, min(width, self.max_len), False)
+            if width >= self.max_len:
+                break
+            width *= 2
+        return len(self.graphs) - before
 
     def _prefill_forward(self, start: int, ids: torch.Tensor, lens: torch.Tensor, sampled: bool) -> torch.Tensor:
         """Prompts ids [k, W] (right-padded, lengths lens [k]) into rows start..: the target's
@@ -508,14 +554,7 @@ class SpecEngine:
         return self.out
 
     def _capture(self, b: int, kv: int, sampled: bool, draft: bool) -> torch.cuda.CUDAGraph:
-        state = self._state()
-        saved = [t.clone() for t in state]
-
-        def restore():  # the warm-up steps must leave no trace in the rows' state
-            for t, s in zip(state, saved):
-                t.copy_(s)
-
-        graph, _ = capture_graph(lambda: self._step(b, kv, sampled, draft), self._pool, restore)
+        graph, _ = capture_graph(lambda: self._step(b, kv, sampled, draft), self._pool, self._restorer())
         self._pool = graph.pool()
         return graph
 

@@ -341,3 +341,13 @@ def test_overlapped_steps_equal_sequential_steps(target, head, method, buckets):
     assert "stop" in reasons and "length" in reasons
     if method == "eagle3":
         assert sum(s[3] for steps in sequential for s in steps) > 0
+
+
+def test_capture_common_needs_an_idle_engine(target, head):
+    """The server's start-up capture: nothing to capture without CUDA graphs (CPU), and it
+    refuses to run under live requests (its warm-up steps would touch their rows)."""
+    engine = SpecEngine(target, head, num_steps=2, topk=2, num_draft_tokens=4, max_len=64, max_batch=2)
+    assert engine.capture_common((1,)) == 0
+    engine.add(Request(PROMPTS[0], SamplingParams(max_new_tokens=4)))
+    with pytest.raises(EngineError, match="idle engine"):
+        engine.capture_common((1,))
