@@ -455,6 +455,7 @@ class SpecEngine:
             raise EngineError("capture_common() needs an idle engine")
         if not self.use_graphs:
             return 0
+        self._allocate()
         before = len(self.graphs)
         kvs, kv = [], 128
         while kv < self.cap:

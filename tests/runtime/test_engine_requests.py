@@ -351,3 +351,23 @@ def test_capture_common_needs_an_idle_engine(target, head):
     engine.add(Request(PROMPTS[0], SamplingParams(max_new_tokens=4)))
     with pytest.raises(EngineError, match="idle engine"):
         engine.capture_common((1,))
+
+
+def test_capture_common_covers_every_bucket_a_lone_request_reaches(target, head, monkeypatch):
+    """The graphs captured at start are exactly the shapes one client's steps and prefills
+    ask for (capture itself needs CUDA: recorded here instead)."""
+    from specheads.runtime.engine import next_pow2
+
+    engine = SpecEngine(target, head, num_steps=2, topk=2, num_draft_tokens=4, max_len=120, max_batch=4)
+    engine.use_graphs = True
+    monkeypatch.setattr(engine, "_capture", lambda b, kv, sampled, draft: ("step", b, kv, sampled, draft))
+    widths = []
+    monkeypatch.setattr(engine, "_prefill_graph", lambda start, width, sampled: widths.append((start, width, sampled)))
+    n = engine.capture_common((1,))
+    steps = {k for k in engine.graphs if k[0] != "prefill"}
+    assert n == len(steps) and all(not sampled for _, _, sampled, _ in steps)
+    for need in range(1, engine.cap + 1):  # the context bucket _launch picks for any length
+        kv = min(max(next_pow2(need), 128), engine.cap)
+        assert (1, kv, False, True) in steps and (1, kv, False, False) in steps
+    for length in range(1, engine.max_len):  # the width bucket _prefill picks for any prompt
+        assert (0, min(max(16, next_pow2(length)), engine.max_len), False) in widths
