@@ -4,8 +4,9 @@ and off, on loopback only.
     python scripts/serve_load.py --target <dir|.gguf> --draft runs/smollm2-eagle3/final --out bench/serve
     python scripts/serve_load.py --url http://127.0.0.1:8000 --model NAME --out bench/serve
 
-In-process (--target), it serves the head (eagle3) and, for the "ar" row, a second engine
-with --method ar on the same target. Modes: `spec` (server default), `off` (per-request
+Without --url it starts `specheads serve` in a subprocess (clients and server in one process
+would share the interpreter lock) with the head (eagle3) and, for the "ar" row, a second
+server with --method ar on the same target. Modes: `spec` (server default), `off` (per-request
 `"speculation": {"enabled": false}`: plain decoding inside the speculative engine's batch),
 `ar` (a server without a drafter). Each cell runs at most --requests requests and
 --max-seconds seconds, after a warm-up of the same concurrency. Prints a table (requests/s,
@@ -20,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -99,34 +99,51 @@ async def run_cell(url: str, headers: dict, model: str, prompts: list[str], clie
 
 
 @contextlib.contextmanager
-def local_server(engine, tok, name: str):
-    """An in-process server on a free loopback port (the same app and uvicorn as `specheads serve`)."""
+def server_process(args, method: str):
+    """`specheads serve` in its own process on a free loopback port (clients in this process
+    would share its interpreter lock, and at 8-32 streaming clients the load generator itself
+    skews the server's numbers); stopped with SIGTERM (its graceful shutdown) at the end."""
     import socket
-
-    from specheads.server.app import ServerConfig, create_app
-    from specheads.server.launch import make_server
+    import subprocess
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    app = create_app(engine, tok, ServerConfig(name, max_queue=1024, request_timeout=3600))
-    server = make_server(app, "127.0.0.1", port)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.05)
+    cmd = [sys.executable, "-m", "specheads.cli", "serve", "--port", str(port), "--served-model-name", "target",
+           "--method", method, "--num-steps", str(args.num_steps), "--topk", str(args.topk),
+           "--num-draft-tokens", str(args.num_draft_tokens), "--max-batch", str(args.max_batch),
+           "--max-len", str(args.max_len), "--max-queue", "1024", "--request-timeout", "3600"]
+    if args.target:
+        cmd += ["--target", args.target]
+    if method == "eagle3":
+        cmd += ["--draft", args.draft]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{port}"
+        deadline = time.time() + 900
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode} before it was ready: {' '.join(cmd)}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("the server did not become ready in 900 s")
+            time.sleep(0.5)
+        yield url
     finally:
-        server.should_exit = True
-        thread.join(60)
+        proc.terminate()
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--url", default=None, help="a running server (loopback); default: start one in-process")
+    ap.add_argument("--url", default=None, help="a running server (loopback); default: start one (a subprocess)")
     ap.add_argument("--model", default="target", help="with --url: the served model name")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--target", default=None)
@@ -171,19 +188,12 @@ def main() -> None:
         for mode in [m for m in args.modes if m != "ar"]:
             cells(args.url, args.model, mode)
     else:
-        from specheads.server.launch import load_engine
-
-        common = dict(num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-                      max_batch=args.max_batch, max_len=args.max_len)
         if {"spec", "off"} & set(args.modes):
-            engine, tok, _ = load_engine(args.target, args.draft, **common)
-            with local_server(engine, tok, "target") as url:
+            with server_process(args, "eagle3") as url:
                 for mode in [m for m in args.modes if m != "ar"]:
                     cells(url, "target", mode)
-            del engine
         if "ar" in args.modes:
-            engine, tok, _ = load_engine(args.target, None, method="ar", **common)
-            with local_server(engine, tok, "target") as url:
+            with server_process(args, "ar") as url:
                 cells(url, "target", "ar")
     report_table(rows)
     out = Path(args.out)
