@@ -22,8 +22,10 @@ token, the last emitted one, not yet in it):
           the path's captured features.
 On CUDA the whole step (draft, verify, accept, commit) replays as one CUDA graph per
 (batch bucket, context bucket, greedy/sampled); one host sync per step reads the result.
-A request that joins alone prefills through a captured graph too (per row and prompt-width
-bucket): eager, the launches of a 30-layer prompt forward cost ~12 ms of host time.
+A request that joins alone prefills through a captured graph too (one per prompt-width
+bucket: it runs in a staging row, then moves to the request's row): eager, the launches of a
+30-layer prompt forward cost ~12 ms of host time. `capture_common` captures the graphs of
+given batch sizes at once (a server does at start), so no request waits for a capture.
 
 Overlap: every input of a step (roots, committed lengths, the drafter's pending features)
 lives on the device, so with a device drafter (or none) the next step is launched before
@@ -340,7 +342,11 @@ class SpecEngine:
     def _allocate(self) -> None:
         if self._allocated:
             return
-        dev, mb = self.device, self.max_batch
+        dev = self.device
+        # rows [:max_batch] decode; row max_batch stages a lone joining prompt, so that its
+        # captured prefill graph serves whichever row the request lands in (see _prefill)
+        self.staging = self.max_batch
+        mb = self.max_batch + 1
         self.tree_nodes = 1 + self.num_draft_tokens
         self.depth = self.num_steps
         # room to verify a full tree at the end, + a spare slot
@@ -384,12 +390,16 @@ class SpecEngine:
         dev = self.device
         lengths = [len(r.request.prompt) for r in new]
         width = max(lengths)
-        if self.buckets and k == 1:
-            # one request joining (the common case): its width rounds up to a bucket, and on CUDA
-            # the prefill replays a captured graph (eager, the Triton launches alone cost ~12 ms
-            # of host time for a 30-layer prompt forward). Padding writes past the prompt, into
-            # slots no query sees before they are written again.
+        staged = self.buckets and k == 1
+        if staged:
+            # one request joining (the common case): its width rounds up to a bucket and it is
+            # prefilled in the staging row, then moved to its row; on CUDA the prefill replays a
+            # graph captured per width alone (eager, the Triton launches alone cost ~12 ms of host
+            # time for a 30-layer prompt forward; per row and width, a server would capture
+            # hundreds). Padding writes past the prompt, into slots no query sees before they
+            # are written again.
             width = min(max(16, next_pow2(width)), self.max_len)
+        row0 = self.staging if staged else start
         ids = torch.zeros(k, width, dtype=torch.long)
         for i, r in enumerate(new):
             ids[i, : lengths[i]] = torch.as_tensor(r.request.prompt)
@@ -398,19 +408,21 @@ class SpecEngine:
         for i, r in enumerate(new):
             p, spec = r.request.params, r.request.spec
             seed = p.seed if p.seed is not None else random.getrandbits(32)
-            self.row_params.set_row(start + i, p, seed)
+            self.row_params.set_row(row0 + i, p, seed)
             on = r.speculate
-            self.depth_limit[start + i] = min(spec.num_steps or self.depth, self.depth) if on else 0
-            self.draft_limit[start + i] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
+            self.depth_limit[row0 + i] = min(spec.num_steps or self.depth, self.depth) if on else 0
+            self.draft_limit[row0 + i] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
         sampled = any(r.request.params.temperature > 0 for r in new)
-        if self.use_graphs and k == 1:
-            graph, inputs, first = self._prefill_graph(start, width, sampled)
+        if staged and self.use_graphs:
+            graph, inputs, first = self._prefill_graph(width, sampled)
             for buf, src in zip(inputs, (ids, lens)):
                 buf.copy_(src, non_blocking=True)
             graph.replay()
         else:
             with torch.no_grad():
-                first = self._prefill_forward(start, ids.to(dev), lens.to(dev), sampled)
+                first = self._prefill_forward(row0, ids.to(dev), lens.to(dev), sampled)
+        if staged:
+            self._move_row(self.staging, start, width)
         self.rows += new
         outputs, done = [], []
         for i, (r, tok) in enumerate(zip(new, first.tolist())):
@@ -421,14 +433,14 @@ class SpecEngine:
         self._remove(done)
         return outputs
 
-    def _prefill_graph(self, start: int, width: int, sampled: bool):
-        """The captured prefill of one prompt of `width` (a bucket) into row `start`: (graph,
+    def _prefill_graph(self, width: int, sampled: bool):
+        """The captured prefill of one prompt of `width` (a bucket) into the staging row: (graph,
         its input buffers (ids [1, W], lengths [1]), its output), captured on first use."""
-        key = ("prefill", start, width, sampled)
+        key = ("prefill", width, sampled)
         if key not in self.graphs:
             inputs = (torch.zeros(1, width, dtype=torch.long, device=self.device),
                       torch.ones(1, dtype=torch.long, device=self.device))
-            graph, first = capture_graph(lambda: self._prefill_forward(start, *inputs, sampled), self._pool,
+            graph, first = capture_graph(lambda: self._prefill_forward(self.staging, *inputs, sampled), self._pool,
                                          self._restorer())
             self._pool = graph.pool()
             self.graphs[key] = (graph, inputs, first)
@@ -448,9 +460,8 @@ class SpecEngine:
     def capture_common(self, batch_sizes=(1,)) -> int:
         """Capture now what requests of these batch sizes replay at temperature 0 (a server
         calls it at start, so no request pays a capture): the step graph of every context
-        bucket, with drafts and without, and (for one joining request) the prefill graph of
-        every prompt-width bucket. Other shapes are still captured on first use. Returns
-        the number of graphs captured."""
+        bucket, with drafts and without, and the prefill graph of every prompt-width bucket.
+        Sampled steps are still captured on first use. Returns the number of graphs captured."""
         if self.rows or self.waiting:
             raise EngineError("capture_common() needs an idle engine")
         if not self.use_graphs:
@@ -470,7 +481,7 @@ class SpecEngine:
                         self.graphs[(b, kv, False, draft)] = self._capture(b, kv, False, draft)
         width = 16
         while True:
-            self._prefill_graph(0, min(width, self.max_len), False)
+            self._prefill_graph(min(width, self.max_len), False)
             if width >= self.max_len:
                 break
             width *= 2
@@ -514,16 +525,19 @@ class SpecEngine:
             last = len(self.rows) - 1
             if i != last:
                 moving = self.rows[last]
-                length = min(moving.committed + ahead, self.cap)
-                self.cache.k[:, i, :, :length] = self.cache.k[:, last, :, :length]
-                self.cache.v[:, i, :, :length] = self.cache.v[:, last, :, :length]
-                for t in self._row_tensors():
-                    t[i] = t[last]
-                if isinstance(self.drafter, Eagle3Drafter):
-                    self.drafter.move_row(last, i, length)
+                self._move_row(last, i, min(moving.committed + ahead, self.cap))
                 self.rows[i] = moving
             self.rows.pop()
             self._clear_row(last)
+
+    def _move_row(self, src: int, dst: int, length: int) -> None:
+        """Row src's cache entries [:length] and state into row dst."""
+        self.cache.k[:, dst, :, :length] = self.cache.k[:, src, :, :length]
+        self.cache.v[:, dst, :, :length] = self.cache.v[:, src, :, :length]
+        for t in self._row_tensors():
+            t[dst] = t[src]
+        if isinstance(self.drafter, Eagle3Drafter):
+            self.drafter.move_row(src, dst, length)
 
     def _clear_row(self, row: int) -> None:
         # an idle row inside a padded batch computes harmlessly on its own cache row

@@ -32,10 +32,10 @@ def load_engine(target: str | None, draft: str | None, method: str | None = None
     head = load_head(draft, device=device, dtype=dtype) if draft and method == "eagle3" else None
     engine = SpecEngine(model, head, method=method, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
                         max_len=max_len, max_batch=max_batch)
-    if device == "cuda":  # one client's graphs now, so no request waits for a capture
+    if device == "cuda":  # the greedy graphs now, so no request waits for a capture
         t0 = time.perf_counter()
-        n = engine.capture_common((1,))
-        print(f"captured {n} CUDA graphs (batch 1, every context and prompt-width bucket) in "
+        n = engine.capture_common(range(1, max_batch + 1))
+        print(f"captured {n} CUDA graphs (every batch, context and prompt-width bucket) in "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return engine, tok, folder
 

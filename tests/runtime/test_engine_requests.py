@@ -197,8 +197,8 @@ def test_graph_bucket_shapes_run_eagerly(target, head, method):
 @pytest.mark.parametrize("method", ["eagle3", "ar"])
 def test_single_joins_prefill_at_bucket_widths(target, head, method):
     """A request joining alone runs its prefill at the graph's bucket width (prompt padded on
-    the right, into slots nobody reads before they are rewritten), in any row: outputs equal
-    plain decoding."""
+    the right, into slots nobody reads before they are rewritten) in the staging row, then
+    moves to its row (also beside a running row): outputs equal plain decoding."""
     engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
                         num_draft_tokens=8, max_len=100, max_batch=2)
     engine.buckets = True
@@ -221,6 +221,8 @@ def test_single_joins_prefill_at_bucket_widths(target, head, method):
     single = [w for w in widths if len(w[2]) == 1]
     assert single and all(w[1] >= 16 and w[1] & (w[1] - 1) == 0 and w[1] >= w[2][0] for w in single)
     assert any(w[1] > w[2][0] for w in single)  # padded
+    # prefilled in the staging row (one graph per width serves every row), then moved
+    assert all(w[0] == engine.staging == engine.max_batch for w in single)
 
 
 def test_no_row_drafting_runs_plain_decode_steps(target, head, monkeypatch):
@@ -362,7 +364,7 @@ def test_capture_common_covers_every_bucket_a_lone_request_reaches(target, head,
     engine.use_graphs = True
     monkeypatch.setattr(engine, "_capture", lambda b, kv, sampled, draft: ("step", b, kv, sampled, draft))
     widths = []
-    monkeypatch.setattr(engine, "_prefill_graph", lambda start, width, sampled: widths.append((start, width, sampled)))
+    monkeypatch.setattr(engine, "_prefill_graph", lambda width, sampled: widths.append((width, sampled)))
     n = engine.capture_common((1,))
     steps = {k for k in engine.graphs if k[0] != "prefill"}
     assert n == len(steps) and all(not sampled for _, _, sampled, _ in steps)
@@ -370,4 +372,4 @@ def test_capture_common_covers_every_bucket_a_lone_request_reaches(target, head,
         kv = min(max(next_pow2(need), 128), engine.cap)
         assert (1, kv, False, True) in steps and (1, kv, False, False) in steps
     for length in range(1, engine.max_len):  # the width bucket _prefill picks for any prompt
-        assert (0, min(max(16, next_pow2(length)), engine.max_len), False) in widths
+        assert (min(max(16, next_pow2(length)), engine.max_len), False) in widths
