@@ -6,14 +6,19 @@
   silu         W is a fused gate_up [2I, K]: y = silu(gate) * up, [.., I]
   residual     added after the projection (the decoder's residual stream)
 
-Why our own GEMM for the decode / verify shapes (a few to a few hundred rows):
+Why our own GEMM for the decode / verify shapes (1 to 64 rows):
 - launches: a layer of a small model is bound by kernel launches, not arithmetic; the norm,
-  the activation and the residual add ride in the GEMM (10 kernels a layer -> 7).
+  the activation and the residual add ride in the GEMM (a target layer: 10 kernels -> 6,
+  with the one-launch attention).
 - lossless in bf16, not only in float32: cuBLAS picks a different algorithm for 1 row than
   for a 33-token tree, so a token's logits round differently when verified than when
   decoded, and near-ties flip. Here a row's value never depends on how many rows are in
-  the call: the tile shape and the K order are chosen from the weight's shape only
-  (`_config`), so a 1-token decode and a tree verify give a token the same bits.
+  the call: the K steps and column blocks come from the weight's shape only (`_config`);
+  the row block (16 or 64) varies, and the tensor cores give a row the same bits in either
+  (scripts/gpu/linear_check.py, on the H100). Attention still orders a tree node's keys
+  differently from a decode (docs/benchmarks.md, session 5).
+Where it runs: calls of up to MAX_ROWS rows over inputs of up to MAX_K (and a wide model's
+lm_head at up to 16 rows); elsewhere the reference (cuBLAS) serves.
 Every step rounds where the eager modules round (to the activation dtype after the norm,
 after the projection, after silu, after the add), so the reference is the eager forward.
 """
