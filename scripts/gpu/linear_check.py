@@ -48,6 +48,11 @@ def args_for(op, n, k, rows, dev, dt, g):
     return x, w, kw
 
 
+def first_rows(kw, rows):
+    """The call's keyword arguments for the first `rows` rows (the residual is per row)."""
+    return {**kw, "residual": kw["residual"][:rows]} if "residual" in kw else kw
+
+
 def graph_time(fn, reps=50):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -87,13 +92,12 @@ def main():
     print(f"{'shape':14} {'rows':>4} {'err':>8} {'same bits':>9} {'ours us':>8} {'ref us':>8}  config")
     for name, n, k, op in [s for s in SHAPES if s[0].startswith(a.only)]:
         x, w, kw = args_for(op, n, k, 264, dev, dt, g)
-        alone = lin.linear(x[:1], w, **{**kw, **({"residual": kw["residual"][:1]} if "residual" in kw else {})})
+        alone = lin.linear(x[:1], w, **first_rows(kw, 1))
         same = {}
         for rows in (8, 16, 33, 64):
-            sub = {**kw, **({"residual": kw["residual"][:rows]} if "residual" in kw else {})}
-            same[rows] = bool(torch.equal(lin.linear(x[:rows], w, **sub)[:1], alone))
+            same[rows] = bool(torch.equal(lin.linear(x[:rows], w, **first_rows(kw, rows))[:1], alone))
         for rows in (1, 8, 33) if "8b" in name else (1, 8, 33, 64):
-            sub = {**kw, **({"residual": kw["residual"][:rows]} if "residual" in kw else {})}
+            sub = first_rows(kw, rows)
             xr = x[:rows]
             out = lin.linear(xr, w, **sub).float()
             ref = lin.linear_reference(xr, w, **sub).float()

@@ -259,10 +259,9 @@ class SpecEngine:
     def _launch(self, ahead: int) -> _Launch:
         """Queue one step for the active rows; `ahead` steps are in flight before it."""
         n = len(self.rows)
-        # graphs are captured per bucket: batch and context widths round up to powers of two
-        b = min(next_pow2(n), self.max_batch) if self.buckets else n
+        b = self._batch_bucket(n) if self.buckets else n
         need = max(r.committed for r in self.rows) + ahead * (self.depth + 1) + self.tree_nodes + 1
-        kv = min(max(next_pow2(need), 128) if self.buckets else need, self.cap)
+        kv = self._context_bucket(need) if self.buckets else min(need, self.cap)
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         draft = any(r.speculate for r in self.rows)
@@ -398,7 +397,7 @@ class SpecEngine:
             # time for a 30-layer prompt forward; per row and width, a server would capture
             # hundreds). Padding writes past the prompt, into slots no query sees before they
             # are written again.
-            width = min(max(16, next_pow2(width)), self.max_len)
+            width = self._width_bucket(width)
         row0 = self.staging if staged else start
         ids = torch.zeros(k, width, dtype=torch.long)
         for i, r in enumerate(new):
@@ -468,24 +467,26 @@ class SpecEngine:
             return 0
         self._allocate()
         before = len(self.graphs)
-        kvs, kv = [], 128
-        while kv < self.cap:
-            kvs.append(kv)
-            kv *= 2
-        kvs.append(self.cap)
         drafts = (True, False) if self.drafter is not None else (False,)
-        for b in sorted({min(next_pow2(n), self.max_batch) for n in batch_sizes}):
+        kvs = sorted({self._context_bucket(need) for need in range(1, self.cap + 1)})
+        for b in sorted({self._batch_bucket(n) for n in batch_sizes}):
             for kv in kvs:
                 for draft in drafts:
                     if (b, kv, False, draft) not in self.graphs:
                         self.graphs[(b, kv, False, draft)] = self._capture(b, kv, False, draft)
-        width = 16
-        while True:
-            self._prefill_graph(min(width, self.max_len), False)
-            if width >= self.max_len:
-                break
-            width *= 2
+        for width in sorted({self._width_bucket(n) for n in range(1, self.max_len + 1)}):
+            self._prefill_graph(width, False)
         return len(self.graphs) - before
+
+    # graphs are captured per bucket: batch, context and prompt widths round up to powers of two
+    def _batch_bucket(self, n: int) -> int:
+        return min(next_pow2(n), self.max_batch)
+
+    def _context_bucket(self, need: int) -> int:
+        return min(max(next_pow2(need), 128), self.cap)
+
+    def _width_bucket(self, width: int) -> int:
+        return min(max(16, next_pow2(width)), self.max_len)
 
     def _prefill_forward(self, start: int, ids: torch.Tensor, lens: torch.Tensor, sampled: bool) -> torch.Tensor:
         """Prompts ids [k, W] (right-padded, lengths lens [k]) into rows start..: the target's
