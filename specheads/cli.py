@@ -89,12 +89,18 @@ def build_train_config(args):
     )
 
 
+# a run stopped by SIGTERM/SIGINT after saving a checkpoint (EX_TEMPFAIL): the same command resumes
+EXIT_RESUMABLE = 75
+
+
 def cmd_train(args) -> int:
     from specheads.training.trainer import train
 
     cfg = build_train_config(args)
     _check_train_inputs(cfg)
     summary = train(cfg)
+    if "stopped_at_step" in summary:
+        return EXIT_RESUMABLE
     if int(os.environ.get("RANK", 0)) == 0:
         _print_train_summary(summary)
     return 0

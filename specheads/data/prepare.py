@@ -22,6 +22,7 @@ from specheads.data.sources import DataError, SkipLog, check_data_source, read_c
 from specheads.data.vocab import VOCAB_FILE, build_vocab_map, save_vocab_map, token_frequencies
 
 REPORT_FILE = "prepare_report.json"
+REGEN_STATE_FILE = "regenerate_state.json"
 
 
 @dataclass
@@ -84,8 +85,12 @@ def prepare(opts: PrepareOptions) -> dict:
         ).validate()
         before = len(conversations)
         t_regen = time.time()
+        # saved as it goes: a killed prepare resumes where it stopped (removed once the data is written)
+        regen_state = Path(opts.output) / REGEN_STATE_FILE
+        regen_state.parent.mkdir(parents=True, exist_ok=True)
         conversations = regenerate(
-            model, tokenizer, conversations, params, opts.max_length, opts.regen_batch_size, opts.regen_max_turns
+            model, tokenizer, conversations, params, opts.max_length, opts.regen_batch_size, opts.regen_max_turns,
+            state_path=regen_state,
         )
         regen_seconds = time.time() - t_regen
         for _ in range(before - len(conversations)):
@@ -156,4 +161,5 @@ def prepare(opts: PrepareOptions) -> dict:
             "seconds": round(regen_seconds, 1),
         }
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
+    (out / REGEN_STATE_FILE).unlink(missing_ok=True)
     return report

@@ -1,14 +1,21 @@
 """Self-distillation data: the target writes every assistant turn itself.
 
 Turn by turn: round r answers the r-th user turn of every conversation that still has
-one, batched across conversations (sorted by prompt length), so that later turns see
-the target's own earlier answers. A conversation stops where its prompt would leave no
-room in `max_length`.
+one, batched across conversations, so that later turns see the target's own earlier
+answers. A conversation stops where its prompt would leave no room in `max_length`.
+
+With `state_path`, the work is saved after every chunk of answers (atomically), and a
+rerun with the same inputs continues from there: a regeneration killed after an hour
+loses at most one chunk.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import hashlib
+import json
+import os
+from dataclasses import asdict, replace
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -16,6 +23,8 @@ from specheads.data.chat import render
 from specheads.data.sources import Conversation
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
+
+STATE_VERSION = 1
 
 
 def stop_token_ids(tokenizer) -> set[int]:
@@ -29,6 +38,21 @@ def stop_token_ids(tokenizer) -> set[int]:
     return ids
 
 
+def _fingerprint(conversations, params, max_length, max_turns, chunk) -> str:
+    """What the saved work depends on: the inputs in order and every option."""
+    h = hashlib.sha256()
+    h.update(json.dumps([asdict(params), max_length, max_turns, chunk], sort_keys=True).encode())
+    for c in conversations:
+        h.update(json.dumps([c.id, c.messages], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _save(path: Path, state: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
 def regenerate(
     model,
     tokenizer,
@@ -37,45 +61,77 @@ def regenerate(
     max_length: int,
     batch_size: int = 64,
     max_turns: int | None = None,
+    state_path: str | Path | None = None,
+    chunk: int | None = None,
 ) -> list[Conversation]:
+    """`chunk`: answers per saved unit (default 8 x batch_size); the seeds of a chunk depend only
+    on its round and place, so a resumed run samples what an uninterrupted one would."""
     stops = stop_token_ids(tokenizer)
+    chunk = chunk or 8 * batch_size
+    key = _fingerprint(conversations, params, max_length, max_turns, chunk)
+    state_path = Path(state_path) if state_path else None
+    state = None
+    if state_path is not None and state_path.is_file():
+        saved = json.loads(state_path.read_text())
+        if saved.get("version") == STATE_VERSION and saved.get("key") == key:
+            state = saved
+            tqdm.write(f"regenerate: resuming from {state_path} (round {state['round']})")
+        else:
+            tqdm.write(f"regenerate: {state_path} was written for other inputs or options; starting over")
+    if state is None:
+        convs = []
+        for c in conversations:
+            system = [m for m in c.messages[:1] if m["role"] == "system"]
+            users = [m for m in c.messages if m["role"] == "user"]
+            convs.append({"id": c.id, "messages": list(system), "users": users[:max_turns] if max_turns else users,
+                          "answered": 0, "open": True})
+        state = {"version": STATE_VERSION, "key": key, "round": 0, "jobs": None, "convs": convs}
+    convs = state["convs"]
     # answers are cut where prompt + answer reach max_length (the engine's context)
     engine = SpecEngine(model, method="ar", max_len=min(max_length, model.rotary.max_positions), max_batch=batch_size)
-    states = []
-    for c in conversations:
-        system = [m for m in c.messages[:1] if m["role"] == "system"]
-        users = [m for m in c.messages if m["role"] == "user"]
-        if max_turns:
-            users = users[:max_turns]
-        states.append({"id": c.id, "messages": list(system), "users": users, "open": True})
-    total = sum(len(s["users"]) for s in states)
-    bar = tqdm(total=total, desc="regenerate", unit="turn")
-    round_idx = 0
+    total = sum(len(s["users"]) for s in convs)
+    done = sum(s["answered"] if s["open"] else len(s["users"]) for s in convs)
+    bar = tqdm(total=total, initial=done, desc="regenerate", unit="turn")
+
+    def prompt_of(s, r):
+        msgs = s["messages"] + [s["users"][r]]
+        text = render(tokenizer, msgs, add_generation_prompt=True)
+        return msgs, tokenizer(text, add_special_tokens=False)["input_ids"]
+
     while True:
-        jobs = []
-        for s in states:
-            if not s["open"] or round_idx >= len(s["users"]):
-                continue
-            msgs = s["messages"] + [s["users"][round_idx]]
-            prompt = tokenizer(render(tokenizer, msgs, add_generation_prompt=True), add_special_tokens=False)[
-                "input_ids"
-            ]
-            if len(prompt) >= engine.max_len - 8:
-                s["open"] = False
-                bar.update(len(s["users"]) - round_idx)
-                continue
-            jobs.append((s, msgs, prompt))
-        if not jobs:
-            break
-        # one engine for all rounds: batch_size rows kept full, a finished answer's row takes the next prompt
-        seed = None if params.seed is None else params.seed + round_idx * 100003
-        outs = engine.generate([j[2] for j in jobs], replace(params, seed=seed), stops, progress=bar.update)
-        for (s, msgs, _), res in zip(jobs, outs):
-            s["messages"] = msgs + [{"role": "assistant", "content": tokenizer.decode(res.token_ids)}]
-        round_idx += 1
+        r = state["round"]
+        if state["jobs"] is None:  # a new round: fix its job list (and close what no longer fits) once
+            jobs = []
+            for i, s in enumerate(convs):
+                if not s["open"] or r >= len(s["users"]):
+                    continue
+                if len(prompt_of(s, r)[1]) >= engine.max_len - 8:
+                    s["open"] = False
+                    bar.update(len(s["users"]) - r)
+                    continue
+                jobs.append(i)
+            if not jobs:
+                break
+            state["jobs"] = jobs
+        jobs = state["jobs"]
+        for c0 in range(0, len(jobs), chunk):
+            todo = [i for i in jobs[c0 : c0 + chunk] if convs[i]["answered"] == r]
+            if not todo:
+                continue  # done before a restart
+            built = [prompt_of(convs[i], r) for i in todo]
+            seed = None if params.seed is None else params.seed + r * 100003 + c0
+            outs = engine.generate([p for _, p in built], replace(params, seed=seed), stops, progress=bar.update)
+            for i, (msgs, _), res in zip(todo, built, outs):
+                convs[i]["messages"] = msgs + [{"role": "assistant", "content": tokenizer.decode(res.token_ids)}]
+                convs[i]["answered"] = r + 1
+            if state_path is not None:
+                _save(state_path, state)
+        state["round"], state["jobs"] = r + 1, None
+        if state_path is not None:
+            _save(state_path, state)
     bar.close()
     return [
         Conversation(s["id"], s["messages"])
-        for s in states
+        for s in convs
         if any(m["role"] == "assistant" for m in s["messages"])
     ]

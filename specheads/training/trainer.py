@@ -12,6 +12,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -115,6 +116,44 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
     for _, p in finished_checkpoints(ckpt_dir)[:-keep]:
         shutil.rmtree(p, ignore_errors=True)
+
+
+class StopRequest:
+    """SIGTERM / SIGINT (a scheduler's time limit, `timeout`, Ctrl-C) ask the loop to stop at the
+    next step boundary: it saves a checkpoint there and returns, so the same command resumes."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for sig in self.SIGNALS:
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: no handler, the default behaviour stays
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+    def agreed(self, world: int, device: torch.device) -> bool:
+        """Every rank stops at the same step (any rank's signal counts)."""
+        flag = self.signum is not None
+        if world > 1 and torch.distributed.is_initialized():
+            t = torch.tensor([int(flag)], device=device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            flag = bool(t.item())
+        return flag
 
 
 def write_done(folder: Path, step: int) -> None:
@@ -394,17 +433,55 @@ class Trainer:
         metrics = MetricsLog(self.out, cfg, enabled=self.is_main, resumed=start > 0)
         self.head.train()
         bar = tqdm(total=self.total_steps, initial=start, desc="train", unit="step", disable=not self.is_main)
-        t_start = time.time()
-        tokens_seen = 0
-        last_eval = {}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        stop = StopRequest()
+        with stop:
+            stopped_at = self._loop(start, metrics, bar, stop)
+        bar.close()
+        if stopped_at is not None:
+            self.save_checkpoint(stopped_at)
+            self.log(f"stopped by signal {stop.signum} after step {stopped_at}/{self.total_steps}; checkpoint "
+                     f"saved in {self.ckpt_dir}: run the same command again to resume")
+            return {"stopped_at_step": stopped_at, "steps": self.total_steps}
+        wall = time.time() - self._t_start
+        tokens_seen = self._tokens_seen
+        last_eval = self.evaluate() if self.is_main else {}
+        peak = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
+        summary = {
+            "steps": self.total_steps,
+            "train_wall_s": round(wall, 1),
+            "train_tokens_per_s": round(tokens_seen * self.world / max(wall, 1e-9), 1),
+            "tokens": tokens_seen * self.world,
+            "peak_gpu_mem_gib": round(peak, 2) if peak is not None else None,
+            "world_size": self.world,
+            "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            **last_eval,
+        }
+        self.save_checkpoint(self.total_steps)
+        if self.is_main:
+            metrics.log({"step": self.total_steps, **last_eval})
+            meta = {"target": cfg.target.path or "smollm2-135m-instruct", "data": self.data.report, "train": summary,
+                    "run_config": cfg.model_dump()}
+            export_dtype = getattr(torch, cfg.train.export_dtype)
+            save_head(self.head, self.out / "final", export_dtype, meta, target_name=cfg.target.path or "smollm2-135m-instruct")
+            metrics.finish(summary)
+            self.log(f"final head -> {self.out / 'final'}")
+        barrier(self.world)
+        return summary
+
+
+    def _loop(self, start: int, metrics, bar, stop: StopRequest) -> int | None:
+        """Steps start..total_steps; returns the step it stopped after on a signal, else None."""
+        cfg = self.cfg
+        self._t_start = t_start = time.time()
+        self._tokens_seen = 0
         for step in range(start, self.total_steps):
             step_stats = []
             for a in range(cfg.train.grad_accum):
                 stats, n_tok = self.micro_step(self.batch_for(step * cfg.train.grad_accum + a))
                 step_stats.append(stats)
-                tokens_seen += n_tok
+                self._tokens_seen += n_tok
                 if self.engine is not None:
                     self.engine.step()
             if self.engine is None:
@@ -437,7 +514,7 @@ class Trainer:
                     "lr": self.scheduler.get_last_lr()[0],
                     "grad_norm": round(grad_norm, 4),
                     "rows": rows,
-                    "tokens_per_s": round(tokens_seen * self.world / max(elapsed, 1e-9), 1),
+                    "tokens_per_s": round(self._tokens_seen * self.world / max(elapsed, 1e-9), 1),
                     "elapsed_s": round(elapsed, 1),
                 }
                 metrics.log(record)
@@ -449,32 +526,9 @@ class Trainer:
             if done % cfg.train.save_every == 0 and done != self.total_steps:
                 self.save_checkpoint(done)
             bar.update(1)
-        bar.close()
-        wall = time.time() - t_start
-        if self.is_main:
-            last_eval = self.evaluate()
-        peak = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
-        summary = {
-            "steps": self.total_steps,
-            "train_wall_s": round(wall, 1),
-            "train_tokens_per_s": round(tokens_seen * self.world / max(wall, 1e-9), 1),
-            "tokens": tokens_seen * self.world,
-            "peak_gpu_mem_gib": round(peak, 2) if peak is not None else None,
-            "world_size": self.world,
-            "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
-            **last_eval,
-        }
-        self.save_checkpoint(self.total_steps)
-        if self.is_main:
-            metrics.log({"step": self.total_steps, **last_eval})
-            meta = {"target": cfg.target.path or "smollm2-135m-instruct", "data": self.data.report, "train": summary,
-                    "run_config": cfg.model_dump()}
-            export_dtype = getattr(torch, cfg.train.export_dtype)
-            save_head(self.head, self.out / "final", export_dtype, meta, target_name=cfg.target.path or "smollm2-135m-instruct")
-            metrics.finish(summary)
-            self.log(f"final head -> {self.out / 'final'}")
-        barrier(self.world)
-        return summary
+            if done != self.total_steps and stop.agreed(self.world, self.device):
+                return done
+        return None
 
 
 def train(cfg: RunConfig) -> dict:

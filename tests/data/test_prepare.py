@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from dataclasses import replace
+
 import pytest
 
 from specheads.data.chat import tokenize_conversation
@@ -147,6 +149,54 @@ def test_regenerate_turns_are_the_targets_greedy_answers(tiny_target):
         assert a[i]["content"] == tok.decode(expected)
 
 
+def test_regeneration_resumes_after_a_kill(tmp_path, tiny_target):
+    """A regeneration killed mid-round continues from its saved chunks: the finished answers
+    are not generated again, and the result equals an uninterrupted run's."""
+    from specheads.data.regenerate import regenerate
+    from specheads.data.sources import Conversation
+    from specheads.runtime.engine import SpecEngine
+    from specheads.runtime.sampling import SamplingParams
+
+    model, tok = tiny_target
+    convs = [Conversation(f"c{i}", [{"role": "user", "content": f"Question number {i}?"},
+                                    {"role": "assistant", "content": "old"},
+                                    {"role": "user", "content": "And then?"}]) for i in range(3)]
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_new_tokens=5)
+    reference = regenerate(model, tok, convs, params, max_length=128, batch_size=2, chunk=2)
+
+    real, calls = SpecEngine.generate, []
+
+    def killed_on_third_call(self, prompts, *a, **k):
+        calls.append(len(prompts))
+        if len(calls) == 3:  # round 0 (chunks of 2 + 1) is saved; round 1 dies
+            raise KeyboardInterrupt
+        return real(self, prompts, *a, **k)
+
+    state = tmp_path / "regen.json"
+    SpecEngine.generate = killed_on_third_call
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            regenerate(model, tok, convs, params, max_length=128, batch_size=2, chunk=2, state_path=state)
+        saved = json.loads(state.read_text())
+        assert saved["round"] == 1 and [c["answered"] for c in saved["convs"]] == [1, 1, 1]
+        calls.clear()
+        SpecEngine.generate = lambda self, prompts, *a, **k: (calls.append(len(prompts)), real(self, prompts, *a, **k))[1]
+        resumed = regenerate(model, tok, convs, params, max_length=128, batch_size=2, chunk=2, state_path=state)
+    finally:
+        SpecEngine.generate = real
+    assert calls == [2, 1]  # round 1 only
+    assert [c.messages for c in resumed] == [c.messages for c in reference]
+    # other options: the saved work is not reused
+    calls.clear()
+    SpecEngine.generate = lambda self, prompts, *a, **k: (calls.append(len(prompts)), real(self, prompts, *a, **k))[1]
+    try:
+        regenerate(model, tok, convs, replace(params, seed=8), max_length=128, batch_size=2, chunk=2,
+                   state_path=state)
+    finally:
+        SpecEngine.generate = real
+    assert calls == [2, 1, 2, 1]
+
+
 def test_prepare_with_regeneration(tmp_path, tiny_target_dir, sharegpt_json):
     rep = prepare(PrepareOptions(target=str(tiny_target_dir), data=str(sharegpt_json), output=str(tmp_path / "o"),
                                  max_length=96, limit=4, regenerate=True, regen_max_new_tokens=5,
@@ -154,6 +204,7 @@ def test_prepare_with_regeneration(tmp_path, tiny_target_dir, sharegpt_json):
     assert rep["regenerated"] is True
     assert rep["regeneration"]["max_new_tokens"] == 5
     assert rep["conversations"]["train"] + rep["conversations"]["eval"] >= 1
+    assert not (tmp_path / "o" / "regenerate_state.json").exists()  # the resume state goes once the data is saved
 
 
 

@@ -70,6 +70,42 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path, tiny_target_dir, 
             assert r["loss"] == pytest.approx(ref_rows[r["step"]], abs=1e-4)
 
 
+def test_sigterm_saves_a_checkpoint_and_the_same_command_resumes(tmp_path, tiny_target_dir, prepared_dir,
+                                                                   monkeypatch, capsys):
+    """A scheduler's time limit (SIGTERM) mid-step: the step finishes, a checkpoint is saved, the
+    run returns without exporting; rerunning it ends with the weights of an uninterrupted run."""
+    import os
+    import signal
+
+    from specheads.training.trainer import Trainer
+
+    args = ("train.max_steps=4", "train.save_every=100", "train.batch_size=3")
+    real_step, calls = Trainer.micro_step, []
+
+    def step_then_signal(self, indices):
+        calls.append(1)
+        if len(calls) == 2:  # the signal arrives during step 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, indices)
+
+    monkeypatch.setattr(Trainer, "micro_step", step_then_signal)
+    run = tmp_path / "run"
+    summary = train(train_config(tiny_target_dir, prepared_dir, run, *args))
+    assert summary == {"stopped_at_step": 2, "steps": 4}
+    assert "run the same command again to resume" in capsys.readouterr().out
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2"]
+    assert not (run / "final").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone after the run
+    monkeypatch.setattr(Trainer, "micro_step", real_step)
+    train(train_config(tiny_target_dir, prepared_dir, run, *args))
+    assert "at step 2" in capsys.readouterr().out
+    straight = tmp_path / "straight"
+    train(train_config(tiny_target_dir, prepared_dir, straight, *args))
+    resumed, reference = _final_state(run), _final_state(straight)
+    for k in reference:
+        torch.testing.assert_close(resumed[k], reference[k], atol=1e-5, rtol=0, msg=k)
+
+
 def test_resume_never_starts_over(tmp_path, tiny_target_dir, prepared_dir, capsys):
     args = ("train.max_steps=2", "train.save_every=1")
     train(train_config(tiny_target_dir, prepared_dir, tmp_path, *args))
