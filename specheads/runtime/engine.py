@@ -123,11 +123,26 @@ class _Launch:
     event: object = None  # torch.cuda.Event on CUDA
 
 
+def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive runs of prompt indices whose padded size (count x longest) stays within
+    budget; a prompt longer than the budget goes alone."""
+    groups, cur, width = [], [], 0
+    for i, n in enumerate(lengths):
+        if cur and (len(cur) + 1) * max(width, n) > budget:
+            groups.append(cur)
+            cur, width = [], 0
+        cur.append(i)
+        width = max(width, n)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
 class SpecEngine:
     def __init__(self, target, head=None, method: str = "eagle3", num_steps: int = DEFAULT_TREE[0],
                  topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], static_tree=None,
                  max_len: int | None = None, max_batch: int = 8, use_graphs: bool | None = None,
-                 overlap: bool = True):
+                 overlap: bool = True, prefill_tokens: int = 16384):
         if method not in METHODS:
             raise EngineError(f"method {method!r} is not one of {', '.join(METHODS)}")
         if max_batch < 1:
@@ -155,6 +170,9 @@ class SpecEngine:
         # default: the target's context, capped so that the cache stays modest
         self.max_len = max_len or min(limit, 4096)
         self.max_batch = max_batch
+        if prefill_tokens < 1:
+            raise EngineError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
+        self.prefill_tokens = prefill_tokens
         self.device = target.model.embed_tokens.weight.device
         self.dtype = target.model.embed_tokens.weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
@@ -384,7 +402,16 @@ class SpecEngine:
         return [self.committed, self.root, self.depth_limit, self.draft_limit] + self.row_params.tensors()
 
     def _prefill(self) -> list[StepOutput]:
+        """The waiting prompts, in groups of at most `prefill_tokens` padded tokens (one forward
+        each): 512 joining prompts of 2,000 tokens would otherwise make one forward of a million
+        tokens, with attention tensors past what int32 indexing and the card's memory hold."""
         new, self.waiting = self.waiting, []
+        outputs = []
+        for group in prefill_groups([len(r.request.prompt) for r in new], self.prefill_tokens):
+            outputs += self._prefill_group([new[i] for i in group])
+        return outputs
+
+    def _prefill_group(self, new: list[_Row]) -> list[StepOutput]:
         start, k = len(self.rows), len(new)
         dev = self.device
         lengths = [len(r.request.prompt) for r in new]

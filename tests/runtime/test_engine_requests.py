@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specheads.runtime.engine import EngineError, Request, SpecControl, SpecEngine
+from specheads.runtime.engine import EngineError, Request, SpecControl, SpecEngine, prefill_groups
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, gumbel_noise, sample_rows
 from tests.runtime.spec_helpers import make_target, random_prompts, train_head
 from tests.kernels.interpret import interpret_triton, needs_triton
@@ -65,6 +65,35 @@ def test_requests_joining_mid_flight_equal_plain_decoding(target, head, method):
             tokens.setdefault(handle_of[o.handle], []).extend(o.new_tokens)
         step += 1
     assert [tokens[i] for i in range(6)] == expected
+
+
+def test_prefill_groups_bound_the_padded_tokens_of_one_forward():
+    assert prefill_groups([3, 7, 1, 12, 5], 16) == [[0, 1], [2], [3], [4]]
+    assert prefill_groups([4, 4, 4, 4], 16) == [[0, 1, 2, 3]]
+    assert prefill_groups([40, 2], 16) == [[0], [1]]  # longer than the budget: alone
+    assert prefill_groups([], 16) == []
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ar"])
+def test_many_joining_prompts_prefill_in_bounded_groups(target, head, method, monkeypatch):
+    """Six prompts joining at once with a 16-token prefill budget: several forwards, each
+    within budget, and every output still equals its own plain decode."""
+    expected = _ar(target, PROMPTS, SamplingParams(max_new_tokens=12))
+    engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                        num_draft_tokens=8, max_len=100, max_batch=6, prefill_tokens=16)
+    sizes = []
+    real = SpecEngine._prefill_forward
+
+    def spy(self, start, ids, lens, sampled):
+        sizes.append(tuple(ids.shape))
+        return real(self, start, ids, lens, sampled)
+
+    monkeypatch.setattr(SpecEngine, "_prefill_forward", spy)
+    out = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12))
+    assert [r.token_ids for r in out] == expected
+    assert len(sizes) > 1 and all(k * w <= 16 or k == 1 for k, w in sizes)
+    with pytest.raises(EngineError, match="prefill_tokens"):
+        SpecEngine(target, method="ar", max_len=100, prefill_tokens=0)
 
 
 def test_speculation_off_per_request(target, head):
