@@ -34,6 +34,9 @@ def _add_prepare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=64, help="regeneration batch")
     p.add_argument("--max-turns", type=int, default=None, help="regenerate at most this many user turns each")
+    p.add_argument("--devices", default=None,
+                   help="regeneration devices, one process each: all (every GPU), a count, or cuda:0,cuda:1 "
+                        "(default: one, the GPU if there is one)")
 
 
 def cmd_prepare(args) -> int:
@@ -45,6 +48,7 @@ def cmd_prepare(args) -> int:
             eval_fraction=args.eval_fraction, draft_vocab_size=args.draft_vocab_size, regenerate=args.regenerate,
             regen_max_new_tokens=args.max_new_tokens, regen_temperature=args.temperature, regen_top_p=args.top_p,
             regen_seed=args.seed, regen_batch_size=args.batch_size, regen_max_turns=args.max_turns,
+            devices=args.devices,
         )
     )
     _print_prepare_report(report, args.output)

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Return a trained head through $OUT (files come back at most 16 MiB each): config, metadata
-# and model.safetensors in 15 MB parts.  Here: cat .device/N/head/model.part* > model.safetensors
+# Return a trained head through $OUT, which takes at most 8 files of 16 MiB: one tar of the head
+# folder (config.json, specheads.json, model.safetensors) and the run's metrics, summary and
+# curves under train/, split in 16 MB parts. Here:
+#   mkdir -p .dev/head && cat /work/.device/N/head/head.tar.part* | tar -x -C .dev/head
 set -euo pipefail
 RUN=${1:?usage: fetch_head.sh RUN_DIR}
-mkdir -p $OUT/head
-cp $RUN/final/config.json $RUN/final/specheads.json $OUT/head/
-split -b 15000000 -d $RUN/final/model.safetensors $OUT/head/model.part
-sha256sum $RUN/final/model.safetensors | tee $OUT/head/model.sha256
+mkdir -p $OUT/head /tmp/fetch_head/train
+cp $RUN/metrics.jsonl $RUN/train_summary.json $RUN/train_curves.png /tmp/fetch_head/train/ 2>/dev/null || true
+tar -cf /tmp/fetch_head/head.tar -C $RUN/final config.json specheads.json model.safetensors -C /tmp/fetch_head train
+sha256sum $RUN/final/model.safetensors /tmp/fetch_head/head.tar
+split -b 16000000 -d /tmp/fetch_head/head.tar $OUT/head/head.tar.part

@@ -1,7 +1,9 @@
 """prepare: conversations -> chat template -> input_ids + loss_mask -> an on-disk dataset.
 
 Output folder: a `datasets.DatasetDict` (train / eval) saved with `save_to_disk`, plus
-`vocab_map.safetensors` (d2t, t2d, token counts) and `prepare_report.json`.
+`vocab_map.safetensors` (d2t, t2d, token counts) and `prepare_report.json`; with
+`--regenerate` also `regenerated.jsonl.gz`, the conversations as the target answered them
+(one {id, messages} a line), which `prepare --data` takes again without regenerating.
 The eval split is fixed by a hash of each conversation's id, so it does not move when
 `--limit` or the data order changes.
 """
@@ -22,7 +24,7 @@ from specheads.data.sources import DataError, SkipLog, check_data_source, read_c
 from specheads.data.vocab import VOCAB_FILE, build_vocab_map, save_vocab_map, token_frequencies
 
 REPORT_FILE = "prepare_report.json"
-REGEN_STATE_FILE = "regenerate_state.json"
+REGENERATED_FILE = "regenerated.jsonl.gz"
 
 
 @dataclass
@@ -41,12 +43,24 @@ class PrepareOptions:
     regen_seed: int = 0
     regen_batch_size: int = 64
     regen_max_turns: int | None = None
-    device: str | None = None
+    devices: str | None = None  # regeneration: None (one: cuda if any), "all", "4", "cuda:0,cuda:1", "cpu"
 
 
 def is_eval(conv_id: str, fraction: float) -> bool:
     h = int(hashlib.sha1(conv_id.encode()).hexdigest()[:8], 16)
     return h < fraction * 0xFFFFFFFF
+
+
+def write_conversations(path: Path, conversations) -> None:
+    """{id, messages} JSON lines, gzip (written aside, then moved into place)."""
+    import gzip
+    import os
+
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        for c in conversations:
+            f.write(json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
 
 
 def prepare(opts: PrepareOptions) -> dict:
@@ -59,6 +73,10 @@ def prepare(opts: PrepareOptions) -> dict:
     if not 0 <= opts.eval_fraction < 1:
         raise ValueError(f"eval_fraction must be in [0, 1), got {opts.eval_fraction}")
     check_data_source(opts.data)
+    if opts.regenerate:
+        from specheads.data.regenerate import parse_devices
+
+        devices = parse_devices(opts.devices)
     t0 = time.time()
     target_dir = resolve_target(opts.target)
     tokenizer = load_tokenizer(target_dir)
@@ -71,12 +89,9 @@ def prepare(opts: PrepareOptions) -> dict:
         tqdm(read_conversations(opts.data, skips, opts.limit), desc="read", unit="conv", leave=False)
     )
     if opts.regenerate:
-        from specheads.data.regenerate import regenerate
+        from specheads.data.regenerate import regenerate_on
         from specheads.runtime.sampling import SamplingParams
 
-        device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        model, _, _ = load_target(target_dir, dtype=dtype, device=device)
         params = SamplingParams(
             temperature=opts.regen_temperature,
             top_p=opts.regen_top_p,
@@ -86,16 +101,15 @@ def prepare(opts: PrepareOptions) -> dict:
         before = len(conversations)
         t_regen = time.time()
         # saved as it goes: a killed prepare resumes where it stopped (removed once the data is written)
-        regen_state = Path(opts.output) / REGEN_STATE_FILE
-        regen_state.parent.mkdir(parents=True, exist_ok=True)
-        conversations = regenerate(
-            model, tokenizer, conversations, params, opts.max_length, opts.regen_batch_size, opts.regen_max_turns,
-            state_path=regen_state,
+        Path(opts.output).mkdir(parents=True, exist_ok=True)
+        conversations = regenerate_on(
+            devices, target_dir, conversations, params, opts.max_length, opts.regen_batch_size, opts.regen_max_turns,
+            state_dir=opts.output,
         )
         regen_seconds = time.time() - t_regen
         for _ in range(before - len(conversations)):
             skips.skip("regeneration left no assistant turn", "-")
-        del model
+        write_conversations(Path(opts.output) / REGENERATED_FILE, conversations)
     splits = {"train": {"input_ids": [], "loss_mask": [], "id": []}, "eval": {"input_ids": [], "loss_mask": [], "id": []}}
     truncated = 0
     for conv in tqdm(conversations, desc="tokenize", unit="conv"):
@@ -158,8 +172,12 @@ def prepare(opts: PrepareOptions) -> dict:
             "max_new_tokens": opts.regen_max_new_tokens,
             "temperature": opts.regen_temperature,
             "seed": opts.regen_seed,
+            "devices": devices,
             "seconds": round(regen_seconds, 1),
         }
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
-    (out / REGEN_STATE_FILE).unlink(missing_ok=True)
+    from specheads.data.regenerate import state_files
+
+    for f in state_files(out):
+        f.unlink()
     return report

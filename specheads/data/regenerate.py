@@ -7,6 +7,9 @@ answers. A conversation stops where its prompt would leave no room in `max_lengt
 With `state_path`, the work is saved after every chunk of answers (atomically), and a
 rerun with the same inputs continues from there: a regeneration killed after an hour
 loses at most one chunk.
+
+`regenerate_on` spreads the conversations over several devices (conversation i to device
+i mod n), one process each with its own saved state; the results come back in input order.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
+from multiprocessing import get_context
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -25,6 +30,7 @@ from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
 
 STATE_VERSION = 1
+STATE_FILE = "regenerate_state.json"  # one device; with n devices: regenerate_state.{k}-of-{n}.json
 
 
 def stop_token_ids(tokenizer) -> set[int]:
@@ -63,9 +69,23 @@ def regenerate(
     max_turns: int | None = None,
     state_path: str | Path | None = None,
     chunk: int | None = None,
+    position: int = 0,
 ) -> list[Conversation]:
     """`chunk`: answers per saved unit (default 8 x batch_size); the seeds of a chunk depend only
-    on its round and place, so a resumed run samples what an uninterrupted one would."""
+    on its round and place, so a resumed run samples what an uninterrupted one would.
+    Conversations left without an assistant turn are dropped."""
+    answered = _regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns,
+                           state_path, chunk, position)
+    return [Conversation(c.id, m) for c, m in zip(conversations, answered) if _has_answer(m)]
+
+
+def _has_answer(messages: list[dict]) -> bool:
+    return any(m["role"] == "assistant" for m in messages)
+
+
+def _regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns, state_path, chunk,
+                position) -> list[list[dict]]:
+    """The messages of every conversation, in input order, each as far as it was answered."""
     stops = stop_token_ids(tokenizer)
     chunk = chunk or 8 * batch_size
     key = _fingerprint(conversations, params, max_length, max_turns, chunk)
@@ -91,7 +111,8 @@ def regenerate(
     engine = SpecEngine(model, method="ar", max_len=min(max_length, model.rotary.max_positions), max_batch=batch_size)
     total = sum(len(s["users"]) for s in convs)
     done = sum(s["answered"] if s["open"] else len(s["users"]) for s in convs)
-    bar = tqdm(total=total, initial=done, desc="regenerate", unit="turn")
+    bar = tqdm(total=total, initial=done, desc=f"regenerate [{position}]" if position else "regenerate", unit="turn",
+               position=position)
 
     def prompt_of(s, r):
         msgs = s["messages"] + [s["users"][r]]
@@ -130,8 +151,89 @@ def regenerate(
         if state_path is not None:
             _save(state_path, state)
     bar.close()
-    return [
-        Conversation(s["id"], s["messages"])
-        for s in convs
-        if any(m["role"] == "assistant" for m in s["messages"])
-    ]
+    return [s["messages"] for s in convs]
+
+
+def state_files(folder: str | Path) -> list[Path]:
+    """The saved regeneration state(s) in an output folder, for any device count."""
+    return sorted(Path(folder).glob("regenerate_state*.json"))
+
+
+def parse_devices(spec: str | None) -> list[str]:
+    """`None` -> one device (cuda if there is one, else cpu); `all` -> every visible GPU;
+    `4` -> cuda:0..3; `cuda:0,cuda:2` or `cpu,cpu` -> those."""
+    import torch
+
+    n_gpu = torch.cuda.device_count()
+    if spec is None or spec == "":
+        return ["cuda" if n_gpu else "cpu"]
+    if spec == "all":
+        if not n_gpu:
+            raise ValueError("devices 'all': no CUDA device is visible; leave --devices out to run on the CPU")
+        return [f"cuda:{i}" for i in range(n_gpu)]
+    if spec.isdigit():
+        n = int(spec)
+        if not 1 <= n <= max(n_gpu, 1) or (n > 1 and n > n_gpu):
+            raise ValueError(f"devices {spec!r}: {n_gpu} CUDA device(s) are visible; give 1..{max(n_gpu, 1)}")
+        return [f"cuda:{i}" for i in range(n)] if n_gpu else ["cpu"]
+    out = [d.strip() for d in spec.split(",") if d.strip()]
+    for d in out:
+        if d == "cpu" or d == "cuda":
+            continue
+        if not (d.startswith("cuda:") and d[5:].isdigit() and int(d[5:]) < n_gpu):
+            raise ValueError(f"devices {spec!r}: {d!r} is not cpu or cuda:K with K < {n_gpu} (the visible GPUs)")
+    return out
+
+
+def _device_dtype(device: str):
+    import torch
+
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def _shard_worker(target_dir, device, conversations, params, max_length, batch_size, max_turns, state_path,
+                  position):
+    from specheads.target.loader import load_target
+
+    model, tokenizer, _ = load_target(target_dir, dtype=_device_dtype(device), device=device)
+    return _regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns, state_path,
+                       None, position)
+
+
+def regenerate_on(
+    devices: list[str],
+    target_dir: str | Path,
+    conversations: list[Conversation],
+    params: SamplingParams,
+    max_length: int,
+    batch_size: int = 64,
+    max_turns: int | None = None,
+    state_dir: str | Path | None = None,
+) -> list[Conversation]:
+    """`regenerate` on one or several devices (one process each), saving under `state_dir`.
+    Greedy answers do not depend on the device count beyond rounding; sampled ones take
+    other seeds per chunk, since the chunks differ."""
+    n = len(devices)
+    state_dir = Path(state_dir) if state_dir is not None else None
+    if n == 1:
+        from specheads.target.loader import load_target
+
+        model, tokenizer, _ = load_target(target_dir, dtype=_device_dtype(devices[0]), device=devices[0])
+        state = state_dir / STATE_FILE if state_dir is not None else None
+        return regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns, state)
+    shards = [conversations[k::n] for k in range(n)]
+    with ProcessPoolExecutor(n, mp_context=get_context("spawn")) as pool:
+        futures = [
+            pool.submit(_shard_worker, str(target_dir), dev, shards[k], params, max_length, batch_size, max_turns,
+                        state_dir / f"regenerate_state.{k}-of-{n}.json" if state_dir is not None else None, k)
+            for k, dev in enumerate(devices)
+        ]
+        answered: list = [None] * len(conversations)
+        for k, fut in enumerate(futures):
+            try:
+                shard = fut.result()
+            except Exception as e:
+                raise RuntimeError(f"regeneration on {devices[k]} (shard {k} of {n}) failed: {e!r}; "
+                                   "the finished chunks are saved: the same command continues") from e
+            answered[k::n] = shard
+    return [Conversation(c.id, m) for c, m in zip(conversations, answered) if _has_answer(m)]

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from specheads.data.chat import tokenize_conversation
-from specheads.data.prepare import REPORT_FILE, PrepareOptions, is_eval, prepare
+from specheads.data.prepare import REGENERATED_FILE, REPORT_FILE, PrepareOptions, is_eval, prepare
 from specheads.data.sources import DataError, SkipLog, read_conversations
 from tests.helpers import DRAFT_VOCAB
 
@@ -197,14 +197,59 @@ def test_regeneration_resumes_after_a_kill(tmp_path, tiny_target):
     assert calls == [2, 1, 2, 1]
 
 
-def test_prepare_with_regeneration(tmp_path, tiny_target_dir, sharegpt_json):
+def test_prepare_with_regeneration(tmp_path, tiny_target_dir, sharegpt_json, tokenizer):
     rep = prepare(PrepareOptions(target=str(tiny_target_dir), data=str(sharegpt_json), output=str(tmp_path / "o"),
                                  max_length=96, limit=4, regenerate=True, regen_max_new_tokens=5,
-                                 draft_vocab_size=DRAFT_VOCAB, device="cpu"))
+                                 draft_vocab_size=DRAFT_VOCAB, devices="cpu"))
     assert rep["regenerated"] is True
     assert rep["regeneration"]["max_new_tokens"] == 5
     assert rep["conversations"]["train"] + rep["conversations"]["eval"] >= 1
     assert not (tmp_path / "o" / "regenerate_state.json").exists()  # the resume state goes once the data is saved
+    # the regenerated conversations are kept, and they are what the rows were tokenized from
+    import gzip
+
+    from datasets import load_from_disk
+
+    with gzip.open(tmp_path / "o" / REGENERATED_FILE, "rt") as f:
+        kept = {row["id"]: row["messages"] for row in map(json.loads, f)}
+    ds = load_from_disk(str(tmp_path / "o"))
+    assert sorted(kept) == sorted(list(ds["train"]["id"]) + list(ds["eval"]["id"]))
+    for split in ds:
+        for row in ds[split]:
+            assert any(m["role"] == "assistant" for m in kept[row["id"]])
+            ids, mask, _ = tokenize_conversation(tokenizer, kept[row["id"]], 96)
+            assert row["input_ids"] == ids and row["loss_mask"] == mask
+
+
+def test_regeneration_over_two_processes_equals_one(tmp_path, tiny_target, tiny_target_dir):
+    """Conversations spread over two worker processes come back in input order with the
+    answers a single process gives; each worker saves its own resumable state."""
+    from specheads.data.regenerate import regenerate, regenerate_on, state_files
+    from specheads.data.sources import Conversation
+    from specheads.runtime.sampling import SamplingParams
+
+    model, tok = tiny_target
+    convs = [Conversation(f"c{i}", [{"role": "user", "content": f"Tell me about thing {i}" + " please" * (i % 3)},
+                                    {"role": "assistant", "content": "old"},
+                                    {"role": "user", "content": "More?"}][: 1 + 2 * (i % 2)]) for i in range(5)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    one = regenerate(model, tok, convs, params, max_length=128, batch_size=2)
+    two = regenerate_on(["cpu", "cpu"], tiny_target_dir, convs, params, max_length=128, batch_size=2,
+                        state_dir=tmp_path)
+    assert [c.id for c in two] == [c.id for c in one] == [f"c{i}" for i in range(5)]
+    assert [c.messages for c in two] == [c.messages for c in one]
+    assert [f.name for f in state_files(tmp_path)] == ["regenerate_state.0-of-2.json", "regenerate_state.1-of-2.json"]
+    saved = json.loads((tmp_path / "regenerate_state.1-of-2.json").read_text())
+    assert [c["id"] for c in saved["convs"]] == ["c1", "c3"]
+
+
+@pytest.mark.parametrize("spec, message", [("cuda:0", "not cpu or cuda:K"), ("gpu", "not cpu or cuda:K"),
+                                           ("all", "no CUDA device"), ("3", "give 1..1")])
+def test_bad_regeneration_devices(tmp_path, tiny_target_dir, sharegpt_json, spec, message):
+    with pytest.raises(ValueError, match=message):
+        prepare(PrepareOptions(target=str(tiny_target_dir), data=str(sharegpt_json), output=str(tmp_path / "o"),
+                               regenerate=True, devices=spec, draft_vocab_size=DRAFT_VOCAB))
+    assert not (tmp_path / "o").exists()
 
 
 
