@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Bring back the large files that live only in this repository's history (added in one commit,
+# removed in the next, so that they do not travel with every checkout or device call):
+#   .dev/head/         the EAGLE-3 head for SmolLM2-135M-Instruct trained in session 7 (4x H200)
+#   .dev/regen/part00  ShareGPT answered by SmolLM2-135M-Instruct itself (greedy, every turn),
+#                      regenerated.jsonl.gz as `specheads prepare --regenerate` wrote it; it can be
+#                      prepared again without a GPU: specheads prepare --data .dev/regen/part00.jsonl.gz
+# Each file is checked against its sha256. Needs the full history (not a shallow clone).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+restore() {  # restore PATH_IN_HISTORY SHA256 DEST
+  local rev
+  rev=$(git log -1 --diff-filter=A --format=%H -- "$1")
+  [ -n "$rev" ] || { echo "restore_artifacts: $1 is not in this repository's history (shallow clone?)" >&2; exit 1; }
+  mkdir -p "$(dirname "$3")"
+  git show "$rev:$1" > "$3"
+  echo "$2  $3" | sha256sum -c -
+}
+HEAD_RESULTS=docs/results/smollm2-eagle3-4xh200-s7
+restore artifacts/smollm2-135m-eagle3-s7.safetensors \
+  b5953ba822dc2845096b72c3fe981d931f41e58ef488ada721292efad2a06897 .dev/head/model.safetensors
+cp $HEAD_RESULTS/config.json $HEAD_RESULTS/specheads.json .dev/head/
+restore artifacts/sharegpt-regenerated-smollm2-135m-greedy.jsonl.gz \
+  9dbe7b68b20d69d360cf4928af426560dd78c9c582865dfb348cec266c756ed3 .dev/regen/part00
+ln -sf part00 .dev/regen/part00.jsonl.gz
