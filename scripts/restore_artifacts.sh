@@ -3,8 +3,9 @@
 # removed in the next, so that they do not travel with every checkout or device call):
 #   .dev/head/         the EAGLE-3 head for SmolLM2-135M-Instruct trained in session 7 (4x H200)
 #   .dev/regen/part00  ShareGPT answered by SmolLM2-135M-Instruct itself (greedy, every turn),
-#                      regenerated.jsonl.gz as `specheads prepare --regenerate` wrote it; it can be
-#                      prepared again without a GPU: specheads prepare --data .dev/regen/part00.jsonl.gz
+#                      regenerated.jsonl.gz as `specheads prepare --regenerate` wrote it (head_pipeline.sh
+#                      prepares from it instead of regenerating; here: copy it to a .jsonl.gz name and
+#                      pass that to `specheads prepare --data`)
 # Each file is checked against its sha256. Needs the full history (not a shallow clone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +23,3 @@ restore artifacts/smollm2-135m-eagle3-s7.safetensors \
 cp $HEAD_RESULTS/config.json $HEAD_RESULTS/specheads.json .dev/head/
 restore artifacts/sharegpt-regenerated-smollm2-135m-greedy.jsonl.gz \
   9dbe7b68b20d69d360cf4928af426560dd78c9c582865dfb348cec266c756ed3 .dev/regen/part00
-ln -sf part00 .dev/regen/part00.jsonl.gz

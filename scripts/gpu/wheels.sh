@@ -10,7 +10,7 @@ ver() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1
 mkdir -p .whl .dev/c
 PKGS=(gguf datasets dill multiprocess xxhash fsspec fastapi starlette uvicorn h11 click pydantic pydantic_core
       annotated-types annotated-doc typing-inspection anyio sniffio prometheus_client openai httpx httpcore distro jiter
-      hjson py-cpuinfo msgpack einops rich markdown-it-py mdurl)
+      opentelemetry-api hjson py-cpuinfo msgpack einops rich markdown-it-py mdurl)
 specs=(); for p in "${PKGS[@]}"; do specs+=("$p==$(ver $p)"); done
 $PIP download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

@@ -193,8 +193,12 @@ def _device_dtype(device: str):
 
 def _shard_worker(target_dir, device, conversations, params, max_length, batch_size, max_turns, state_path,
                   position):
+    import torch
+
     from specheads.target.loader import load_target
 
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(device)  # Triton launches on the current device
     model, tokenizer, _ = load_target(target_dir, dtype=_device_dtype(device), device=device)
     return _regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns, state_path,
                        None, position)
