@@ -34,6 +34,8 @@ def _add_prepare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=64, help="regeneration batch")
     p.add_argument("--max-turns", type=int, default=None, help="regenerate at most this many user turns each")
+    p.add_argument("--cut-loops", type=int, default=None, metavar="N",
+                   help="cut each assistant answer after its first repeated N-gram (e.g. 32): drops looping tails")
     p.add_argument("--devices", default=None,
                    help="regeneration devices, one process each: all (every GPU), a count, or cuda:0,cuda:1 "
                         "(default: one, the GPU if there is one)")
@@ -48,7 +50,7 @@ def cmd_prepare(args) -> int:
             eval_fraction=args.eval_fraction, draft_vocab_size=args.draft_vocab_size, regenerate=args.regenerate,
             regen_max_new_tokens=args.max_new_tokens, regen_temperature=args.temperature, regen_top_p=args.top_p,
             regen_seed=args.seed, regen_batch_size=args.batch_size, regen_max_turns=args.max_turns,
-            devices=args.devices,
+            devices=args.devices, cut_loops=args.cut_loops,
         )
     )
     _print_prepare_report(report, args.output)
@@ -65,6 +67,9 @@ def _print_prepare_report(report: dict, output: str) -> None:
     t.add_row("train / eval conversations", f"{report['conversations']['train']} / {report['conversations']['eval']}")
     t.add_row("train tokens (loss tokens)", f"{report['train_tokens']} ({report['train_loss_tokens']})")
     t.add_row("truncated at max_length", str(report["truncated"]))
+    if "cut_loops" in report:
+        c = report["cut_loops"]
+        t.add_row(f"answers cut at a repeated {c['ngram']}-gram (tokens removed)", f"{c['answers_cut']} ({c['tokens_removed']})")
     t.add_row("draft vocab (coverage)", f"{report['draft_vocab_size']} ({report['draft_vocab_coverage']:.2%})")
     for reason, info in report["skipped"].items():
         t.add_row(f"skipped: {reason}", str(info["count"]))
@@ -138,8 +143,9 @@ def _print_train_summary(summary: dict) -> None:
     console = Console()
     console.print(t)
     console.print(
-        f"simulated chain acceptance length {summary.get('eval/accept_length', float('nan')):.3f}; "
-        f"{summary['tokens']} tokens in {summary['train_wall_s']} s ({summary['train_tokens_per_s']} tok/s); "
+        f"simulated chain acceptance length {summary.get('eval/accept_length', float('nan')):.3f} "
+        f"(first answers' first 256 tokens: {summary.get('eval/accept_length_opening', float('nan')):.3f}); "
+        f"{summary['tokens']} tokens in {summary['train_wall_s']} s ({summary['train_tokens_per_s']} tok/s)"
         + (f"; peak GPU memory {summary['peak_gpu_mem_gib']} GiB" if summary.get("peak_gpu_mem_gib") else "")
     )
 
@@ -157,7 +163,7 @@ def cmd_demo(args) -> int:
     if not os.path.isdir(data_dir) or args.fresh:
         if gpu:  # the full recipe: every conversation, answered by the target itself
             opts = PrepareOptions(output=data_dir, max_length=2048, regenerate=True, regen_batch_size=512,
-                                  regen_max_turns=1)
+                                  regen_max_turns=1, devices="all")
         else:  # a few hundred conversations as they are, a smaller draft vocab: minutes on 2 cores
             opts = PrepareOptions(output=data_dir, max_length=256, limit=args.conversations, draft_vocab_size=8192)
         _print_prepare_report(prepare(opts), data_dir)

@@ -10,7 +10,7 @@
 # Once prepared, the regenerated conversations come back in $OUT/regen/part*; once trained,
 # the head and the run's curves come back in $OUT/head (scripts/gpu/fetch_head.sh).
 # Env: BUDGET (s, default 550), NGPU (default: all), GLOBAL_BATCH (16), EPOCHS (3), RUN, DATA,
-#      PREPARE_ARGS, TRAIN_ARGS (extra --set ...).
+#      PREPARE_ARGS (extra prepare flags, e.g. --cut-loops 32), TRAIN_ARGS (extra --set ...).
 set -uo pipefail
 source scripts/gpu/env.sh
 T0=$SECONDS
@@ -20,7 +20,7 @@ GLOBAL_BATCH=${GLOBAL_BATCH:-16}
 EPOCHS=${EPOCHS:-3}
 RUN=${RUN:-/tmp/runs/multiturn}
 DATA=${DATA:-/tmp/prepared/multiturn}
-PREPARE_ARGS=${PREPARE_ARGS:---batch-size 512}
+PREPARE_ARGS=${PREPARE_ARGS:-}  # e.g. --cut-loops 32
 TRAIN_ARGS=${TRAIN_ARGS:-}
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -31,10 +31,10 @@ fi
 if [ ! -f $DATA/prepare_report.json ]; then
   if ls .dev/regen/part* >/dev/null 2>&1; then
     cat .dev/regen/part* > /tmp/regenerated.jsonl.gz
-    SRC=(--data /tmp/regenerated.jsonl.gz)
+    SRC=(--data /tmp/regenerated.jsonl.gz $PREPARE_ARGS)
     echo "pipeline: prepare from the saved regeneration ($(left) s left)"
   else
-    SRC=(--regenerate --devices $NGPU $PREPARE_ARGS)
+    SRC=(--regenerate --devices $NGPU --batch-size 512 $PREPARE_ARGS)
     echo "pipeline: prepare, regenerating on $NGPU GPU(s) ($(left) s left)"
   fi
   timeout -s TERM -k 20 $(left) python3 -m specheads.cli prepare --target $TARGET --output $DATA "${SRC[@]}" \

@@ -52,3 +52,35 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> t
         mask.append(1 if inside else 0)
     truncated = len(ids) > max_length
     return ids[:max_length], mask[:max_length], truncated
+
+
+def first_repeat_end(ids: list[int], n: int) -> int | None:
+    """Length of the prefix that ends with the first n-gram seen before in `ids` (the loop has
+    then run n tokens), or None when no n-gram repeats."""
+    seen = set()
+    for t in range(n, len(ids) + 1):
+        gram = tuple(ids[t - n : t])
+        if gram in seen:
+            return t
+        seen.add(gram)
+    return None
+
+
+def cut_loops(tokenizer, messages: list[dict], n: int) -> tuple[list[dict], int, int]:
+    """Cut every assistant answer where it starts to repeat itself: after its first repeated
+    n-gram. Returns (messages, answers cut, assistant tokens removed).
+
+    Greedy answers of small models often loop until the token limit; those tokens cost
+    training time and teach nothing but copying, which the kept first repeat shows. The loss
+    targets stay the target's own distributions over the shorter context."""
+    out, cut, removed = [], 0, 0
+    for m in messages:
+        if m["role"] == "assistant":
+            ids = tokenizer(m["content"], add_special_tokens=False)["input_ids"]
+            end = first_repeat_end(ids, n)
+            if end is not None and end < len(ids):
+                m = {**m, "content": tokenizer.decode(ids[:end])}
+                cut += 1
+                removed += len(ids) - end
+        out.append(m)
+    return out, cut, removed

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specheads.data.chat import tokenize_conversation
+from specheads.data.chat import cut_loops, tokenize_conversation
 from specheads.data.sources import DataError, SkipLog, check_data_source, read_conversations
 from specheads.data.vocab import VOCAB_FILE, build_vocab_map, save_vocab_map, token_frequencies
 
@@ -43,6 +43,7 @@ class PrepareOptions:
     regen_seed: int = 0
     regen_batch_size: int = 64
     regen_max_turns: int | None = None
+    cut_loops: int | None = None  # cut each assistant answer after its first repeated n-gram of this length
     devices: str | None = None  # regeneration: None (one: cuda if any), "all", "4", "cuda:0,cuda:1", "cpu"
 
 
@@ -70,6 +71,8 @@ def prepare(opts: PrepareOptions) -> dict:
 
     if opts.max_length < 16:
         raise ValueError(f"max_length must be >= 16, got {opts.max_length}")
+    if opts.cut_loops is not None and opts.cut_loops < 4:
+        raise ValueError(f"cut_loops must be an n-gram length >= 4 (e.g. 32), got {opts.cut_loops}")
     if not 0 <= opts.eval_fraction < 1:
         raise ValueError(f"eval_fraction must be in [0, 1), got {opts.eval_fraction}")
     check_data_source(opts.data)
@@ -112,9 +115,15 @@ def prepare(opts: PrepareOptions) -> dict:
         write_conversations(Path(opts.output) / REGENERATED_FILE, conversations)
     splits = {"train": {"input_ids": [], "loss_mask": [], "id": []}, "eval": {"input_ids": [], "loss_mask": [], "id": []}}
     truncated = 0
+    loops = {"answers_cut": 0, "tokens_removed": 0}
     for conv in tqdm(conversations, desc="tokenize", unit="conv"):
+        messages = conv.messages
+        if opts.cut_loops:
+            messages, n_cut, n_removed = cut_loops(tokenizer, messages, opts.cut_loops)
+            loops["answers_cut"] += n_cut
+            loops["tokens_removed"] += n_removed
         try:
-            ids, mask, was_truncated = tokenize_conversation(tokenizer, conv.messages, opts.max_length)
+            ids, mask, was_truncated = tokenize_conversation(tokenizer, messages, opts.max_length)
         except DataError as e:
             skips.skip(str(e), conv.id)
             continue
@@ -167,6 +176,8 @@ def prepare(opts: PrepareOptions) -> dict:
         "draft_vocab_coverage": round(covered, 5),
         "seconds": round(time.time() - t0, 1),
     }
+    if opts.cut_loops:
+        report["cut_loops"] = {"ngram": opts.cut_loops, **loops}
     if opts.regenerate:
         report["regeneration"] = {
             "max_new_tokens": opts.regen_max_new_tokens,

@@ -23,7 +23,9 @@ from specheads.config import RunConfig
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from specheads.heads.format import save_head
 from specheads.training.data import collate, epoch_batches, load_prepared
-from specheads.training.ttt import chain_acceptance, ttt_loss, ttt_unroll
+from specheads.training.ttt import chain_acceptance, opening_mask, shift_left, ttt_loss, ttt_unroll
+
+OPENING_TOKENS = 256  # eval/accept_length_opening: the first answer's first tokens
 
 
 class TrainingError(ValueError):
@@ -312,6 +314,7 @@ class Trainer:
         correct = torch.zeros(steps, dtype=torch.float64)
         counted = torch.zeros(steps, dtype=torch.float64)
         accept_sum, accept_n = 0.0, 0
+        open_sum, open_n = 0.0, 0
         chain_correct = torch.zeros(steps, dtype=torch.float64)
         for s in range(0, len(rows), cfg.train.batch_size):
             chunk = rows[s : s + cfg.train.batch_size]
@@ -333,6 +336,10 @@ class Trainer:
             chain_correct += cc.double().cpu()
             accept_sum += float(accept.double().sum())
             accept_n += int(accept.numel())
+            # accept[i] belongs to the i-th row of chain_acceptance's base (next-next token an answer's)
+            opening = shift_left(opening_mask(mask, OPENING_TOKENS), 2).bool()[shift_left(mask, 2).bool()]
+            open_sum += float(accept[opening].double().sum())
+            open_n += int(opening.sum())
         self.head.train()
         n0 = max(counted[0].item(), 1)
         return {
@@ -341,6 +348,8 @@ class Trainer:
             "eval/chain_acc": [round(x, 4) for x in (chain_correct / max(accept_n, 1)).tolist()],
             "eval/accept_length": round(accept_sum / max(accept_n, 1), 4),
             "eval/positions": accept_n,
+            "eval/accept_length_opening": round(open_sum / max(open_n, 1), 4),
+            "eval/positions_opening": open_n,
         }
 
     # .............................................................. checkpoints

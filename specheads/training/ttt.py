@@ -101,6 +101,16 @@ def ttt_loss(
     return StepStats(total, step_loss, step_correct, step_rows, denom)
 
 
+def opening_mask(loss_mask: torch.Tensor, n: int = 256) -> torch.Tensor:
+    """The first n tokens of each sequence's first assistant turn: what a chat user sees first,
+    and what a benchmark of first-turn prompts decodes. Long regenerated answers of small
+    models loop, and their easy tails inflate an average over all assistant positions."""
+    m = loss_mask.bool()
+    starts = m & ~torch.nn.functional.pad(m, (1, 0))[:, :-1]
+    first = m & (starts.long().cumsum(1) == 1)
+    return first & (first.long().cumsum(1) <= n)
+
+
 @torch.no_grad()
 def chain_acceptance(
     head,

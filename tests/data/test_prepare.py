@@ -267,3 +267,46 @@ def test_no_eval_split_loads(tmp_path, tiny_target_dir, sharegpt_json, eval_frac
     assert rep["conversations"]["eval"] == 0
     data = load_prepared(out)
     assert len(data.train_ids) == rep["conversations"]["train"] and data.eval_ids == []
+
+
+def test_first_repeat_end():
+    from specheads.data.chat import first_repeat_end
+
+    assert first_repeat_end([1, 2, 3, 4, 5], 2) is None
+    assert first_repeat_end([1, 2, 3, 1, 2, 3, 1, 2], 3) == 6  # 1 2 3 seen again at 3..5
+    assert first_repeat_end([7, 7, 7], 2) == 3
+    assert first_repeat_end([1, 2], 4) is None
+
+
+def test_cut_loops_keeps_one_repeat_and_leaves_other_turns(tokenizer):
+    from specheads.data.chat import cut_loops, first_repeat_end
+
+    loop = "The product is sold to clients. " * 12
+    msgs = [{"role": "user", "content": "Tell me about it."}, {"role": "assistant", "content": "Sure. " + loop},
+            {"role": "user", "content": "And then?"}, {"role": "assistant", "content": "Nothing else to add here."}]
+    out, n_cut, removed = cut_loops(tokenizer, msgs, 8)
+    assert n_cut == 1 and removed > 0
+    assert out[0] == msgs[0] and out[2:] == msgs[2:]
+    kept = out[1]["content"]
+    assert msgs[1]["content"].startswith(kept) and len(kept) < len(msgs[1]["content"])
+    kept_ids = tokenizer(kept, add_special_tokens=False)["input_ids"]
+    assert first_repeat_end(kept_ids, 8) == len(kept_ids)  # it ends where the loop has run 8 tokens
+    assert len(kept_ids) == len(tokenizer(msgs[1]["content"], add_special_tokens=False)["input_ids"]) - removed
+
+
+def test_prepare_cut_loops_reports_and_shortens(tmp_path, tiny_target_dir, tokenizer):
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"Question {i}?"},
+                                          {"role": "assistant", "content": "One answer. " + "Again and again. " * (20 * i)}]}
+            for i in range(4)]
+    data = tmp_path / "loops.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    common = dict(target=str(tiny_target_dir), data=str(data), max_length=4096, eval_fraction=0.0,
+                  draft_vocab_size=DRAFT_VOCAB)
+    plain = prepare(PrepareOptions(output=str(tmp_path / "plain"), **common))
+    cut = prepare(PrepareOptions(output=str(tmp_path / "cut"), cut_loops=8, **common))
+    assert "cut_loops" not in plain
+    assert cut["cut_loops"]["ngram"] == 8 and cut["cut_loops"]["answers_cut"] == 3  # r0 does not loop
+    assert abs(cut["cut_loops"]["tokens_removed"] - (plain["train_loss_tokens"] - cut["train_loss_tokens"])) <= 3
+    assert cut["train_tokens"] < plain["train_tokens"]
+    with pytest.raises(ValueError, match="cut_loops must be an n-gram length"):
+        prepare(PrepareOptions(output=str(tmp_path / "bad"), cut_loops=1, **common))

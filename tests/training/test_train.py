@@ -29,6 +29,9 @@ def test_loss_falls_when_overfitting(tmp_path, tiny_target_dir, small_prepared_d
     assert last < 0.5 * first, (first, last)
     assert rows[-1]["acc"][0] > rows[0]["acc"][0]
     assert summary["steps"] == 30
+    # the opening positions are a subset of all answer positions
+    assert 0 < summary["eval/positions_opening"] <= summary["eval/positions"]
+    assert 1.0 <= summary["eval/accept_length_opening"] <= 1 + 2
     assert (tmp_path / "final" / "model.safetensors").is_file()
     assert (tmp_path / "train_summary.json").is_file()
 

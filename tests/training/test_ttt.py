@@ -7,7 +7,7 @@ import torch
 
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from specheads.training.loss import soft_cross_entropy_reference
-from specheads.training.ttt import chain_acceptance, shift_left, ttt_loss, ttt_mask, ttt_unroll
+from specheads.training.ttt import chain_acceptance, opening_mask, shift_left, ttt_loss, ttt_mask, ttt_unroll
 from tests.helpers import randomize_
 
 H, V, VD, T = 32, 50, 30, 12
@@ -169,3 +169,14 @@ def test_ttt_unroll_is_differentiable():
     sum(head.logits(o).logsumexp(-1).sum() for o in outs).backward()
     for name, p in head.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_opening_mask_takes_the_first_answers_first_tokens():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 1, 1],    # first answer of 4, then a second one
+                         [1, 1, 0, 0, 0, 0, 0, 0, 0],    # an answer at the start
+                         [0, 0, 0, 0, 0, 0, 0, 0, 0]])   # none
+    got = opening_mask(mask, n=3).long()
+    assert got.tolist() == [[0, 0, 1, 1, 1, 0, 0, 0, 0],
+                            [1, 1, 0, 0, 0, 0, 0, 0, 0],
+                            [0, 0, 0, 0, 0, 0, 0, 0, 0]]
+    assert opening_mask(mask, n=100).long().sum() == 6
