@@ -115,6 +115,17 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from specheads.training.trainer import evaluate_head
+
+    summary = evaluate_head(args.draft, args.data, args.target, args.rows, args.batch_size, args.ttt_steps)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_eval_table(summary)
+    return 0
+
+
 def _check_train_inputs(cfg) -> None:
     """Everything a user can get wrong, before any model loads."""
     from pathlib import Path
@@ -131,6 +142,14 @@ def _check_train_inputs(cfg) -> None:
 
 
 def _print_train_summary(summary: dict) -> None:
+    console = _print_eval_table(summary)
+    console.print(
+        f"{summary['tokens']} tokens in {summary['train_wall_s']} s ({summary['train_tokens_per_s']} tok/s)"
+        + (f"; peak GPU memory {summary['peak_gpu_mem_gib']} GiB" if summary.get("peak_gpu_mem_gib") else "")
+    )
+
+
+def _print_eval_table(summary: dict):
     from rich.console import Console
     from rich.table import Table
 
@@ -143,11 +162,11 @@ def _print_train_summary(summary: dict) -> None:
     console = Console()
     console.print(t)
     console.print(
-        f"simulated chain acceptance length {summary.get('eval/accept_length', float('nan')):.3f} "
-        f"(first answers' first 256 tokens: {summary.get('eval/accept_length_opening', float('nan')):.3f}); "
-        f"{summary['tokens']} tokens in {summary['train_wall_s']} s ({summary['train_tokens_per_s']} tok/s)"
-        + (f"; peak GPU memory {summary['peak_gpu_mem_gib']} GiB" if summary.get("peak_gpu_mem_gib") else "")
+        f"simulated chain acceptance length {summary.get('eval/accept_length', float('nan')):.3f} over "
+        f"{summary.get('eval/positions', 0)} answer positions; "
+        f"{summary.get('eval/accept_length_opening', float('nan')):.3f} over the first 256 tokens of first answers"
     )
+    return console
 
 
 def cmd_demo(args) -> int:
@@ -300,6 +319,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("train", help="train a draft head (also under deepspeed / torchrun)")
     _add_train_args(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="a trained head's held-out accuracy and simulated acceptance on prepared data")
+    p.add_argument("--draft", required=True, help="head folder (final/)")
+    p.add_argument("--data", required=True, help="a folder written by `specheads prepare` (its eval split is used)")
+    p.add_argument("--target", default=None, help="default: the target the data was prepared with")
+    p.add_argument("--rows", type=int, default=256, help="held-out conversations, at most")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--ttt-steps", type=int, default=7, help="draft steps simulated")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("demo", help="prepare + train on the embedded SmolLM2 + ShareGPT")
     p.add_argument("--conversations", type=int, default=300)

@@ -174,8 +174,13 @@ def _acceptance_section(meta: dict) -> list[str]:
     for k, a in enumerate(acc):
         lines.append(f"| {k} | {_fmt(a)} | {_fmt(chain[k]) if chain and k < len(chain) else 'not measured'} |")
     lines += ["", f"Simulated greedy chain acceptance length: {_fmt(length) if length is not None else 'not measured'}"
-              + (f" over {train['eval/positions']} positions." if train.get("eval/positions") else "."), ""]
-    return lines
+              + (f" over {train['eval/positions']} positions." if train.get("eval/positions") else ".")]
+    opening = train.get("eval/accept_length_opening")
+    if opening is not None:  # what a chat user meets first; long answers of small models loop, and loops are easy
+        lines.append(f"Over the first 256 tokens of first answers: {_fmt(opening)}"
+                     + (f" ({train['eval/positions_opening']} positions)." if train.get("eval/positions_opening")
+                        else "."))
+    return lines + [""]
 
 
 def _bench_section(bench: dict | None) -> list[str]:

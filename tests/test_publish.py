@@ -109,6 +109,8 @@ def test_model_card_holds_the_runs_numbers(trained, tmp_path):
     for k, (acc, chain) in enumerate(zip(train["eval/acc"], train["eval/chain_acc"])):
         assert f"| {k} | {acc:.3f} | {chain:.3f} |" in card
     assert f"acceptance length: {train['eval/accept_length']:.3f} over {train['eval/positions']} positions" in card
+    assert (f"first 256 tokens of first answers: {train['eval/accept_length_opening']:.3f} "
+            f"({train['eval/positions_opening']} positions)") in card
     assert f"{data['conversations']['train']} train / {data['conversations']['eval']} held-out" in card
     assert f"{data['train_tokens']} train tokens" in card
     assert f"{train['steps']} optimizer steps" in card

@@ -542,3 +542,29 @@ class Trainer:
 
 def train(cfg: RunConfig) -> dict:
     return Trainer(cfg).run()
+
+
+def evaluate_head(head_dir: str, data_dir: str, target: str | None = None, rows: int = 256, batch_size: int = 8,
+                  ttt_steps: int = 7) -> dict:
+    """A trained head's held-out figures (the training report's eval/* keys) on a prepared
+    folder's eval split, without training: the same evaluation a run ends with."""
+    from specheads.config import load_config
+    from specheads.heads.format import load_head
+
+    head = load_head(head_dir)
+    cfg = load_config(None, ["train.deepspeed=null", f"train.ttt_steps={ttt_steps}"], **{
+        "data.path": data_dir, "data.eval_max_rows": rows, "train.batch_size": batch_size,
+        "target.layer_ids": list(head.config.target_layer_ids), "output_dir": str(Path(head_dir) / ".eval"),
+        **({"target.path": target} if target else {})})
+    t = Trainer(cfg)
+    t.setup()
+    if t.head.config.draft_vocab_size != head.config.draft_vocab_size or \
+            t.head.config.hidden_size != head.config.hidden_size:
+        raise TrainingError(f"head {head_dir!r} (hidden {head.config.hidden_size}, draft vocab "
+                            f"{head.config.draft_vocab_size}) does not fit target {str(t.target_dir)!r} with data "
+                            f"{data_dir!r} (hidden {t.head.config.hidden_size}, draft vocab {t.head.config.draft_vocab_size})")
+    # the head's own weights and vocab map, in the training precision
+    t.head.load_state_dict({k: v.to(torch.float32) if v.is_floating_point() else v
+                            for k, v in head.state_dict().items()})
+    t.teacher_weight = t.target.lm_head.weight[t.head.target_rows()].detach()
+    return t.evaluate()

@@ -254,3 +254,34 @@ def test_resume_refuses_checkpoint_of_another_head(tmp_path, tiny_target_dir, sm
     with pytest.raises(TrainingError, match=r"another head/target.*target_layer_ids"):
         train(train_config(tiny_target_dir, small_prepared_dir, run, "train.max_steps=3", "train.save_every=1",
                            "train.ttt_steps=1", "target.layer_ids=[0,1,2]"))
+
+
+def test_eval_of_a_saved_head_reproduces_the_runs_final_evaluation(tmp_path, tiny_target_dir, prepared_dir,
+                                                                   capsys):
+    """`specheads eval` on the exported head (float32) gives the held-out figures the run ended with."""
+    import json
+
+    from specheads.cli import main
+    from specheads.training.trainer import evaluate_head
+
+    cfg = train_config(tiny_target_dir, prepared_dir, tmp_path, "train.max_steps=30", "train.lr=3e-3")
+    summary = train(cfg)
+    assert summary["eval/acc"][0] > 0  # a head that has learned something, so the figures mean something
+    got = evaluate_head(str(tmp_path / "final"), str(prepared_dir), str(tiny_target_dir), rows=4, batch_size=4,
+                        ttt_steps=2)
+    for key in ("eval/acc", "eval/chain_acc", "eval/loss"):
+        assert got[key] == pytest.approx(summary[key], abs=2e-4), key
+    for key in ("eval/accept_length", "eval/accept_length_opening", "eval/positions", "eval/positions_opening"):
+        assert got[key] == pytest.approx(summary[key], abs=1e-3), key
+    capsys.readouterr()
+    assert main(["eval", "--draft", str(tmp_path / "final"), "--data", str(prepared_dir), "--target",
+                 str(tiny_target_dir), "--rows", "4", "--ttt-steps", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["eval/positions"] == summary["eval/positions"]
+    # a head for another target does not load against this one
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "final", other)
+    meta = json.loads((other / "specheads.json").read_text())
+    meta["config"]["hidden_size"] *= 2
+    (other / "specheads.json").write_text(json.dumps(meta))
+    with pytest.raises(Exception, match="hidden|shape|size"):
+        evaluate_head(str(other), str(prepared_dir), str(tiny_target_dir), rows=4)
