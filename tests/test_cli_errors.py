@@ -42,6 +42,25 @@ def test_prepare_missing_data_file(capsys, tmp_path, tiny_target_dir):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("flags, words", [(["--regenerate", "--devices", "cuda:7"], ["devices", "cuda:7"]),
+                                          (["--cut-loops", "2"], ["cut_loops", ">= 4"]),
+                                          (["--max-length", "8"], ["max_length", ">= 16"])])
+def test_prepare_bad_options(capsys, tmp_path, tiny_target_dir, sharegpt_json, flags, words):
+    code, _, err = _run(capsys, "prepare", "--target", str(tiny_target_dir), "--data", str(sharegpt_json),
+                        "--output", str(tmp_path / "out"), *flags)
+    assert code == 2
+    _assert_one_line_error(err, "prepare")
+    assert all(w in err for w in words)
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_missing_head_and_data(capsys, tmp_path):
+    code, _, err = _run(capsys, "eval", "--draft", str(tmp_path / "no-head"), "--data", str(tmp_path / "no-data"))
+    assert code == 2
+    _assert_one_line_error(err, "eval")
+    assert "no-head" in err
+
+
 def test_prepare_no_assistant_turns(capsys, tmp_path, tiny_target_dir):
     src = tmp_path / "users.jsonl"
     src.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "hi"}]}) + "\n")

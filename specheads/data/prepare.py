@@ -70,11 +70,11 @@ def prepare(opts: PrepareOptions) -> dict:
     from specheads.target.loader import load_target, load_tokenizer, resolve_target
 
     if opts.max_length < 16:
-        raise ValueError(f"max_length must be >= 16, got {opts.max_length}")
+        raise DataError(f"max_length must be >= 16, got {opts.max_length}")
     if opts.cut_loops is not None and opts.cut_loops < 4:
-        raise ValueError(f"cut_loops must be an n-gram length >= 4 (e.g. 32), got {opts.cut_loops}")
+        raise DataError(f"cut_loops must be an n-gram length >= 4 (e.g. 32), got {opts.cut_loops}")
     if not 0 <= opts.eval_fraction < 1:
-        raise ValueError(f"eval_fraction must be in [0, 1), got {opts.eval_fraction}")
+        raise DataError(f"eval_fraction must be in [0, 1), got {opts.eval_fraction}")
     check_data_source(opts.data)
     if opts.regenerate:
         from specheads.data.regenerate import parse_devices

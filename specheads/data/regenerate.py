@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from specheads.data.chat import render
-from specheads.data.sources import Conversation
+from specheads.data.sources import Conversation, DataError
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
 
@@ -169,19 +169,19 @@ def parse_devices(spec: str | None) -> list[str]:
         return ["cuda" if n_gpu else "cpu"]
     if spec == "all":
         if not n_gpu:
-            raise ValueError("devices 'all': no CUDA device is visible; leave --devices out to run on the CPU")
+            raise DataError("devices 'all': no CUDA device is visible; leave --devices out to run on the CPU")
         return [f"cuda:{i}" for i in range(n_gpu)]
     if spec.isdigit():
         n = int(spec)
         if not 1 <= n <= max(n_gpu, 1) or (n > 1 and n > n_gpu):
-            raise ValueError(f"devices {spec!r}: {n_gpu} CUDA device(s) are visible; give 1..{max(n_gpu, 1)}")
+            raise DataError(f"devices {spec!r}: {n_gpu} CUDA device(s) are visible; give 1..{max(n_gpu, 1)}")
         return [f"cuda:{i}" for i in range(n)] if n_gpu else ["cpu"]
     out = [d.strip() for d in spec.split(",") if d.strip()]
     for d in out:
         if d == "cpu" or d == "cuda":
             continue
         if not (d.startswith("cuda:") and d[5:].isdigit() and int(d[5:]) < n_gpu):
-            raise ValueError(f"devices {spec!r}: {d!r} is not cpu or cuda:K with K < {n_gpu} (the visible GPUs)")
+            raise DataError(f"devices {spec!r}: {d!r} is not cpu or cuda:K with K < {n_gpu} (the visible GPUs)")
     return out
 
 
