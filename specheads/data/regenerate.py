@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -226,18 +225,26 @@ def regenerate_on(
         state = state_dir / STATE_FILE if state_dir is not None else None
         return regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns, state)
     shards = [conversations[k::n] for k in range(n)]
-    with ProcessPoolExecutor(n, mp_context=get_context("spawn")) as pool:
-        futures = [
-            pool.submit(_shard_worker, str(target_dir), dev, shards[k], params, max_length, batch_size, max_turns,
-                        state_dir / f"regenerate_state.{k}-of-{n}.json" if state_dir is not None else None, k)
+    answered: list = [None] * len(conversations)
+    # a Pool (not an executor): a shard that fails ends the others at once (terminate on exit),
+    # instead of after they finish; their saved chunks stay
+    with get_context("spawn").Pool(n) as pool:
+        results = [
+            pool.apply_async(_shard_worker, (str(target_dir), dev, shards[k], params, max_length, batch_size, max_turns,
+                                             state_dir / f"regenerate_state.{k}-of-{n}.json" if state_dir else None, k))
             for k, dev in enumerate(devices)
         ]
-        answered: list = [None] * len(conversations)
-        for k, fut in enumerate(futures):
-            try:
-                shard = fut.result()
-            except Exception as e:
-                raise RuntimeError(f"regeneration on {devices[k]} (shard {k} of {n}) failed: {e!r}; "
-                                   "the finished chunks are saved: the same command continues") from e
-            answered[k::n] = shard
+        pending = set(range(n))
+        while pending:
+            for k in sorted(pending):
+                if not results[k].ready():
+                    continue
+                pending.discard(k)
+                try:
+                    answered[k::n] = results[k].get()
+                except Exception as e:
+                    raise RuntimeError(f"regeneration on {devices[k]} (shard {k} of {n}) failed: {e!r}; "
+                                       "the finished chunks are saved: the same command continues") from e
+            if pending:
+                results[min(pending)].wait(0.5)
     return [Conversation(c.id, m) for c, m in zip(conversations, answered) if _has_answer(m)]

@@ -241,6 +241,10 @@ def test_regeneration_over_two_processes_equals_one(tmp_path, tiny_target, tiny_
     assert [f.name for f in state_files(tmp_path)] == ["regenerate_state.0-of-2.json", "regenerate_state.1-of-2.json"]
     saved = json.loads((tmp_path / "regenerate_state.1-of-2.json").read_text())
     assert [c["id"] for c in saved["convs"]] == ["c1", "c3"]
+    # a worker that fails names its device, without waiting for the others to finish
+    with pytest.raises(RuntimeError, match=r"cuda:5 \(shard 1 of 2\)"):
+        regenerate_on(["cpu", "cuda:5"], tiny_target_dir, convs * 40, replace(params, max_new_tokens=64),
+                      max_length=128, batch_size=2)
 
 
 @pytest.mark.parametrize("spec, message", [("cuda:0", "not cpu or cuda:K"), ("gpu", "not cpu or cuda:K"),
