@@ -187,8 +187,9 @@ def prepare(opts: PrepareOptions) -> dict:
             "seconds": round(regen_seconds, 1),
         }
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2))
-    from specheads.data.regenerate import state_files
+    if opts.regenerate:  # the resume state goes once the data is saved
+        from specheads.data.regenerate import state_files
 
-    for f in state_files(out):
-        f.unlink()
+        for f in state_files(out):
+            f.unlink()
     return report

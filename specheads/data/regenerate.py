@@ -68,18 +68,19 @@ def regenerate(
     max_turns: int | None = None,
     state_path: str | Path | None = None,
     chunk: int | None = None,
-    position: int = 0,
 ) -> list[Conversation]:
     """`chunk`: answers per saved unit (default 8 x batch_size); the seeds of a chunk depend only
     on its round and place, so a resumed run samples what an uninterrupted one would.
     Conversations left without an assistant turn are dropped."""
     answered = _regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns,
-                           state_path, chunk, position)
-    return [Conversation(c.id, m) for c, m in zip(conversations, answered) if _has_answer(m)]
+                           state_path, chunk, 0)
+    return _answered(conversations, answered)
 
 
-def _has_answer(messages: list[dict]) -> bool:
-    return any(m["role"] == "assistant" for m in messages)
+def _answered(conversations: list[Conversation], messages: list[list[dict]]) -> list[Conversation]:
+    """The conversations with their regenerated messages, less those left without an answer."""
+    return [Conversation(c.id, m) for c, m in zip(conversations, messages)
+            if any(t["role"] == "assistant" for t in m)]
 
 
 def _regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns, state_path, chunk,
@@ -172,7 +173,7 @@ def parse_devices(spec: str | None) -> list[str]:
         return [f"cuda:{i}" for i in range(n_gpu)]
     if spec.isdigit():
         n = int(spec)
-        if not 1 <= n <= max(n_gpu, 1) or (n > 1 and n > n_gpu):
+        if not 1 <= n <= max(n_gpu, 1):
             raise DataError(f"devices {spec!r}: {n_gpu} CUDA device(s) are visible; give 1..{max(n_gpu, 1)}")
         return [f"cuda:{i}" for i in range(n)] if n_gpu else ["cpu"]
     out = [d.strip() for d in spec.split(",") if d.strip()]
@@ -218,12 +219,10 @@ def regenerate_on(
     other seeds per chunk, since the chunks differ."""
     n = len(devices)
     state_dir = Path(state_dir) if state_dir is not None else None
-    if n == 1:
-        from specheads.target.loader import load_target
-
-        model, tokenizer, _ = load_target(target_dir, dtype=_device_dtype(devices[0]), device=devices[0])
+    if n == 1:  # in this process, on the same path as a worker's
         state = state_dir / STATE_FILE if state_dir is not None else None
-        return regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns, state)
+        return _answered(conversations, _shard_worker(str(target_dir), devices[0], conversations, params, max_length,
+                                                      batch_size, max_turns, state, 0))
     shards = [conversations[k::n] for k in range(n)]
     answered: list = [None] * len(conversations)
     # a Pool (not an executor): a shard that fails ends the others at once (terminate on exit),
@@ -247,4 +246,4 @@ def regenerate_on(
                                        "the finished chunks are saved: the same command continues") from e
             if pending:
                 results[min(pending)].wait(0.5)
-    return [Conversation(c.id, m) for c, m in zip(conversations, answered) if _has_answer(m)]
+    return _answered(conversations, answered)
