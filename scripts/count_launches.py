@@ -40,7 +40,7 @@ def main():
     from transformers import LlamaConfig
 
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
-    from specheads.kernels import attention, draft, fused, kv_commit, verify
+    from specheads.kernels import attention, draft, fused, kv_commit, linear, verify
     from specheads.runtime.engine import Request, SpecEngine
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.model import TargetModel
@@ -67,7 +67,7 @@ def main():
     count = Count()
     for mod, names in ((fused, ["rmsnorm", "rope_cache", "silu_mul"]), (kv_commit, ["commit_kv_triton"]),
                        (attention, ["tree_attention"]), (draft, ["head_input", "topk_expand", "select_tree"]),
-                       (verify, ["tree_masks", "accept_path"])):
+                       (verify, ["tree_masks", "accept"]), (linear, ["linear"])):
         for name in names:
             real = getattr(mod, name)
 
@@ -85,10 +85,11 @@ def main():
         for name in ("rmsnorm", "rope_cache", "silu_mul"):
             setattr(m, name, getattr(fused, name))
         m.tree_attention = attention.tree_attention
+        m.linear = linear.linear
     import specheads.runtime.drafters as dr
     import specheads.runtime.engine as en
     e3.head_input, dr.topk_expand, dr.select_tree = draft.head_input, draft.topk_expand, draft.select_tree
-    en.tree_masks, en.accept_path = verify.tree_masks, verify.accept_path
+    en.tree_masks, en.accept = verify.tree_masks, verify.accept
     with torch.no_grad(), count:
         n = len(engine.rows)
         engine._run(1, 128, False, head is not None or args.method == "ngram")

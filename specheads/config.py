@@ -53,6 +53,9 @@ class TrainSection(_Strict):
     save_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     resume: Literal["auto", "never"] = "auto"
+    # a saved head (folder or hub id) to start from instead of random weights: fine-tuning keeps
+    # its shape and its draft vocabulary (the data's vocab map is not used)
+    init_from: str | None = None
     loss_chunk: int = Field(1024, ge=16)
     deepspeed: str | None = None  # path to a DeepSpeed JSON; None: plain torch (DDP-free)
     report_to: Literal["none", "wandb"] = "none"

@@ -103,6 +103,20 @@ class Eagle3Config:
         )
 
 
+def head_mismatches(cfg: Eagle3Config, spec) -> list[str]:
+    """What keeps a head of config `cfg` from running on a target of spec `spec` (empty: it fits)."""
+    problems = []
+    if cfg.hidden_size != spec.hidden_size:
+        problems.append(f"head hidden size {cfg.hidden_size} differs from the target's embedding width {spec.hidden_size}")
+    if cfg.target_hidden_size != spec.hidden_size:
+        problems.append(f"head expects target hidden size {cfg.target_hidden_size}, target has {spec.hidden_size}")
+    if cfg.vocab_size != spec.vocab_size:
+        problems.append(f"head expects vocab {cfg.vocab_size}, target has {spec.vocab_size}")
+    if max(cfg.target_layer_ids) >= spec.num_hidden_layers:
+        problems.append(f"head reads target layers {cfg.target_layer_ids}, target has {spec.num_hidden_layers}")
+    return problems
+
+
 class Eagle3Attention(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()

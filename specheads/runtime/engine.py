@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from specheads.heads.eagle3 import head_mismatches
 from specheads.kernels.kv_commit import commit_kv
 from specheads.kernels.verify import accept, tree_masks
 from specheads.runtime.defaults import DEFAULT_TREE
@@ -670,15 +671,6 @@ def decode(target, prompts: list[list[int]], params: SamplingParams, stop_ids=()
 
 
 def check_head_matches(head, target) -> None:
-    cfg, spec = head.config, target.spec
-    problems = []
-    if cfg.hidden_size != spec.hidden_size:
-        problems.append(f"head hidden size {cfg.hidden_size} differs from the target's embedding width {spec.hidden_size}")
-    if cfg.target_hidden_size != spec.hidden_size:
-        problems.append(f"head expects target hidden size {cfg.target_hidden_size}, target has {spec.hidden_size}")
-    if cfg.vocab_size != spec.vocab_size:
-        problems.append(f"head expects vocab {cfg.vocab_size}, target has {spec.vocab_size}")
-    if max(cfg.target_layer_ids) >= spec.num_hidden_layers:
-        problems.append(f"head reads target layers {cfg.target_layer_ids}, target has {spec.num_hidden_layers}")
+    problems = head_mismatches(head.config, target.spec)
     if problems:
         raise EngineError("draft head does not match the target: " + "; ".join(problems))

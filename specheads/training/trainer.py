@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from specheads.config import RunConfig
-from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
-from specheads.heads.format import save_head
+from specheads.heads.eagle3 import Eagle3Config, Eagle3Head, head_mismatches
+from specheads.heads.format import HeadFormatError, load_head, save_head
 from specheads.training.data import collate, epoch_batches, load_prepared
 from specheads.training.ttt import chain_acceptance, opening_mask, shift_left, ttt_loss, ttt_unroll
 
@@ -203,12 +203,16 @@ class Trainer:
                 f"vocab map of {cfg.data.path!r} covers {data.t2d.numel()} tokens, the target's vocab is "
                 f"{self.target.spec.vocab_size}"
             )
-        head_cfg = Eagle3Config.for_target(
-            self.target, int(data.d2t.numel()), cfg.target.layer_ids, intermediate_size=cfg.head.intermediate_size
-        )
-        torch.manual_seed(cfg.train.seed)
-        head = Eagle3Head(head_cfg)
-        head.set_vocab_map(data.d2t, data.t2d)
+        if cfg.train.init_from:
+            head = self.initial_head(cfg.train.init_from)
+            head_cfg = head.config
+        else:
+            head_cfg = Eagle3Config.for_target(
+                self.target, int(data.d2t.numel()), cfg.target.layer_ids, intermediate_size=cfg.head.intermediate_size
+            )
+            torch.manual_seed(cfg.train.seed)
+            head = Eagle3Head(head_cfg)
+            head.set_vocab_map(data.d2t, data.t2d)
         param_dtype = torch.float32
         self.head = head.to(self.device, param_dtype)
         self.embed = self.target.embed_tokens
@@ -253,6 +257,26 @@ class Trainer:
             f"batch {cfg.train.batch_size}; device {self.device}"
             + (f", DeepSpeed {cfg.train.deepspeed}" if self.use_ds else "")
         )
+
+    def initial_head(self, spec: str) -> Eagle3Head:
+        """The head named by train.init_from, checked against the target and the run's head options."""
+        cfg = self.cfg
+        try:
+            head = load_head(spec, dtype=torch.float32)
+        except (HeadFormatError, OSError) as e:
+            raise TrainingError(f"train.init_from {spec!r}: {e}") from None
+        hc = head.config
+        problems = head_mismatches(hc, self.target.spec)
+        if cfg.head.intermediate_size is not None and cfg.head.intermediate_size != hc.intermediate_size:
+            problems.append(f"head.intermediate_size={cfg.head.intermediate_size}, the head has {hc.intermediate_size}")
+        if cfg.target.layer_ids is not None and list(cfg.target.layer_ids) != list(hc.target_layer_ids):
+            problems.append(f"target.layer_ids={cfg.target.layer_ids}, the head reads {hc.target_layer_ids}")
+        if problems:
+            raise TrainingError(f"train.init_from {spec!r} does not fit this run: " + "; ".join(problems)
+                                + " (drop the conflicting options, or start from random weights)")
+        self.log(f"starting from head {spec} (draft vocab {hc.draft_vocab_size}, MLP {hc.intermediate_size}); "
+                 "its vocab map replaces the data's")
+        return head
 
     def setup_offline(self) -> None:
         from specheads.training.offline import ShardReader, build_cache

@@ -285,3 +285,29 @@ def test_eval_of_a_saved_head_reproduces_the_runs_final_evaluation(tmp_path, tin
     (other / "specheads.json").write_text(json.dumps(meta))
     with pytest.raises(Exception, match="hidden|shape|size"):
         evaluate_head(str(other), str(prepared_dir), str(tiny_target_dir), rows=4)
+
+
+def test_init_from_a_saved_head_continues_it(tmp_path, tiny_target_dir, small_prepared_dir, capsys):
+    """train.init_from starts from a saved head's weights and vocab map; conflicting options and
+    missing heads are refused before any training."""
+    first = tmp_path / "first"
+    train(train_config(tiny_target_dir, small_prepared_dir, first, "train.max_steps=20", "train.lr=3e-3",
+                       "train.ttt_steps=2"))
+    fresh_loss = train_records(first / "metrics.jsonl")[0]["loss"]
+    capsys.readouterr()
+    second = tmp_path / "second"
+    train(train_config(tiny_target_dir, small_prepared_dir, second, "train.max_steps=2", "train.lr=1e-9",
+                       "train.ttt_steps=2", f"train.init_from={first / 'final'}"))
+    assert "starting from head" in capsys.readouterr().out
+    # a learning rate of 1e-9 leaves the weights where they started
+    a, b = _final_state(first), _final_state(second)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+    assert train_records(second / "metrics.jsonl")[0]["loss"] < 0.8 * fresh_loss
+    with pytest.raises(TrainingError, match=r"init_from.*head.intermediate_size=64, the head has"):
+        train(train_config(tiny_target_dir, small_prepared_dir, tmp_path / "third", "train.max_steps=1",
+                           f"train.init_from={first / 'final'}", "head.intermediate_size=64"))
+    with pytest.raises(TrainingError, match=r"train.init_from .*nowhere.*neither an existing folder"):
+        train(train_config(tiny_target_dir, small_prepared_dir, tmp_path / "fourth", "train.max_steps=1",
+                           f"train.init_from={tmp_path / 'nowhere'}"))
