@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Bring back the large files that live only in this repository's history (added in one commit,
 # removed in the next, so that they do not travel with every checkout or device call):
-#   .dev/head/         the EAGLE-3 head for SmolLM2-135M-Instruct trained in session 7 (4x H200)
+#   .dev/head/         the EAGLE-3 head for SmolLM2-135M-Instruct: the session-7 head fine-tuned in
+#                      session 8 (4x H200, `train.init_from`, answers cut at their first repeated 32-gram)
+#   .dev/head-s7/      the session-7 head (trained from random weights; what session 8 started from)
 #   .dev/regen/part00  ShareGPT answered by SmolLM2-135M-Instruct itself (greedy, every turn),
 #                      regenerated.jsonl.gz as `specheads prepare --regenerate` wrote it (head_pipeline.sh
 #                      prepares from it instead of regenerating; here: copy it to a .jsonl.gz name and
@@ -17,9 +19,13 @@ restore() {  # restore PATH_IN_HISTORY SHA256 DEST
   git show "$rev:$1" > "$3"
   echo "$2  $3" | sha256sum -c -
 }
-HEAD_RESULTS=docs/results/smollm2-eagle3-4xh200-s7
-restore artifacts/smollm2-135m-eagle3-s7.safetensors \
-  b5953ba822dc2845096b72c3fe981d931f41e58ef488ada721292efad2a06897 .dev/head/model.safetensors
-cp $HEAD_RESULTS/config.json $HEAD_RESULTS/specheads.json .dev/head/
+restore_head() {  # restore_head PATH_IN_HISTORY SHA256 RESULTS_DIR DEST_DIR
+  restore "$1" "$2" "$4/model.safetensors"
+  cp "$3/config.json" "$3/specheads.json" "$4/"
+}
+restore_head artifacts/smollm2-135m-eagle3-s8.safetensors \
+  8496b08e88ed0e9c3b41e3b51a41c1bab8151c2224cbf07133d1b227040f5dd2 docs/results/smollm2-eagle3-ft-4xh200-s8 .dev/head
+restore_head artifacts/smollm2-135m-eagle3-s7.safetensors \
+  b5953ba822dc2845096b72c3fe981d931f41e58ef488ada721292efad2a06897 docs/results/smollm2-eagle3-4xh200-s7 .dev/head-s7
 restore artifacts/sharegpt-regenerated-smollm2-135m-greedy.jsonl.gz \
   9dbe7b68b20d69d360cf4928af426560dd78c9c582865dfb348cec266c756ed3 .dev/regen/part00

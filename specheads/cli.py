@@ -39,6 +39,15 @@ def _add_prepare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", default=None,
                    help="regeneration devices, one process each: all (every GPU), a count, or cuda:0,cuda:1 "
                         "(default: one, the GPU if there is one)")
+    p.add_argument("--num-proc", type=int, default=None,
+                   help="processes that tokenize (default: the CPUs this process may use, at most 16)")
+
+
+def default_num_proc() -> int:
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, 16))
 
 
 def cmd_prepare(args) -> int:
@@ -50,7 +59,7 @@ def cmd_prepare(args) -> int:
             eval_fraction=args.eval_fraction, draft_vocab_size=args.draft_vocab_size, regenerate=args.regenerate,
             regen_max_new_tokens=args.max_new_tokens, regen_temperature=args.temperature, regen_top_p=args.top_p,
             regen_seed=args.seed, regen_batch_size=args.batch_size, regen_max_turns=args.max_turns,
-            devices=args.devices, cut_loops=args.cut_loops,
+            devices=args.devices, cut_loops=args.cut_loops, num_proc=args.num_proc or default_num_proc(),
         )
     )
     _print_prepare_report(report, args.output)

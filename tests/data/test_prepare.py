@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from specheads.data.chat import tokenize_conversation
 from specheads.data.prepare import REGENERATED_FILE, REPORT_FILE, PrepareOptions, is_eval, prepare
@@ -314,3 +315,26 @@ def test_prepare_cut_loops_reports_and_shortens(tmp_path, tiny_target_dir, token
     assert cut["train_tokens"] < plain["train_tokens"]
     with pytest.raises(ValueError, match="cut_loops must be an n-gram length"):
         prepare(PrepareOptions(output=str(tmp_path / "bad"), cut_loops=1, **common))
+
+
+def test_prepare_on_worker_processes_equals_one_process(tmp_path, tiny_target_dir, sharegpt_json, monkeypatch):
+    """--num-proc: the same rows, split, vocab map and report, tokenized on 2 spawned workers."""
+    from datasets import load_from_disk
+    from safetensors.torch import load_file
+
+    import specheads.data.prepare as prep
+
+    monkeypatch.setattr(prep, "CONVS_PER_PROC", 1)  # the test data is small: use the pool anyway
+    common = dict(target=str(tiny_target_dir), data=str(sharegpt_json), max_length=64, eval_fraction=0.2,
+                  draft_vocab_size=DRAFT_VOCAB, cut_loops=4)
+    one = prepare(PrepareOptions(output=str(tmp_path / "one"), **common))
+    two = prepare(PrepareOptions(output=str(tmp_path / "two"), num_proc=2, **common))
+    for key in ("conversations", "train_tokens", "train_loss_tokens", "truncated", "skipped", "cut_loops"):
+        assert one[key] == two[key], key
+    a, b = load_from_disk(str(tmp_path / "one")), load_from_disk(str(tmp_path / "two"))
+    for split in a:
+        assert a[split].to_dict() == b[split].to_dict()
+    va, vb = load_file(str(tmp_path / "one" / "vocab_map.safetensors")), load_file(str(tmp_path / "two" / "vocab_map.safetensors"))
+    assert all(torch.equal(va[k], vb[k]) for k in va)
+    with pytest.raises(ValueError, match="num_proc must be >= 1"):
+        prepare(PrepareOptions(output=str(tmp_path / "bad"), num_proc=0, **common))
