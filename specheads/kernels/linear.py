@@ -39,8 +39,35 @@ if triton is not None:
 # tiles beat ours 2x on the 135M shapes (H100, scripts/gpu/linear_check.py)
 MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_MAX_ROWS") or 64)
 # widest input (K) served: at K = 4096 (an 8B layer) cuBLAS's 1-row GEMV streams the weight
-# faster than this kernel does (scripts/gpu/linear_check.py, docs/benchmarks.md)
-MAX_K = 2048
+# faster than this kernel does with the tiles below (scripts/gpu/linear_check.py,
+# docs/benchmarks.md). Both knobs are for tuning on a new card (scripts/gpu/wide_gemm.py):
+# SPECHEADS_LINEAR_MAX_K raises the limit; SPECHEADS_LINEAR_CONFIGS='{"6144x4096": [16, 256, 4, 3]}'
+# sets the tile (BLOCK_N, BLOCK_K, num_warps, num_stages) of a weight of N rows and K columns.
+MAX_K = int(os.environ.get("SPECHEADS_LINEAR_MAX_K") or 2048)
+
+
+def _parse_configs(text: str | None) -> dict[tuple[int, int], tuple[int, int, int, int]]:
+    import json
+
+    if not text:
+        return {}
+    try:
+        raw = json.loads(text)
+        out = {}
+        for key, cfg in raw.items():
+            n, k = (int(v) for v in key.split("x"))
+            bn, bk, warps, stages = (int(v) for v in cfg)
+            if bn < 16 or bk < 16 or bn & (bn - 1) or bk & (bk - 1):
+                raise ValueError(f"{key}: BLOCK_N and BLOCK_K must be powers of 2 >= 16")
+            out[(n, k)] = (bn, bk, warps, stages)
+        return out
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"SPECHEADS_LINEAR_CONFIGS={text!r} is not valid: {e}; expected JSON like "
+                         f"'{{\"6144x4096\": [16, 256, 4, 3]}}' (weight rows x columns: BLOCK_N, BLOCK_K, "
+                         f"num_warps, num_stages)") from None
+
+
+CONFIGS = _parse_configs(os.environ.get("SPECHEADS_LINEAR_CONFIGS"))
 
 
 def serves(*widths: int) -> bool:
@@ -48,11 +75,18 @@ def serves(*widths: int) -> bool:
     return all(w <= MAX_K and w % 16 == 0 for w in widths)
 
 
+# inputs wider than this (with MAX_K raised) are served at decode only: at 33 rows over K = 4096
+# cuBLAS's tiles are 2-3x faster than ours (H100, linear_sweep.json); SPECHEADS_LINEAR_WIDE_ROWS
+WIDE_K = 2048
+WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
+
+
 def fits(rows: int, *widths: int) -> bool:
     """Whether a call of this many rows over inputs of these widths runs here: callers that
     would otherwise pay separate residual-add kernels on the cuBLAS path keep their own
     fused structure when it does not (TargetModel, Eagle3Head)."""
-    return 0 < rows <= MAX_ROWS and serves(*widths)
+    limit = MAX_ROWS if all(w <= WIDE_K for w in widths) else min(MAX_ROWS, WIDE_MAX_ROWS)
+    return 0 < rows <= limit and serves(*widths)
 
 
 def _runs_here(rows: int, n: int, k: int) -> bool:
@@ -73,7 +107,9 @@ def linear_reference(x, weight, bias=None, norm_weight=None, eps=0.0, residual=N
 def _config(n: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) from the weight's shape alone (never from
     the number of rows: see the module docstring). Enough column blocks to spread the weight
-    over the SMs; the longest K step that divides K."""
+    over the SMs; the longest K step that divides K (SPECHEADS_LINEAR_CONFIGS overrides)."""
+    if (n, k) in CONFIGS:
+        return CONFIGS[(n, k)]
     if 1024 <= k <= 2048 and k % 512 == 0:  # an MLP's down_proj: 3.9 vs 4.4 us at K = 1536 (H100)
         block_k, stages = 512, 3
     else:

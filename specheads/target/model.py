@@ -233,7 +233,8 @@ class TargetModel(nn.Module):
             m.gate_up_weight, m.gate_up_bias = fuse_linears([m.gate_proj, m.up_proj])
         self.fused = True
         spec = self.spec
-        self._own_gemm = serves(spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.intermediate_size)
+        self._widths = (spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.intermediate_size)
+        self._own_gemm = serves(*self._widths)
         return self
 
     @property
@@ -338,7 +339,7 @@ class TargetModel(nn.Module):
         capture = set(capture_layers)
         captured = {}
         x = self.model.embed_tokens(input_ids)
-        if not (self._own_gemm and fits(b * t)):  # wide layers or many rows: cuBLAS, the residual add in the next norm
+        if not (self._own_gemm and fits(b * t, *self._widths)):  # wide layers or many rows: cuBLAS, the residual add in the next norm
             return self._cublas_layers(x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
                                        logits_positions)
         for i, layer in enumerate(self.model.layers):

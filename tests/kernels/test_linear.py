@@ -84,3 +84,33 @@ def test_wide_lm_head_runs_here_at_decode_only():
     assert not lin._runs_here(33, 128256, 4096)  # its tree verify: cuBLAS
     assert not lin._runs_here(1, 6144, 4096)  # an 8B projection: cuBLAS
     assert lin._runs_here(33, 960, 576) and not lin._runs_here(65, 960, 576)
+
+
+def test_tile_overrides_for_tuning(monkeypatch):
+    """SPECHEADS_LINEAR_CONFIGS: a tile per weight shape; bad text names the variable and the form."""
+    got = lin._parse_configs('{"6144x4096": [16, 256, 4, 3], "96x64": [16, 128, 4, 2]}')
+    assert got == {(6144, 4096): (16, 256, 4, 3), (96, 64): (16, 128, 4, 2)}
+    monkeypatch.setattr(lin, "CONFIGS", got)
+    assert lin._config(6144, 4096) == (16, 256, 4, 3)
+    assert lin._config(960, 576) != (16, 256, 4, 3)  # other shapes keep the rule
+    for bad in ('{"6144": [16, 256, 4, 3]}', '{"6144x4096": [12, 256, 4, 3]}', '[1, 2]', '{"1x2": [16]}', "nope"):
+        with pytest.raises(ValueError, match="SPECHEADS_LINEAR_CONFIGS=.*expected JSON"):
+            lin._parse_configs(bad)
+
+
+@needs_triton
+def test_raised_width_limit_and_a_tile_longer_than_k(interpret, monkeypatch):
+    """With MAX_K raised (an 8B layer on a card where ours wins) the kernel serves wide inputs;
+    a K step longer than K is masked."""
+    monkeypatch.setattr(lin, "MAX_K", 8192)
+    monkeypatch.setattr(lin, "CONFIGS", {(2 * 24, 4096): (16, 8192, 4, 2)})
+    assert lin.serves(4096)
+    g, x, w = _inputs(2, 4096, 24, seed=5, silu=True)
+    kw = dict(norm_weight=torch.randn(4096, generator=g), eps=1e-5, silu=True)
+    torch.testing.assert_close(lin.linear(x, w, **kw), lin.linear_reference(x, w, **kw), rtol=1e-4, atol=1e-4)
+
+
+def test_wide_inputs_are_served_at_decode_only(monkeypatch):
+    monkeypatch.setattr(lin, "MAX_K", 16384)
+    assert lin.fits(8, 4096, 14336) and not lin.fits(9, 4096, 14336)  # a tree verify keeps cuBLAS
+    assert lin.fits(64, 576, 1536)  # narrow layers: up to MAX_ROWS
