@@ -116,12 +116,20 @@ class Eagle3Drafter:
         self.pending_aux = torch.zeros(rows, self.width, 3 * cfg.target_hidden_size, device=device, dtype=dtype)
         self.pending_tok = torch.zeros(rows, self.width, dtype=torch.long, device=device)
         self.pending_n = torch.ones(rows, dtype=torch.long, device=device)
+        # constants a step reads (made here, so a captured step does not launch a kernel for each)
+        self.cols = torch.arange(cap + self.tree_room, device=device)  # cache columns; also 0, 1, 2, ...
         if self.static:
             self._static_plan = _StaticPlan(self.static, device)
         else:  # the candidate pool: the root's k children, then k * k children per deeper depth
             k = self.topk
             self.pool_depth = torch.tensor([1] * k + [d for d in range(2, self.steps + 1) for _ in range(k * k)],
                                            device=device)
+            self.zero_score = torch.zeros(rows, 1, dtype=torch.float32, device=device)
+            self.no_parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
+            self.root_rows = torch.zeros(rows, k, dtype=torch.long, device=device)  # depth 1 reads the root's hidden
+            self.all_valid = torch.ones(rows, self.num_draft + 1, dtype=torch.bool, device=device)
+            # the tree-attention mask rows of the frontier, two buffers (read one, write the other)
+            self.masks = torch.zeros(2, rows, k, cap + self.tree_room, dtype=torch.bool, device=device)
 
     def state(self) -> list[torch.Tensor]:
         """The small per-row tensors a step changes (the engine snapshots them around graph warm-up)."""
@@ -178,12 +186,12 @@ class Eagle3Drafter:
         head = self.head
         start = self.committed[:b]
         count = self.pending_n[:b]
-        positions = start[:, None] + torch.arange(self.width, device=start.device)
+        positions = start[:, None] + self.cols[: self.width]
         # causal by position: the committed entries and this feed's own earlier entries
-        mask = torch.arange(kv, device=start.device)[None, None, :] <= positions[:, :, None]
+        mask = self.cols[:kv][None, None, :] <= positions[:, :, None]
         out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.fc(self.pending_aux[:b]), None, positions,
                               self.k[:b], self.v[:b], positions, mask[:, None])
-        self.committed[:b] += count
+        start.add_(count)
         last = (count - 1).clamp(min=0)
         return out.gather(1, last[:, None, None].expand(b, 1, out.shape[-1]))
 
@@ -199,25 +207,28 @@ class Eagle3Drafter:
         base = self.committed[:b]  # == the target's committed length
         if self.static:
             return self._static(h_last, base, kv, roots)
-        cols = torch.arange(kv + self.tree_room, device=dev)
-        ctx = (cols < base[:, None])[:, None, :].expand(b, k, cols.numel())
-        masks = [ctx.clone(), ctx.clone()] if self.steps > 1 else [None, None]
+        width = kv + self.tree_room
+        masks = [None, None]
+        if self.steps > 1:  # both buffers start as the context: column < the row's committed length
+            both = self.masks[:, :b, :, :width]
+            torch.lt(self.cols[:width].expand(2, b, k, width), base[None, :, None, None], out=both)
+            masks = [both[0], both[1]]
         n_pool = self.pool_depth.numel()
         pool_tok = torch.empty(b, n_pool, dtype=torch.long, device=dev)
         pool_score = torch.empty(b, n_pool, dtype=torch.float32, device=dev)
         pool_parent = torch.empty(b, n_pool, dtype=torch.long, device=dev)
         target_ids = head.target_ids()
-        start = torch.zeros(b, 1, dtype=torch.float32, device=dev)
         front_tok, front_score, rows, front_pool = topk_expand(
-            head.logits(h_last), start, torch.full((b, 1), -1, dtype=torch.long, device=dev), k, target_ids,
+            head.logits(h_last), self.zero_score[:b], self.no_parent[:b], k, target_ids,
             pool_tok[:, :k], pool_score[:, :k], pool_parent[:, :k], 0, masks[0], masks[0], kv, 0)
-        hidden, rows = h_last, torch.zeros_like(rows)  # depth 1: every node reads the root's hidden
-        depth0 = base - 1
-        slots = (kv + cols[: self.tree_room])[None]
+        hidden, rows = h_last, self.root_rows[:b]
+        # depth d's position: the root's (base - 1) + d, for d = 1 .. steps - 1, in one launch
+        positions = base[:, None] + self.cols[: max(self.steps - 1, 1)]
+        slots = self.cols[kv: width][None]  # the tree's own entries after the context
         off = k
         for d in range(1, self.steps):
             mask = masks[(d - 1) % 2]
-            out = head.draft_step(front_tok, self.embed.weight, hidden, rows, (depth0 + d)[:, None].expand(b, k),
+            out = head.draft_step(front_tok, self.embed.weight, hidden, rows, positions[:, d - 1: d].expand(b, k),
                                   self.k[:b], self.v[:b], slots[:, (d - 1) * k: d * k].expand(b, k),
                                   mask[:, None, :, : kv + d * k])
             n = k * k
@@ -230,7 +241,7 @@ class Eagle3Drafter:
         # the best num_draft nodes by cumulative log-probability, as a tree
         tokens, parents, depths, ranks = select_tree(roots, pool_tok, pool_score, pool_parent,
                                                      self.pool_depth.expand(b, -1), self.num_draft)
-        return Tree(tokens, parents, depths, torch.ones_like(tokens, dtype=torch.bool), self.steps, ranks)
+        return Tree(tokens, parents, depths, self.all_valid[:b], self.steps, ranks)
 
     def _static(self, h_last, base, kv, roots) -> Tree:
         """Fixed tree shape: node p's token is the rank-p[-1] token of its parent's draft."""
