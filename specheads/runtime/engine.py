@@ -616,16 +616,17 @@ class SpecEngine:
         tree = self._tree(b, kv, draft)
         tree.valid = tree.valid & (tree.depth <= self.depth_limit[:b, None]) & (tree.ranks() < self.draft_limit[:b, None])
         tree.valid[:, 0] = True
-        path, n_acc, bonus, aux = self._verify(tree, b, kv, sampled)
+        path, n_acc, bonus, aux, y = self._verify(tree, b, kv, sampled)
         committed = self.committed[:b]
         for tensor in (self.cache.k, self.cache.v) if tree.max_depth else ():  # a lone root is in place
             commit_kv(tensor[:, :b], committed, path, n_acc)
-        path_tokens = tree.tokens.gather(1, path.clamp(min=0))
+        at = path.clamp(min=0)
+        path_tokens = tree.tokens.gather(1, at)
         if draft and isinstance(self.drafter, Eagle3Drafter):
-            path_aux = aux.gather(1, path.clamp(min=0)[:, :, None].expand(-1, -1, aux.shape[-1]))
-            nxt = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], 1)
-            nxt.scatter_(1, (n_acc - 1)[:, None], bonus[:, None])
-            self.drafter.set_pending(b, path_aux, nxt, n_acc)
+            path_aux = aux.gather(1, at[:, :, None].expand(-1, -1, aux.shape[-1]))
+            # the token after each path node is the target's choice there: the next node's token
+            # along the path, the bonus after its last (entries past the path are padding)
+            self.drafter.set_pending(b, path_aux, y.gather(1, at), n_acc)
         committed += n_acc
         self.root[:b] = bonus
         out = self.out[:b]
@@ -648,9 +649,9 @@ class SpecEngine:
         y = sample_rows(out.logits, self.row_params.rows(slice(0, b)), positions + 1, sampled)
         if tree.max_depth == 0:  # a lone root (plain decoding): its token is the target's
             zero = torch.zeros(b, 1, dtype=torch.long, device=dev)
-            return zero, zero[:, 0] + 1, y[:, 0], out.aux_hidden
+            return zero, zero[:, 0] + 1, y[:, 0], out.aux_hidden, y
         path, n_acc, _, bonus = accept_path(tree, anc, y)
-        return path, n_acc, bonus, out.aux_hidden
+        return path, n_acc, bonus, out.aux_hidden, y
 
 
 def accept_path(tree: Tree, anc: torch.Tensor, y: torch.Tensor):
