@@ -191,9 +191,10 @@ def cmd_demo(args) -> int:
     if not os.path.isdir(data_dir) or args.fresh:
         if gpu:  # the full recipe: every conversation, answered by the target itself
             opts = PrepareOptions(output=data_dir, max_length=2048, regenerate=True, regen_batch_size=512,
-                                  regen_max_turns=1, devices="all")
+                                  regen_max_turns=1, devices="all", num_proc=default_num_proc())
         else:  # a few hundred conversations as they are, a smaller draft vocab: minutes on 2 cores
-            opts = PrepareOptions(output=data_dir, max_length=256, limit=args.conversations, draft_vocab_size=8192)
+            opts = PrepareOptions(output=data_dir, max_length=256, limit=args.conversations, draft_vocab_size=8192,
+                                  num_proc=default_num_proc())
         _print_prepare_report(prepare(opts), data_dir)
     overrides = {"data.path": data_dir, "output_dir": "runs/demo-gpu" if gpu else "runs/demo"}
     if gpu:
