@@ -43,13 +43,6 @@ def _add_prepare_args(p: argparse.ArgumentParser) -> None:
                    help="processes that tokenize (default: the CPUs this process may use, at most 16)")
 
 
-def default_num_proc() -> int:
-    import os
-
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cpus, 16))
-
-
 def cmd_prepare(args) -> int:
     from specheads.data.prepare import PrepareOptions, prepare
 
@@ -59,7 +52,7 @@ def cmd_prepare(args) -> int:
             eval_fraction=args.eval_fraction, draft_vocab_size=args.draft_vocab_size, regenerate=args.regenerate,
             regen_max_new_tokens=args.max_new_tokens, regen_temperature=args.temperature, regen_top_p=args.top_p,
             regen_seed=args.seed, regen_batch_size=args.batch_size, regen_max_turns=args.max_turns,
-            devices=args.devices, cut_loops=args.cut_loops, num_proc=args.num_proc or default_num_proc(),
+            devices=args.devices, cut_loops=args.cut_loops, num_proc=args.num_proc,
         )
     )
     _print_prepare_report(report, args.output)
@@ -191,10 +184,9 @@ def cmd_demo(args) -> int:
     if not os.path.isdir(data_dir) or args.fresh:
         if gpu:  # the full recipe: every conversation, answered by the target itself
             opts = PrepareOptions(output=data_dir, max_length=2048, regenerate=True, regen_batch_size=512,
-                                  regen_max_turns=1, devices="all", num_proc=default_num_proc())
+                                  regen_max_turns=1, devices="all")
         else:  # a few hundred conversations as they are, a smaller draft vocab: minutes on 2 cores
-            opts = PrepareOptions(output=data_dir, max_length=256, limit=args.conversations, draft_vocab_size=8192,
-                                  num_proc=default_num_proc())
+            opts = PrepareOptions(output=data_dir, max_length=256, limit=args.conversations, draft_vocab_size=8192)
         _print_prepare_report(prepare(opts), data_dir)
     overrides = {"data.path": data_dir, "output_dir": "runs/demo-gpu" if gpu else "runs/demo"}
     if gpu:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,9 @@ class PrepareOptions:
     regen_max_turns: int | None = None
     cut_loops: int | None = None  # cut each assistant answer after its first repeated n-gram of this length
     devices: str | None = None  # regeneration: None (one: cuda if any), "all", "4", "cuda:0,cuda:1", "cpu"
-    num_proc: int = 1  # processes that tokenize (the chat template renders in Python: ~10 ms a conversation)
+    # processes that tokenize (the chat template renders in Python: ~10 ms a conversation);
+    # None: the CPUs this process may use, at most 16
+    num_proc: int | None = None
 
 
 def is_eval(conv_id: str, fraction: float) -> bool:
@@ -56,7 +59,6 @@ def is_eval(conv_id: str, fraction: float) -> bool:
 def write_conversations(path: Path, conversations) -> None:
     """{id, messages} JSON lines, gzip (written aside, then moved into place)."""
     import gzip
-    import os
 
     tmp = path.with_name(path.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as f:
@@ -68,6 +70,11 @@ def write_conversations(path: Path, conversations) -> None:
 _WORKER_TOKENIZER = None
 # a worker process pays ~1 s to start and load the tokenizer: one per this many conversations at most
 CONVS_PER_PROC = 256
+
+
+def default_num_proc() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, 16))
 
 
 def tokenize_one(tokenizer, messages: list[dict], max_length: int, loops_n: int | None):
@@ -102,7 +109,7 @@ def tokenize_all(target_dir: Path, tokenizer, conversations, opts: PrepareOption
     the slow part of prepare, ~10 ms a conversation)."""
     jobs = ((c.messages, opts.max_length, opts.cut_loops) for c in conversations)
     bar = dict(total=len(conversations), desc="tokenize", unit="conv")
-    workers = min(opts.num_proc, max(1, len(conversations) // CONVS_PER_PROC))
+    workers = min(opts.num_proc or default_num_proc(), max(1, len(conversations) // CONVS_PER_PROC))
     if workers <= 1:
         yield from tqdm((tokenize_one(tokenizer, *job) for job in jobs), **bar)
         return
@@ -121,7 +128,7 @@ def prepare(opts: PrepareOptions) -> dict:
         raise DataError(f"max_length must be >= 16, got {opts.max_length}")
     if opts.cut_loops is not None and opts.cut_loops < 4:
         raise DataError(f"cut_loops must be an n-gram length >= 4 (e.g. 32), got {opts.cut_loops}")
-    if opts.num_proc < 1:
+    if opts.num_proc is not None and opts.num_proc < 1:
         raise DataError(f"num_proc must be >= 1, got {opts.num_proc}")
     if not 0 <= opts.eval_fraction < 1:
         raise DataError(f"eval_fraction must be in [0, 1), got {opts.eval_fraction}")

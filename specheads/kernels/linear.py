@@ -43,7 +43,8 @@ MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_MAX_ROWS") or 64)
 # docs/benchmarks.md). Both knobs are for tuning on a new card (scripts/gpu/wide_gemm.py):
 # SPECHEADS_LINEAR_MAX_K raises the limit; SPECHEADS_LINEAR_CONFIGS='{"6144x4096": [16, 256, 4, 3]}'
 # sets the tile (BLOCK_N, BLOCK_K, num_warps, num_stages) of a weight of N rows and K columns.
-MAX_K = int(os.environ.get("SPECHEADS_LINEAR_MAX_K") or 2048)
+WIDE_K = 2048
+MAX_K = int(os.environ.get("SPECHEADS_LINEAR_MAX_K") or WIDE_K)
 
 
 def _parse_configs(text: str | None) -> dict[tuple[int, int], tuple[int, int, int, int]]:
@@ -75,9 +76,8 @@ def serves(*widths: int) -> bool:
     return all(w <= MAX_K and w % 16 == 0 for w in widths)
 
 
-# inputs wider than this (with MAX_K raised) are served at decode only: at 33 rows over K = 4096
+# inputs wider than WIDE_K (with MAX_K raised) are served at decode only: at 33 rows over K = 4096
 # cuBLAS's tiles are 2-3x faster than ours (H100, linear_sweep.json); SPECHEADS_LINEAR_WIDE_ROWS
-WIDE_K = 2048
 WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
 
 
