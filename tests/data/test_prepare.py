@@ -327,7 +327,7 @@ def test_prepare_on_worker_processes_equals_one_process(tmp_path, tiny_target_di
     monkeypatch.setattr(prep, "CONVS_PER_PROC", 1)  # the test data is small: use the pool anyway
     common = dict(target=str(tiny_target_dir), data=str(sharegpt_json), max_length=64, eval_fraction=0.2,
                   draft_vocab_size=DRAFT_VOCAB, cut_loops=4)
-    one = prepare(PrepareOptions(output=str(tmp_path / "one"), **common))
+    one = prepare(PrepareOptions(output=str(tmp_path / "one"), num_proc=1, **common))
     two = prepare(PrepareOptions(output=str(tmp_path / "two"), num_proc=2, **common))
     for key in ("conversations", "train_tokens", "train_loss_tokens", "truncated", "skipped", "cut_loops"):
         assert one[key] == two[key], key
