@@ -7,6 +7,7 @@ as one clear line and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -120,7 +121,9 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from specheads.training.trainer import evaluate_head
 
-    summary = evaluate_head(args.draft, args.data, args.target, args.rows, args.batch_size, args.ttt_steps)
+    # with --json, stdout carries the JSON alone (progress and setup lines go to stderr)
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        summary = evaluate_head(args.draft, args.data, args.target, args.rows, args.batch_size, args.ttt_steps)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -2,18 +2,19 @@
 
     python3 scripts/gpu/wide_gemm.py [--rows 1] [--quick] [--out DIR]
 
-An 8B layer at one row keeps cuBLAS (specheads/kernels/linear.py: MAX_K), which costs five
-small kernels a layer besides the four GEMVs (two RMSNorms with the residual add, rotary,
-attention, silu). Our kernel carries the norm, silu and residual in the GEMM, so it wins
-whenever it streams the weight about as fast as cuBLAS does.
+On cuBLAS an 8B layer at one row costs five small kernels besides the four GEMVs (two RMSNorms
+with the residual add, rotary, attention, silu). Our kernel carries the norm, silu and residual
+in the GEMM, so it wins wherever it streams the weight about as fast as cuBLAS does; the tiles
+that did on an H200 ship in specheads/kernels/linear.py (WIDE_TILES).
 
 1. For each 8B projection (qkv with its norm, o_proj onto the residual, gate_up with norm and
    silu, down onto the residual): the time of the composed reference (cuBLAS + its separate
    kernels) and of our kernel over a grid of tiles, each call in a CUDA graph, the weight
    rotated over copies larger than L2 together, so every call streams from HBM.
 2. `scripts/bench.py`'s verify_cost (one forward over k tokens of a random-weight 8B model) in
-   two fresh processes: as shipped, and with SPECHEADS_LINEAR_MAX_K=16384 and the best tiles
-   (SPECHEADS_LINEAR_CONFIGS), each with the copy-bandwidth floor measured in the same process.
+   two fresh processes: as shipped (linear.WIDE_TILES), and with this card's best tiles where
+   they beat cuBLAS (SPECHEADS_LINEAR_CONFIGS, null elsewhere), each with the copy-bandwidth
+   floor measured in the same process.
 Prints a table and writes wide_gemm.json under --out."""
 from __future__ import annotations
 
@@ -51,9 +52,9 @@ def sweep(rows: int, quick: bool) -> dict:
     g = torch.Generator(device=dev).manual_seed(0)
     bns, bks = ([16, 32], [128, 256]) if quick else ([16, 32, 64], [128, 256, 512])
     warps, stages = ([4], [3]) if quick else ([4, 8], [3, 4])
-    default_config = lin._config
+    default_config, shipped_tiles = lin._config, lin.CONFIGS
     old_max_k = lin.MAX_K
-    lin.MAX_K = 16384
+    lin.MAX_K, lin.CONFIGS = 16384, {}  # every shape on our kernel, the rule's tiles unless swept
     out = {}
     try:
         for name, n, k, op in SHAPES:
@@ -83,7 +84,7 @@ def sweep(rows: int, quick: bool) -> dict:
             del weights
             torch.cuda.empty_cache()
     finally:
-        lin.MAX_K = old_max_k
+        lin.MAX_K, lin.CONFIGS = old_max_k, shipped_tiles
     return out
 
 
@@ -103,7 +104,9 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"card": torch.cuda.get_device_name(), "shapes": sweep(a.rows, a.quick)}
-    configs = {f"{s['n']}x{s['k']}": s["best_config"] for s in report["shapes"].values()}
+    # each shape's best tile where it beats cuBLAS, else null (cuBLAS): the form of linear.WIDE_TILES
+    configs = {f"{s['n']}x{s['k']}": s["best_config"] if s["best_us"] < s["ref_us"] else None
+               for s in report["shapes"].values()}
     runs = {"shipped": {}, "ours_tuned": {"SPECHEADS_LINEAR_MAX_K": "16384",
                                           "SPECHEADS_LINEAR_CONFIGS": json.dumps(configs)}}
     report["verify_cost"] = {}

@@ -17,8 +17,9 @@ Why our own GEMM for the decode / verify shapes (1 to 64 rows):
   the row block (16 or 64) varies, and the tensor cores give a row the same bits in either
   (scripts/gpu/linear_check.py, on the H100). Attention still orders a tree node's keys
   differently from a decode (docs/benchmarks.md, session 5).
-Where it runs: calls of up to MAX_ROWS rows over inputs of up to MAX_K (and a wide model's
-lm_head at up to 16 rows); elsewhere the reference (cuBLAS) serves.
+Where it runs: calls of up to MAX_ROWS rows over inputs of up to MAX_K, wider weights with a
+measured tile (WIDE_TILES) at up to WIDE_MAX_ROWS rows, and a wide model's lm_head at up to 16
+rows; elsewhere the reference (cuBLAS) serves.
 Every step rounds where the eager modules round (to the activation dtype after the norm,
 after the projection, after silu, after the add), so the reference is the eager forward.
 """
@@ -38,16 +39,25 @@ if triton is not None:
 # rows above which cuBLAS serves better (prefills, trees of 8 rows): at 264 rows its large
 # tiles beat ours 2x on the 135M shapes (H100, scripts/gpu/linear_check.py)
 MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_MAX_ROWS") or 64)
-# widest input (K) served: at K = 4096 (an 8B layer) cuBLAS's 1-row GEMV streams the weight
-# faster than this kernel does with the tiles below (scripts/gpu/linear_check.py,
-# docs/benchmarks.md). Both knobs are for tuning on a new card (scripts/gpu/wide_gemm.py):
-# SPECHEADS_LINEAR_MAX_K raises the limit; SPECHEADS_LINEAR_CONFIGS='{"6144x4096": [16, 256, 4, 3]}'
-# sets the tile (BLOCK_N, BLOCK_K, num_warps, num_stages) of a weight of N rows and K columns.
+# widest input (K) served by the tile rules in `_config`: over K = 4096 (an 8B layer) cuBLAS's
+# 1-row GEMV streams the weight faster than the rule's tiles do (scripts/gpu/linear_check.py).
+# Wider weights run here only where a tile was measured to beat cuBLAS (WIDE_TILES).
 WIDE_K = 2048
 MAX_K = int(os.environ.get("SPECHEADS_LINEAR_MAX_K") or WIDE_K)
 
+# Tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) for wide weights [N, K] at decode, measured on
+# an H200 against cuBLAS with its separate norm / silu / residual kernels, each weight streamed
+# from HBM (scripts/gpu/wide_gemm.py, docs/results/runtime-h200-s9/wide_gemm.json); None keeps
+# cuBLAS. These are the Llama-3-8B / Mistral-7B projections (hidden 4096, 8 KV heads, MLP 14336):
+WIDE_TILES: dict[tuple[int, int], tuple[int, int, int, int] | None] = {
+    (6144, 4096): None,  # qkv with its norm: 20.1 us here, 18.0 us cuBLAS + norm (the norm's pass comes first)
+    (4096, 4096): (32, 512, 4, 4),  # o_proj onto the residual: 11.2 vs 14.9 us
+    (28672, 4096): (64, 128, 8, 3),  # gate_up with norm and silu: 61.4 vs 63.6 us
+    (4096, 14336): (32, 512, 4, 4),  # down onto the residual: 29.7 vs 33.0 us
+}
 
-def _parse_configs(text: str | None) -> dict[tuple[int, int], tuple[int, int, int, int]]:
+
+def _parse_configs(text: str | None) -> dict[tuple[int, int], tuple[int, int, int, int] | None]:
     import json
 
     if not text:
@@ -57,6 +67,9 @@ def _parse_configs(text: str | None) -> dict[tuple[int, int], tuple[int, int, in
         out = {}
         for key, cfg in raw.items():
             n, k = (int(v) for v in key.split("x"))
+            if cfg is None:
+                out[(n, k)] = None
+                continue
             bn, bk, warps, stages = (int(v) for v in cfg)
             if bn < 16 or bk < 16 or bn & (bn - 1) or bk & (bk - 1):
                 raise ValueError(f"{key}: BLOCK_N and BLOCK_K must be powers of 2 >= 16")
@@ -64,35 +77,49 @@ def _parse_configs(text: str | None) -> dict[tuple[int, int], tuple[int, int, in
         return out
     except (ValueError, TypeError, AttributeError) as e:
         raise ValueError(f"SPECHEADS_LINEAR_CONFIGS={text!r} is not valid: {e}; expected JSON like "
-                         f"'{{\"6144x4096\": [16, 256, 4, 3]}}' (weight rows x columns: BLOCK_N, BLOCK_K, "
-                         f"num_warps, num_stages)") from None
+                         f"'{{\"6144x4096\": [16, 256, 4, 3], \"4096x4096\": null}}' (weight rows x columns: "
+                         f"BLOCK_N, BLOCK_K, num_warps, num_stages; null keeps cuBLAS)") from None
 
 
-CONFIGS = _parse_configs(os.environ.get("SPECHEADS_LINEAR_CONFIGS"))
+# SPECHEADS_LINEAR_CONFIGS='{"6144x4096": [16, 256, 4, 3]}' sets the tile of a weight of N rows and
+# K columns (null: cuBLAS) over the table above; SPECHEADS_LINEAR_MAX_K serves every weight up to
+# that K (the rule's tiles where none is set). Both are for tuning on a new card (wide_gemm.py).
+CONFIGS = {**WIDE_TILES, **_parse_configs(os.environ.get("SPECHEADS_LINEAR_CONFIGS"))}
 
 
-def serves(*widths: int) -> bool:
-    """Whether projections over inputs of these widths run here (else the model keeps cuBLAS)."""
-    return all(w <= MAX_K and w % 16 == 0 for w in widths)
+def serves(n: int, k: int) -> bool:
+    """Whether a weight of n rows over k inputs runs on this kernel (else cuBLAS)."""
+    if k <= 0 or k % 16:
+        return False
+    if (n, k) in CONFIGS:
+        return CONFIGS[(n, k)] is not None
+    return k <= MAX_K
 
 
-# inputs wider than WIDE_K (with MAX_K raised) are served at decode only: at 33 rows over K = 4096
-# cuBLAS's tiles are 2-3x faster than ours (H100, linear_sweep.json); SPECHEADS_LINEAR_WIDE_ROWS
+# inputs wider than WIDE_K are served at decode only: at 33 rows over K = 4096 cuBLAS's tiles are
+# 2-3x faster than ours (H100, linear_sweep.json); SPECHEADS_LINEAR_WIDE_ROWS
 WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
 
 
-def fits(rows: int, *widths: int) -> bool:
-    """Whether a call of this many rows over inputs of these widths runs here: callers that
-    would otherwise pay separate residual-add kernels on the cuBLAS path keep their own
+def layer_shapes(hidden: int, attn_width: int, intermediate: int) -> tuple[tuple[int, int], ...]:
+    """The weights [N, K] of a decoder layer that carry a fused residual add or silu: o_proj,
+    gate_up, down_proj. A layer runs on this kernel when all three do; its qkv projection may
+    still take cuBLAS (its norm is a kernel of its own on either path)."""
+    return (hidden, attn_width), (2 * intermediate, hidden), (hidden, intermediate)
+
+
+def fits(rows: int, *shapes: tuple[int, int]) -> bool:
+    """Whether a call of this many rows runs here for every weight shape (N, K) given: callers
+    that would otherwise pay separate residual-add kernels on the cuBLAS path keep their own
     fused structure when it does not (TargetModel, Eagle3Head)."""
-    limit = MAX_ROWS if all(w <= WIDE_K for w in widths) else min(MAX_ROWS, WIDE_MAX_ROWS)
-    return 0 < rows <= limit and serves(*widths)
+    limit = MAX_ROWS if all(k <= WIDE_K for _, k in shapes) else min(MAX_ROWS, WIDE_MAX_ROWS)
+    return 0 < rows <= limit and all(serves(n, k) for n, k in shapes)
 
 
 def _runs_here(rows: int, n: int, k: int) -> bool:
     # a wide model's lm_head at decode: one pass over 250+ MB, where ours streams faster than
     # cuBLAS's 1-row GEMV (Llama-3.1-8B shape, H100: 343 vs 375 us, linear_check.py)
-    return fits(rows, k) or (0 < rows <= 16 and n >= 32768 and k % 16 == 0)
+    return fits(rows, (n, k)) or (0 < rows <= 16 and n >= 32768 and k % 16 == 0)
 
 
 def linear_reference(x, weight, bias=None, norm_weight=None, eps=0.0, residual=None, silu=False):
@@ -108,8 +135,9 @@ def _config(n: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) from the weight's shape alone (never from
     the number of rows: see the module docstring). Enough column blocks to spread the weight
     over the SMs; the longest K step that divides K (SPECHEADS_LINEAR_CONFIGS overrides)."""
-    if (n, k) in CONFIGS:
-        return CONFIGS[(n, k)]
+    tile = CONFIGS.get((n, k))
+    if tile is not None:
+        return tile
     if 1024 <= k <= 2048 and k % 512 == 0:  # an MLP's down_proj: 3.9 vs 4.4 us at K = 1536 (H100)
         block_k, stages = 512, 3
     else:

@@ -19,7 +19,7 @@ from torch import nn
 
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
-from specheads.kernels.linear import fits, linear, serves
+from specheads.kernels.linear import fits, layer_shapes, linear, serves
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
                                rope_inv_freq)
 
@@ -233,8 +233,8 @@ class TargetModel(nn.Module):
             m.gate_up_weight, m.gate_up_bias = fuse_linears([m.gate_proj, m.up_proj])
         self.fused = True
         spec = self.spec
-        self._widths = (spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.intermediate_size)
-        self._own_gemm = serves(*self._widths)
+        self._shapes = layer_shapes(spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.intermediate_size)
+        self._own_gemm = all(serves(n, k) for n, k in self._shapes)
         return self
 
     @property
@@ -292,8 +292,8 @@ class TargetModel(nn.Module):
 
     def _cublas_layers(self, x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
                        logits_positions) -> TargetOutput:
-        """`_fused_forward`'s layers where our GEMM does not run (layers wider than
-        linear.MAX_K, calls of more than linear.MAX_ROWS rows: batched trees, prefills):
+        """`_fused_forward`'s layers where our GEMM does not run (wide layers without a
+        measured tile, calls of more than linear.MAX_ROWS rows: batched trees, prefills):
         cuBLAS projections, the residual add in the next RMSNorm."""
         spec = self.spec
         b, t = position_ids.shape
@@ -339,7 +339,7 @@ class TargetModel(nn.Module):
         capture = set(capture_layers)
         captured = {}
         x = self.model.embed_tokens(input_ids)
-        if not (self._own_gemm and fits(b * t, *self._widths)):  # wide layers or many rows: cuBLAS, the residual add in the next norm
+        if not (self._own_gemm and fits(b * t, *self._shapes)):  # wide layers or many rows: cuBLAS, the residual add in the next norm
             return self._cublas_layers(x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
                                        logits_positions)
         for i, layer in enumerate(self.model.layers):

@@ -111,15 +111,21 @@ def _target(family):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
-@pytest.mark.parametrize("gemm", ["ours", "cublas", "cublas-rows"])
+@pytest.mark.parametrize("gemm", ["ours", "ours-qkv-cublas", "cublas", "cublas-rows"])
 def test_fused_forward_equals_eager(family, kernels, gemm, monkeypatch):
-    """Both layer paths: our GEMM carrying norm / silu / residual, and (for layers wider than
-    linear.MAX_K, or calls of more than linear.MAX_ROWS rows) cuBLAS projections with the
+    """Both layer paths: our GEMM carrying norm / silu / residual (with the qkv projection on
+    cuBLAS where its shape says so, as an 8B layer's does), and (for wide layers without
+    measured tiles, or calls of more than linear.MAX_ROWS rows) cuBLAS projections with the
     residual add in the next norm."""
     from specheads.kernels import linear
 
     if gemm == "cublas":
         monkeypatch.setattr(linear, "MAX_K", 8)
+    if gemm == "ours-qkv-cublas":
+        spec = make_target(seed=3).spec
+        qkv = ((spec.num_attention_heads + 2 * spec.num_key_value_heads) * spec.head_dim, spec.hidden_size)
+        monkeypatch.setattr(linear, "CONFIGS", {qkv: None})
+        assert not linear.serves(*qkv)
     if gemm == "cublas-rows":
         monkeypatch.setattr(linear, "MAX_ROWS", 4)  # the 8-row verify below exceeds it
     if kernels == "triton":

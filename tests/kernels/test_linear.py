@@ -73,26 +73,32 @@ def test_config_depends_on_the_weight_only():
         assert k % block_k == 0 and block_n in (16, 32, 64, 128)
 
 
-def test_serves_the_small_widths_only():
-    assert lin.serves(576, 576, 1536)  # SmolLM2-135M
-    assert not lin.serves(4096, 4096, 14336)  # an 8B layer keeps cuBLAS
-    assert not lin.serves(100)  # not a multiple of 16
+def test_serves_small_widths_and_measured_wide_tiles_only():
+    assert all(lin.serves(n, k) for n, k in lin.layer_shapes(576, 576, 1536))  # SmolLM2-135M
+    assert not lin.serves(100, 100)  # not a multiple of 16
+    # an 8B layer: o_proj, gate_up and down have measured tiles; qkv keeps cuBLAS
+    assert all(lin.serves(n, k) for n, k in lin.layer_shapes(4096, 4096, 14336))
+    assert not lin.serves(6144, 4096)
+    assert not lin.serves(3584, 3584)  # a wide shape nobody measured (Qwen2.5-7B): cuBLAS
 
 
 def test_wide_lm_head_runs_here_at_decode_only():
     assert lin._runs_here(1, 128256, 4096)  # an 8B lm_head, one row
     assert not lin._runs_here(33, 128256, 4096)  # its tree verify: cuBLAS
-    assert not lin._runs_here(1, 6144, 4096)  # an 8B projection: cuBLAS
+    assert not lin._runs_here(1, 6144, 4096)  # an 8B qkv: cuBLAS
+    assert lin._runs_here(1, 4096, 14336) and not lin._runs_here(9, 4096, 14336)  # an 8B down_proj
     assert lin._runs_here(33, 960, 576) and not lin._runs_here(65, 960, 576)
 
 
 def test_tile_overrides_for_tuning(monkeypatch):
-    """SPECHEADS_LINEAR_CONFIGS: a tile per weight shape; bad text names the variable and the form."""
-    got = lin._parse_configs('{"6144x4096": [16, 256, 4, 3], "96x64": [16, 128, 4, 2]}')
-    assert got == {(6144, 4096): (16, 256, 4, 3), (96, 64): (16, 128, 4, 2)}
+    """SPECHEADS_LINEAR_CONFIGS: a tile per weight shape (null: cuBLAS); bad text names the
+    variable and the form."""
+    got = lin._parse_configs('{"6144x4096": [16, 256, 4, 3], "96x64": [16, 128, 4, 2], "960x576": null}')
+    assert got == {(6144, 4096): (16, 256, 4, 3), (96, 64): (16, 128, 4, 2), (960, 576): None}
     monkeypatch.setattr(lin, "CONFIGS", got)
-    assert lin._config(6144, 4096) == (16, 256, 4, 3)
-    assert lin._config(960, 576) != (16, 256, 4, 3)  # other shapes keep the rule
+    assert lin._config(6144, 4096) == (16, 256, 4, 3) and lin.serves(6144, 4096)
+    assert lin._config(1536, 576) != (16, 256, 4, 3)  # other shapes keep the rule
+    assert not lin.serves(960, 576)  # null: this shape keeps cuBLAS
     for bad in ('{"6144": [16, 256, 4, 3]}', '{"6144x4096": [12, 256, 4, 3]}', '[1, 2]', '{"1x2": [16]}', "nope"):
         with pytest.raises(ValueError, match="SPECHEADS_LINEAR_CONFIGS=.*expected JSON"):
             lin._parse_configs(bad)
@@ -104,13 +110,14 @@ def test_raised_width_limit_and_a_tile_longer_than_k(interpret, monkeypatch):
     a K step longer than K is masked."""
     monkeypatch.setattr(lin, "MAX_K", 8192)
     monkeypatch.setattr(lin, "CONFIGS", {(2 * 24, 4096): (16, 8192, 4, 2)})
-    assert lin.serves(4096)
+    assert lin.serves(2 * 24, 4096) and lin.serves(5000, 4096)
     g, x, w = _inputs(2, 4096, 24, seed=5, silu=True)
     kw = dict(norm_weight=torch.randn(4096, generator=g), eps=1e-5, silu=True)
     torch.testing.assert_close(lin.linear(x, w, **kw), lin.linear_reference(x, w, **kw), rtol=1e-4, atol=1e-4)
 
 
 def test_wide_inputs_are_served_at_decode_only(monkeypatch):
-    monkeypatch.setattr(lin, "MAX_K", 16384)
-    assert lin.fits(8, 4096, 14336) and not lin.fits(9, 4096, 14336)  # a tree verify keeps cuBLAS
-    assert lin.fits(64, 576, 1536)  # narrow layers: up to MAX_ROWS
+    eight_b = lin.layer_shapes(4096, 4096, 14336)
+    assert lin.fits(8, *eight_b) and not lin.fits(9, *eight_b)  # a tree verify keeps cuBLAS
+    assert lin.fits(64, *lin.layer_shapes(576, 576, 1536))  # narrow layers: up to MAX_ROWS
+    assert not lin.fits(1, *lin.layer_shapes(3584, 3584, 18944))  # no measured tiles: cuBLAS

@@ -348,7 +348,7 @@ def test_overlapped_steps_equal_sequential_steps(target, head, method, buckets):
         engine._launch = lambda ahead=0, _log=ahead: _log.append(ahead) or launch(ahead=ahead)
         budgets = [33, 9, 20, 30, 6, 25]  # clipped to the 40-token cache below
         schedule = [0, 0, 1, 3, 4, 6]
-        got, handle_of, step = {}, {}, 0
+        got, handle_of, step, aborted_after = {}, {}, 0, []
         while len(handle_of) < 6 or engine.has_work:
             for i, at in enumerate(schedule):
                 if at <= step and i not in handle_of.values() and engine.free_slots > 0:
@@ -358,15 +358,17 @@ def test_overlapped_steps_equal_sequential_steps(target, head, method, buckets):
                     got[i] = []
             for o in engine.step():
                 got[handle_of[o.handle]].append((o.new_tokens, o.finish_reason, o.drafted, o.accepted, o.prefill))
-                if handle_of[o.handle] == 3 and len(got[3]) == 3:  # it leaves while a step may be in flight
+                # request 3 leaves (unfinished, after a decode step) while a step may be in flight
+                if handle_of[o.handle] == 3 and len(got[3]) >= 2 and o.finish_reason is None and not aborted_after:
                     engine.abort(o.handle)
+                    aborted_after.append(len(got[3]))
             step += 1
-        return [got[i] for i in range(6)], ahead
+        return [got[i] for i in range(6)], ahead, aborted_after
 
-    sequential, ahead_off = run(False)
-    overlapped, ahead_on = run(True)
-    assert overlapped == sequential
-    assert len(sequential[3]) == 3 and sequential[3][-1][1] is None  # aborted
+    sequential, ahead_off, aborted_off = run(False)
+    overlapped, ahead_on, aborted_on = run(True)
+    assert overlapped == sequential and aborted_on == aborted_off
+    assert aborted_off and len(sequential[3]) == aborted_off[0] and sequential[3][-1][1] is None  # nothing after abort
     assert set(ahead_off) == {0} and ahead_on.count(1) >= 3
     reasons = [steps[-1][1] for steps in sequential if steps[-1][1]]
     assert "stop" in reasons and "length" in reasons
