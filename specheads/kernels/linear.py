@@ -118,7 +118,10 @@ def fits(rows: int, *shapes: tuple[int, int]) -> bool:
 
 def _runs_here(rows: int, n: int, k: int) -> bool:
     # a wide model's lm_head at decode: one pass over 250+ MB, where ours streams faster than
-    # cuBLAS's 1-row GEMV (Llama-3.1-8B shape, H100: 343 vs 375 us, linear_check.py)
+    # cuBLAS's 1-row GEMV (Llama-3.1-8B shape, H100: 343 vs 375 us, linear_check.py), unless
+    # its shape is set to null (cuBLAS)
+    if (n, k) in CONFIGS and CONFIGS[(n, k)] is None:
+        return False
     return fits(rows, (n, k)) or (0 < rows <= 16 and n >= 32768 and k % 16 == 0)
 
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -87,7 +88,8 @@ def gguf_to_hf(gguf: Path) -> Path:
     config = hf.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    tmp = out.with_name(out.name + ".tmp")
+    # a folder of this process's own: several processes may convert at once (one per GPU)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     clean.load_state_dict(hf.state_dict())
@@ -99,7 +101,17 @@ def gguf_to_hf(gguf: Path) -> Path:
         g = json.loads(gen.read_text())
         g["eos_token_id"] = tok.eos_token_id
         gen.write_text(json.dumps(g, indent=2))
-    tmp.rename(out)
+    return _publish(tmp, out)
+
+
+def _publish(tmp: Path, out: Path) -> Path:
+    """Move a finished conversion into place; where another process got there first, keep its folder."""
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "model.safetensors").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -99,6 +99,8 @@ def test_tile_overrides_for_tuning(monkeypatch):
     assert lin._config(6144, 4096) == (16, 256, 4, 3) and lin.serves(6144, 4096)
     assert lin._config(1536, 576) != (16, 256, 4, 3)  # other shapes keep the rule
     assert not lin.serves(960, 576)  # null: this shape keeps cuBLAS
+    monkeypatch.setattr(lin, "CONFIGS", {(128256, 4096): None})
+    assert not lin._runs_here(1, 128256, 4096)  # null holds for a wide lm_head too
     for bad in ('{"6144": [16, 256, 4, 3]}', '{"6144x4096": [12, 256, 4, 3]}', '[1, 2]', '{"1x2": [16]}', "nope"):
         with pytest.raises(ValueError, match="SPECHEADS_LINEAR_CONFIGS=.*expected JSON"):
             lin._parse_configs(bad)

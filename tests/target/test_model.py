@@ -273,3 +273,25 @@ def test_attention_bias_true(tmp_path, tokenizer, model_type):
     ids = _ids(2, 20, seed=9)
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_concurrent_gguf_conversions_keep_the_first_folder(tmp_path):
+    """One process per GPU may convert the same GGUF at once: the first finished folder wins,
+    the others discard theirs instead of failing on the rename."""
+    from specheads.target.loader import _publish
+
+    out = tmp_path / "model-abc"
+    for i in range(2):
+        tmp = tmp_path / f"model-abc.tmp{i}"
+        tmp.mkdir()
+        (tmp / "model.safetensors").write_text(f"process {i}")
+        assert _publish(tmp, out) == out
+        assert not tmp.exists()
+    assert (out / "model.safetensors").read_text() == "process 0"
+    stale = tmp_path / "other"
+    (stale / "junk").mkdir(parents=True)  # a folder in the way that is not a conversion: an error
+    tmp = tmp_path / "other.tmp"
+    (tmp / "model.safetensors").parent.mkdir()
+    (tmp / "model.safetensors").write_text("x")
+    with pytest.raises(OSError):
+        _publish(tmp, stale)
