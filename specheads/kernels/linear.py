@@ -99,6 +99,8 @@ def serves(n: int, k: int) -> bool:
 # inputs wider than WIDE_K are served at decode only: at 33 rows over K = 4096 cuBLAS's tiles are
 # 2-3x faster than ours (H100, linear_sweep.json); SPECHEADS_LINEAR_WIDE_ROWS
 WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
+# inputs the norm's first pass loads at once (in blocks of BLOCK_K); 0 or BLOCK_K: one at a time
+NORM_UNROLL_KEYS = int(os.environ.get("SPECHEADS_LINEAR_NORM_KEYS") or 1024)
 
 
 def layer_shapes(hidden: int, attn_width: int, intermediate: int) -> tuple[tuple[int, int], ...]:
@@ -155,7 +157,7 @@ if triton is not None:
                        s_xm, s_wn, s_rm, s_om,
                        NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr):
         rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
@@ -164,11 +166,14 @@ if triton is not None:
         dt = o_ptr.dtype.element_ty
         if NORM:  # a first pass for each row's mean square (K is a few thousand at most)
             ss = tl.zeros([BLOCK_M], tl.float32)
-            for k0 in range(0, n_in, BLOCK_K):
-                kk = k0 + rk
-                xf = tl.load(x_ptr + rm[:, None] * s_xm + kk[None, :], mask=m_ok[:, None] & (kk < n_in)[None, :],
-                             other=0.0).to(tl.float32)
-                ss += tl.sum(xf * xf, 1)
+            # NORM_UNROLL blocks' loads in flight at once: the pass is latency-bound (one L2 round
+            # trip per block), and it delays the weight stream; the sum keeps its block order
+            for k0 in range(0, n_in, NORM_UNROLL * BLOCK_K):
+                for u in tl.static_range(NORM_UNROLL):
+                    kk = k0 + u * BLOCK_K + rk
+                    xf = tl.load(x_ptr + rm[:, None] * s_xm + kk[None, :],
+                                 mask=m_ok[:, None] & (kk < n_in)[None, :], other=0.0).to(tl.float32)
+                    ss += tl.sum(xf * xf, 1)
             rstd = 1.0 / tl.sqrt(ss / n_in + eps)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -229,6 +234,7 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         rows, n, k, float(eps), x2.stride(0), weight.stride(0), res.stride(0), out.stride(0),
         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        NORM_UNROLL=max(1, min(NORM_UNROLL_KEYS // block_k, triton.cdiv(k, block_k))) if norm_weight is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
         num_warps=warps, num_stages=stages)
     return out.view(*x.shape[:-1], n)

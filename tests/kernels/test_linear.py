@@ -123,3 +123,15 @@ def test_wide_inputs_are_served_at_decode_only(monkeypatch):
     assert lin.fits(8, *eight_b) and not lin.fits(9, *eight_b)  # a tree verify keeps cuBLAS
     assert lin.fits(64, *lin.layer_shapes(576, 576, 1536))  # narrow layers: up to MAX_ROWS
     assert not lin.fits(1, *lin.layer_shapes(3584, 3584, 18944))  # no measured tiles: cuBLAS
+
+
+@needs_triton
+@pytest.mark.parametrize("norm_keys", [0, 128, 4096])
+def test_norm_pass_unrolled_over_a_ragged_k(interpret, monkeypatch, norm_keys):
+    """The norm's first pass loads several K blocks at once (NORM_UNROLL_KEYS): one at a time,
+    two (with a last group past K), all; the result is the reference's."""
+    monkeypatch.setattr(lin, "NORM_UNROLL_KEYS", norm_keys)
+    monkeypatch.setattr(lin, "CONFIGS", {(48, 1040): (16, 64, 4, 2)})  # 17 blocks of 64 over K = 1040
+    g, x, w = _inputs(3, 1040, 48, seed=6)
+    kw = dict(norm_weight=torch.rand(1040, generator=g) + 0.5, eps=1e-5)
+    torch.testing.assert_close(lin.linear(x, w, **kw), lin.linear_reference(x, w, **kw), rtol=1e-4, atol=1e-4)
