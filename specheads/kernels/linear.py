@@ -47,13 +47,14 @@ MAX_K = int(os.environ.get("SPECHEADS_LINEAR_MAX_K") or WIDE_K)
 
 # Tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) for wide weights [N, K] at decode, measured on
 # an H200 against cuBLAS with its separate norm / silu / residual kernels, each weight streamed
-# from HBM (scripts/gpu/wide_gemm.py, docs/results/runtime-h200-s9/wide_gemm.json); None keeps
-# cuBLAS. These are the Llama-3-8B / Mistral-7B projections (hidden 4096, 8 KV heads, MLP 14336):
+# from HBM (scripts/gpu/wide_gemm.py; docs/results/runtime-h200-s9/wide_gemm.json); None keeps
+# cuBLAS. These are the Llama-3-8B / Mistral-7B shapes (hidden 4096, 8 KV heads, MLP 14336):
 WIDE_TILES: dict[tuple[int, int], tuple[int, int, int, int] | None] = {
-    (6144, 4096): None,  # qkv with its norm: 20.1 us here, 18.0 us cuBLAS + norm (the norm's pass comes first)
-    (4096, 4096): (32, 512, 4, 4),  # o_proj onto the residual: 11.2 vs 14.9 us
-    (28672, 4096): (64, 128, 8, 3),  # gate_up with norm and silu: 61.4 vs 63.6 us
-    (4096, 14336): (32, 512, 4, 4),  # down onto the residual: 29.7 vs 33.0 us
+    (6144, 4096): (64, 256, 4, 4),  # qkv with its norm: 17.6 us here, 18.8 us cuBLAS + the norm kernel
+    (4096, 4096): (32, 512, 4, 4),  # o_proj onto the residual: 11.3 vs 14.7 us
+    (28672, 4096): (64, 128, 8, 3),  # gate_up with norm and silu: 60.2 vs 66.3 us
+    (4096, 14336): (32, 512, 4, 4),  # down onto the residual: 30.4 vs 33.6 us
+    (128256, 4096): (64, 256, 4, 3),  # lm_head: 238.0 us (4.4 TB/s) vs 249.3 us
 }
 
 

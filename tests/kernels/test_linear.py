@@ -76,16 +76,15 @@ def test_config_depends_on_the_weight_only():
 def test_serves_small_widths_and_measured_wide_tiles_only():
     assert all(lin.serves(n, k) for n, k in lin.layer_shapes(576, 576, 1536))  # SmolLM2-135M
     assert not lin.serves(100, 100)  # not a multiple of 16
-    # an 8B layer: o_proj, gate_up and down have measured tiles; qkv keeps cuBLAS
-    assert all(lin.serves(n, k) for n, k in lin.layer_shapes(4096, 4096, 14336))
-    assert not lin.serves(6144, 4096)
+    # an 8B layer: every projection has a measured tile
+    assert all(lin.serves(n, k) for n, k in lin.layer_shapes(4096, 4096, 14336)) and lin.serves(6144, 4096)
     assert not lin.serves(3584, 3584)  # a wide shape nobody measured (Qwen2.5-7B): cuBLAS
 
 
 def test_wide_lm_head_runs_here_at_decode_only():
     assert lin._runs_here(1, 128256, 4096)  # an 8B lm_head, one row
     assert not lin._runs_here(33, 128256, 4096)  # its tree verify: cuBLAS
-    assert not lin._runs_here(1, 6144, 4096)  # an 8B qkv: cuBLAS
+    assert lin._runs_here(1, 6144, 4096) and not lin._runs_here(9, 6144, 4096)  # an 8B qkv
     assert lin._runs_here(1, 4096, 14336) and not lin._runs_here(9, 4096, 14336)  # an 8B down_proj
     assert lin._runs_here(33, 960, 576) and not lin._runs_here(65, 960, 576)
 
