@@ -276,7 +276,7 @@ def main() -> None:
             print(f"llama-8b shape: k={r['k']:>4} forward {r['ms']:.2f} ms ({r['ratio_to_k1']:.2f}x k=1)", flush=True)
         vc = report["verify_cost_llama8b"]
         print(f"llama-8b shape: copy bandwidth {vc['copy_bandwidth_tb_s']:.2f} TB/s, floor {vc['floor_ms']:.2f} ms, "
-              f"k=1 at {100 * vc['k1_share_of_floor']:.0f}% of it", flush=True)
+              f"k=1 at {100 * vc['k1_share_of_floor']:.1f}% of it", flush=True)
     for source, prompt_ids in sources.items():
         for batch in args.peer_batch_sizes:
             for peer in args.peers:
