@@ -1,4 +1,4 @@
-"""`specheads prepare | train | demo | generate | export | publish | serve`.
+"""`specheads prepare | train | eval | demo | generate | export | publish | serve`.
 
 Entry points parse arguments and call the library; errors the user can fix are printed
 as one clear line and exit with status 2.
