@@ -217,7 +217,7 @@ class TargetModel(nn.Module):
         inv_freq, scaling = rope_inv_freq(hf_config)
         self.rotary = RotaryTable(inv_freq, scaling, max_positions or spec.max_position_embeddings)
         self.fused = False
-        self._own_gemm = False  # set by fuse_for_inference: our GEMM kernel serves these widths
+        self._own_gemm = False  # set by fuse_for_inference: our GEMM kernel serves this layer's shapes
 
     @torch.no_grad()
     def fuse_for_inference(self) -> "TargetModel":
@@ -339,7 +339,8 @@ class TargetModel(nn.Module):
         capture = set(capture_layers)
         captured = {}
         x = self.model.embed_tokens(input_ids)
-        if not (self._own_gemm and fits(b * t, *self._shapes)):  # wide layers or many rows: cuBLAS, the residual add in the next norm
+        # wide layers without measured tiles, or many rows: cuBLAS, the residual add in the next norm
+        if not fits(b * t, *self._shapes):
             return self._cublas_layers(x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
                                        logits_positions)
         for i, layer in enumerate(self.model.layers):
