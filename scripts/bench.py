@@ -115,6 +115,14 @@ def run_hf(target_dir, prompt_ids, max_new, stops, batch: int, static_compile: b
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "mean_accept_length": None}, outs
 
 
+# Llama-3.1-8B's shape (random weights: no download needed)
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 8192})
+
+
 def verify_cost(device, dtype, ks=(1, 2, 4, 8, 16, 32, 64, 128), context=512, repeats=100, warmup=25):
     """One forward over k new tokens (a chain under a tree mask, as verification runs it) on a
     random-weight Llama-3.1-8B shape with a KV cache, replayed as a CUDA graph on the fused
@@ -124,11 +132,7 @@ def verify_cost(device, dtype, ks=(1, 2, 4, 8, 16, 32, 64, 128), context=512, re
     from specheads.runtime.graphs import GraphedForward
     from specheads.target.model import KVCache, TargetModel
 
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                      rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                       "original_max_position_embeddings": 8192})
+    cfg = LlamaConfig(**LLAMA_8B)
     with torch.device(device):
         model = TargetModel(cfg, max_positions=4096).to(dtype).eval()
     for p in model.parameters():

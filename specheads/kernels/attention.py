@@ -31,7 +31,7 @@ from specheads.modules import gqa_attention
 if triton is not None:
     import triton.language as tl
 
-    from specheads.kernels.fused import _kernel
+    from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options
 
 # keys per split-K program (a knob: SPECHEADS_ATTN_CHUNK, a power of two >= 64)
 CHUNK = int(os.environ.get("SPECHEADS_ATTN_CHUNK") or 128)
@@ -91,7 +91,10 @@ if triton is not None:
                       n_kv, n_tok, n_rows, n_keys, n_splits, scale,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mt, s_ob, s_oh, s_ot,
                       REP: tl.constexpr, D: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr):
+                      BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         bh = tl.program_id(0)  # (batch row, kv head)
         split = tl.program_id(1)
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -204,5 +207,6 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         v.stride(0), v.stride(1), v.stride(2), m_rows, mask.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")  # float32 stays float32 (no TF32)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
+        **pdl_options(q))
     return out

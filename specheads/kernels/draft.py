@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from specheads.kernels.fused import _kernel, triton, use_triton
+from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
 from specheads.modules import rms_norm
 
 if triton is not None:
@@ -91,7 +91,10 @@ def select_tree_reference(roots, pool_tok, pool_score, pool_parent, pool_depth, 
 if triton is not None:
 
     def _head_input_kernel(tok_ptr, emb_ptr, hid_ptr, row_ptr, we_ptr, wh_ptr, x_ptr, hout_ptr, n_tok, n_cols, eps_e, eps_h,
-                           s_tb, s_tt, s_hb, s_hs, s_rb, s_rt, HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                           s_tb, s_tt, s_hb, s_hs, s_rb, s_rt, HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         r = tl.program_id(0)  # one (batch row, token)
         b = r // n_tok
         t = r % n_tok
@@ -116,7 +119,10 @@ if triton is not None:
         tl.store(x_ptr + r * 2 * n_cols + n_cols + cols, (wh.to(tl.float32) * yh.to(tl.float32)).to(dt), mask=ok)
 
     def _topk_chunk_kernel(logit_ptr, val_ptr, idx_ptr, stat_ptr, n_vocab, n_chunks, s_row,
-                           K: tl.constexpr, BLOCK: tl.constexpr):
+                           K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -139,7 +145,10 @@ if triton is not None:
                             n_front, n_chunks, pool_base, ctx, width,
                             s_fs, s_fp, s_pt, s_ps, s_pp, s_mb, s_mr,
                             K: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
-                            CKP: tl.constexpr, WP: tl.constexpr, HAS_MASK: tl.constexpr):
+                            CKP: tl.constexpr, WP: tl.constexpr, HAS_MASK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         b = tl.program_id(0)  # one batch row: all its frontier nodes
         n = tl.arange(0, NP)[:, None]
         n_ok = n < n_front
@@ -199,7 +208,10 @@ if triton is not None:
 
     def _select_tree_kernel(root_ptr, tok_ptr, score_ptr, par_ptr, depth_ptr,
                             out_tok_ptr, out_par_ptr, out_depth_ptr, out_rank_ptr, n_pool,
-                            s_pb, s_db, s_ob, PP: tl.constexpr, N: tl.constexpr, NP: tl.constexpr):
+                            s_pb, s_db, s_ob, PP: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         b = tl.program_id(0)
         p = tl.arange(0, PP)
         score = tl.load(score_ptr + b * s_pb + p, mask=p < n_pool, other=float("-inf"))
@@ -240,7 +252,7 @@ def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden,
     _kernel(_head_input_kernel)[(b * t,)](
         tokens, embed_weight, hidden, r, w_embed, w_hidden, x, hid, t, n, eps_embed, eps_hidden,
         tokens.stride(0), tokens.stride(1), hidden.stride(0), hidden.stride(1), r.stride(0), r.stride(1),
-        HAS_ROWS=rows is not None, BLOCK=triton.next_power_of_2(n))
+        HAS_ROWS=rows is not None, BLOCK=triton.next_power_of_2(n), **pdl_options(hidden))
     return x, hid
 
 
@@ -262,7 +274,8 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     vals = torch.empty(b * n * chunks * k, dtype=torch.float32, device=dev)
     idx = torch.empty(b * n * chunks * k, dtype=torch.int32, device=dev)
     stat = torch.empty(b * n * chunks * 2, dtype=torch.float32, device=dev)
-    _kernel(_topk_chunk_kernel)[(b * n, chunks)](flat, vals, idx, stat, vocab, chunks, flat.stride(0), K=k, BLOCK=block)
+    _kernel(_topk_chunk_kernel)[(b * n, chunks)](flat, vals, idx, stat, vocab, chunks, flat.stride(0), K=k, BLOCK=block,
+                                                 **pdl_options(flat))
     tok = torch.empty(b, k, dtype=torch.long, device=dev)
     score = torch.empty(b, k, dtype=torch.float32, device=dev)
     parent = torch.empty(b, k, dtype=torch.long, device=dev)
@@ -280,7 +293,8 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         front_score.stride(0), front_pool.stride(0), pool_tok.stride(0), pool_score.stride(0), pool_parent.stride(0),
         m_dst.stride(0), m_dst.stride(1),
         K=k, NP=triton.next_power_of_2(n), KP=triton.next_power_of_2(k), CP=triton.next_power_of_2(chunks),
-        CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k), HAS_MASK=has_mask)
+        CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k), HAS_MASK=has_mask,
+        **pdl_options(vals))
     return tok, score, parent, pool
 
 
@@ -297,5 +311,6 @@ def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
     out = [torch.empty(b, n + 1, dtype=torch.long, device=dev) for _ in range(4)]
     _kernel(_select_tree_kernel)[(b,)](roots.contiguous(), pool_tok, pool_score, pool_parent, pool_depth, *out,
                                       n_pool, pool_tok.stride(0), pool_depth.stride(0), out[0].stride(0),
-                                      PP=triton.next_power_of_2(n_pool), N=n, NP=triton.next_power_of_2(n))
+                                      PP=triton.next_power_of_2(n_pool), N=n, NP=triton.next_power_of_2(n),
+                                      **pdl_options(pool_tok))
     return tuple(out)

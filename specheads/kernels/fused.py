@@ -24,6 +24,31 @@ try:  # triton is optional on CPU-only installs
     import triton.language as tl
 except ImportError:  # pragma: no cover
     triton = None
+try:  # grid dependency control (Triton >= 3.3); without it every launch waits for the last
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = gdc_wait = None
+
+# Programmatic dependent launch (Hopper and later): a kernel of the decode chain is launched
+# while its predecessor still runs, its programs wait on the GPU (griddepcontrol.wait) for the
+# predecessor's writes, then let the next kernel launch. A decode step is ~200 such kernels in
+# a row; PDL hides the launch and ramp-up gap between them. Numbers do not change: every
+# program waits before it reads or writes any memory another kernel touches. The engine's
+# other kernels launch as usual (a launch without PDL waits for the whole predecessor).
+# SPECHEADS_PDL=0 turns it off.
+PDL_ENABLED = os.environ.get("SPECHEADS_PDL", "1") != "0"
+_pdl_devices: dict = {}
+
+
+def pdl_options(t: torch.Tensor) -> dict:
+    """Launch options for a kernel of the decode chain on t's device: the kernel's PDL
+    constexpr and, where the GPU and Triton support it, Triton's launch_pdl."""
+    if not (PDL_ENABLED and gdc_wait is not None and t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"):
+        return {"PDL": False}
+    on = _pdl_devices.get(t.device)
+    if on is None:
+        on = _pdl_devices[t.device] = torch.cuda.get_device_capability(t.device)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -65,7 +90,10 @@ def silu_mul_reference(gate_up):
 if triton is not None:
 
     def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # see pdl_options: the previous kernel's writes are visible after the wait
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         ok = cols < n_cols
@@ -82,7 +110,11 @@ if triton is not None:
 
     def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr, n_tok,
                            s_pb, s_pt, s_sb, s_st, s_qb, s_qh, s_qt, s_cb, s_ch, s_cs,
-                           N_HEADS: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
+                           N_HEADS: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                           PDL: tl.constexpr):
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0)  # one (batch row, token)
         head = tl.program_id(1)  # q heads, then k heads, then v heads
         b = row // n_tok
@@ -114,7 +146,10 @@ if triton is not None:
             tl.store(dst + d, x1)
             tl.store(dst + HALF + d, x2)
 
-    def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < n_cols
@@ -144,7 +179,8 @@ def rmsnorm(x, weight, eps, residual=None):
     total = torch.empty_like(x2) if residual is not None else x2
     res = residual.reshape(-1, n).contiguous() if residual is not None else x2
     _kernel(_rmsnorm_kernel)[(x2.shape[0],)](x2, res, weight, out, total, n, eps,
-                                             HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
+                                             HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n),
+                                             **pdl_options(x))
     return out.view(x.shape), total.view(x.shape)
 
 
@@ -160,7 +196,7 @@ def rope_cache(qkv, cos_table, sin_table, positions, k_cache, v_cache, slots, n_
         qkv, cos_table, sin_table, positions, q, k_cache, v_cache, slots, t,
         positions.stride(0), positions.stride(1), slots.stride(0), slots.stride(1),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        N_HEADS=n_heads, N_KV=n_kv, D=head_dim, HALF=head_dim // 2)
+        N_HEADS=n_heads, N_KV=n_kv, D=head_dim, HALF=head_dim // 2, **pdl_options(qkv))
     return q
 
 
@@ -171,5 +207,5 @@ def silu_mul(gate_up):
     gu = gate_up.reshape(-1, 2 * n).contiguous()
     out = torch.empty(gu.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n))
-    _kernel(_silu_mul_kernel)[(gu.shape[0], triton.cdiv(n, block))](gu, out, n, BLOCK=block)
+    _kernel(_silu_mul_kernel)[(gu.shape[0], triton.cdiv(n, block))](gu, out, n, BLOCK=block, **pdl_options(gu))
     return out.view(*gate_up.shape[:-1], n)

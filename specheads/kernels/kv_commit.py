@@ -11,15 +11,12 @@ cache: [layers, batch, kv_heads, max_len, head_dim] (the target's KVCache layout
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # triton is optional on CPU-only installs
-    import triton
+from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
+
+if triton is not None:
     import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
 
 
 def commit_kv_reference(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor, n_accept: torch.Tensor) -> None:
@@ -37,8 +34,11 @@ if triton is not None:
     def _commit_kernel(
         cache_ptr, base_ptr, src_ptr, n_ptr,
         stride_l, stride_b, stride_h, stride_s,
-        n_heads, max_accept: tl.constexpr, head_dim: tl.constexpr, block_d: tl.constexpr,
+        n_heads, max_accept: tl.constexpr, head_dim: tl.constexpr, block_d: tl.constexpr, PDL: tl.constexpr,
     ):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         pid = tl.program_id(0)  # one program per (layer, kv head) x batch row
         h = pid % n_heads
         layer = pid // n_heads
@@ -59,16 +59,6 @@ if triton is not None:
         tl.debug_barrier()
         tl.store(head_ptr + (base + rows)[:, None] * stride_s + cols[None, :], vals, mask=mask)
 
-    _jitted: dict = {}
-
-    def _kernel():
-        # triton.jit picks compiled or interpreted mode when it wraps the function, so wrap
-        # per mode: TRITON_INTERPRET=1 set after import is honoured
-        interpret = os.environ.get("TRITON_INTERPRET") == "1"
-        if interpret not in _jitted:
-            _jitted[interpret] = triton.jit(_commit_kernel)
-        return _jitted[interpret]
-
 
 def commit_kv_triton(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor, n_accept: torch.Tensor) -> None:
     layers, b_size, heads, _, head_dim = cache.shape
@@ -77,17 +67,12 @@ def commit_kv_triton(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor,
     max_accept = triton.next_power_of_2(m)
     src_p = torch.zeros(b_size, max_accept, dtype=torch.int64, device=src.device)
     src_p[:, :m] = src
-    _kernel()[(layers * heads, b_size)](
+    _kernel(_commit_kernel)[(layers * heads, b_size)](
         cache, base.to(torch.int64), src_p, n_accept.to(torch.int64),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
         heads, max_accept=max_accept, head_dim=head_dim, block_d=triton.next_power_of_2(head_dim),
+        **pdl_options(cache),
     )
-
-
-def use_triton(t: torch.Tensor) -> bool:
-    if triton is None:
-        return False
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def commit_kv(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor, n_accept: torch.Tensor) -> None:

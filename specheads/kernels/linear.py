@@ -31,7 +31,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from specheads.kernels.fused import _kernel, rmsnorm, silu_mul, triton, use_triton
+from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, rmsnorm, silu_mul, triton, use_triton
 
 if triton is not None:
     import triton.language as tl
@@ -158,7 +158,10 @@ if triton is not None:
                        s_xm, s_wn, s_rm, s_om,
                        NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr):
+                       NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
@@ -237,5 +240,5 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         NORM_UNROLL=max(1, min(NORM_UNROLL_KEYS // block_k, triton.cdiv(k, block_k))) if norm_weight is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
-        num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages, **pdl_options(x))
     return out.view(*x.shape[:-1], n)

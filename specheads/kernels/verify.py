@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from specheads.kernels.fused import _kernel, triton, use_triton
+from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
 
 def accept_reference(tokens, parents, valid, depth, anc, y, max_depth: int):
     """Walk the tree the target's way, without a loop over depths: a node is taken when its
@@ -74,7 +74,10 @@ def tree_masks_reference(parents, committed, kv: int, max_depth: int):
 if triton is not None:
 
     def _tree_mask_kernel(par_ptr, com_ptr, anc_ptr, mask_ptr, n, kv, s_pb, s_pn,
-                          DEPTH: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr):
+                          DEPTH: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         b = tl.program_id(0)
         i = tl.program_id(1)  # one node
         j = tl.arange(0, NP)
@@ -97,7 +100,10 @@ if triton is not None:
 
     def _accept_kernel(tok_ptr, par_ptr, valid_ptr, depth_ptr, anc_ptr, y_ptr, path_ptr, nacc_ptr, last_ptr,
                        bonus_ptr, n, s_tb, s_pb, s_vb, s_db, s_yb, COLS: tl.constexpr, NP: tl.constexpr,
-                       CP: tl.constexpr):
+                       CP: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         b = tl.program_id(0)  # one tree
         i = tl.arange(0, NP)
         ok = i < n
@@ -136,7 +142,7 @@ def tree_masks(parents: torch.Tensor, committed: torch.Tensor, kv: int, max_dept
     committed = committed.contiguous()
     _kernel(_tree_mask_kernel)[(b, n)](parents, committed, anc, mask, n, kv, parents.stride(0), parents.stride(1),
                                        DEPTH=max_depth, NP=triton.next_power_of_2(n),
-                                       BLOCK=min(1024, triton.next_power_of_2(kv)))
+                                       BLOCK=min(1024, triton.next_power_of_2(kv)), **pdl_options(parents))
     return anc, mask
 
 
@@ -152,5 +158,5 @@ def accept(tokens, parents, valid, depth, anc, y, max_depth: int):
     assert anc.is_contiguous() and all(t.stride(-1) == 1 for t in (tokens, parents, valid, depth, y))
     _kernel(_accept_kernel)[(b,)](tokens, parents, valid, depth, anc, y, path, n_acc, last, bonus, n,
                                   tokens.stride(0), parents.stride(0), valid.stride(0), depth.stride(0), y.stride(0),
-                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols))
+                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols), **pdl_options(y))
     return path, n_acc, last, bonus

@@ -1,0 +1,92 @@
+"""On the GPU: programmatic dependent launch (kernels/fused.py pdl_options) on and off, on
+random-weight targets of the SmolLM2-135M and Llama-3.1-8B shapes: the graphed verify forward
+over k tokens must give the same logits and KV cache bit for bit, and how long it takes.
+
+    python3 scripts/gpu/pdl_check.py [--out DIR] [--repeats 200]
+
+Prints a table and writes pdl_check.json under --out (exit 1 if any output differs)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import LLAMA_8B  # noqa: E402
+
+from specheads.kernels import fused  # noqa: E402
+from specheads.runtime.graphs import GraphedForward  # noqa: E402
+from specheads.target.model import KVCache, TargetModel  # noqa: E402
+
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+               num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rms_norm_eps=1e-5)
+
+
+def run(cfg: dict, ks, context: int, repeats: int) -> list[dict]:
+    dev, dt = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = TargetModel(LlamaConfig(**cfg), max_positions=4096).to(dt).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    model.fuse_for_inference()
+    rows = []
+    with torch.no_grad():
+        for k in ks:
+            outs = {}
+            for pdl in (False, True):
+                fused.PDL_ENABLED = pdl
+                cache = KVCache(model.spec, 1, context + k + 1, dt, dev)
+                ids = torch.randint(0, 1000, (1, context), device=dev, generator=torch.Generator(dev).manual_seed(1))
+                model(ids, cache=cache, kv_len=context, prefill=True, return_logits=False)
+                graphed = GraphedForward(model, cache, k, tree=True)
+                toks = torch.randint(0, 1000, (1, k), device=dev, generator=torch.Generator(dev).manual_seed(2))
+                pos = context + torch.arange(k, device=dev)[None]
+                mask = torch.arange(cache.max_len, device=dev)[None, None, None, :] <= pos[:, None, :, None]
+                logits = graphed(toks, pos, pos, mask).logits.clone()
+                for _ in range(25):
+                    graphed(toks, pos, pos, mask)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(repeats):
+                    graphed(toks, pos, pos, mask)
+                torch.cuda.synchronize()
+                ms = (time.perf_counter() - t0) / repeats * 1000
+                outs[pdl] = (logits, cache.k.clone(), cache.v.clone(), ms)
+                del graphed, cache
+            same = all(torch.equal(a, b) for a, b in zip(outs[False][:3], outs[True][:3]))
+            rows.append({"k": k, "ms_off": outs[False][3], "ms_on": outs[True][3],
+                         "speedup": outs[False][3] / outs[True][3], "identical": same})
+    fused.PDL_ENABLED = True
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--repeats", type=int, default=200)
+    a = ap.parse_args()
+    report = {"card": torch.cuda.get_device_name(), "shapes": {}}
+    ok = True
+    print(f"{'shape':10} {'k':>3} {'PDL off ms':>10} {'PDL on ms':>10} {'speedup':>8}  identical")
+    for name, cfg in (("smollm2", SMOLLM2), ("llama-8b", LLAMA_8B)):
+        rows = run(cfg, (1, 8, 33), 512, a.repeats)
+        report["shapes"][name] = rows
+        for r in rows:
+            print(f"{name:10} {r['k']:3} {r['ms_off']:10.3f} {r['ms_on']:10.3f} {r['speedup']:7.3f}x  {r['identical']}",
+                  flush=True)
+            ok &= r["identical"]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pdl_check.json").write_text(json.dumps(report, indent=1))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
