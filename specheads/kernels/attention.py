@@ -208,5 +208,5 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         out.stride(0), out.stride(1), out.stride(2),
         REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
-        **pdl_options(q))
+        **pdl_options(q, "attention"))
     return out

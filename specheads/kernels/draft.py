@@ -252,7 +252,7 @@ def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden,
     _kernel(_head_input_kernel)[(b * t,)](
         tokens, embed_weight, hidden, r, w_embed, w_hidden, x, hid, t, n, eps_embed, eps_hidden,
         tokens.stride(0), tokens.stride(1), hidden.stride(0), hidden.stride(1), r.stride(0), r.stride(1),
-        HAS_ROWS=rows is not None, BLOCK=triton.next_power_of_2(n), **pdl_options(hidden))
+        HAS_ROWS=rows is not None, BLOCK=triton.next_power_of_2(n), **pdl_options(hidden, "head_input"))
     return x, hid
 
 
@@ -275,7 +275,7 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     idx = torch.empty(b * n * chunks * k, dtype=torch.int32, device=dev)
     stat = torch.empty(b * n * chunks * 2, dtype=torch.float32, device=dev)
     _kernel(_topk_chunk_kernel)[(b * n, chunks)](flat, vals, idx, stat, vocab, chunks, flat.stride(0), K=k, BLOCK=block,
-                                                 **pdl_options(flat))
+                                                 **pdl_options(flat, "topk_chunk"))
     tok = torch.empty(b, k, dtype=torch.long, device=dev)
     score = torch.empty(b, k, dtype=torch.float32, device=dev)
     parent = torch.empty(b, k, dtype=torch.long, device=dev)
@@ -294,7 +294,7 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         m_dst.stride(0), m_dst.stride(1),
         K=k, NP=triton.next_power_of_2(n), KP=triton.next_power_of_2(k), CP=triton.next_power_of_2(chunks),
         CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k), HAS_MASK=has_mask,
-        **pdl_options(vals))
+        **pdl_options(vals, "topk_expand"))
     return tok, score, parent, pool
 
 
@@ -312,5 +312,5 @@ def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
     _kernel(_select_tree_kernel)[(b,)](roots.contiguous(), pool_tok, pool_score, pool_parent, pool_depth, *out,
                                       n_pool, pool_tok.stride(0), pool_depth.stride(0), out[0].stride(0),
                                       PP=triton.next_power_of_2(n_pool), N=n, NP=triton.next_power_of_2(n),
-                                      **pdl_options(pool_tok))
+                                      **pdl_options(pool_tok, "select_tree"))
     return tuple(out)

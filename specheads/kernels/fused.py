@@ -29,21 +29,30 @@ try:  # grid dependency control (Triton >= 3.3); without it every launch waits f
 except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
 
-# Programmatic dependent launch (Hopper and later): a kernel of the decode chain is launched
-# while its predecessor still runs, its programs wait on the GPU (griddepcontrol.wait) for the
-# predecessor's writes, then let the next kernel launch. A decode step is ~200 such kernels in
-# a row; PDL hides the launch and ramp-up gap between them. Numbers do not change: every
-# program waits before it reads or writes any memory another kernel touches. The engine's
-# other kernels launch as usual (a launch without PDL waits for the whole predecessor).
-# SPECHEADS_PDL=0 turns it off.
-PDL_ENABLED = os.environ.get("SPECHEADS_PDL", "1") != "0"
+# Programmatic dependent launch (Hopper and later): a kernel is launched while its predecessor
+# still runs; its programs wait on the GPU (griddepcontrol.wait) for the predecessor's writes,
+# then let the next kernel launch. The decode forward is ~185 of our kernels in a row (6 a
+# layer); PDL hides the launch and ramp-up gap between them, and a projection asks L2 for its
+# weight while it waits (linear.PREFETCH_BYTES): SmolLM2's 1-token forward 0.87 -> 0.69 ms on
+# an H200 (scripts/gpu/pdl_check.py). Numbers do not change: every program waits before it
+# reads or writes memory another kernel touches (tests/kernels/test_pdl.py).
+# By default the target / head forward's kernels take it; the drafting and verification
+# kernels, which sit between torch ops, launch as usual (with PDL the batch-8 tree ran ~6%
+# slower on the H200). SPECHEADS_PDL=0: off; =all: every kernel; or a comma list of the names
+# pdl_options is called with.
+PDL_DEFAULT = frozenset({"linear", "attention", "rope_cache", "rmsnorm", "silu_mul"})
+_PDL_ENV = os.environ.get("SPECHEADS_PDL", "1").strip()
+PDL_ENABLED = _PDL_ENV != "0"
+PDL_KERNELS = (PDL_DEFAULT if _PDL_ENV in ("1", "") else None if _PDL_ENV == "all"
+               else frozenset(_PDL_ENV.split(",")))
 _pdl_devices: dict = {}
 
 
-def pdl_options(t: torch.Tensor) -> dict:
-    """Launch options for a kernel of the decode chain on t's device: the kernel's PDL
-    constexpr and, where the GPU and Triton support it, Triton's launch_pdl."""
-    if not (PDL_ENABLED and gdc_wait is not None and t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"):
+def pdl_options(t: torch.Tensor, kernel: str) -> dict:
+    """Launch options for a kernel (by name) on t's device: the kernel's PDL constexpr and,
+    where the GPU and Triton support it, Triton's launch_pdl."""
+    if not (PDL_ENABLED and gdc_wait is not None and t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+            and (PDL_KERNELS is None or kernel in PDL_KERNELS)):
         return {"PDL": False}
     on = _pdl_devices.get(t.device)
     if on is None:
@@ -180,7 +189,7 @@ def rmsnorm(x, weight, eps, residual=None):
     res = residual.reshape(-1, n).contiguous() if residual is not None else x2
     _kernel(_rmsnorm_kernel)[(x2.shape[0],)](x2, res, weight, out, total, n, eps,
                                              HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n),
-                                             **pdl_options(x))
+                                             **pdl_options(x, "rmsnorm"))
     return out.view(x.shape), total.view(x.shape)
 
 
@@ -196,7 +205,7 @@ def rope_cache(qkv, cos_table, sin_table, positions, k_cache, v_cache, slots, n_
         qkv, cos_table, sin_table, positions, q, k_cache, v_cache, slots, t,
         positions.stride(0), positions.stride(1), slots.stride(0), slots.stride(1),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        N_HEADS=n_heads, N_KV=n_kv, D=head_dim, HALF=head_dim // 2, **pdl_options(qkv))
+        N_HEADS=n_heads, N_KV=n_kv, D=head_dim, HALF=head_dim // 2, **pdl_options(qkv, "rope_cache"))
     return q
 
 
@@ -207,5 +216,5 @@ def silu_mul(gate_up):
     gu = gate_up.reshape(-1, 2 * n).contiguous()
     out = torch.empty(gu.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n))
-    _kernel(_silu_mul_kernel)[(gu.shape[0], triton.cdiv(n, block))](gu, out, n, BLOCK=block, **pdl_options(gu))
+    _kernel(_silu_mul_kernel)[(gu.shape[0], triton.cdiv(n, block))](gu, out, n, BLOCK=block, **pdl_options(gu, "silu_mul"))
     return out.view(*gate_up.shape[:-1], n)

@@ -71,7 +71,7 @@ def commit_kv_triton(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor,
         cache, base.to(torch.int64), src_p, n_accept.to(torch.int64),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
         heads, max_accept=max_accept, head_dim=head_dim, block_d=triton.next_power_of_2(head_dim),
-        **pdl_options(cache),
+        **pdl_options(cache, "kv_commit"),
     )
 
 

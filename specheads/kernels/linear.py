@@ -100,6 +100,11 @@ def serves(n: int, k: int) -> bool:
 # inputs wider than WIDE_K are served at decode only: at 33 rows over K = 4096 cuBLAS's tiles are
 # 2-3x faster than ours (H100, linear_sweep.json); SPECHEADS_LINEAR_WIDE_ROWS
 WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
+# Before it waits for the previous kernel (PDL), a program asks L2 for the first columns of its
+# weight slice: up to this many bytes of the whole weight (SPECHEADS_LINEAR_PREFETCH_BYTES; 0: none)
+PREFETCH_BYTES = int(os.environ.get("SPECHEADS_LINEAR_PREFETCH_BYTES") or 8 * 2**20)
+# the row block of calls of 17-64 rows on narrow weights (SPECHEADS_LINEAR_ROW_BLOCK, 16 or 64)
+ROW_BLOCK = int(os.environ.get("SPECHEADS_LINEAR_ROW_BLOCK") or 16)
 # inputs the norm's first pass loads at once (in blocks of BLOCK_K); 0 or BLOCK_K: one at a time
 NORM_UNROLL_KEYS = int(os.environ.get("SPECHEADS_LINEAR_NORM_KEYS") or 1024)
 
@@ -154,19 +159,32 @@ def _config(n: int, k: int) -> tuple[int, int, int, int]:
 
 if triton is not None:
 
+    @triton.jit
+    def _prefetch_l2(ptrs):
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
     def _linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, o_ptr, n_rows, n_out, n_in, eps,
                        s_xm, s_wn, s_rm, s_om,
                        NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # fused.pdl_options
-            gdc_wait()
-            gdc_launch_dependents()
+                       NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+                       PREFETCH_K: tl.constexpr, LINE: tl.constexpr):
         rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         m_ok = rm < n_rows
         n_ok = rn < n_out
+        if PDL:  # fused.pdl_options
+            if PREFETCH_K > 0:  # the weight is no kernel's output: its first columns head for L2 while we wait
+                lines = tl.arange(0, PREFETCH_K // LINE) * LINE
+                rows_w = tl.where(n_ok, rn, 0)
+                cols_w = tl.where(lines < n_in, lines, 0)
+                _prefetch_l2(w_ptr + rows_w[:, None] * s_wn + cols_w[None, :])
+                if SILU:
+                    _prefetch_l2(w_ptr + (rows_w + n_out)[:, None] * s_wn + cols_w[None, :])
+            gdc_wait()
+            gdc_launch_dependents()
         dt = o_ptr.dtype.element_ty
         if NORM:  # a first pass for each row's mean square (K is a few thousand at most)
             ss = tl.zeros([BLOCK_M], tl.float32)
@@ -231,7 +249,11 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
     # scripts/gpu/linear_check.py). Narrow weights want many programs (16-row blocks), an
     # lm_head wants its 50-100 MB read once (one 64-row block)
-    block_m = 16 if rows <= 16 or n < 8192 else 64
+    block_m = (16 if rows <= 16 else ROW_BLOCK) if n < 8192 else (16 if rows <= 16 else 64)
+    pdl = pdl_options(x, "linear")
+    line = 128 // weight.element_size()
+    cols = PREFETCH_BYTES // (weight.shape[0] * weight.element_size())  # columns of the weight in the budget
+    prefetch = min(triton.next_power_of_2(k), 1 << (cols.bit_length() - 1)) if cols >= line and pdl["PDL"] else 0
     grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
     _kernel(_linear_kernel)[grid](
         x2, weight, bias if bias is not None else out, norm_weight if norm_weight is not None else out, res, out,
@@ -240,5 +262,5 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         NORM_UNROLL=max(1, min(NORM_UNROLL_KEYS // block_k, triton.cdiv(k, block_k))) if norm_weight is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
-        num_warps=warps, num_stages=stages, **pdl_options(x))
+        PREFETCH_K=prefetch, LINE=line, num_warps=warps, num_stages=stages, **pdl)
     return out.view(*x.shape[:-1], n)

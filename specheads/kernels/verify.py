@@ -142,7 +142,7 @@ def tree_masks(parents: torch.Tensor, committed: torch.Tensor, kv: int, max_dept
     committed = committed.contiguous()
     _kernel(_tree_mask_kernel)[(b, n)](parents, committed, anc, mask, n, kv, parents.stride(0), parents.stride(1),
                                        DEPTH=max_depth, NP=triton.next_power_of_2(n),
-                                       BLOCK=min(1024, triton.next_power_of_2(kv)), **pdl_options(parents))
+                                       BLOCK=min(1024, triton.next_power_of_2(kv)), **pdl_options(parents, "tree_mask"))
     return anc, mask
 
 
@@ -158,5 +158,5 @@ def accept(tokens, parents, valid, depth, anc, y, max_depth: int):
     assert anc.is_contiguous() and all(t.stride(-1) == 1 for t in (tokens, parents, valid, depth, y))
     _kernel(_accept_kernel)[(b,)](tokens, parents, valid, depth, anc, y, path, n_acc, last, bonus, n,
                                   tokens.stride(0), parents.stride(0), valid.stride(0), depth.stride(0), y.stride(0),
-                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols), **pdl_options(y))
+                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols), **pdl_options(y, "accept"))
     return path, n_acc, last, bonus

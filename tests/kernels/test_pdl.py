@@ -23,15 +23,22 @@ def _kernels():
 
 
 def test_every_kernel_takes_pdl_and_waits_first():
+    """Under `if PDL:` a kernel waits, then lets the next launch; nothing before the wait may
+    touch memory another kernel writes (an L2 prefetch of a weight is allowed)."""
     names = []
     for name, fn in _kernels():
         names.append(name)
         assert "PDL" in inspect.signature(fn).parameters, f"{name} has no PDL parameter"
         body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
-        first = body[0]
-        assert isinstance(first, ast.If) and ast.unparse(first.test) == "PDL", f"{name} does not start with `if PDL:`"
-        calls = [ast.unparse(s.value) for s in first.body]
-        assert calls == ["gdc_wait()", "gdc_launch_dependents()"], f"{name}: {calls}"
+        gate = [i for i, s in enumerate(body) if isinstance(s, ast.If) and ast.unparse(s.test) == "PDL"]
+        assert len(gate) == 1, f"{name} has no top-level `if PDL:`"
+        block = body[gate[0]]
+        calls = [ast.unparse(s.value) for s in block.body if isinstance(s, ast.Expr)]
+        assert calls[-2:] == ["gdc_wait()", "gdc_launch_dependents()"], f"{name}: {calls}"
+        before = body[: gate[0]] + block.body[:-2]
+        text = "\n".join(ast.unparse(s) for s in before)
+        for op in ("tl.load", "tl.store", "tl.atomic"):
+            assert op not in text, f"{name} uses {op} before gdc_wait"
     assert len(names) >= 12, names  # the kernels of the decode chain, the drafter and the verifier
 
 
@@ -42,16 +49,19 @@ def _fake_cuda(index=0):
 def test_pdl_options(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(fused, "_pdl_devices", {})
-    assert fused.pdl_options(torch.zeros(1)) == {"PDL": False}  # CPU
+    assert fused.pdl_options(torch.zeros(1), "linear") == {"PDL": False}  # CPU
     caps = {0: (9, 0), 1: (8, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: caps[d.index])
     if fused.gdc_wait is None:  # a Triton without grid dependency control: never
-        assert fused.pdl_options(_fake_cuda()) == {"PDL": False}
+        assert fused.pdl_options(_fake_cuda(), "linear") == {"PDL": False}
         return
-    assert fused.pdl_options(_fake_cuda(0)) == {"PDL": True, "launch_pdl": True}  # Hopper
-    assert fused.pdl_options(_fake_cuda(1)) == {"PDL": False}  # Ampere: no PDL
+    assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": True, "launch_pdl": True}  # Hopper
+    assert fused.pdl_options(_fake_cuda(1), "linear") == {"PDL": False}  # Ampere: no PDL
+    assert fused.pdl_options(_fake_cuda(0), "topk_expand") == {"PDL": False}  # not in the default set
+    monkeypatch.setattr(fused, "PDL_KERNELS", None)  # SPECHEADS_PDL=all
+    assert fused.pdl_options(_fake_cuda(0), "topk_expand") == {"PDL": True, "launch_pdl": True}
     monkeypatch.setattr(fused, "PDL_ENABLED", False)  # SPECHEADS_PDL=0
-    assert fused.pdl_options(_fake_cuda(0)) == {"PDL": False}
+    assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": False}
     monkeypatch.setattr(fused, "PDL_ENABLED", True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter has no grid dependency control
-    assert fused.pdl_options(_fake_cuda(0)) == {"PDL": False}
+    assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": False}
