@@ -105,6 +105,7 @@ WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
 PREFETCH_BYTES = int(os.environ.get("SPECHEADS_LINEAR_PREFETCH_BYTES") or 8 * 2**20)
 # the row block of calls of 17-64 rows on narrow weights (SPECHEADS_LINEAR_ROW_BLOCK, 16 or 64)
 ROW_BLOCK = int(os.environ.get("SPECHEADS_LINEAR_ROW_BLOCK") or 16)
+SMEM_BYTES = 200 * 1024  # the pipeline's shared memory we allow a program (Hopper has 227 KiB)
 # inputs the norm's first pass loads at once (in blocks of BLOCK_K); 0 or BLOCK_K: one at a time
 NORM_UNROLL_KEYS = int(os.environ.get("SPECHEADS_LINEAR_NORM_KEYS") or 1024)
 
@@ -249,7 +250,11 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
     # scripts/gpu/linear_check.py). Narrow weights want many programs (16-row blocks), an
     # lm_head wants its 50-100 MB read once (one 64-row block)
-    block_m = (16 if rows <= 16 else ROW_BLOCK) if n < 8192 else (16 if rows <= 16 else 64)
+    block_m = 16 if rows <= 16 else (ROW_BLOCK if n < 8192 else 64)
+    while block_m > 16 and stages * block_k * (block_m + block_n * (2 if silu else 1)) * x.element_size() > SMEM_BYTES:
+        stages -= 1  # the pipeline's depth changes no number; below 2 the row block shrinks instead
+        if stages < 2:
+            block_m, stages = 16, _config(weight.shape[0], k)[3]
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()
     cols = PREFETCH_BYTES // (weight.shape[0] * weight.element_size())  # columns of the weight in the budget
