@@ -103,9 +103,6 @@ WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
 # Before it waits for the previous kernel (PDL), a program asks L2 for the first columns of its
 # weight slice: up to this many bytes of the whole weight (SPECHEADS_LINEAR_PREFETCH_BYTES; 0: none)
 PREFETCH_BYTES = int(os.environ.get("SPECHEADS_LINEAR_PREFETCH_BYTES") or 8 * 2**20)
-# the row block of calls of 17-64 rows on narrow weights (SPECHEADS_LINEAR_ROW_BLOCK, 16 or 64)
-ROW_BLOCK = int(os.environ.get("SPECHEADS_LINEAR_ROW_BLOCK") or 16)
-SMEM_BYTES = 200 * 1024  # the pipeline's shared memory we allow a program (Hopper has 227 KiB)
 # inputs the norm's first pass loads at once (in blocks of BLOCK_K); 0 or BLOCK_K: one at a time
 NORM_UNROLL_KEYS = int(os.environ.get("SPECHEADS_LINEAR_NORM_KEYS") or 1024)
 
@@ -230,6 +227,17 @@ if triton is not None:
         tl.store(o_ptr + rm[:, None] * s_om + rn[None, :], out, mask=ok)
 
 
+def prefetch_columns(n: int, k: int, elem_size: int) -> int:
+    """How many leading columns of an [n, k] weight a program prefetches into L2 before its PDL
+    wait (a power of two, at least one 128-byte line, at most k rounded up; 0: none): as many
+    as PREFETCH_BYTES of the whole weight allows."""
+    line = 128 // elem_size
+    cols = PREFETCH_BYTES // (n * elem_size)
+    if cols < line:
+        return 0
+    return min(1 << (k - 1).bit_length(), 1 << (cols.bit_length() - 1))
+
+
 def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
     """t as [rows, k] with unit column stride (a view where one exists)."""
     t2 = t.reshape(-1, k)
@@ -250,15 +258,12 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
     # scripts/gpu/linear_check.py). Narrow weights want many programs (16-row blocks), an
     # lm_head wants its 50-100 MB read once (one 64-row block)
-    block_m = 16 if rows <= 16 else (ROW_BLOCK if n < 8192 else 64)
-    while block_m > 16 and stages * block_k * (block_m + block_n * (2 if silu else 1)) * x.element_size() > SMEM_BYTES:
-        stages -= 1  # the pipeline's depth changes no number; below 2 the row block shrinks instead
-        if stages < 2:
-            block_m, stages = 16, _config(weight.shape[0], k)[3]
+    # lm_head wants its 50-100 MB read once (one 64-row block). One 64-row block for the 41-row
+    # tree verify on SmolLM2 was slower: its forward 0.88 -> 1.05 ms (H200, session 10)
+    block_m = 16 if rows <= 16 or n < 8192 else 64
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()
-    cols = PREFETCH_BYTES // (weight.shape[0] * weight.element_size())  # columns of the weight in the budget
-    prefetch = min(triton.next_power_of_2(k), 1 << (cols.bit_length() - 1)) if cols >= line and pdl["PDL"] else 0
+    prefetch = prefetch_columns(weight.shape[0], k, weight.element_size()) if pdl["PDL"] else 0
     grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
     _kernel(_linear_kernel)[grid](
         x2, weight, bias if bias is not None else out, norm_weight if norm_weight is not None else out, res, out,

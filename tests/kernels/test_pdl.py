@@ -65,3 +65,21 @@ def test_pdl_options(monkeypatch):
     monkeypatch.setattr(fused, "PDL_ENABLED", True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter has no grid dependency control
     assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": False}
+
+
+@pytest.mark.parametrize("n,k,elem", [(960, 576, 2), (3072, 576, 2), (576, 1536, 2), (6144, 4096, 2),
+                                      (28672, 4096, 2), (128256, 4096, 2), (49152, 576, 2), (960, 576, 4)])
+def test_prefetch_columns(n, k, elem):
+    cols = linear.prefetch_columns(n, k, elem)
+    if cols == 0:  # the budget does not reach one 128-byte line of every row
+        assert linear.PREFETCH_BYTES // (n * elem) < 128 // elem
+        return
+    assert cols & (cols - 1) == 0 and cols >= 128 // elem  # tl.arange needs a power of two
+    assert cols < 2 * k  # no further than k rounded up
+    assert n * cols * elem <= max(linear.PREFETCH_BYTES, n * 128)  # within the budget
+
+
+def test_prefetch_covers_a_small_models_weights():
+    # SmolLM2-135M's projections are prefetched whole: 576 and 1536 inputs
+    assert linear.prefetch_columns(960, 576, 2) >= 576
+    assert linear.prefetch_columns(576, 1536, 2) >= 1536
