@@ -1,0 +1,94 @@
+"""On the GPU: where a batch-1 tree step's time goes. One engine mid-generation; the draft
+(`drafter.propose`), the verify (target forward over the tree, accept) and the whole step are
+each captured as a CUDA graph and replayed, each replay timed with CUDA events and the engine's
+state put back between replays. With programmatic dependent launch as set and off.
+
+    python3 scripts/gpu/tree_parts.py HEAD [--out DIR]      (TARGET in the environment)
+
+Prints a table and writes tree_parts.json under --out."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from specheads.data.chat import render
+from specheads.heads.format import load_head
+from specheads.kernels import fused
+from specheads.runtime.engine import Request, SpecEngine
+from specheads.runtime.graphs import capture_graph
+from specheads.runtime.sampling import SamplingParams
+from specheads.target.loader import load_target
+
+
+def timed(graph, restore, n=100) -> float:
+    """Mean ms of n replays, each alone between two events (the restore is not timed)."""
+    total = 0.0
+    for _ in range(n + 10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        restore()
+        total += start.elapsed_time(end)
+        if _ == 9:
+            total = 0.0  # warm-up replays
+    return total / n
+
+
+def parts(target, head, prompt) -> dict:
+    engine = SpecEngine(target, head, max_batch=1, method="eagle3")
+    engine.generate([prompt], SamplingParams(max_new_tokens=300))  # compiles and captures
+    engine.add(Request(prompt, SamplingParams(max_new_tokens=300), frozenset()))
+    for _ in range(20):  # prefill, then steady steps
+        engine.step()
+    engine._drain()
+    torch.cuda.synchronize()
+    b, kv = 1, engine._context_bucket(max(r.committed for r in engine.rows) + engine.tree_nodes + 1)
+    restore = engine._restorer()
+    out = {"kv_bucket": kv}
+    draft_g, tree = capture_graph(lambda: engine._tree(b, kv, True), engine._pool, restore)
+    restore()
+    out["draft_ms"] = timed(draft_g, restore)
+    verify_g, _ = capture_graph(lambda: engine._verify(tree, b, kv, False), engine._pool, restore)
+    restore()
+    out["verify_ms"] = timed(verify_g, restore)
+    step_g = engine.graphs.get((b, kv, False, True)) or engine._capture(b, kv, False, True)
+    restore()
+    out["step_ms"] = timed(step_g, restore)
+    out["rest_ms"] = out["step_ms"] - out["draft_ms"] - out["verify_ms"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("head")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    target, tok, _ = load_target(os.environ["TARGET"], dtype=torch.bfloat16, device="cuda")
+    head = load_head(a.head, device="cuda", dtype=torch.bfloat16)
+    text = json.load(open(".dev/prompts/sharegpt.json"))[0]
+    prompt = tok(render(tok, [{"role": "user", "content": text}], add_generation_prompt=True),
+                 add_special_tokens=False)["input_ids"]
+    report = {"card": torch.cuda.get_device_name()}
+    as_set = fused.PDL_ENABLED
+    for label, on in (("pdl_off", False), ("pdl_as_set", as_set)):
+        fused.PDL_ENABLED = on
+        report[label] = parts(target, head, prompt)
+    fused.PDL_ENABLED = as_set
+    print(f"{'':12} {'draft ms':>9} {'verify ms':>9} {'rest ms':>8} {'step ms':>8}  (kv bucket)")
+    for label in ("pdl_off", "pdl_as_set"):
+        r = report[label]
+        print(f"{label:12} {r['draft_ms']:9.3f} {r['verify_ms']:9.3f} {r['rest_ms']:8.3f} {r['step_ms']:8.3f}  "
+              f"({r['kv_bucket']})")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tree_parts.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
