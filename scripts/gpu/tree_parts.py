@@ -3,9 +3,10 @@
 each captured as a CUDA graph and replayed, each replay timed with CUDA events and the engine's
 state put back between replays. With programmatic dependent launch as set and off.
 
-    python3 scripts/gpu/tree_parts.py HEAD [--out DIR]      (TARGET in the environment)
+    python3 scripts/gpu/tree_parts.py HEAD [--out DIR] [--profile]      (TARGET in the environment)
 
-Prints a table and writes tree_parts.json under --out."""
+Prints a table and writes tree_parts.json under --out; --profile also writes the kernels of ten
+draft replays, by time (tree_parts_draft_kernels.txt; PDL off, so kernel times add up)."""
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,18 @@ def timed(graph, restore, n=100) -> float:
     return total / n
 
 
-def parts(target, head, prompt) -> dict:
+def kernel_table(graph, restore) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            graph.replay()
+            torch.cuda.synchronize()
+            restore()
+    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70)
+
+
+def parts(target, head, prompt, profile_draft=False) -> dict:
     engine = SpecEngine(target, head, max_batch=1, method="eagle3")
     engine.generate([prompt], SamplingParams(max_new_tokens=300))  # compiles and captures
     engine.add(Request(prompt, SamplingParams(max_new_tokens=300), frozenset()))
@@ -54,6 +66,8 @@ def parts(target, head, prompt) -> dict:
     draft_g, tree = capture_graph(lambda: engine._tree(b, kv, True), engine._pool, restore)
     restore()
     out["draft_ms"] = timed(draft_g, restore)
+    if profile_draft:
+        out["draft_kernels"] = kernel_table(draft_g, restore)
     verify_g, _ = capture_graph(lambda: engine._verify(tree, b, kv, False), engine._pool, restore)
     restore()
     out["verify_ms"] = timed(verify_g, restore)
@@ -68,6 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("head")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--profile", action="store_true", help="the draft's kernels by time (PDL off)")
     a = ap.parse_args()
     target, tok, _ = load_target(os.environ["TARGET"], dtype=torch.bfloat16, device="cuda")
     head = load_head(a.head, device="cuda", dtype=torch.bfloat16)
@@ -78,7 +93,7 @@ def main() -> None:
     as_set = fused.PDL_ENABLED
     for label, on in (("pdl_off", False), ("pdl_as_set", as_set)):
         fused.PDL_ENABLED = on
-        report[label] = parts(target, head, prompt)
+        report[label] = parts(target, head, prompt, profile_draft=a.profile and not on)
     fused.PDL_ENABLED = as_set
     print(f"{'':12} {'draft ms':>9} {'verify ms':>9} {'rest ms':>8} {'step ms':>8}  (kv bucket)")
     for label in ("pdl_off", "pdl_as_set"):
@@ -87,6 +102,10 @@ def main() -> None:
               f"({r['kv_bucket']})")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    table = report["pdl_off"].pop("draft_kernels", None)
+    if table:
+        (out / "tree_parts_draft_kernels.txt").write_text(table)
+        print(table)
     (out / "tree_parts.json").write_text(json.dumps(report, indent=1))
 
 
