@@ -123,31 +123,50 @@ LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, nu
                                  "original_max_position_embeddings": 8192})
 
 
+def random_target(config: dict, device, dtype):
+    """A fused TargetModel of a Llama config (a dict of LlamaConfig fields) with random weights."""
+    from transformers import LlamaConfig
+
+    from specheads.target.model import TargetModel
+
+    with torch.device(device):
+        model = TargetModel(LlamaConfig(**config), max_positions=4096).to(dtype).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.02)
+    return model.fuse_for_inference()
+
+
+def prefill_random(model, cache, context: int, seed: int = 1) -> None:
+    """Fill the cache's first `context` entries from random tokens."""
+    dev = cache.k.device
+    ids = torch.randint(0, 1000, (1, context), device=dev, generator=torch.Generator(dev).manual_seed(seed))
+    model(ids, cache=cache, kv_len=context, prefill=True, return_logits=False)
+
+
+def chain_inputs(cache, context: int, k: int, seed: int = 2):
+    """k random tokens after `context` as a chain under a tree mask: (tokens, positions, mask)."""
+    dev = cache.k.device
+    toks = torch.randint(0, 1000, (1, k), device=dev, generator=torch.Generator(dev).manual_seed(seed))
+    pos = context + torch.arange(k, device=dev)[None]
+    mask = torch.arange(cache.max_len, device=dev)[None, None, None, :] <= pos[:, None, :, None]
+    return toks, pos, mask
+
+
 def verify_cost(device, dtype, ks=(1, 2, 4, 8, 16, 32, 64, 128), context=512, repeats=100, warmup=25):
     """One forward over k new tokens (a chain under a tree mask, as verification runs it) on a
     random-weight Llama-3.1-8B shape with a KV cache, replayed as a CUDA graph on the fused
     kernels, as the engine runs it."""
-    from transformers import LlamaConfig
-
     from specheads.runtime.graphs import GraphedForward
-    from specheads.target.model import KVCache, TargetModel
+    from specheads.target.model import KVCache
 
-    cfg = LlamaConfig(**LLAMA_8B)
-    with torch.device(device):
-        model = TargetModel(cfg, max_positions=4096).to(dtype).eval()
-    for p in model.parameters():
-        p.data.normal_(0, 0.02)
-    model.fuse_for_inference()
+    model = random_target(LLAMA_8B, device, dtype)
     cache = KVCache(model.spec, 1, context + max(ks) + 1, dtype, device)
     rows = []
     with torch.no_grad():
-        ids = torch.randint(0, 1000, (1, context), device=device)
-        model(ids, cache=cache, kv_len=context, prefill=True, return_logits=False)
+        prefill_random(model, cache, context)
         for k in ks:
             graphed = GraphedForward(model, cache, k, tree=True)
-            toks = torch.randint(0, 1000, (1, k), device=device)
-            pos = context + torch.arange(k, device=device)[None]
-            mask = torch.arange(cache.max_len, device=device)[None, None, None, :] <= pos[:, None, :, None]
+            toks, pos, mask = chain_inputs(cache, context, k)
             for _ in range(warmup):  # steady clocks: a decode replays this graph hundreds of times in a row
                 graphed(toks, pos, pos, mask)
             sync()

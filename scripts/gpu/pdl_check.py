@@ -15,14 +15,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import LLAMA_8B  # noqa: E402
+from bench import LLAMA_8B, chain_inputs, prefill_random, random_target  # noqa: E402
 
 from specheads.kernels import fused  # noqa: E402
 from specheads.runtime.graphs import GraphedForward  # noqa: E402
-from specheads.target.model import KVCache, TargetModel  # noqa: E402
+from specheads.target.model import KVCache  # noqa: E402
 
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rms_norm_eps=1e-5)
@@ -31,11 +29,7 @@ SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hi
 def run(cfg: dict, ks, context: int, repeats: int) -> list[dict]:
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
-    with torch.device(dev):
-        model = TargetModel(LlamaConfig(**cfg), max_positions=4096).to(dt).eval()
-    for p in model.parameters():
-        p.data.normal_(0, 0.02)
-    model.fuse_for_inference()
+    model = random_target(cfg, dev, dt)
     rows = []
     with torch.no_grad():
         for k in ks:
@@ -43,12 +37,9 @@ def run(cfg: dict, ks, context: int, repeats: int) -> list[dict]:
             for pdl in (False, True):
                 fused.PDL_ENABLED = pdl
                 cache = KVCache(model.spec, 1, context + k + 1, dt, dev)
-                ids = torch.randint(0, 1000, (1, context), device=dev, generator=torch.Generator(dev).manual_seed(1))
-                model(ids, cache=cache, kv_len=context, prefill=True, return_logits=False)
+                prefill_random(model, cache, context)
                 graphed = GraphedForward(model, cache, k, tree=True)
-                toks = torch.randint(0, 1000, (1, k), device=dev, generator=torch.Generator(dev).manual_seed(2))
-                pos = context + torch.arange(k, device=dev)[None]
-                mask = torch.arange(cache.max_len, device=dev)[None, None, None, :] <= pos[:, None, :, None]
+                toks, pos, mask = chain_inputs(cache, context, k)
                 logits = graphed(toks, pos, pos, mask).logits.clone()
                 for _ in range(25):
                     graphed(toks, pos, pos, mask)

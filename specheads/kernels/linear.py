@@ -257,7 +257,6 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     block_n, block_k, warps, stages = _config(weight.shape[0], k)
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
     # scripts/gpu/linear_check.py). Narrow weights want many programs (16-row blocks), an
-    # lm_head wants its 50-100 MB read once (one 64-row block)
     # lm_head wants its 50-100 MB read once (one 64-row block). One 64-row block for the 41-row
     # tree verify on SmolLM2 was slower: its forward 0.88 -> 1.05 ms (H200, session 10)
     block_m = 16 if rows <= 16 or n < 8192 else 64
