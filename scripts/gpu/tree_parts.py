@@ -3,13 +3,19 @@
 each captured as a CUDA graph and replayed, each replay timed with CUDA events and the engine's
 state put back between replays. With programmatic dependent launch as set and off.
 
-    python3 scripts/gpu/tree_parts.py HEAD [--out DIR] [--profile]      (TARGET in the environment)
+    python3 scripts/gpu/tree_parts.py HEAD [--out DIR] [--profile] [--compare LABEL:SETTINGS ...]
+                                                                          (TARGET in the environment)
 
+Also times the verify of a lone root (a plain decode step's forward and argmax, `decode_ms`).
 Prints a table and writes tree_parts.json under --out; --profile also writes the kernels of ten
-draft replays, by time (tree_parts_draft_kernels.txt; PDL off, so kernel times add up)."""
+replays of the draft, the verify and the decode, by time (tree_parts_{draft,verify,decode}_kernels.txt;
+PDL off, so kernel times add up)."""
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
+import importlib
 import json
 import os
 from pathlib import Path
@@ -52,7 +58,7 @@ def kernel_table(graph, restore) -> str:
     return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70)
 
 
-def parts(target, head, prompt, profile_draft=False) -> dict:
+def parts(target, head, prompt, profile=False) -> dict:
     engine = SpecEngine(target, head, max_batch=1, method="eagle3")
     engine.generate([prompt], SamplingParams(max_new_tokens=300))  # compiles and captures
     engine.add(Request(prompt, SamplingParams(max_new_tokens=300), frozenset()))
@@ -66,11 +72,17 @@ def parts(target, head, prompt, profile_draft=False) -> dict:
     draft_g, tree = capture_graph(lambda: engine._tree(b, kv, True), engine._pool, restore)
     restore()
     out["draft_ms"] = timed(draft_g, restore)
-    if profile_draft:
-        out["draft_kernels"] = kernel_table(draft_g, restore)
     verify_g, _ = capture_graph(lambda: engine._verify(tree, b, kv, False), engine._pool, restore)
     restore()
     out["verify_ms"] = timed(verify_g, restore)
+    # the same verify for a lone root: a plain decode step's forward and argmax, at this bucket
+    decode_g, _ = capture_graph(lambda: engine._verify(engine._tree(b, kv, False), b, kv, False), engine._pool,
+                                restore)
+    restore()
+    out["decode_ms"] = timed(decode_g, restore)
+    if profile:
+        out["kernels"] = {name: kernel_table(g, restore)
+                          for name, g in (("draft", draft_g), ("verify", verify_g), ("decode", decode_g))}
     step_g = engine.graphs.get((b, kv, False, True)) or engine._capture(b, kv, False, True)
     restore()
     out["step_ms"] = timed(step_g, restore)
@@ -78,11 +90,32 @@ def parts(target, head, prompt, profile_draft=False) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def settings_applied(settings: str):
+    """'draft.ROW_WARPS=8;fused.PDL_KERNELS=None': module globals of specheads.kernels (values
+    read as Python literals), put back afterwards."""
+    saved = []
+    try:
+        for item in filter(None, settings.split(";")):
+            name, _, value = item.partition("=")
+            mod_name, _, attr = name.strip().partition(".")
+            mod = importlib.import_module(f"specheads.kernels.{mod_name}")
+            saved.append((mod, attr, getattr(mod, attr)))
+            setattr(mod, attr, ast.literal_eval(value.strip()))
+        yield
+    finally:
+        for mod, attr, old in reversed(saved):
+            setattr(mod, attr, old)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("head")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--profile", action="store_true", help="the draft's kernels by time (PDL off)")
+    ap.add_argument("--profile", action="store_true", help="the draft, verify and decode kernels by time (PDL off)")
+    ap.add_argument("--compare", nargs="*", default=[], metavar="LABEL:MODULE.NAME=VALUE[;...]",
+                    help="more settings timed in the same process (PDL as set), e.g. "
+                         "'warps8:draft.ROW_WARPS=8' 'pdl_all:fused.PDL_KERNELS=None'")
     a = ap.parse_args()
     target, tok, _ = load_target(os.environ["TARGET"], dtype=torch.bfloat16, device="cuda")
     head = load_head(a.head, device="cuda", dtype=torch.bfloat16)
@@ -93,19 +126,22 @@ def main() -> None:
     as_set = fused.PDL_ENABLED
     for label, on in (("pdl_off", False), ("pdl_as_set", as_set)):
         fused.PDL_ENABLED = on
-        report[label] = parts(target, head, prompt, profile_draft=a.profile and not on)
+        report[label] = parts(target, head, prompt, profile=a.profile and not on)
     fused.PDL_ENABLED = as_set
-    print(f"{'':12} {'draft ms':>9} {'verify ms':>9} {'rest ms':>8} {'step ms':>8}  (kv bucket)")
-    for label in ("pdl_off", "pdl_as_set"):
+    for spec in a.compare:
+        label, _, settings = spec.partition(":")
+        with settings_applied(settings):
+            report[label] = parts(target, head, prompt)
+    print(f"{'':12} {'draft ms':>9} {'verify ms':>9} {'rest ms':>8} {'step ms':>8} {'decode ms':>9}  (kv bucket)")
+    for label in [k for k in report if k != "card"]:
         r = report[label]
-        print(f"{label:12} {r['draft_ms']:9.3f} {r['verify_ms']:9.3f} {r['rest_ms']:8.3f} {r['step_ms']:8.3f}  "
-              f"({r['kv_bucket']})")
+        print(f"{label:12} {r['draft_ms']:9.3f} {r['verify_ms']:9.3f} {r['rest_ms']:8.3f} {r['step_ms']:8.3f} "
+              f"{r['decode_ms']:9.3f}  ({r['kv_bucket']})")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    table = report["pdl_off"].pop("draft_kernels", None)
-    if table:
-        (out / "tree_parts_draft_kernels.txt").write_text(table)
-        print(table)
+    for name, table in report["pdl_off"].pop("kernels", {}).items():
+        (out / f"tree_parts_{name}_kernels.txt").write_text(table)
+        print(f"== {name} (PDL off, ten replays)\n{table}")
     (out / "tree_parts.json").write_text(json.dumps(report, indent=1))
 
 

@@ -155,6 +155,14 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+# Drafting's own launch settings (the head's weights meet these kernels only while drafting, at
+# a few rows, so they need not match the target's; H200, scripts/gpu/verify_kernels.py):
+# the lm_head at 8 rows over a 32k x 576 weight takes 7.6 us in 256-column tiles against 9.5 us
+# with the rule's 128; the attention takes 64 keys a program (4.4 vs 5.5 us at 8 query rows).
+DRAFT_LM_TILE = (256, 64, 8, 3)
+DRAFT_ATTN_CHUNK = 64
+
+
 class Eagle3Head(nn.Module):
     kind = "eagle3"
 
@@ -208,8 +216,23 @@ class Eagle3Head(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            return linear(hidden, self.lm_head.weight, norm_weight=self.norm.weight, eps=self.norm.eps)
+            return linear(hidden, self.lm_head.weight, norm_weight=self.norm.weight, eps=self.norm.eps,
+                          tile=DRAFT_LM_TILE)
         return self.lm_head(self.norm(hidden))
+
+    def input_spec(self, embed_weight, hidden):
+        """What draft.topk_expand needs to make the next depth's layer input over `hidden` (its
+        next_input), or None where this head drafts on the torch modules."""
+        if not self.fused:
+            return None
+        ln, hn = self.midlayer.input_layernorm, self.midlayer.hidden_norm
+        return embed_weight, hidden, ln.weight, ln.eps, hn.weight, hn.eps
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's captured features [.., 3 H_target] -> the layer's hidden input [.., H]."""
+        if self.fused:
+            return linear(aux, self.fc.weight)
+        return self.fc(aux)
 
     def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None):
         """One forward over new tokens, attending to cached keys/values plus themselves
@@ -225,12 +248,14 @@ class Eagle3Head(nn.Module):
         q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
         return self.midlayer.finish(self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
 
-    def draft_step(self, tokens, embed_weight, hidden, rows, position_ids, k_cache, v_cache, slots, attn_mask):
+    def draft_step(self, tokens, embed_weight, hidden, rows, position_ids, k_cache, v_cache, slots, attn_mask,
+                   inputs=None):
         """One draft depth over a KV buffer, in place: token ids [B, T] are embedded with the
         target's table; node t's hidden input is hidden[b, rows[b, t]] (rows None: hidden is
         [B, T, H] itself); its k/v are written at `slots` [B, T] of k_cache/v_cache
         [B, kv_heads, S, D]; it attends to entries [:W] under attn_mask bool [B, 1, T, W].
-        Returns the new hidden [B, T, H]."""
+        inputs: the layer input and gathered hidden rows (head_input's result) where the caller
+        made them already (draft.topk_expand's next_input). Returns the new hidden [B, T, H]."""
         layer, cfg = self.midlayer, self.config
         attn = layer.self_attn
         ln, hn = layer.input_layernorm, layer.hidden_norm
@@ -245,10 +270,10 @@ class Eagle3Head(nn.Module):
             k_cache.scatter_(2, idx, k)
             v_cache.scatter_(2, idx, v)
             return layer.finish(tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask), hid)
-        x, hid = head_input(tokens, embed_weight, hidden, rows, ln.weight, ln.eps, hn.weight, hn.eps)
+        x, hid = inputs or head_input(tokens, embed_weight, hidden, rows, ln.weight, ln.eps, hn.weight, hn.eps)
         q = rope_cache(linear(x, attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache,
                        slots, cfg.num_attention_heads, n_kv, d)
-        out = tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask)
+        out = tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask, chunk=DRAFT_ATTN_CHUNK)
         return self._fused_finish(out, hid)
 
     def _attend(self, q, k, v, k_cache, v_cache, attn_mask):

@@ -47,6 +47,8 @@ def chunk_for(n_keys: int, rows: int) -> int:
     return CHUNK
 
 
+# stacked query rows a program takes (a knob for scripts/gpu/verify_kernels.py: SPECHEADS_ATTN_ROW_BLOCK)
+ROW_BLOCK = int(os.environ.get("SPECHEADS_ATTN_ROW_BLOCK") or 16)
 MAX_ROWS = 256  # stacked query rows (heads of a group x tokens) above which SDPA serves better
 
 
@@ -166,9 +168,11 @@ if triton is not None:
                 tl.store(cnt, 0)  # every chunk has counted: ready for the next launch (or graph replay)
 
 
-def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   chunk: int | None = None) -> torch.Tensor:
     """Softmax attention of q over k, v under a boolean mask (see the module docstring);
-    Triton on GPU (or under TRITON_INTERPRET=1) for up to MAX_ROWS stacked rows, else SDPA."""
+    Triton on GPU (or under TRITON_INTERPRET=1) for up to MAX_ROWS stacked rows, else SDPA.
+    chunk: keys per program (a power of two >= 64; default CHUNK, see chunk_for)."""
     b, h, t, d = q.shape
     n_kv, n_keys = k.shape[1], k.shape[2]
     rep = h // n_kv
@@ -187,8 +191,11 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     # a fixed row block: a row's arithmetic is then the same whether it sits in a 1-token
     # decode or a 33-node tree (only its keys differ), so fewer near-ties flip between the two
-    block_m = 16
-    chunk = chunk_for(n_keys, rows)
+    block_m = ROW_BLOCK
+    if chunk is None:
+        chunk = chunk_for(n_keys, rows)
+    elif chunk < 64 or chunk & (chunk - 1):
+        raise ValueError(f"tree_attention chunk {chunk}: expected a power of two >= 64")
     n_splits = triton.cdiv(n_keys, chunk)
     direct = n_splits == 1
     row_blocks = triton.cdiv(rows, block_m)

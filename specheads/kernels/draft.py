@@ -24,6 +24,8 @@ are <= 0), so with this order a chosen node's parent is always chosen.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
@@ -33,6 +35,9 @@ if triton is not None:
     import triton.language as tl
 
 BLOCK_V = 2048  # vocabulary entries per first-stage program
+# warps of the one-program-per-row kernels (topk_expand, select_tree); SPECHEADS_DRAFT_WARPS.
+# The SmolLM2 head's draft at batch 1 (H200, tree_parts.py): 1 warp 0.48 ms, 2 0.46, 4 0.379, 8 0.375
+ROW_WARPS = int(os.environ.get("SPECHEADS_DRAFT_WARPS") or 8)
 
 
 # ---------------------------------------------------------------------------- references
@@ -118,11 +123,25 @@ if triton is not None:
         wh = tl.load(wh_ptr + cols, mask=ok, other=0.0)
         tl.store(x_ptr + r * 2 * n_cols + n_cols + cols, (wh.to(tl.float32) * yh.to(tl.float32)).to(dt), mask=ok)
 
-    def _topk_chunk_kernel(logit_ptr, val_ptr, idx_ptr, stat_ptr, n_vocab, n_chunks, s_row,
-                           K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # A candidate's value and index in one int64 key, so that one max-reduction finds both:
+    #   key = ordered(value) * 2^32 + (2^31 - 1 - index)
+    # where ordered() maps a float32's bits to an int32 of the same order (-0.0 taken as +0.0).
+    # The largest key is the largest value, ties to the lowest index: one reduction a pick,
+    # where a max, then a min over the matching indices (and a sum to fetch a payload) took three.
+
+    def _topk_kernel(logit_ptr, key_ptr, stat_ptr, cnt_ptr, n_vocab, n_chunks, s_row,
+                     fs_ptr, fp_ptr, tid_ptr, ptok_ptr, pscore_ptr, ppar_ptr, btok_ptr, bscore_ptr, bpar_ptr, bpool_ptr,
+                     msrc_ptr, mdst_ptr, n_front, pool_base, ctx, width,
+                     s_fs, s_fp, s_pt, s_ps, s_pp, s_mb, s_mr,
+                     emb_ptr, hid_ptr, we_ptr, wh_ptr, x_ptr, hout_ptr, n_cols, eps_e, eps_h, s_hb, s_hs,
+                     K: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
+                     CKP: tl.constexpr, WP: tl.constexpr, HP: tl.constexpr, HAS_MASK: tl.constexpr,
+                     NEXT_INPUT: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
+        # stage 1, one program per (frontier node, vocabulary chunk): the chunk's (max, sum of exp)
+        # and its best K keys
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -132,79 +151,100 @@ if triton is not None:
         part = row * n_chunks + chunk
         tl.store(stat_ptr + part * 2, m)
         tl.store(stat_ptr + part * 2 + 1, s)
-        for j in tl.static_range(K):
-            v = tl.max(x, axis=0)
-            i = tl.min(tl.where(x == v, offs, 2147483647), axis=0)
-            tl.store(val_ptr + part * K + j, v)
-            tl.store(idx_ptr + part * K + j, i)
-            x = tl.where(offs == i, float("-inf"), x)
-
-    def _topk_expand_kernel(val_ptr, idx_ptr, stat_ptr, fs_ptr, fp_ptr, tid_ptr,
-                            ptok_ptr, pscore_ptr, ppar_ptr, btok_ptr, bscore_ptr, bpar_ptr, bpool_ptr,
-                            msrc_ptr, mdst_ptr,
-                            n_front, n_chunks, pool_base, ctx, width,
-                            s_fs, s_fp, s_pt, s_ps, s_pp, s_mb, s_mr,
-                            K: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
-                            CKP: tl.constexpr, WP: tl.constexpr, HAS_MASK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # fused.pdl_options
-            gdc_wait()
-            gdc_launch_dependents()
-        b = tl.program_id(0)  # one batch row: all its frontier nodes
-        n = tl.arange(0, NP)[:, None]
-        n_ok = n < n_front
-        # log-sum-exp of each node's logits from the chunks' (max, sum of exp)
-        c = tl.arange(0, CP)[None, :]
-        c_ok = n_ok & (c < n_chunks)
-        part = (b * n_front + n) * n_chunks + c
-        pm = tl.load(stat_ptr + part * 2, mask=c_ok, other=float("-inf"))
-        ps = tl.load(stat_ptr + part * 2 + 1, mask=c_ok, other=0.0)
-        mx = tl.max(pm, axis=1)
-        mx = tl.where(mx == float("-inf"), 0.0, mx)
-        total = tl.sum(ps * tl.exp(pm - mx[:, None]), axis=1)
-        lse = mx + tl.log(tl.where(tl.arange(0, NP) < n_front, total, 1.0))  # padding nodes: no log(0)
-        # each node's top-k among its chunks' candidates (ordered: chunk, then rank)
-        q = tl.arange(0, CKP)[None, :]
-        q_ok = n_ok & (q < n_chunks * K)
-        cand = tl.load(val_ptr + (b * n_front + n) * n_chunks * K + q, mask=q_ok, other=float("-inf"))
-        cand_id = tl.load(idx_ptr + (b * n_front + n) * n_chunks * K + q, mask=q_ok, other=0)
-        kk = tl.arange(0, KP)[None, :]
-        child = tl.full([NP, KP], float("-inf"), tl.float32)
-        child_id = tl.zeros([NP, KP], tl.int32)
-        for j in tl.static_range(K):
-            v = tl.max(cand, axis=1)
-            at = tl.min(tl.where(cand == v[:, None], q, 2147483647), axis=1)
-            hit = q == at[:, None]
-            got = tl.sum(tl.where(hit, cand_id, 0), axis=1)
-            child = tl.where(kk == j, v[:, None], child)
-            child_id = tl.where(kk == j, got[:, None], child_id)
-            cand = tl.where(hit, float("-inf"), cand)
-        fs = tl.load(fs_ptr + b * s_fs + n, mask=n_ok, other=0.0)
-        fp = tl.load(fp_ptr + b * s_fp + n, mask=n_ok, other=0)
-        ok = n_ok & (kk < K)
-        score = tl.where(ok, fs + (child - lse[:, None]), float("-inf"))
-        tok = tl.load(tid_ptr + child_id, mask=ok, other=0)
-        flat = n * K + kk
-        tl.store(ptok_ptr + b * s_pt + flat, tok, mask=ok)
-        tl.store(pscore_ptr + b * s_ps + flat, score, mask=ok)
-        tl.store(ppar_ptr + b * s_pp + flat, fp + kk * 0, mask=ok)  # each child's parent, broadcast
-        # the next frontier: the best k of all children, and their mask rows
-        w = tl.arange(0, WP)
-        for j in tl.static_range(K):
-            v = tl.max(tl.max(score, axis=1), axis=0)
-            f = tl.min(tl.min(tl.where(score == v, flat, 2147483647), axis=1), axis=0)
-            hit = flat == f
-            t = tl.sum(tl.sum(tl.where(hit, tok, 0), axis=1), axis=0)
+        bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+        key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) + (2147483647 - offs).to(tl.int64)
+        for j in tl.static_range(K):  # the chunk's best K keys, best first
+            best = tl.max(key, axis=0)
+            tl.store(key_ptr + part * K + j, best)
+            key = tl.where(key == best, -9223372036854775807, key)
+        # the last of a batch row's programs to finish runs stage 2 for the row (as the split-K
+        # attention merges): every thread's stores are issued before the one-thread atomic,
+        # whose acq_rel at gpu scope publishes them and makes the others' visible here
+        b = row // n_front
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel", scope="gpu")
+        if done == n_front * n_chunks - 1:
+            n = tl.arange(0, NP)[:, None]
+            n_ok = n < n_front
+            # log-sum-exp of each node's logits from the chunks' (max, sum of exp)
+            c = tl.arange(0, CP)[None, :]
+            c_ok = n_ok & (c < n_chunks)
+            part2 = (b * n_front + n) * n_chunks + c
+            pm = tl.load(stat_ptr + part2 * 2, mask=c_ok, other=float("-inf"), cache_modifier=".cg")
+            ps = tl.load(stat_ptr + part2 * 2 + 1, mask=c_ok, other=0.0, cache_modifier=".cg")
+            mx = tl.max(pm, axis=1)
+            mx = tl.where(mx == float("-inf"), 0.0, mx)
+            total = tl.sum(ps * tl.exp(pm - mx[:, None]), axis=1)
+            lse = mx + tl.log(tl.where(tl.arange(0, NP) < n_front, total, 1.0))  # padding nodes: no log(0)
+            # each node's top-k among its chunks' candidate keys (value, then the lower draft id)
+            q = tl.arange(0, CKP)[None, :]
+            q_ok = n_ok & (q < n_chunks * K)
+            cand = tl.load(key_ptr + (b * n_front + n) * n_chunks * K + q, mask=q_ok, other=-9223372036854775807,
+                           cache_modifier=".cg")
+            kk = tl.arange(0, KP)[None, :]
+            child = tl.zeros([NP, KP], tl.int64)
+            for j in tl.static_range(K):
+                best = tl.max(cand, axis=1)
+                child = tl.where(kk == j, best[:, None], child)
+                cand = tl.where(cand == best[:, None], -9223372036854775807, cand)
+            hi = (child >> 32).to(tl.int32)
+            value = (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+            child_id = 2147483647 - (child - ((child >> 32) << 32)).to(tl.int32)
+            fs = tl.load(fs_ptr + b * s_fs + n, mask=n_ok, other=0.0)
+            fp = tl.load(fp_ptr + b * s_fp + n, mask=n_ok, other=0)
+            ok = n_ok & (kk < K)
+            score = tl.where(ok, fs + (value - lse[:, None]), float("-inf"))
+            tok = tl.load(tid_ptr + child_id, mask=ok, other=0)
+            flat = n * K + kk
+            tl.store(ptok_ptr + b * s_pt + flat, tok, mask=ok)
+            tl.store(pscore_ptr + b * s_ps + flat, score, mask=ok)
+            tl.store(ppar_ptr + b * s_pp + flat, fp + kk * 0, mask=ok)  # each child's parent, broadcast
+            # the next frontier: the best k of all children (ties to the earlier child)
+            bits2 = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
+            key2 = ((bits2 ^ ((bits2 >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) + (2147483647 - flat).to(tl.int64)
+            key2 = tl.reshape(tl.where(ok, key2, -9223372036854775807), [NP * KP])
+            r = tl.arange(0, KP)
+            pick = tl.zeros([KP], tl.int64)
+            for j in tl.static_range(K):
+                best = tl.max(key2, axis=0)
+                pick = tl.where(r == j, best, pick)
+                key2 = tl.where(key2 == best, -9223372036854775807, key2)
+            r_ok = r < K
+            hi = (pick >> 32).to(tl.int32)
+            f = 2147483647 - (pick - ((pick >> 32) << 32)).to(tl.int32)
+            f = tl.where(r_ok, f, 0)
             par = f // K
-            tl.store(btok_ptr + b * K + j, t)
-            tl.store(bscore_ptr + b * K + j, v)
-            tl.store(bpar_ptr + b * K + j, par)
-            tl.store(bpool_ptr + b * K + j, pool_base + f)
-            score = tl.where(hit, float("-inf"), score)
-            if HAS_MASK:
-                anc = tl.load(msrc_ptr + b * s_mb + par * s_mr + ctx + w, mask=w < width, other=0)
-                own = tl.where(w - width == j, 1, 0).to(anc.dtype)
-                bits = tl.where(w < width, anc, own)
-                tl.store(mdst_ptr + b * s_mb + j * s_mr + ctx + w, bits, mask=w < width + K)
+            tl.debug_barrier()  # the pool's tokens, stored above by other threads, are read back
+            new_tok = tl.load(ptok_ptr + b * s_pt + f, mask=r_ok, other=0)
+            tl.store(btok_ptr + b * K + r, new_tok, mask=r_ok)
+            tl.store(bscore_ptr + b * K + r, (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True), mask=r_ok)
+            tl.store(bpar_ptr + b * K + r, par, mask=r_ok)
+            tl.store(bpool_ptr + b * K + r, pool_base + f, mask=r_ok)
+            if HAS_MASK:  # row j: its parent's tree columns, then its own bit
+                w = tl.arange(0, WP)[None, :]
+                anc = tl.load(msrc_ptr + b * s_mb + par[:, None] * s_mr + ctx + w,
+                              mask=r_ok[:, None] & (w < width), other=0)
+                own = tl.where(w - width == r[:, None], 1, 0).to(anc.dtype)
+                tl.store(mdst_ptr + b * s_mb + r[:, None] * s_mr + ctx + w, tl.where(w < width, anc, own),
+                         mask=r_ok[:, None] & (w < width + K))
+            if NEXT_INPUT:  # the next depth's layer input for the new frontier, as head_input makes it
+                cols = tl.arange(0, HP)[None, :]
+                c_in = r_ok[:, None] & (cols < n_cols)
+                e = tl.load(emb_ptr + new_tok[:, None] * n_cols + cols, mask=c_in, other=0.0)
+                h = tl.load(hid_ptr + b * s_hb + par[:, None] * s_hs + cols, mask=c_in, other=0.0)
+                dst = (b * K + r)[:, None]
+                tl.store(hout_ptr + dst * n_cols + cols, h, mask=c_in)
+                dt = h.dtype
+                ef = e.to(dt).to(tl.float32)
+                ye = (ef * (1.0 / tl.sqrt(tl.sum(ef * ef, axis=1) / n_cols + eps_e))[:, None]).to(dt)
+                we = tl.load(we_ptr + cols, mask=cols < n_cols, other=0.0)
+                tl.store(x_ptr + dst * 2 * n_cols + cols, (we.to(tl.float32) * ye.to(tl.float32)).to(dt), mask=c_in)
+                hf = h.to(tl.float32)
+                yh = (hf * (1.0 / tl.sqrt(tl.sum(hf * hf, axis=1) / n_cols + eps_h))[:, None]).to(dt)
+                wh = tl.load(wh_ptr + cols, mask=cols < n_cols, other=0.0)
+                tl.store(x_ptr + dst * 2 * n_cols + n_cols + cols, (wh.to(tl.float32) * yh.to(tl.float32)).to(dt),
+                         mask=c_in)
+            tl.store(cnt_ptr + b, 0)  # ready for the next launch (or graph replay)
 
     def _select_tree_kernel(root_ptr, tok_ptr, score_ptr, par_ptr, depth_ptr,
                             out_tok_ptr, out_par_ptr, out_depth_ptr, out_rank_ptr, n_pool,
@@ -215,14 +255,17 @@ if triton is not None:
         b = tl.program_id(0)
         p = tl.arange(0, PP)
         score = tl.load(score_ptr + b * s_pb + p, mask=p < n_pool, other=float("-inf"))
+        bits = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
+        key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) + (2147483647 - p).to(tl.int64)
+        key = tl.where(p < n_pool, key, -9223372036854775807)
         r = tl.arange(0, NP)
-        idx = tl.full([NP], -1, tl.int32)  # pool index of the rank-r choice
+        pick = tl.zeros([NP], tl.int64)
         for j in tl.static_range(N):  # the best n, best first; ties to the earlier node
-            v = tl.max(score, axis=0)
-            at = tl.min(tl.where(score == v, p, 2147483647), axis=0)
-            idx = tl.where(r == j, at, idx)
-            score = tl.where(p == at, float("-inf"), score)
+            best = tl.max(key, axis=0)
+            pick = tl.where(r == j, best, pick)
+            key = tl.where(key == best, -9223372036854775807, key)
         ok = r < N
+        idx = tl.where(ok, 2147483647 - (pick - ((pick >> 32) << 32)).to(tl.int32), -1)  # rank r's pool index
         # tree index (1-based) in pool order: how many choices sit earlier in the pool
         earlier = (idx[None, :] < idx[:, None]) & ok[None, :]
         pos = tl.sum(earlier.to(tl.int32), axis=1) + 1
@@ -257,25 +300,32 @@ def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden,
 
 
 def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score, pool_parent, pool_base,
-                mask_src=None, mask_dst=None, ctx=0, width=0):
-    """See topk_expand_reference; Triton on GPU (or under TRITON_INTERPRET=1)."""
+                mask_src=None, mask_dst=None, ctx=0, width=0, next_input=None):
+    """See topk_expand_reference; Triton on GPU (or under TRITON_INTERPRET=1), one launch: a
+    program per (node, vocabulary chunk), the last of a row's to finish expands the row.
+    next_input: (embed_weight, hidden [B, N, H], w_embed, eps_embed, w_hidden, eps_hidden) to
+    also make the next depth's layer input for the new frontier (head_input of its tokens over
+    its parents' rows of hidden); the result then ends with (x [B, k, 2H], hidden rows [B, k, H])."""
     b, n, vocab = logits.shape
     if k > vocab:
         raise ValueError(f"topk {k} exceeds the draft vocabulary ({vocab})")
     if not use_triton(logits):
-        return topk_expand_reference(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score,
-                                     pool_parent, pool_base, mask_src, mask_dst, ctx, width)
+        out = topk_expand_reference(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score,
+                                    pool_parent, pool_base, mask_src, mask_dst, ctx, width)
+        if next_input is None:
+            return out
+        emb, hidden, we, eps_e, wh, eps_h = next_input
+        return out + head_input_reference(out[0], emb, hidden, out[2], we, eps_e, wh, eps_h)
+    from specheads.kernels.attention import split_counters
+
     dev = logits.device
     flat = logits.reshape(b * n, vocab)
     assert flat.stride(-1) == 1 and target_ids.is_contiguous()
     assert front_score.stride(-1) == 1 and front_pool.stride(-1) == 1
     block = min(BLOCK_V, triton.next_power_of_2(vocab))
     chunks = triton.cdiv(vocab, block)
-    vals = torch.empty(b * n * chunks * k, dtype=torch.float32, device=dev)
-    idx = torch.empty(b * n * chunks * k, dtype=torch.int32, device=dev)
+    keys = torch.empty(b * n * chunks * k, dtype=torch.int64, device=dev)
     stat = torch.empty(b * n * chunks * 2, dtype=torch.float32, device=dev)
-    _kernel(_topk_chunk_kernel)[(b * n, chunks)](flat, vals, idx, stat, vocab, chunks, flat.stride(0), K=k, BLOCK=block,
-                                                 **pdl_options(flat, "topk_chunk"))
     tok = torch.empty(b, k, dtype=torch.long, device=dev)
     score = torch.empty(b, k, dtype=torch.float32, device=dev)
     parent = torch.empty(b, k, dtype=torch.long, device=dev)
@@ -287,15 +337,29 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         assert mask_src.stride() == mask_dst.stride() and mask_dst.stride(-1) == 1
     m_src = mask_src if has_mask else tok
     m_dst = mask_dst if has_mask else tok
-    _kernel(_topk_expand_kernel)[(b,)](
-        vals, idx, stat, front_score, front_pool, target_ids, pool_tok, pool_score, pool_parent,
-        tok, score, parent, pool, m_src, m_dst, n, chunks, pool_base, ctx, width,
+    if next_input is not None:
+        emb, hidden, we, eps_e, wh, eps_h = next_input
+        h = hidden.shape[-1]
+        assert hidden.stride(-1) == 1 and emb.is_contiguous()
+        x = torch.empty(b, k, 2 * h, dtype=hidden.dtype, device=dev)
+        hid = torch.empty(b, k, h, dtype=hidden.dtype, device=dev)
+        hid_args = (emb, hidden, we, wh, x, hid, h, float(eps_e), float(eps_h), hidden.stride(0), hidden.stride(1))
+    else:
+        h = 1
+        hid_args = (tok, tok, tok, tok, tok, tok, 1, 0.0, 0.0, 0, 0)
+    _kernel(_topk_kernel)[(b * n, chunks)](
+        flat, keys, stat, split_counters(dev, b), vocab, chunks, flat.stride(0),
+        front_score, front_pool, target_ids, pool_tok, pool_score, pool_parent,
+        tok, score, parent, pool, m_src, m_dst, n, pool_base, ctx, width,
         front_score.stride(0), front_pool.stride(0), pool_tok.stride(0), pool_score.stride(0), pool_parent.stride(0),
-        m_dst.stride(0), m_dst.stride(1),
-        K=k, NP=triton.next_power_of_2(n), KP=triton.next_power_of_2(k), CP=triton.next_power_of_2(chunks),
-        CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k), HAS_MASK=has_mask,
-        **pdl_options(vals, "topk_expand"))
-    return tok, score, parent, pool
+        m_dst.stride(0), m_dst.stride(1), *hid_args,
+        K=k, BLOCK=block, NP=triton.next_power_of_2(n), KP=triton.next_power_of_2(k),
+        CP=triton.next_power_of_2(chunks), CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k),
+        HP=triton.next_power_of_2(h), HAS_MASK=has_mask, NEXT_INPUT=next_input is not None,
+        num_warps=ROW_WARPS, **pdl_options(flat, "topk_expand"))
+    if next_input is None:
+        return tok, score, parent, pool
+    return tok, score, parent, pool, x, hid
 
 
 def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
@@ -312,5 +376,5 @@ def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
     _kernel(_select_tree_kernel)[(b,)](roots.contiguous(), pool_tok, pool_score, pool_parent, pool_depth, *out,
                                       n_pool, pool_tok.stride(0), pool_depth.stride(0), out[0].stride(0),
                                       PP=triton.next_power_of_2(n_pool), N=n, NP=triton.next_power_of_2(n),
-                                      **pdl_options(pool_tok, "select_tree"))
+                                      num_warps=ROW_WARPS, **pdl_options(pool_tok, "select_tree"))
     return tuple(out)

@@ -103,6 +103,14 @@ WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
 # Before it waits for the previous kernel (PDL), a program asks L2 for the first columns of its
 # weight slice: up to this many bytes of the whole weight (SPECHEADS_LINEAR_PREFETCH_BYTES; 0: none)
 PREFETCH_BYTES = int(os.environ.get("SPECHEADS_LINEAR_PREFETCH_BYTES") or 8 * 2**20)
+# A call over 17-64 rows of a narrow weight (N < 8192, a tree verify) takes ROW_BLOCK rows and
+# TREE_N_SCALE x BLOCK_N columns a program (neither changes a row's bits: the K steps stay the
+# weight's); knobs for scripts/gpu/verify_kernels.py: SPECHEADS_LINEAR_ROW_BLOCK, _TREE_N_SCALE.
+# SmolLM2's graphed 41-token forward, H200: (16, 1) 0.830 ms, (16, 2) 0.808, (16, 4) 0.880,
+# (32, 1) 0.960, (64, 1) 0.998 (fewer, larger programs are slower: the layer is latency-bound)
+ROW_BLOCK = int(os.environ.get("SPECHEADS_LINEAR_ROW_BLOCK") or 16)
+TREE_N_SCALE = int(os.environ.get("SPECHEADS_LINEAR_TREE_N_SCALE") or 2)
+SMEM_BYTES = 200 * 1024  # pipelined tiles a program may hold in shared memory (stages are cut to fit)
 # inputs the norm's first pass loads at once (in blocks of BLOCK_K); 0 or BLOCK_K: one at a time
 NORM_UNROLL_KEYS = int(os.environ.get("SPECHEADS_LINEAR_NORM_KEYS") or 1024)
 
@@ -152,7 +160,10 @@ def _config(n: int, k: int) -> tuple[int, int, int, int]:
     else:
         block_k, stages = (128 if k % 128 == 0 and k >= 1024 else 64), 4
     block_n = (64 if k >= 2048 else 128) if n >= 8192 else (32 if n >= 2048 else 16)
-    return block_n, block_k, 4, stages
+    # a narrow model's lm_head: 8 warps (SmolLM2's 49152 x 576 over a 41-row tree 21.7 vs 24.4 us,
+    # 1 row 15.5 either way; H200, scripts/gpu/verify_kernels.py)
+    warps = 8 if n >= 8192 and k < 2048 else 4
+    return block_n, block_k, warps, stages
 
 
 if triton is not None:
@@ -244,8 +255,11 @@ def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, silu=False) -> torch.Tensor:
-    """x [..., K], weight [N, K] -> [..., N] ([..., N / 2] with silu); see the module docstring."""
+def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, silu=False,
+           tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """x [..., K], weight [N, K] -> [..., N] ([..., N / 2] with silu); see the module docstring.
+    tile: (BLOCK_N, BLOCK_K, num_warps, num_stages) instead of the weight shape's (`_config`),
+    for a caller whose weight only ever meets this kernel at one row count (the draft head)."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if not use_triton(x) or not _runs_here(rows, weight.shape[0], k) or weight.stride(-1) != 1:
@@ -254,12 +268,15 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     x2 = _rows(x, k)
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     res = _rows(residual, n) if residual is not None else out
-    block_n, block_k, warps, stages = _config(weight.shape[0], k)
+    block_n, block_k, warps, stages = tile or _config(weight.shape[0], k)
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
     # scripts/gpu/linear_check.py). Narrow weights want many programs (16-row blocks), an
     # lm_head wants its 50-100 MB read once (one 64-row block). One 64-row block for the 41-row
     # tree verify on SmolLM2 was slower: its forward 0.88 -> 1.05 ms (H200, session 10)
-    block_m = 16 if rows <= 16 or n < 8192 else 64
+    block_m = 16 if rows <= 16 else 64 if n >= 8192 else ROW_BLOCK
+    if rows > 16 and n < 8192:
+        block_n *= TREE_N_SCALE
+    stages = max(1, min(stages, SMEM_BYTES // ((block_m + block_n * (2 if silu else 1)) * block_k * x.element_size())))
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()
     prefetch = prefetch_columns(weight.shape[0], k, weight.element_size()) if pdl["PDL"] else 0

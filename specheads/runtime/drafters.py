@@ -158,7 +158,7 @@ class Eagle3Drafter:
         dev = next_tokens.device
         ar = torch.arange(w, device=dev)
         mask = (ar[:, None] >= ar[None, :])[None] & (ar[None, None, :] < (lens - 1)[:, None, None])
-        _, k, v = head.step(self.embed(next_tokens).to(dtype), head.fc(aux.to(dtype)), ar.expand(k_rows, w),
+        _, k, v = head.step(self.embed(next_tokens).to(dtype), head.project(aux.to(dtype)), ar.expand(k_rows, w),
                             attn_mask=mask[:, None])
         rows = slice(start, start + k_rows)
         self.k[rows, :, :w] = k
@@ -189,7 +189,7 @@ class Eagle3Drafter:
         positions = start[:, None] + self.cols[: self.width]
         # causal by position: the committed entries and this feed's own earlier entries
         mask = self.cols[:kv][None, None, :] <= positions[:, :, None]
-        out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.fc(self.pending_aux[:b]), None, positions,
+        out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.project(self.pending_aux[:b]), None, positions,
                               self.k[:b], self.v[:b], positions, mask[:, None])
         start.add_(count)
         last = (count - 1).clamp(min=0)
@@ -218,9 +218,13 @@ class Eagle3Drafter:
         pool_score = torch.empty(b, n_pool, dtype=torch.float32, device=dev)
         pool_parent = torch.empty(b, n_pool, dtype=torch.long, device=dev)
         target_ids = head.target_ids()
-        front_tok, front_score, rows, front_pool = topk_expand(
+        emb = self.embed.weight
+        # each expansion also makes the next depth's layer input (fused heads), so a depth
+        # starts at its projection
+        nxt = head.input_spec(emb, h_last) if self.steps > 1 else None
+        front_tok, front_score, rows, front_pool, *inputs = topk_expand(
             head.logits(h_last), self.zero_score[:b], self.no_parent[:b], k, target_ids,
-            pool_tok[:, :k], pool_score[:, :k], pool_parent[:, :k], 0, masks[0], masks[0], kv, 0)
+            pool_tok[:, :k], pool_score[:, :k], pool_parent[:, :k], 0, masks[0], masks[0], kv, 0, next_input=nxt)
         hidden, rows = h_last, self.root_rows[:b]
         # depth d's position: the root's (base - 1) + d, for d = 1 .. steps - 1, in one launch
         positions = base[:, None] + self.cols[: max(self.steps - 1, 1)]
@@ -228,14 +232,15 @@ class Eagle3Drafter:
         off = k
         for d in range(1, self.steps):
             mask = masks[(d - 1) % 2]
-            out = head.draft_step(front_tok, self.embed.weight, hidden, rows, positions[:, d - 1: d].expand(b, k),
+            out = head.draft_step(front_tok, emb, hidden, rows, positions[:, d - 1: d].expand(b, k),
                                   self.k[:b], self.v[:b], slots[:, (d - 1) * k: d * k].expand(b, k),
-                                  mask[:, None, :, : kv + d * k])
+                                  mask[:, None, :, : kv + d * k], inputs=tuple(inputs) or None)
             n = k * k
-            front_tok, front_score, rows, front_pool = topk_expand(
+            nxt = head.input_spec(emb, out) if d + 1 < self.steps else None
+            front_tok, front_score, rows, front_pool, *inputs = topk_expand(
                 head.logits(out), front_score, front_pool, k, target_ids, pool_tok[:, off: off + n],
                 pool_score[:, off: off + n], pool_parent[:, off: off + n], off, mask,
-                masks[d % 2] if d + 1 < self.steps else None, kv, d * k)
+                masks[d % 2] if d + 1 < self.steps else None, kv, d * k, next_input=nxt)
             hidden = out
             off += n
         # the best num_draft nodes by cumulative log-probability, as a tree

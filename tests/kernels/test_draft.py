@@ -55,7 +55,7 @@ def _expand_case(b, n, k, vocab, seed, ctx=5, width=0):
 
 def _run(fn, case, k, off, ctx, width, with_mask):
     logits, front_score, front_pool, target_ids, mask_src, mask_dst = case
-    b, n, _ = logits.shape
+    b, n = front_score.shape
     pools = [torch.full((b, off + n * k + 2), -7, dtype=dt) for dt in (torch.long, torch.float32, torch.long)]
     dst = mask_dst.clone() if with_mask else None
     views = [p[:, off: off + n * k] for p in pools]  # a slice of a wider pool: row stride != n * k
@@ -167,3 +167,31 @@ def test_select_tree_ranks_follow_the_scores():
         by_rank = chosen_scores[row, ranks[row]]
         node_scores = torch.sort(by_rank[1:], descending=True).values
         torch.testing.assert_close(node_scores, chosen_scores[row, 1:])
+
+
+
+@needs_triton
+@pytest.mark.parametrize("b, n, k, dtype", [(1, 1, 4, torch.float32), (2, 4, 4, torch.float32), (1, 8, 8, torch.bfloat16)])
+def test_topk_expand_makes_the_next_depth_input(interpret, monkeypatch, b, n, k, dtype):
+    """With next_input the launch also writes the new frontier's layer input, as head_input makes
+    it from the frontier's tokens over its parents' rows of the hidden states."""
+    monkeypatch.setattr(draft, "BLOCK_V", 64)
+    case = _expand_case(b, n, k, 300, seed=b + n + k, width=4)
+    g = torch.Generator().manual_seed(7)
+    h = 24
+    emb = torch.randn(2 * 300, h, generator=g).to(dtype)  # indexed by target ids (< 600)
+    hidden = torch.randn(b, n, h, generator=g).to(dtype)
+    w_e, w_h = torch.rand(h, generator=g).to(dtype) + 0.5, torch.rand(h, generator=g).to(dtype) + 0.5
+    spec = (emb, hidden, w_e, 1e-5, w_h, 1e-6)
+    plain, pools, mask = _run(draft.topk_expand, case, k, 3, 5, 4, with_mask=True)
+    logits, front_score, front_pool, target_ids, mask_src, mask_dst = case
+    pools2 = [torch.full_like(p, -7) for p in pools]
+    dst = mask_dst.clone()
+    out = draft.topk_expand(logits, front_score, front_pool, k, target_ids, *[p[:, 3: 3 + n * k] for p in pools2], 3,
+                            mask_src, dst, 5, 4, next_input=spec)
+    for x, y in zip(out[:4] + tuple(pools2) + (dst,), plain + tuple(pools) + (mask,)):
+        assert torch.equal(x, y)
+    x, hid = out[4:]
+    want_x, want_hid = draft.head_input_reference(out[0], emb, hidden, out[2], w_e, 1e-5, w_h, 1e-6)
+    assert torch.equal(hid, want_hid)
+    torch.testing.assert_close(x, want_x, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2 if dtype == torch.bfloat16 else 1e-5)

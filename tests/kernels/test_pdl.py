@@ -39,7 +39,7 @@ def test_every_kernel_takes_pdl_and_waits_first():
         text = "\n".join(ast.unparse(s) for s in before)
         for op in ("tl.load", "tl.store", "tl.atomic"):
             assert op not in text, f"{name} uses {op} before gdc_wait"
-    assert len(names) >= 12, names  # the kernels of the decode chain, the drafter and the verifier
+    assert len(names) >= 11, names  # the kernels of the decode chain, the drafter and the verifier
 
 
 def _fake_cuda(index=0):

@@ -1,0 +1,194 @@
+"""On the GPU: a target layer's kernels at the row counts of a decode (1 token), a draft depth
+(8) and the default tree's verify (41), SmolLM2-135M shapes with random weights, a context of
+200 in a 256-key bucket. Each op is called 30 times in a row inside one CUDA graph; the figure
+is a call's mean time over 20 replays, PDL off and on. Knobs compared in the same process: with
+--forward the graphed forward over a 41-token tree by the projection's row block and column
+scale for 17-64 rows (linear.ROW_BLOCK, TREE_N_SCALE; logits checked bit for bit); the
+attention by keys per program (attention.CHUNK); lm_heads by tile.
+
+    python3 scripts/gpu/verify_kernels.py [--out DIR] [--forward]
+
+Prints a table and writes verify_kernels.json under --out."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specheads.kernels import attention, fused, linear
+from specheads.kernels.fused import rope_cache
+from specheads.kernels.linear import linear as proj
+
+H, I, V, HEADS, KV, D = 576, 1536, 49152, 9, 3, 64
+CONTEXT, BUCKET, CALLS = 200, 256, 30
+DEVICE = "cuda"
+
+
+def per_call_us(fn, replays: int = 20) -> float:
+    fn()  # compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / (replays * CALLS)
+
+
+def ops(rows: int) -> dict:
+    """The forward's kernels for `rows` tokens of one sequence (a chain: each sees the ones before)."""
+    dev, dt = DEVICE, torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(rows)
+
+    def rnd(*shape, scale=0.05):
+        return (torch.randn(*shape, generator=g, device=dev) * scale).to(dt)
+
+    x, h = rnd(1, rows, H, scale=1.0), rnd(1, rows, H, scale=1.0)
+    w = {"qkv": rnd((HEADS + 2 * KV) * D, H), "o": rnd(H, HEADS * D), "gate_up": rnd(2 * I, H), "down": rnd(H, I),
+         "lm_head": rnd(V, H)}
+    norm = torch.ones(H, device=dev, dtype=dt)
+    attn_in, act = rnd(1, rows, HEADS * D, scale=1.0), rnd(1, rows, I, scale=1.0)
+    qkv = rnd(1, rows, (HEADS + 2 * KV) * D, scale=1.0)
+    k_cache, v_cache = rnd(1, KV, BUCKET + 64, D, scale=1.0), rnd(1, KV, BUCKET + 64, D, scale=1.0)
+    pos = torch.arange(CONTEXT, CONTEXT + rows, device=dev)[None]
+    inv = 1.0 / (100000.0 ** (torch.arange(0, D, 2, device=dev).float() / D))
+    ang = torch.outer(torch.arange(4096, device=dev).float(), inv)
+    cos, sin = torch.cat([ang.cos()] * 2, -1).contiguous(), torch.cat([ang.sin()] * 2, -1).contiguous()
+    q = rnd(1, HEADS, rows, D, scale=1.0)
+    cols = torch.arange(BUCKET, device=dev)
+    mask = ((cols[None, :] < CONTEXT) | ((cols[None, :] >= CONTEXT) & (cols[None, :] <= pos[0, :, None])))[None, None]
+    logits = rnd(1, rows, V, scale=1.0)
+    return {
+        "qkv+norm": lambda: proj(x, w["qkv"], norm_weight=norm, eps=1e-5),
+        "rope_cache": lambda: rope_cache(qkv, cos, sin, pos, k_cache, v_cache, pos, HEADS, KV, D),
+        "attention": lambda: attention.tree_attention(q, k_cache[:, :, :BUCKET], v_cache[:, :, :BUCKET], mask),
+        "o+res": lambda: proj(attn_in, w["o"], residual=h),
+        "gate_up+norm+silu": lambda: proj(h, w["gate_up"], norm_weight=norm, eps=1e-5, silu=True),
+        "down+res": lambda: proj(act, w["down"], residual=h),
+        "lm_head+norm": lambda: proj(h, w["lm_head"], norm_weight=norm, eps=1e-5),
+        "argmax": lambda: logits.argmax(-1),
+    }
+
+
+def forward_knobs() -> list[dict]:
+    """The graphed SmolLM2 forward over a 41-token chain (a tree verify) and over 1 token, random
+    weights, PDL on, for each (linear.ROW_BLOCK, linear.TREE_N_SCALE); logits compared bit for
+    bit with the defaults' (16, 1)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import chain_inputs, prefill_random, random_target
+    from pdl_check import SMOLLM2
+
+    from specheads.runtime.graphs import GraphedForward
+    from specheads.target.model import KVCache
+
+    torch.manual_seed(0)
+    model = random_target(SMOLLM2, DEVICE, torch.bfloat16)
+    rows, ref = [], {}
+    for block, scale in [(16, 1), (32, 1), (64, 1), (16, 2), (32, 2), (16, 4), (32, 4), (64, 2)]:
+        linear.ROW_BLOCK, linear.TREE_N_SCALE = block, scale
+        for k in (41, 1):
+            if k == 1 and (block, scale) != (16, 1):
+                continue  # 1-row calls do not read these knobs
+            cache = KVCache(model.spec, 1, BUCKET, torch.bfloat16, DEVICE)
+            prefill_random(model, cache, CONTEXT)
+            graphed = GraphedForward(model, cache, k, tree=True)
+            toks, pos, mask = chain_inputs(cache, CONTEXT, k)
+            logits = graphed(toks, pos, pos, mask).logits.clone()
+            ms = []
+            for _ in range(5):  # best of 5 rounds of 50
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(50):
+                    graphed(toks, pos, pos, mask)
+                torch.cuda.synchronize()
+                ms.append((time.perf_counter() - t0) / 50 * 1000)
+            ref.setdefault(k, logits)
+            rows.append({"row_block": block, "tree_n_scale": scale, "k": k, "ms": min(ms),
+                         "identical": bool(torch.equal(logits, ref[k]))})
+            print(f"forward k={k:2} ROW_BLOCK={block:2} TREE_N_SCALE={scale}: {min(ms):.3f} ms, "
+                  f"logits identical to (16, 1): {rows[-1]['identical']}", flush=True)
+            del graphed, cache
+    linear.ROW_BLOCK, linear.TREE_N_SCALE = 16, 1
+    return rows
+
+
+def kernel_knobs() -> list[dict]:
+    """Per call us of the attention by CHUNK at 1, 8, 41 rows and of an lm_head by tile: the
+    draft head's (32000 x 576) at 8 rows, the target's (49152 x 576) at 1 and 41 (output bits
+    compared with the rule's tile); a tile that does not fit: us None."""
+    out = []
+
+    def add(knob, kernel, rows, fn):
+        try:
+            us = per_call_us(fn)
+        except Exception as e:  # noqa: BLE001 (an out-of-resources tile is a result here)
+            print(f"{knob} {kernel} {rows}: {type(e).__name__}")
+            us = None
+        out.append({"knob": knob, "kernel": kernel, "rows": rows, "us": us})
+
+    for block in (16,):
+        for chunk in (64, 128, 256):
+            attention.ROW_BLOCK, attention.CHUNK = block, chunk
+            for rows in (1, 8, 41):
+                add(f"attention ROW_BLOCK={block} CHUNK={chunk}", "attention", rows, ops(rows)["attention"])
+    attention.ROW_BLOCK, attention.CHUNK = 16, 128
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    norm = torch.ones(H, device=DEVICE, dtype=torch.bfloat16)
+    for vocab, rows_list in ((32000, (8,)), (V, (1, 41))):  # the draft head's lm_head, the target's
+        w = (torch.randn(vocab, H, generator=g, device=DEVICE) * 0.05).to(torch.bfloat16)
+        for rows in rows_list:
+            x = torch.randn(1, rows, H, generator=g, device=DEVICE).to(torch.bfloat16)
+            want = proj(x, w, norm_weight=norm, eps=1e-5)
+            for tile in [None, (256, 64, 8, 3), (256, 64, 4, 3), (128, 64, 8, 4), (512, 64, 8, 2), (128, 32, 4, 4)]:
+                label = f"lm_head {vocab} tile={tile or 'rule'}"
+                add(label, "lm_head", rows, lambda: proj(x, w, norm_weight=norm, eps=1e-5, tile=tile))
+                if out[-1]["us"] is not None:
+                    out[-1]["identical"] = bool(torch.equal(proj(x, w, norm_weight=norm, eps=1e-5, tile=tile), want))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--forward", action="store_true", help="also the forward by linear.ROW_BLOCK, TREE_N_SCALE")
+    a = ap.parse_args()
+    report = {"card": torch.cuda.get_device_name(), "rows": {}, "knobs": []}
+    with torch.no_grad():
+        for pdl in (False, True):
+            fused.PDL_ENABLED = pdl
+            for rows in (1, 8, 41):
+                times = {name: per_call_us(fn) for name, fn in ops(rows).items()}
+                report["rows"][f"{rows}{'_pdl' if pdl else ''}"] = times
+            table = {r: report["rows"][f"{r}{'_pdl' if pdl else ''}"] for r in (1, 8, 41)}
+            print(f"PDL {'on' if pdl else 'off'}: us per call")
+            print(f"{'kernel':20} {'1 row':>8} {'8 rows':>8} {'41 rows':>8}")
+            for name in table[1]:
+                print(f"{name:20} {table[1][name]:8.2f} {table[8][name]:8.2f} {table[41][name]:8.2f}")
+            print(f"{'sum':20} " + " ".join(f"{sum(table[r].values()):8.2f}" for r in (1, 8, 41)), flush=True)
+        fused.PDL_ENABLED = True
+        if a.forward:
+            report["forward"] = forward_knobs()
+        report["knobs"] = kernel_knobs()
+    print("knobs (PDL on): us per call")
+    for r in report["knobs"]:
+        us = "failed" if r["us"] is None else f"{r['us']:8.2f}"
+        print(f"{r['knob']:44} {r['kernel']:14} {r['rows']:3} rows {us}  {r.get('identical', '')}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify_kernels.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
