@@ -3,23 +3,28 @@
 A draft depth used to cost ~40 small launches besides the head's layer: the input embedding,
 two norms and a concatenation; a float log-softmax over the draft vocabulary; two top-k
 calls (each several kernels); and a dozen gathers, cats and index sums for the frontier.
-Two kernels replace them:
+Now a depth is the head's layer, its lm_head and one launch of `topk_expand`:
 
   head_input    the head's layer input: RMSNorm(embed[token]) next to RMSNorm(hidden[row])
                 ([B, T, 2H]), plus the gathered hidden rows (the layer's residual). The
                 hidden row index lets a frontier node read its parent's output in place.
-  topk_expand   from the draft logits of N frontier nodes per row: the top-k children of
-                each (log-probabilities from a chunked log-sum-exp, never materialized for
-                the whole vocabulary), their cumulative scores written straight into the
-                candidate pool, and the best k of all N*k children (the next frontier),
-                whose tree-attention mask rows are built in place from their parents' rows.
+                (The feed's; a depth's comes from the expansion before it.)
+  topk_expand   from the draft logits of N frontier nodes per row: a program per (node,
+                vocabulary chunk) finds the chunk's best k and its (max, sum of exp); the
+                last of a row's programs to finish (an atomic counter) takes the top-k
+                children of each node (log-probabilities from the chunks' log-sum-exp, never
+                materialized for the whole vocabulary), writes their cumulative scores
+                straight into the candidate pool, picks the best k of all N*k children (the
+                next frontier), builds their tree-attention mask rows from their parents'
+                rows and, if asked, the next depth's layer input (as head_input).
 
   select_tree   the best n pool nodes by score as a tree in pool order (parents first):
                 tokens, parents, depths and score ranks, in one launch instead of ~35.
 
 Ties go to the lower draft id, then to the earlier child (parents precede children), and in
 select_tree to the earlier pool node: a child never outscores its parent (log-probabilities
-are <= 0), so with this order a chosen node's parent is always chosen.
+are <= 0), so with this order a chosen node's parent is always chosen. The kernels compare
+(value, index) pairs packed into one int64 key (see below), so each pick is one reduction.
 """
 
 from __future__ import annotations
