@@ -249,6 +249,12 @@ def prefetch_columns(n: int, k: int, elem_size: int) -> int:
     return min(1 << (k - 1).bit_length(), 1 << (cols.bit_length() - 1))
 
 
+def fit_stages(stages: int, block_m: int, cols: int, block_k: int, elem_size: int) -> int:
+    """Pipeline stages cut so that a program's input and weight tiles ([block_m + cols, block_k]
+    a stage) fit SMEM_BYTES; at least one."""
+    return max(1, min(stages, SMEM_BYTES // ((block_m + cols) * block_k * elem_size)))
+
+
 def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
     """t as [rows, k] with unit column stride (a view where one exists)."""
     t2 = t.reshape(-1, k)
@@ -276,7 +282,7 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     block_m = 16 if rows <= 16 else 64 if n >= 8192 else ROW_BLOCK
     if rows > 16 and n < 8192:
         block_n *= TREE_N_SCALE
-    stages = max(1, min(stages, SMEM_BYTES // ((block_m + block_n * (2 if silu else 1)) * block_k * x.element_size())))
+    stages = fit_stages(stages, block_m, block_n * (2 if silu else 1), block_k, x.element_size())
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()
     prefetch = prefetch_columns(weight.shape[0], k, weight.element_size()) if pdl["PDL"] else 0

@@ -127,3 +127,15 @@ def test_counters_grow_and_stay_alive(interpret, small_chunks, monkeypatch):
     assert grown.numel() == 8 and not grown.any()
     assert attention._retired == [first]  # a graph may still hold its address
     assert attention.split_counters(q.device, 5) is grown
+
+
+@needs_triton
+def test_a_caller_chunk_size(interpret):
+    """The draft head passes its own keys per program (64): the same attention; a size that is
+    not a power of two >= 64 is refused by name."""
+    q, k, v, mask = _case(2, 4, 2, 3, 200, 16, seed=4)
+    want = attention.attention_reference(q, k, v, mask)
+    for chunk in (64, 256):
+        torch.testing.assert_close(attention.tree_attention(q, k, v, mask, chunk=chunk), want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="chunk 96"):
+        attention.tree_attention(q, k, v, mask, chunk=96)

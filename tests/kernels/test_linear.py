@@ -134,3 +134,24 @@ def test_norm_pass_unrolled_over_a_ragged_k(interpret, monkeypatch, norm_keys):
     g, x, w = _inputs(3, 1040, 48, seed=6)
     kw = dict(norm_weight=torch.rand(1040, generator=g) + 0.5, eps=1e-5)
     torch.testing.assert_close(lin.linear(x, w, **kw), lin.linear_reference(x, w, **kw), rtol=1e-4, atol=1e-4)
+
+
+@needs_triton
+@pytest.mark.parametrize("tile, scale", [(None, 2), ((32, 16, 4, 2), 1), (None, 4)])
+def test_tree_rows_and_a_caller_tile(interpret, monkeypatch, tile, scale):
+    """A 41-row call (a tree verify: 16-row blocks, TREE_N_SCALE x wider columns) and a caller's
+    own tile (the draft head's lm_head) compute the reference."""
+    monkeypatch.setattr(lin, "TREE_N_SCALE", scale)
+    g, x, w = _inputs(41, 48, 72, seed=5, silu=True)
+    kw = dict(norm_weight=torch.randn(48, generator=g), eps=1e-5, silu=True,
+              residual=torch.randn(41, 72, generator=g))
+    torch.testing.assert_close(lin.linear(x, w, tile=tile, **kw), lin.linear_reference(x, w, **kw),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_stages_fit_shared_memory():
+    # a down_proj tile (16 + 16 rows x 512 keys, bf16) keeps its 3 stages; a 64-row block of it
+    # (64 + 32 rows) is cut to 2 (3 would need 295 KB); nothing is cut below one
+    assert lin.fit_stages(3, 16, 16, 512, 2) == 3
+    assert lin.fit_stages(3, 64, 32, 512, 2) == 2
+    assert lin.fit_stages(4, 64, 4096, 512, 2) == 1
