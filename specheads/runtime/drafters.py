@@ -189,8 +189,8 @@ class Eagle3Drafter:
         positions = start[:, None] + self.cols[: self.width]
         # causal by position: the committed entries and this feed's own earlier entries
         mask = self.cols[:kv][None, None, :] <= positions[:, :, None]
-        out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.project(self.pending_aux[:b]), None, positions,
-                              self.k[:b], self.v[:b], positions, mask[:, None])
+        out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.project(self.pending_aux[:b]), None,
+                              positions, self.k[:b], self.v[:b], positions, mask[:, None])
         start.add_(count)
         last = (count - 1).clamp(min=0)
         return out.gather(1, last[:, None, None].expand(b, 1, out.shape[-1]))
