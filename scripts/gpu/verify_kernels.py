@@ -2,11 +2,11 @@
 (8) and the default tree's verify (41), SmolLM2-135M shapes with random weights, a context of
 200 in a 256-key bucket. Each op is called 30 times in a row inside one CUDA graph; the figure
 is a call's mean time over 20 replays, PDL off and on. Knobs compared in the same process: with
---forward the graphed forward over a 41-token tree by the projection's row block and column
+--forward the graphed forward over K-token trees (default 41) by the projection's row block and column
 scale for 17-64 rows (linear.ROW_BLOCK, TREE_N_SCALE; logits checked bit for bit); the
 attention by keys per program (attention.CHUNK); lm_heads by tile.
 
-    python3 scripts/gpu/verify_kernels.py [--out DIR] [--forward]
+    python3 scripts/gpu/verify_kernels.py [--out DIR] [--forward [K ...]]
 
 Prints a table and writes verify_kernels.json under --out."""
 from __future__ import annotations
@@ -82,10 +82,10 @@ def ops(rows: int) -> dict:
     }
 
 
-def forward_knobs() -> list[dict]:
-    """The graphed SmolLM2 forward over a 41-token chain (a tree verify) and over 1 token, random
-    weights, PDL on, for each (linear.ROW_BLOCK, linear.TREE_N_SCALE); logits compared bit for
-    bit with the defaults' (16, 1)."""
+def forward_knobs(ks=(41,)) -> list[dict]:
+    """The graphed SmolLM2 forward over k-token chains (a tree verify of k rows) and over 1 token,
+    random weights, PDL on, for each (linear.ROW_BLOCK, linear.TREE_N_SCALE); logits compared bit
+    for bit with the first setting's (16, 1)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench import chain_inputs, prefill_random, random_target
     from pdl_check import SMOLLM2
@@ -96,11 +96,12 @@ def forward_knobs() -> list[dict]:
     torch.manual_seed(0)
     model = random_target(SMOLLM2, DEVICE, torch.bfloat16)
     rows, ref = [], {}
+    shipped = linear.ROW_BLOCK, linear.TREE_N_SCALE
     for block, scale in [(16, 1), (32, 1), (64, 1), (16, 2), (32, 2), (16, 4), (32, 4), (64, 2)]:
         linear.ROW_BLOCK, linear.TREE_N_SCALE = block, scale
-        for k in (41, 1):
-            if k == 1 and (block, scale) != (16, 1):
-                continue  # 1-row calls do not read these knobs
+        for k in (*ks, 1):
+            if k <= 16 and (block, scale) != (16, 1):
+                continue  # calls of up to 16 rows do not read these knobs
             cache = KVCache(model.spec, 1, BUCKET, torch.bfloat16, DEVICE)
             prefill_random(model, cache, CONTEXT)
             graphed = GraphedForward(model, cache, k, tree=True)
@@ -120,7 +121,7 @@ def forward_knobs() -> list[dict]:
             print(f"forward k={k:2} ROW_BLOCK={block:2} TREE_N_SCALE={scale}: {min(ms):.3f} ms, "
                   f"logits identical to (16, 1): {rows[-1]['identical']}", flush=True)
             del graphed, cache
-    linear.ROW_BLOCK, linear.TREE_N_SCALE = 16, 1
+    linear.ROW_BLOCK, linear.TREE_N_SCALE = shipped
     return rows
 
 
@@ -162,7 +163,8 @@ def kernel_knobs() -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--forward", action="store_true", help="also the forward by linear.ROW_BLOCK, TREE_N_SCALE")
+    ap.add_argument("--forward", type=int, nargs="*", metavar="K",
+                    help="also the forward over K-token trees (default 41) by linear.ROW_BLOCK, TREE_N_SCALE")
     a = ap.parse_args()
     report = {"card": torch.cuda.get_device_name(), "rows": {}, "knobs": []}
     with torch.no_grad():
@@ -178,8 +180,8 @@ def main() -> None:
                 print(f"{name:20} {table[1][name]:8.2f} {table[8][name]:8.2f} {table[41][name]:8.2f}")
             print(f"{'sum':20} " + " ".join(f"{sum(table[r].values()):8.2f}" for r in (1, 8, 41)), flush=True)
         fused.PDL_ENABLED = True
-        if a.forward:
-            report["forward"] = forward_knobs()
+        if a.forward is not None:
+            report["forward"] = forward_knobs(tuple(a.forward) or (41,))
         report["knobs"] = kernel_knobs()
     print("knobs (PDL on): us per call")
     for r in report["knobs"]:
