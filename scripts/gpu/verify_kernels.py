@@ -84,8 +84,8 @@ def ops(rows: int) -> dict:
 
 def forward_knobs(ks=(41,)) -> list[dict]:
     """The graphed SmolLM2 forward over k-token chains (a tree verify of k rows) and over 1 token,
-    random weights, PDL on, for each (linear.ROW_BLOCK, linear.TREE_N_SCALE); logits compared bit
-    for bit with the first setting's (16, 1)."""
+    random weights, PDL on, for each (linear.ROW_BLOCK, TREE_N_SCALE, TREE_WARPS); logits compared
+    bit for bit with the first setting's (16, 1, the tile's warps)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench import chain_inputs, prefill_random, random_target
     from pdl_check import SMOLLM2
@@ -96,11 +96,12 @@ def forward_knobs(ks=(41,)) -> list[dict]:
     torch.manual_seed(0)
     model = random_target(SMOLLM2, DEVICE, torch.bfloat16)
     rows, ref = [], {}
-    shipped = linear.ROW_BLOCK, linear.TREE_N_SCALE
-    for block, scale in [(16, 1), (32, 1), (64, 1), (16, 2), (32, 2), (16, 4), (32, 4), (64, 2)]:
-        linear.ROW_BLOCK, linear.TREE_N_SCALE = block, scale
+    shipped = linear.ROW_BLOCK, linear.TREE_N_SCALE, linear.TREE_WARPS
+    for block, scale, warps in [(16, 1, 0), (16, 2, 0), (16, 4, 0), (32, 1, 0), (32, 2, 0), (64, 1, 0), (32, 1, 8),
+                                (32, 2, 8), (64, 1, 8), (16, 2, 8), (32, 1, 2)]:
+        linear.ROW_BLOCK, linear.TREE_N_SCALE, linear.TREE_WARPS = block, scale, warps
         for k in (*ks, 1):
-            if k <= 16 and (block, scale) != (16, 1):
+            if k <= 16 and (block, scale, warps) != (16, 1, 0):
                 continue  # calls of up to 16 rows do not read these knobs
             cache = KVCache(model.spec, 1, BUCKET, torch.bfloat16, DEVICE)
             prefill_random(model, cache, CONTEXT)
@@ -116,12 +117,12 @@ def forward_knobs(ks=(41,)) -> list[dict]:
                 torch.cuda.synchronize()
                 ms.append((time.perf_counter() - t0) / 50 * 1000)
             ref.setdefault(k, logits)
-            rows.append({"row_block": block, "tree_n_scale": scale, "k": k, "ms": min(ms),
+            rows.append({"row_block": block, "tree_n_scale": scale, "tree_warps": warps, "k": k, "ms": min(ms),
                          "identical": bool(torch.equal(logits, ref[k]))})
-            print(f"forward k={k:2} ROW_BLOCK={block:2} TREE_N_SCALE={scale}: {min(ms):.3f} ms, "
+            print(f"forward k={k:2} ROW_BLOCK={block:2} TREE_N_SCALE={scale} TREE_WARPS={warps}: {min(ms):.3f} ms, "
                   f"logits identical to (16, 1): {rows[-1]['identical']}", flush=True)
             del graphed, cache
-    linear.ROW_BLOCK, linear.TREE_N_SCALE = shipped
+    linear.ROW_BLOCK, linear.TREE_N_SCALE, linear.TREE_WARPS = shipped
     return rows
 
 

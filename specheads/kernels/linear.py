@@ -104,12 +104,14 @@ WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
 # weight slice: up to this many bytes of the whole weight (SPECHEADS_LINEAR_PREFETCH_BYTES; 0: none)
 PREFETCH_BYTES = int(os.environ.get("SPECHEADS_LINEAR_PREFETCH_BYTES") or 8 * 2**20)
 # A call over 17-64 rows of a narrow weight (N < 8192, a tree verify) takes ROW_BLOCK rows and
-# TREE_N_SCALE x BLOCK_N columns a program (neither changes a row's bits: the K steps stay the
-# weight's); knobs for scripts/gpu/verify_kernels.py: SPECHEADS_LINEAR_ROW_BLOCK, _TREE_N_SCALE.
-# SmolLM2's graphed 41-token forward, H200: (16, 1) 0.830 ms, (16, 2) 0.808, (16, 4) 0.880,
-# (32, 1) 0.960, (64, 1) 0.998 (fewer, larger programs are slower: the layer is latency-bound)
+# TREE_N_SCALE x BLOCK_N columns a program with TREE_WARPS warps (0: the tile's); none changes a
+# row's bits (the K steps stay the weight's). Knobs for scripts/gpu/verify_kernels.py --forward:
+# SPECHEADS_LINEAR_ROW_BLOCK, _TREE_N_SCALE, _TREE_WARPS. SmolLM2's graphed 41-token forward,
+# H200: (16, 1) 0.830 ms, (16, 2) 0.808, (16, 4) 0.880, (32, 1) 0.960, (64, 1) 0.998 (fewer,
+# larger programs of 4 warps are slower: the layer is latency-bound)
 ROW_BLOCK = int(os.environ.get("SPECHEADS_LINEAR_ROW_BLOCK") or 16)
 TREE_N_SCALE = int(os.environ.get("SPECHEADS_LINEAR_TREE_N_SCALE") or 2)
+TREE_WARPS = int(os.environ.get("SPECHEADS_LINEAR_TREE_WARPS") or 0)
 SMEM_BYTES = 200 * 1024  # pipelined tiles a program may hold in shared memory (stages are cut to fit)
 # inputs the norm's first pass loads at once (in blocks of BLOCK_K); 0 or BLOCK_K: one at a time
 NORM_UNROLL_KEYS = int(os.environ.get("SPECHEADS_LINEAR_NORM_KEYS") or 1024)
@@ -282,6 +284,7 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     block_m = 16 if rows <= 16 else 64 if n >= 8192 else ROW_BLOCK
     if rows > 16 and n < 8192:
         block_n *= TREE_N_SCALE
+        warps = TREE_WARPS or warps
     stages = fit_stages(stages, block_m, block_n * (2 if silu else 1), block_k, x.element_size())
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()

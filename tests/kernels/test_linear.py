@@ -137,11 +137,14 @@ def test_norm_pass_unrolled_over_a_ragged_k(interpret, monkeypatch, norm_keys):
 
 
 @needs_triton
-@pytest.mark.parametrize("tile, scale", [(None, 2), ((32, 16, 4, 2), 1), (None, 4)])
-def test_tree_rows_and_a_caller_tile(interpret, monkeypatch, tile, scale):
-    """A 41-row call (a tree verify: 16-row blocks, TREE_N_SCALE x wider columns) and a caller's
-    own tile (the draft head's lm_head) compute the reference."""
+@pytest.mark.parametrize("tile, scale, block, warps", [(None, 2, 16, 0), ((32, 16, 4, 2), 1, 16, 0), (None, 4, 16, 0),
+                                                       (None, 1, 32, 8), (None, 2, 64, 2)])
+def test_tree_rows_and_a_caller_tile(interpret, monkeypatch, tile, scale, block, warps):
+    """A 41-row call (a tree verify: ROW_BLOCK rows, TREE_N_SCALE x wider columns, TREE_WARPS) and
+    a caller's own tile (the draft head's lm_head) compute the reference."""
     monkeypatch.setattr(lin, "TREE_N_SCALE", scale)
+    monkeypatch.setattr(lin, "ROW_BLOCK", block)
+    monkeypatch.setattr(lin, "TREE_WARPS", warps)
     g, x, w = _inputs(41, 48, 72, seed=5, silu=True)
     kw = dict(norm_weight=torch.randn(48, generator=g), eps=1e-5, silu=True,
               residual=torch.randn(41, 72, generator=g))
