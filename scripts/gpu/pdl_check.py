@@ -11,12 +11,11 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import LLAMA_8B, chain_inputs, prefill_random, random_target  # noqa: E402
+from bench import LLAMA_8B, chain_inputs, graphed_ms, prefill_random, random_target  # noqa: E402
 
 from specheads.kernels import fused  # noqa: E402
 from specheads.runtime.graphs import GraphedForward  # noqa: E402
@@ -41,14 +40,7 @@ def run(cfg: dict, ks, context: int, repeats: int) -> list[dict]:
                 graphed = GraphedForward(model, cache, k, tree=True)
                 toks, pos, mask = chain_inputs(cache, context, k)
                 logits = graphed(toks, pos, pos, mask).logits.clone()
-                for _ in range(25):
-                    graphed(toks, pos, pos, mask)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(repeats):
-                    graphed(toks, pos, pos, mask)
-                torch.cuda.synchronize()
-                ms = (time.perf_counter() - t0) / repeats * 1000
+                ms = graphed_ms(graphed, toks, pos, mask, repeats)
                 outs[pdl] = (logits, cache.k.clone(), cache.v.clone(), ms)
                 del graphed, cache
             same = all(torch.equal(a, b) for a, b in zip(outs[False][:3], outs[True][:3]))

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ import torch
 from specheads.kernels import attention, fused, linear
 from specheads.kernels.fused import rope_cache
 from specheads.kernels.linear import linear as proj
+from specheads.modules import RotaryTable
 
 H, I, V, HEADS, KV, D = 576, 1536, 49152, 9, 3, 64
 CONTEXT, BUCKET, CALLS = 200, 256, 30
@@ -63,9 +63,9 @@ def ops(rows: int) -> dict:
     qkv = rnd(1, rows, (HEADS + 2 * KV) * D, scale=1.0)
     k_cache, v_cache = rnd(1, KV, BUCKET + 64, D, scale=1.0), rnd(1, KV, BUCKET + 64, D, scale=1.0)
     pos = torch.arange(CONTEXT, CONTEXT + rows, device=dev)[None]
-    inv = 1.0 / (100000.0 ** (torch.arange(0, D, 2, device=dev).float() / D))
-    ang = torch.outer(torch.arange(4096, device=dev).float(), inv)
-    cos, sin = torch.cat([ang.cos()] * 2, -1).contiguous(), torch.cat([ang.sin()] * 2, -1).contiguous()
+    with torch.device(dev):
+        rotary = RotaryTable(1.0 / (100000.0 ** (torch.arange(0, D, 2).float() / D)), 1.0, 4096)
+    cos, sin = rotary.cos, rotary.sin
     q = rnd(1, HEADS, rows, D, scale=1.0)
     cols = torch.arange(BUCKET, device=dev)
     mask = ((cols[None, :] < CONTEXT) | ((cols[None, :] >= CONTEXT) & (cols[None, :] <= pos[0, :, None])))[None, None]
@@ -87,7 +87,7 @@ def forward_knobs(ks=(41,)) -> list[dict]:
     random weights, PDL on, for each (linear.ROW_BLOCK, TREE_N_SCALE, TREE_WARPS); logits compared
     bit for bit with the first setting's (16, 1, the tile's warps)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench import chain_inputs, prefill_random, random_target
+    from bench import chain_inputs, graphed_ms, prefill_random, random_target
     from pdl_check import SMOLLM2
 
     from specheads.runtime.graphs import GraphedForward
@@ -108,18 +108,11 @@ def forward_knobs(ks=(41,)) -> list[dict]:
             graphed = GraphedForward(model, cache, k, tree=True)
             toks, pos, mask = chain_inputs(cache, CONTEXT, k)
             logits = graphed(toks, pos, pos, mask).logits.clone()
-            ms = []
-            for _ in range(5):  # best of 5 rounds of 50
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(50):
-                    graphed(toks, pos, pos, mask)
-                torch.cuda.synchronize()
-                ms.append((time.perf_counter() - t0) / 50 * 1000)
+            ms = graphed_ms(graphed, toks, pos, mask, 50, warmup=0, rounds=5)  # best of 5 rounds of 50
             ref.setdefault(k, logits)
-            rows.append({"row_block": block, "tree_n_scale": scale, "tree_warps": warps, "k": k, "ms": min(ms),
+            rows.append({"row_block": block, "tree_n_scale": scale, "tree_warps": warps, "k": k, "ms": ms,
                          "identical": bool(torch.equal(logits, ref[k]))})
-            print(f"forward k={k:2} ROW_BLOCK={block:2} TREE_N_SCALE={scale} TREE_WARPS={warps}: {min(ms):.3f} ms, "
+            print(f"forward k={k:2} ROW_BLOCK={block:2} TREE_N_SCALE={scale} TREE_WARPS={warps}: {ms:.3f} ms, "
                   f"logits identical to (16, 1): {rows[-1]['identical']}", flush=True)
             del graphed, cache
     linear.ROW_BLOCK, linear.TREE_N_SCALE, linear.TREE_WARPS = shipped

@@ -65,8 +65,9 @@ def attention_reference(q, k, v, mask):
 # split_counters refuses it; it does not happen in the engine, whose captures
 # (runtime/graphs.py capture_graph) first run the same step twice, at the same shapes,
 # outside capture. MIN_COUNTERS covers batch 32 x 8 kv heads x 16 row blocks (256 rows)
-# without any growth. Calls share a device's buffer, so they must not run at the same time
-# on two streams (the engine runs one stream; its capture warm-up waits on the main one).
+# without any growth. Calls share a device's buffer (draft.topk_expand counts its rows' chunk
+# programs in it too), so they must not run at the same time on two streams (the engine runs
+# one stream; its capture warm-up waits on the main one).
 MIN_COUNTERS = 4096
 _counters: dict = {}  # torch.device -> the current int32 buffer
 _retired: list = []  # superseded buffers, kept alive for graphs that captured their address

@@ -33,6 +33,7 @@ import os
 
 import torch
 
+from specheads.kernels.attention import split_counters
 from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
 from specheads.modules import rms_norm
 
@@ -321,8 +322,6 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
             return out
         emb, hidden, we, eps_e, wh, eps_h = next_input
         return out + head_input_reference(out[0], emb, hidden, out[2], we, eps_e, wh, eps_h)
-    from specheads.kernels.attention import split_counters
-
     dev = logits.device
     flat = logits.reshape(b * n, vocab)
     assert flat.stride(-1) == 1 and target_ids.is_contiguous()

@@ -234,7 +234,7 @@ class Eagle3Drafter:
             mask = masks[(d - 1) % 2]
             out = head.draft_step(front_tok, emb, hidden, rows, positions[:, d - 1: d].expand(b, k),
                                   self.k[:b], self.v[:b], slots[:, (d - 1) * k: d * k].expand(b, k),
-                                  mask[:, None, :, : kv + d * k], inputs=tuple(inputs) or None)
+                                  mask[:, None, :, : kv + d * k], inputs=inputs)
             n = k * k
             nxt = head.input_spec(emb, out) if d + 1 < self.steps else None
             front_tok, front_score, rows, front_pool, *inputs = topk_expand(

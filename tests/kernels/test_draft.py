@@ -169,7 +169,6 @@ def test_select_tree_ranks_follow_the_scores():
         torch.testing.assert_close(node_scores, chosen_scores[row, 1:])
 
 
-
 @needs_triton
 @pytest.mark.parametrize("b, n, k, dtype", [(1, 1, 4, torch.float32), (2, 4, 4, torch.float32), (1, 8, 8, torch.bfloat16)])
 def test_topk_expand_makes_the_next_depth_input(interpret, monkeypatch, b, n, k, dtype):
@@ -194,4 +193,5 @@ def test_topk_expand_makes_the_next_depth_input(interpret, monkeypatch, b, n, k,
     x, hid = out[4:]
     want_x, want_hid = draft.head_input_reference(out[0], emb, hidden, out[2], w_e, 1e-5, w_h, 1e-6)
     assert torch.equal(hid, want_hid)
-    torch.testing.assert_close(x, want_x, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(x, want_x, rtol=tol, atol=tol)
