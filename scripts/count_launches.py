@@ -66,8 +66,8 @@ def main():
     triton_calls = collections.Counter()
     count = Count()
     for mod, names in ((fused, ["rmsnorm", "rope_cache", "silu_mul"]), (kv_commit, ["commit_kv_triton"]),
-                       (attention, ["tree_attention"]), (draft, ["head_input", "topk_expand", "select_tree"]),
-                       (verify, ["tree_masks", "accept"]), (linear, ["linear"])):
+                       (attention, ["tree_attention"]), (draft, ["head_input", "topk_expand", "select_tree", "feed_inputs"]),
+                       (verify, ["tree_masks", "accept", "step_inputs", "finish_step"]), (linear, ["linear"])):
         for name in names:
             real = getattr(mod, name)
 
@@ -89,7 +89,8 @@ def main():
     import specheads.runtime.drafters as dr
     import specheads.runtime.engine as en
     e3.head_input, dr.topk_expand, dr.select_tree = draft.head_input, draft.topk_expand, draft.select_tree
-    en.tree_masks, en.accept = verify.tree_masks, verify.accept
+    dr.feed_inputs = draft.feed_inputs
+    en.step_inputs, en.finish_step, en.accept = verify.step_inputs, verify.finish_step, verify.accept
     with torch.no_grad(), count:
         n = len(engine.rows)
         engine._run(1, 128, False, head is not None or args.method == "ngram")

@@ -18,6 +18,9 @@ Now a depth is the head's layer, its lm_head and one launch of `topk_expand`:
                 next frontier), builds their tree-attention mask rows from their parents'
                 rows and, if asked, the next depth's layer input (as head_input).
 
+  feed_inputs   a step's start: the feed's positions and causal mask, the row's committed
+                count advanced past the feed, its last entry, the frontier's first mask rows
+                (the context) and the depths' positions; one launch instead of seven.
   select_tree   the best n pool nodes by score as a tree in pool order (parents first):
                 tokens, parents, depths and score ranks, in one launch instead of ~35.
 
@@ -98,8 +101,54 @@ def select_tree_reference(roots, pool_tok, pool_score, pool_parent, pool_depth, 
             torch.cat([zero, pool_depth.gather(1, chosen)], 1), torch.cat([zero, order + 1], 1))
 
 
+def feed_inputs_reference(committed, count, width: int, kv: int, masks=None, steps: int = 1):
+    """committed [B] (advanced in place by count [B]); -> the feed's positions [B, width]
+    (committed + j), its mask [B, width, kv] (column <= position), the last fed entry
+    max(count - 1, 0) [B] and the depths' positions [B, max(steps - 1, 1)] (the new committed +
+    d); masks [2, B, k, W] (the frontier's rows) are set to the context (column < new committed)."""
+    cols = torch.arange(max(width, kv, steps), device=committed.device)
+    positions = committed[:, None] + cols[:width]
+    mask = cols[:kv][None, None, :] <= positions[:, :, None]
+    committed.add_(count)
+    last = (count - 1).clamp(min=0)
+    if masks is not None:
+        w = masks.shape[-1]
+        torch.lt(torch.arange(w, device=committed.device).expand_as(masks), committed[None, :, None, None], out=masks)
+    return positions, mask, last, committed[:, None] + cols[: max(steps - 1, 1)]
+
+
 # ---------------------------------------------------------------------------- Triton
 if triton is not None:
+
+    def _feed_kernel(com_ptr, cnt_ptr, pos_ptr, mask_ptr, last_ptr, dpos_ptr, fm_ptr, width, kv, n_dpos, w_front, k,
+                     s_m0, s_m1, s_m2, FP: tl.constexpr, DP: tl.constexpr, K2: tl.constexpr, BLOCK: tl.constexpr,
+                     HAS_MASKS: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
+        b = tl.program_id(0)
+        c = tl.load(com_ptr + b)
+        n = tl.load(cnt_ptr + b)
+        j = tl.arange(0, FP)
+        pos = c + j
+        tl.store(pos_ptr + b * width + j, pos, mask=j < width)
+        for start in range(0, kv, BLOCK):
+            col = start + tl.arange(0, BLOCK)
+            tl.store(mask_ptr + (b * width + j[:, None]) * kv + col[None, :], (col[None, :] <= pos[:, None]).to(tl.int1),
+                     mask=(j[:, None] < width) & (col[None, :] < kv))
+        new = c + n
+        tl.store(com_ptr + b, new)
+        tl.store(last_ptr + b, tl.maximum(n - 1, 0))
+        d = tl.arange(0, DP)
+        tl.store(dpos_ptr + b * n_dpos + d, new + d, mask=d < n_dpos)
+        if HAS_MASKS:  # rows (buffer, node) of [2, B, k, W]: the context
+            r = tl.arange(0, K2)
+            node = r % (K2 // 2)
+            row = (r // (K2 // 2)) * s_m0 + b * s_m1 + node * s_m2
+            for start in range(0, w_front, BLOCK):
+                col = start + tl.arange(0, BLOCK)
+                tl.store(fm_ptr + row[:, None] + col[None, :], (col[None, :] < new).to(tl.int1),
+                         mask=(node[:, None] < k) & (col[None, :] < w_front))
 
     def _head_input_kernel(tok_ptr, emb_ptr, hid_ptr, row_ptr, we_ptr, wh_ptr, x_ptr, hout_ptr, n_tok, n_cols, eps_e, eps_h,
                            s_tb, s_tt, s_hb, s_hs, s_rb, s_rt, HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -220,8 +269,10 @@ if triton is not None:
             f = 2147483647 - (pick - ((pick >> 32) << 32)).to(tl.int32)
             f = tl.where(r_ok, f, 0)
             par = f // K
-            tl.debug_barrier()  # the pool's tokens, stored above by other threads, are read back
-            new_tok = tl.load(ptok_ptr + b * s_pt + f, mask=r_ok, other=0)
+            # each pick's token from the children's tokens in registers (no round trip to the pool)
+            hit = ((tl.reshape(flat, [NP * KP])[None, :] == f[:, None]) & tl.reshape(ok, [NP * KP])[None, :]
+                   & r_ok[:, None])  # (padding lanes' flat indices repeat real ones)
+            new_tok = tl.sum(tl.where(hit, tl.reshape(tok, [NP * KP])[None, :], 0), axis=1)
             tl.store(btok_ptr + b * K + r, new_tok, mask=r_ok)
             tl.store(bscore_ptr + b * K + r, (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True), mask=r_ok)
             tl.store(bpar_ptr + b * K + r, par, mask=r_ok)
@@ -364,6 +415,31 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     if next_input is None:
         return tok, score, parent, pool
     return tok, score, parent, pool, x, hid
+
+
+def feed_inputs(committed, count, width: int, kv: int, masks=None, steps: int = 1):
+    """See feed_inputs_reference; one launch on GPU (or under TRITON_INTERPRET=1)."""
+    if not use_triton(committed):
+        return feed_inputs_reference(committed, count, width, kv, masks, steps)
+    b = committed.shape[0]
+    dev = committed.device
+    assert committed.is_contiguous() and count.is_contiguous()
+    n_dpos = max(steps - 1, 1)
+    positions = torch.empty(b, width, dtype=torch.long, device=dev)
+    mask = torch.empty(b, width, kv, dtype=torch.bool, device=dev)
+    last = torch.empty(b, dtype=torch.long, device=dev)
+    dpos = torch.empty(b, n_dpos, dtype=torch.long, device=dev)
+    if masks is not None:
+        assert masks.shape[:2] == (2, b) and masks.stride(-1) == 1
+        k, w = masks.shape[2], masks.shape[3]
+        fm, strides = masks, masks.stride()[:3]
+    else:
+        k, w, fm, strides = 1, 0, mask, (0, 0, 0)
+    _kernel(_feed_kernel)[(b,)](committed, count, positions, mask, last, dpos, fm, width, kv, n_dpos, w, k, *strides,
+                                FP=triton.next_power_of_2(width), DP=triton.next_power_of_2(n_dpos),
+                                K2=2 * triton.next_power_of_2(k), BLOCK=min(1024, triton.next_power_of_2(max(kv, w))),
+                                HAS_MASKS=masks is not None, **pdl_options(committed, "feed_inputs"))
+    return positions, mask, last, dpos
 
 
 def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n):

@@ -33,7 +33,7 @@ if triton is not None:
 
     def _commit_kernel(
         cache_ptr, base_ptr, src_ptr, n_ptr,
-        stride_l, stride_b, stride_h, stride_s,
+        stride_l, stride_b, stride_h, stride_s, s_src,
         n_heads, max_accept: tl.constexpr, head_dim: tl.constexpr, block_d: tl.constexpr, PDL: tl.constexpr,
     ):
         if PDL:  # fused.pdl_options
@@ -49,7 +49,7 @@ if triton is not None:
         cols = tl.arange(0, block_d)
         row_ok = rows < n
         col_ok = cols < head_dim
-        src = tl.load(src_ptr + b * max_accept + rows, mask=row_ok, other=0)
+        src = tl.load(src_ptr + b * s_src + rows, mask=row_ok, other=0)  # n <= the path's width
         head_ptr = cache_ptr + layer * stride_l + b * stride_b + h * stride_h
         mask = row_ok[:, None] & col_ok[None, :]
         vals = tl.load(head_ptr + (base + src)[:, None] * stride_s + cols[None, :], mask=mask)
@@ -65,11 +65,10 @@ def commit_kv_triton(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor,
     assert cache.stride(-1) == 1, "head_dim must be contiguous"
     m = src.shape[1]
     max_accept = triton.next_power_of_2(m)
-    src_p = torch.zeros(b_size, max_accept, dtype=torch.int64, device=src.device)
-    src_p[:, :m] = src
+    assert src.stride(-1) == 1 and src.dtype == torch.int64
     _kernel(_commit_kernel)[(layers * heads, b_size)](
-        cache, base.to(torch.int64), src_p, n_accept.to(torch.int64),
-        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
+        cache, base.to(torch.int64), src, n_accept.to(torch.int64),
+        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), src.stride(0),
         heads, max_accept=max_accept, head_dim=head_dim, block_d=triton.next_power_of_2(head_dim),
         **pdl_options(cache, "kv_commit"),
     )

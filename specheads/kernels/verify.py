@@ -74,12 +74,26 @@ def tree_masks_reference(parents, committed, kv: int, max_depth: int):
 if triton is not None:
 
     def _tree_mask_kernel(par_ptr, com_ptr, anc_ptr, mask_ptr, n, kv, s_pb, s_pn,
-                          DEPTH: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                          valid_ptr, depth_ptr, rank_ptr, dlim_ptr, rlim_ptr, vout_ptr, pos_ptr, slot_ptr,
+                          s_vb, s_vn, s_db, s_dn, s_rb, s_rn,
+                          DEPTH: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, PREP: tl.constexpr,
+                          HAS_RANK: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
         b = tl.program_id(0)
         i = tl.program_id(1)  # one node
+        if PREP:  # step_inputs: the node's validity under its row's limits, its position and slot
+            c = tl.load(com_ptr + b)
+            dep = tl.load(depth_ptr + b * s_db + i * s_dn)
+            rank = i
+            if HAS_RANK:
+                rank = tl.load(rank_ptr + b * s_rb + i * s_rn)
+            ok = (tl.load(valid_ptr + b * s_vb + i * s_vn) != 0) & (dep <= tl.load(dlim_ptr + b))
+            ok = (ok & (rank < tl.load(rlim_ptr + b))) | (i == 0)
+            tl.store(vout_ptr + b * n + i, ok.to(tl.int1))
+            tl.store(pos_ptr + b * n + i, c + dep)
+            tl.store(slot_ptr + b * n + i, c + i)
         j = tl.arange(0, NP)
         row = j == i
         cur = tl.program_id(1).to(tl.int64)
@@ -99,8 +113,11 @@ if triton is not None:
             tl.store(mask_ptr + (b * n + i) * kv + c, ((c < base) | bit).to(tl.int1), mask=c < kv)
 
     def _accept_kernel(tok_ptr, par_ptr, valid_ptr, depth_ptr, anc_ptr, y_ptr, path_ptr, nacc_ptr, last_ptr,
-                       bonus_ptr, n, s_tb, s_pb, s_vb, s_db, s_yb, COLS: tl.constexpr, NP: tl.constexpr,
-                       CP: tl.constexpr, PDL: tl.constexpr):
+                       bonus_ptr, n, s_tb, s_pb, s_vb, s_db, s_yb,
+                       com_ptr, base_ptr, root_ptr, out_ptr, s_ob,
+                       aux_ptr, paux_ptr, ptok_ptr, pn_ptr, n_aux, s_ab, s_an, s_pab, s_pan, s_ptb,
+                       COLS: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr, AP: tl.constexpr,
+                       FINISH: tl.constexpr, PENDING: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
@@ -131,6 +148,27 @@ if triton is not None:
         node = tl.sum(tl.where(hit, i[:, None], 0), axis=0)
         found = tl.sum(hit.to(tl.int32), axis=0) > 0
         tl.store(path_ptr + b * COLS + d, tl.where(found, node, -1), mask=d < COLS)
+        if FINISH:  # finish_step: the row's state and its result row, in the same launch
+            c = tl.load(com_ptr + b)
+            tl.store(base_ptr + b, c)  # where the commit moves the path's entries from
+            tl.store(com_ptr + b, c + deepest + 1)
+            bonus = tl.load(y_ptr + b * s_yb + last)
+            tl.store(root_ptr + b, bonus)
+            o = out_ptr + b * s_ob
+            tl.store(o, deepest + 1)
+            tl.store(o + 1, bonus)
+            tl.store(o + 2, tl.sum((valid & ok & (i > 0)).to(tl.int64), axis=0))
+            tl.store(o + 3, tl.max(tl.where(valid & ok, depth, 0), axis=0))
+            at = tl.where(found, node, 0)  # past the path's end: the root, as path.clamp(min=0)
+            d_ok = d < COLS
+            tl.store(o + 4 + d, tl.load(tok_ptr + b * s_tb + at, mask=d_ok, other=0), mask=d_ok)
+            if PENDING:  # the drafter's pending entries: the path's features and the target's next token
+                tl.store(ptok_ptr + b * s_ptb + d, tl.load(y_ptr + b * s_yb + at, mask=d_ok, other=0), mask=d_ok)
+                tl.store(pn_ptr + b, deepest + 1)
+                a = tl.arange(0, AP)[None, :]
+                a_ok = d_ok[:, None] & (a < n_aux)
+                feat = tl.load(aux_ptr + b * s_ab + at[:, None] * s_an + a, mask=a_ok, other=0.0)
+                tl.store(paux_ptr + b * s_pab + d[:, None] * s_pan + a, feat, mask=a_ok)
 
 
 def tree_masks(parents: torch.Tensor, committed: torch.Tensor, kv: int, max_depth: int):
@@ -140,10 +178,48 @@ def tree_masks(parents: torch.Tensor, committed: torch.Tensor, kv: int, max_dept
     anc = torch.empty(b, n, n, dtype=torch.bool, device=parents.device)
     mask = torch.empty(b, n, kv, dtype=torch.bool, device=parents.device)
     committed = committed.contiguous()
+    c = committed
     _kernel(_tree_mask_kernel)[(b, n)](parents, committed, anc, mask, n, kv, parents.stride(0), parents.stride(1),
+                                       c, c, c, c, c, c, c, c, 0, 0, 0, 0, 0, 0,
                                        DEPTH=max_depth, NP=triton.next_power_of_2(n),
-                                       BLOCK=min(1024, triton.next_power_of_2(kv)), **pdl_options(parents, "tree_mask"))
+                                       BLOCK=min(1024, triton.next_power_of_2(kv)), PREP=False, HAS_RANK=False,
+                                       **pdl_options(parents, "tree_mask"))
     return anc, mask
+
+
+def step_inputs_reference(tree, committed, kv: int, depth_limit, draft_limit):
+    """A verify step's inputs for trees [B, N] (a runtime.tree.Tree): each node's validity
+    under its row's limits (depth <= depth_limit, rank < draft_limit; the root always),
+    positions committed + depth, cache slots committed + node, and tree_masks' anc and mask."""
+    n = tree.size
+    valid = tree.valid & (tree.depth <= depth_limit[:, None]) & (tree.ranks() < draft_limit[:, None])
+    valid[:, 0] = True
+    positions = committed[:, None] + tree.depth
+    slots = committed[:, None] + torch.arange(n, device=committed.device)
+    anc, mask = tree_masks_reference(tree.parents, committed, kv, tree.max_depth)
+    return valid, anc, mask, positions, slots
+
+
+def step_inputs(tree, committed, kv: int, depth_limit, draft_limit):
+    """See step_inputs_reference: one launch (the mask kernel), where torch takes a dozen."""
+    if not use_triton(committed):
+        return step_inputs_reference(tree, committed, kv, depth_limit, draft_limit)
+    b, n = tree.tokens.shape
+    dev = committed.device
+    anc = torch.empty(b, n, n, dtype=torch.bool, device=dev)
+    mask = torch.empty(b, n, kv, dtype=torch.bool, device=dev)
+    valid = torch.empty(b, n, dtype=torch.bool, device=dev)
+    positions, slots = (torch.empty(b, n, dtype=torch.long, device=dev) for _ in range(2))
+    committed, depth_limit, draft_limit = (t.contiguous() for t in (committed, depth_limit, draft_limit))
+    rank = tree.rank if tree.rank is not None else tree.depth
+    p, v, d = tree.parents, tree.valid, tree.depth
+    _kernel(_tree_mask_kernel)[(b, n)](p, committed, anc, mask, n, kv, p.stride(0), p.stride(1),
+                                       v, d, rank, depth_limit, draft_limit, valid, positions, slots,
+                                       v.stride(0), v.stride(1), d.stride(0), d.stride(1), rank.stride(0), rank.stride(1),
+                                       DEPTH=tree.max_depth, NP=triton.next_power_of_2(n),
+                                       BLOCK=min(1024, triton.next_power_of_2(kv)), PREP=True,
+                                       HAS_RANK=tree.rank is not None, **pdl_options(p, "tree_mask"))
+    return valid, anc, mask, positions, slots
 
 
 def accept(tokens, parents, valid, depth, anc, y, max_depth: int):
@@ -156,7 +232,66 @@ def accept(tokens, parents, valid, depth, anc, y, max_depth: int):
     path = torch.empty(b, cols, dtype=torch.long, device=dev)
     n_acc, last, bonus = (torch.empty(b, dtype=torch.long, device=dev) for _ in range(3))
     assert anc.is_contiguous() and all(t.stride(-1) == 1 for t in (tokens, parents, valid, depth, y))
+    x = n_acc  # unused pointers
     _kernel(_accept_kernel)[(b,)](tokens, parents, valid, depth, anc, y, path, n_acc, last, bonus, n,
                                   tokens.stride(0), parents.stride(0), valid.stride(0), depth.stride(0), y.stride(0),
-                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols), **pdl_options(y, "accept"))
+                                  x, x, x, x, 0, x, x, x, x, 0, 0, 0, 0, 0, 0,
+                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols), AP=1,
+                                  FINISH=False, PENDING=False, **pdl_options(y, "accept"))
     return path, n_acc, last, bonus
+
+
+def finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth: int, committed, base, root, out,
+                          pending=None):
+    """Accept each row's path (accept_reference) and finish the step in place: base = the
+    committed length before it (where the KV commit reads), committed += accepted, root =
+    bonus, out rows [accepted, bonus, drafted, deepest valid depth, path tokens...] (past the
+    path's end: the root's token); pending = (aux [B, N, A], pending_aux [B, C, A], pending_tok
+    [B, C], pending_n [B]) takes the path's features, the target's token after each node and
+    the count (the EAGLE drafter's next feed). Returns (path, accepted)."""
+    path, n_acc, _, bonus = accept_reference(tokens, parents, valid, depth, anc, y, max_depth)
+    base.copy_(committed)
+    committed += n_acc
+    root.copy_(bonus)
+    at = path.clamp(min=0)
+    out[:, 0] = n_acc
+    out[:, 1] = bonus
+    out[:, 2] = valid[:, 1:].sum(1)
+    out[:, 3] = (depth * valid).amax(1)
+    out[:, 4: 4 + at.shape[1]] = tokens.gather(1, at)
+    if pending is not None:
+        aux, p_aux, p_tok, p_n = pending
+        p_aux.copy_(aux.gather(1, at[:, :, None].expand(-1, -1, aux.shape[-1])))
+        p_tok.copy_(y.gather(1, at))
+        p_n.copy_(n_acc)
+    return path, n_acc
+
+
+def finish_step(tokens, parents, valid, depth, anc, y, max_depth: int, committed, base, root, out, pending=None):
+    """See finish_step_reference; one launch (the accept kernel) on GPU or under TRITON_INTERPRET=1."""
+    if not use_triton(y):
+        return finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth, committed, base, root, out,
+                                     pending)
+    b, n = tokens.shape
+    dev = y.device
+    cols = max_depth + 1
+    path = torch.empty(b, cols, dtype=torch.long, device=dev)
+    n_acc, last, bonus = (torch.empty(b, dtype=torch.long, device=dev) for _ in range(3))
+    assert anc.is_contiguous() and all(t.stride(-1) == 1 for t in (tokens, parents, valid, depth, y, out))
+    assert committed.is_contiguous() and base.is_contiguous() and root.is_contiguous()
+    if pending is not None:
+        aux, p_aux, p_tok, p_n = pending
+        if p_aux.shape[1] != cols or p_tok.shape[1] != cols:
+            raise ValueError(f"pending buffers hold {p_tok.shape[1]} entries; the path has {cols}")
+        assert aux.stride(-1) == 1 and p_aux.stride(-1) == 1 and p_tok.stride(-1) == 1 and p_n.is_contiguous()
+        pend = (aux, p_aux, p_tok, p_n, aux.shape[-1], aux.stride(0), aux.stride(1), p_aux.stride(0),
+                p_aux.stride(1), p_tok.stride(0))
+    else:
+        pend = (n_acc, n_acc, n_acc, n_acc, 1, 0, 0, 0, 0, 0)
+    _kernel(_accept_kernel)[(b,)](tokens, parents, valid, depth, anc, y, path, n_acc, last, bonus, n,
+                                  tokens.stride(0), parents.stride(0), valid.stride(0), depth.stride(0), y.stride(0),
+                                  committed, base, root, out, out.stride(0), *pend,
+                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols),
+                                  AP=triton.next_power_of_2(pend[4]), FINISH=True, PENDING=pending is not None,
+                                  **pdl_options(y, "accept"))
+    return path, n_acc

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specheads.kernels.draft import select_tree, topk_expand
+from specheads.kernels.draft import feed_inputs, select_tree, topk_expand
 from specheads.runtime.tree import Tree, chain_tree, parse_static_tree
 
 
@@ -178,22 +178,19 @@ class Eagle3Drafter:
         self.pending_n[:b].copy_(count)
 
     # ................................................................. drafting
-    def _feed(self, b: int, kv: int) -> torch.Tensor:
+    def _feed(self, b: int, kv: int, masks=None):
         """Run rows [:b]'s pending entries through the head, their K/V written in place at
         their positions; returns the hidden of each row's last entry [b, 1, H] (it predicts
-        the root's children). Padding entries (past a row's count) are written beyond its
+        the root's children) and the draft depths' positions (`feed_inputs`, which also sets
+        `masks` to the context). Padding entries (past a row's count) are written beyond its
         committed length, where the next step's entries overwrite them before anyone looks."""
         head = self.head
-        start = self.committed[:b]
-        count = self.pending_n[:b]
-        positions = start[:, None] + self.cols[: self.width]
         # causal by position: the committed entries and this feed's own earlier entries
-        mask = self.cols[:kv][None, None, :] <= positions[:, :, None]
+        positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], self.width, kv,
+                                                             masks, self.steps)
         out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.project(self.pending_aux[:b]), None,
                               positions, self.k[:b], self.v[:b], positions, mask[:, None])
-        start.add_(count)
-        last = (count - 1).clamp(min=0)
-        return out.gather(1, last[:, None, None].expand(b, 1, out.shape[-1]))
+        return out.gather(1, last[:, None, None].expand(b, 1, out.shape[-1])), depth_positions
 
     def propose(self, b: int, kv: int, roots: torch.Tensor) -> Tree:
         """Rows [:b]: feed the pending entries, then expand the tree under each root.
@@ -202,17 +199,15 @@ class Eagle3Drafter:
         buffer (room after the context) and attend to [:kv + dK] under mask rows that
         `topk_expand` builds from their parents' rows (two buffers, read one, write the other)."""
         head, k = self.head, self.topk
-        h_last = self._feed(b, kv)
+        width = kv + self.tree_room
+        # both mask buffers start as the context: column < the row's committed length
+        both = self.masks[:, :b, :, :width] if self.steps > 1 and not self.static else None
+        h_last, positions = self._feed(b, kv, both)
         dev = roots.device
         base = self.committed[:b]  # == the target's committed length
         if self.static:
             return self._static(h_last, base, kv, roots)
-        width = kv + self.tree_room
-        masks = [None, None]
-        if self.steps > 1:  # both buffers start as the context: column < the row's committed length
-            both = self.masks[:, :b, :, :width]
-            torch.lt(self.cols[:width].expand(2, b, k, width), base[None, :, None, None], out=both)
-            masks = [both[0], both[1]]
+        masks = [both[0], both[1]] if both is not None else [None, None]
         n_pool = self.pool_depth.numel()
         pool_tok = torch.empty(b, n_pool, dtype=torch.long, device=dev)
         pool_score = torch.empty(b, n_pool, dtype=torch.float32, device=dev)
@@ -226,8 +221,7 @@ class Eagle3Drafter:
             head.logits(h_last), self.zero_score[:b], self.no_parent[:b], k, target_ids,
             pool_tok[:, :k], pool_score[:, :k], pool_parent[:, :k], 0, masks[0], masks[0], kv, 0, next_input=nxt)
         hidden, rows = h_last, self.root_rows[:b]
-        # depth d's position: the root's (base - 1) + d, for d = 1 .. steps - 1, in one launch
-        positions = base[:, None] + self.cols[: max(self.steps - 1, 1)]
+        # depth d's position: the root's (base - 1) + d, for d = 1 .. steps - 1 (feed_inputs made them)
         slots = self.cols[kv: width][None]  # the tree's own entries after the context
         off = k
         for d in range(1, self.steps):

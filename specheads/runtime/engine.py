@@ -45,7 +45,7 @@ import torch
 
 from specheads.heads.eagle3 import head_mismatches
 from specheads.kernels.kv_commit import commit_kv
-from specheads.kernels.verify import accept, tree_masks
+from specheads.kernels.verify import accept, finish_step, step_inputs
 from specheads.runtime.defaults import DEFAULT_TREE
 from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
 from specheads.runtime.graphs import capture_graph, next_pow2
@@ -372,6 +372,10 @@ class SpecEngine:
         self.cache = KVCache(self.target.spec, mb, self.cap, self.dtype, dev)
         self.committed = torch.zeros(mb, dtype=torch.long, device=dev)
         self.root = torch.zeros(mb, dtype=torch.long, device=dev)
+        self.base = torch.zeros(mb, dtype=torch.long, device=dev)  # a step's committed length before it
+        # a plain decode step's tree, the root alone (made here: a captured step launches nothing for it)
+        self._lone = Tree(self.root[:, None], torch.full((mb, 1), -1, dtype=torch.long, device=dev),
+                          torch.zeros(mb, 1, dtype=torch.long, device=dev), torch.ones(mb, 1, dtype=torch.bool, device=dev), 0)
         self.row_params = RowParams.allocate(mb, dev)
         self.depth_limit = torch.zeros(mb, dtype=torch.long, device=dev)
         self.draft_limit = torch.zeros(mb, dtype=torch.long, device=dev)
@@ -561,8 +565,8 @@ class SpecEngine:
 
     def _move_row(self, src: int, dst: int, length: int) -> None:
         """Row src's cache entries [:length] and state into row dst."""
-        self.cache.k[:, dst, :, :length] = self.cache.k[:, src, :, :length]
-        self.cache.v[:, dst, :, :length] = self.cache.v[:, src, :, :length]
+        kv = self.cache.kv
+        kv[:, :, dst, :, :length] = kv[:, :, src, :, :length]
         for t in self._row_tensors():
             t[dst] = t[src]
         if isinstance(self.drafter, Eagle3Drafter):
@@ -608,50 +612,36 @@ class SpecEngine:
         if draft:
             t = self.tree_in
             return Tree(t.tokens[:b], t.parents[:b], t.depth[:b], t.valid[:b], self.depth, t.rank[:b])
-        ones = torch.ones(b, 1, dtype=torch.long, device=self.device)
-        return Tree(self.root[:b, None], -ones, ones * 0, ones.bool(), 0)
+        lone = self._lone
+        return Tree(self.root[:b, None], lone.parents[:b], lone.depth[:b], lone.valid[:b], 0)
 
     def _step(self, b: int, kv: int, sampled: bool, draft: bool) -> None:
         """Draft, verify, accept and commit for rows [:b]; fixed shapes, no host syncs."""
         tree = self._tree(b, kv, draft)
-        tree.valid = tree.valid & (tree.depth <= self.depth_limit[:b, None]) & (tree.ranks() < self.draft_limit[:b, None])
-        tree.valid[:, 0] = True
-        path, n_acc, bonus, aux, y = self._verify(tree, b, kv, sampled)
-        committed = self.committed[:b]
-        for tensor in (self.cache.k, self.cache.v) if tree.max_depth else ():  # a lone root is in place
-            commit_kv(tensor[:, :b], committed, path, n_acc)
-        at = path.clamp(min=0)
-        path_tokens = tree.tokens.gather(1, at)
+        anc, y, aux = self._verify(tree, b, kv, sampled)
+        pending = None
         if draft and isinstance(self.drafter, Eagle3Drafter):
-            path_aux = aux.gather(1, at[:, :, None].expand(-1, -1, aux.shape[-1]))
-            # the token after each path node is the target's choice there: the next node's token
-            # along the path, the bonus after its last (entries past the path are padding)
-            self.drafter.set_pending(b, path_aux, y.gather(1, at), n_acc)
-        committed += n_acc
-        self.root[:b] = bonus
-        out = self.out[:b]
-        out[:, 0] = n_acc
-        out[:, 1] = bonus
-        out[:, 2] = tree.valid[:, 1:].sum(1)
-        out[:, 3] = (tree.depth * tree.valid).amax(1)
-        out[:, 4: 4 + path_tokens.shape[1]] = path_tokens
+            # the drafter's next feed: the path's features, and after each path node the target's
+            # choice there (the next node's token along the path, the bonus after its last)
+            d = self.drafter
+            pending = (aux, d.pending_aux[:b], d.pending_tok[:b], d.pending_n[:b])
+        # accept, then the rows' state and results (out) in one launch; base keeps where the
+        # path's entries sit for the commit
+        path, n_acc = finish_step(tree.tokens, tree.parents, tree.valid, tree.depth, anc, y, tree.max_depth,
+                                  self.committed[:b], self.base[:b], self.root[:b], self.out[:b], pending)
+        if tree.max_depth:  # a lone root is in place
+            commit_kv(self.cache.layers(slice(0, b)), self.base[:b], path, n_acc)
 
     def _verify(self, tree: Tree, b: int, kv: int, sampled: bool):
-        n = tree.size
-        dev = self.device
-        committed = self.committed[:b]
-        positions = committed[:, None] + tree.depth
-        slots = committed[:, None] + torch.arange(n, device=dev)
-        anc, mask = tree_masks(tree.parents, committed, kv, tree.max_depth)
+        """The target over the tree (its validity under each row's limits set on `tree`):
+        returns the ancestor matrix, the target's token at every node and its captured features."""
+        tree.valid, anc, mask, positions, slots = step_inputs(tree, self.committed[:b], kv, self.depth_limit[:b],
+                                                              self.draft_limit[:b])
         out = self.target(tree.tokens, positions, cache=self.cache, kv_len=kv, attn_mask=mask[:, None],
                           cache_slots=slots, capture_layers=self.layer_ids)
         # the target's own token at every node (the token at sequence position `positions + 1`)
-        y = sample_rows(out.logits, self.row_params.rows(slice(0, b)), positions + 1, sampled)
-        if tree.max_depth == 0:  # a lone root (plain decoding): its token is the target's
-            zero = torch.zeros(b, 1, dtype=torch.long, device=dev)
-            return zero, zero[:, 0] + 1, y[:, 0], out.aux_hidden, y
-        path, n_acc, _, bonus = accept_path(tree, anc, y)
-        return path, n_acc, bonus, out.aux_hidden, y
+        y = sample_rows(out.logits, self.row_params.rows(slice(0, b)), positions + 1 if sampled else None, sampled)
+        return anc, y, out.aux_hidden
 
 
 def accept_path(tree: Tree, anc: torch.Tensor, y: torch.Tensor):

@@ -108,7 +108,8 @@ class RowParams:
 
 
 def sample_rows(logits: torch.Tensor, rows: RowParams, positions: torch.Tensor, any_sampled: bool) -> torch.Tensor:
-    """logits [B, N, V]; positions [B, N] (sequence position of the token drawn) -> ids [B, N].
+    """logits [B, N, V]; positions [B, N] (sequence position of the token drawn; None where
+    any_sampled is False) -> ids [B, N].
 
     Rows at temperature 0 take the argmax; the others the Gumbel-max of their warped
     distribution (temperature, then top-k, then top-p, as `warp_probs`). any_sampled=False

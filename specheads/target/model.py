@@ -99,8 +99,15 @@ class KVCache:
 
     def __init__(self, spec: TargetSpec, batch_size: int, max_len: int, dtype, device):
         shape = (spec.num_hidden_layers, batch_size, spec.num_key_value_heads, max_len, spec.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # keys and values in one buffer: a commit moves both in one launch (`layers`)
+        self.kv = torch.zeros((2,) + shape, dtype=dtype, device=device)
+        self.k, self.v = self.kv[0], self.kv[1]
+
+    def layers(self, rows: slice | None = None) -> torch.Tensor:
+        """Keys and values as one [2 * layers, batch, kv_heads, max_len, head_dim] view (keys
+        first), of some rows: what kernels.kv_commit moves."""
+        both = self.kv.flatten(0, 1)
+        return both if rows is None else both[:, rows]
 
     @property
     def batch_size(self) -> int:
@@ -109,7 +116,8 @@ class KVCache:
     def rows(self, rows: slice) -> "KVCache":
         """A view of some rows (same storage): a prefill writes new requests into their rows."""
         view = KVCache.__new__(KVCache)
-        view.k, view.v = self.k[:, rows], self.v[:, rows]
+        view.kv = self.kv[:, :, rows]
+        view.k, view.v = view.kv[0], view.kv[1]
         return view
 
     @property

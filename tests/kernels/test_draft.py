@@ -170,7 +170,8 @@ def test_select_tree_ranks_follow_the_scores():
 
 
 @needs_triton
-@pytest.mark.parametrize("b, n, k, dtype", [(1, 1, 4, torch.float32), (2, 4, 4, torch.float32), (1, 8, 8, torch.bfloat16)])
+@pytest.mark.parametrize("b, n, k, dtype", [(1, 1, 4, torch.float32), (2, 4, 4, torch.float32), (1, 8, 8, torch.bfloat16),
+                                             (2, 3, 3, torch.float32)])
 def test_topk_expand_makes_the_next_depth_input(interpret, monkeypatch, b, n, k, dtype):
     """With next_input the launch also writes the new frontier's layer input, as head_input makes
     it from the frontier's tokens over its parents' rows of the hidden states."""
@@ -195,3 +196,28 @@ def test_topk_expand_makes_the_next_depth_input(interpret, monkeypatch, b, n, k,
     assert torch.equal(hid, want_hid)
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(x, want_x, rtol=tol, atol=tol)
+
+
+@needs_triton
+@pytest.mark.parametrize("b, width, kv, k, steps, with_masks", [(1, 7, 128, 4, 6, True), (3, 8, 300, 3, 7, True),
+                                                                 (2, 5, 64, 1, 1, False), (2, 2, 2000, 10, 2, True)])
+def test_feed_inputs_kernel_equals_reference(interpret, b, width, kv, k, steps, with_masks):
+    """A step's start in one launch: the feed's positions and causal mask, committed advanced by
+    the pending count (in place), the last entry, the depths' positions and the frontier's
+    first mask rows (both buffers; nothing past the given view is touched)."""
+    g = torch.Generator().manual_seed(b * 100 + kv)
+    committed = torch.randint(0, kv - width, (b,), generator=g)
+    count = torch.randint(0, width + 1, (b,), generator=g)
+    w = kv + (steps - 1) * k
+    runs = []
+    for fn in (draft.feed_inputs, draft.feed_inputs_reference):
+        c = committed.clone()
+        full = torch.ones(2, b + 1, k + 1, w + 5, dtype=torch.bool)  # a view of a larger buffer, as the drafter's
+        masks = full[:, :b, :k, :w] if with_masks else None
+        out = fn(c, count, width, kv, masks, steps)
+        runs.append((c, full, *out))
+    for name, x, y in zip(("committed", "masks", "positions", "mask", "last", "depth positions"), *runs):
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+    assert torch.equal(runs[0][0], committed + count)
+    if with_masks:
+        assert runs[0][1][:, b:].all() and runs[0][1][:, :, k:].all() and runs[0][1][..., w:].all()
