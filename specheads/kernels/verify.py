@@ -84,7 +84,7 @@ if triton is not None:
         b = tl.program_id(0)
         i = tl.program_id(1)  # one node
         if PREP:  # step_inputs: the node's validity under its row's limits, its position and slot
-            c = tl.load(com_ptr + b)
+            com = tl.load(com_ptr + b)
             dep = tl.load(depth_ptr + b * s_db + i * s_dn)
             rank = i
             if HAS_RANK:
@@ -92,8 +92,8 @@ if triton is not None:
             ok = (tl.load(valid_ptr + b * s_vb + i * s_vn) != 0) & (dep <= tl.load(dlim_ptr + b))
             ok = (ok & (rank < tl.load(rlim_ptr + b))) | (i == 0)
             tl.store(vout_ptr + b * n + i, ok.to(tl.int1))
-            tl.store(pos_ptr + b * n + i, c + dep)
-            tl.store(slot_ptr + b * n + i, c + i)
+            tl.store(pos_ptr + b * n + i, com + dep)
+            tl.store(slot_ptr + b * n + i, com + i)
         j = tl.arange(0, NP)
         row = j == i
         cur = tl.program_id(1).to(tl.int64)

@@ -1,0 +1,58 @@
+"""Every Triton kernel an engine step launches compiles for the GPU (sm_90, H100/H200), here on
+CPU: the interpreter that the other kernel tests use accepts some programs the GPU compiler
+rejects (compile_sm90.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.compile_sm90 import compile_all, describe, record_launches
+from tests.kernels.interpret import interpret_triton, needs_triton
+
+
+@pytest.fixture(scope="module")
+def step_launches():
+    """The launches of a prefill and two speculative steps (eagle3 tree, then plain decode) of
+    tiny fused models, kernels interpreted; one per distinct compiled kernel."""
+    from transformers import LlamaConfig
+
+    from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
+    from specheads.runtime.engine import Request, SpecEngine
+    from specheads.runtime.sampling import SamplingParams
+    from specheads.target.model import TargetModel
+
+    mp = pytest.MonkeyPatch()
+    try:
+        interpret_triton(mp)
+        launches = record_launches(mp)
+        cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+        torch.manual_seed(0)
+        target = TargetModel(cfg).eval().requires_grad_(False).fuse_for_inference()
+        head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval().fuse_for_inference()
+        with torch.no_grad():
+            for method, model in (("eagle3", head), ("ar", None)):
+                engine = SpecEngine(target, model, method=method, num_steps=3, topk=3, num_draft_tokens=6,
+                                    max_batch=2, max_len=128)
+                engine.generate([list(range(1, 20)), list(range(5, 12))], SamplingParams(max_new_tokens=6))
+    finally:
+        mp.undo()
+    unique = {}
+    for launch in launches:
+        desc = describe(launch)
+        unique.setdefault(repr(desc), desc)
+    return list(unique.values())
+
+
+@needs_triton
+def test_the_step_covers_the_kernels(step_launches):
+    names = {desc["name"] for desc in step_launches}
+    assert {"_linear_kernel", "_split_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel",
+            "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel"} <= names, names
+
+
+@needs_triton
+def test_every_step_kernel_compiles_for_sm90(step_launches):
+    failed = compile_all(step_launches)
+    assert not failed, "\n".join(failed)
