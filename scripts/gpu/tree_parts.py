@@ -1,15 +1,18 @@
 """On the GPU: where a batch-1 tree step's time goes. One engine mid-generation; the draft
-(`drafter.propose`), the verify (target forward over the tree, accept) and the whole step are
-each captured as a CUDA graph and replayed, each replay timed with CUDA events and the engine's
-state put back between replays. With programmatic dependent launch as set and off.
+(`drafter.propose`), the verify (`engine._verify`: the step's inputs and masks, the target
+forward over the tree, the target's token at each node) and the whole step are each captured
+as a CUDA graph and replayed, each replay timed with CUDA events and the engine's state put
+back between replays; the rest of a step is the accept, the bookkeeping and the KV commit.
+With programmatic dependent launch as set and off.
 
     python3 scripts/gpu/tree_parts.py HEAD [--out DIR] [--profile] [--compare LABEL:SETTINGS ...]
-                                                                          (TARGET in the environment)
+                                      [--tree STEPS,TOPK,TOKENS] [--prompt INDEX]  (TARGET in the environment)
 
 Also times the verify of a lone root (a plain decode step's forward and argmax, `decode_ms`).
-Prints a table and writes tree_parts.json under --out; --profile also writes the kernels of ten
-replays of the draft, the verify and the decode, by time (tree_parts_{draft,verify,decode}_kernels.txt;
-PDL off, so kernel times add up)."""
+--prompt picks the held-out prompt (index into .dev/prompts/sharegpt.json; -1: the longest, a
+larger context bucket). Prints a table and writes tree_parts.json under --out; --profile also
+writes the kernels of ten replays of the draft, the verify and the decode, by time
+(tree_parts_{draft,verify,decode}_kernels.txt; PDL off, so kernel times add up)."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +28,7 @@ import torch
 from specheads.data.chat import render
 from specheads.heads.format import load_head
 from specheads.kernels import fused
+from specheads.runtime.defaults import DEFAULT_TREE
 from specheads.runtime.engine import Request, SpecEngine
 from specheads.runtime.graphs import capture_graph
 from specheads.runtime.sampling import SamplingParams
@@ -58,8 +62,9 @@ def kernel_table(graph, restore) -> str:
     return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70)
 
 
-def parts(target, head, prompt, profile=False) -> dict:
-    engine = SpecEngine(target, head, max_batch=1, method="eagle3")
+def parts(target, head, prompt, profile=False, tree=None) -> dict:
+    steps, topk, n_draft = tree or DEFAULT_TREE
+    engine = SpecEngine(target, head, max_batch=1, method="eagle3", num_steps=steps, topk=topk, num_draft_tokens=n_draft)
     engine.generate([prompt], SamplingParams(max_new_tokens=300))  # compiles and captures
     engine.add(Request(prompt, SamplingParams(max_new_tokens=300), frozenset()))
     for _ in range(20):  # prefill, then steady steps
@@ -116,24 +121,27 @@ def main() -> None:
     ap.add_argument("--compare", nargs="*", default=[], metavar="LABEL:MODULE.NAME=VALUE[;...]",
                     help="more settings timed in the same process (PDL as set), e.g. "
                          "'warps8:draft.ROW_WARPS=8' 'pdl_all:fused.PDL_KERNELS=None'")
+    ap.add_argument("--tree", default=None, metavar="STEPS,TOPK,TOKENS", help="the tree shape (default: the engine's)")
+    ap.add_argument("--prompt", type=int, default=0, help="held-out prompt index (-1: the longest)")
     a = ap.parse_args()
+    tree = tuple(int(x) for x in a.tree.split(",")) if a.tree else None
     target, tok, _ = load_target(os.environ["TARGET"], dtype=torch.bfloat16, device="cuda")
     head = load_head(a.head, device="cuda", dtype=torch.bfloat16)
-    text = json.load(open(".dev/prompts/sharegpt.json"))[0]
-    prompt = tok(render(tok, [{"role": "user", "content": text}], add_generation_prompt=True),
-                 add_special_tokens=False)["input_ids"]
-    report = {"card": torch.cuda.get_device_name()}
+    prompts = [tok(render(tok, [{"role": "user", "content": text}], add_generation_prompt=True),
+                   add_special_tokens=False)["input_ids"] for text in json.load(open(".dev/prompts/sharegpt.json"))]
+    prompt = max(prompts, key=len) if a.prompt == -1 else prompts[a.prompt]
+    report = {"card": torch.cuda.get_device_name(), "tree": list(tree or DEFAULT_TREE), "prompt_tokens": len(prompt)}
     as_set = fused.PDL_ENABLED
     for label, on in (("pdl_off", False), ("pdl_as_set", as_set)):
         fused.PDL_ENABLED = on
-        report[label] = parts(target, head, prompt, profile=a.profile and not on)
+        report[label] = parts(target, head, prompt, profile=a.profile and not on, tree=tree)
     fused.PDL_ENABLED = as_set
     for spec in a.compare:
         label, _, settings = spec.partition(":")
         with settings_applied(settings):
-            report[label] = parts(target, head, prompt)
+            report[label] = parts(target, head, prompt, tree=tree)
     print(f"{'':12} {'draft ms':>9} {'verify ms':>9} {'rest ms':>8} {'step ms':>8} {'decode ms':>9}  (kv bucket)")
-    for label in [k for k in report if k != "card"]:
+    for label in [k for k in report if isinstance(report[k], dict)]:
         r = report[label]
         print(f"{label:12} {r['draft_ms']:9.3f} {r['verify_ms']:9.3f} {r['rest_ms']:8.3f} {r['step_ms']:8.3f} "
               f"{r['decode_ms']:9.3f}  ({r['kv_bucket']})")
