@@ -15,6 +15,7 @@ Parameter names match the checkpoint layout SGLang and vLLM load (`fc`, `midlaye
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
-from specheads.kernels.linear import fits, layer_shapes, linear
+from specheads.kernels.linear import fits, layer_shapes, linear, quantize_rows
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, repeat_kv,
                                rope_inv_freq)
 
@@ -161,6 +162,10 @@ class Eagle3Layer(nn.Module):
 # with the rule's 128; the attention takes 64 keys a program (4.4 vs 5.5 us at 8 query rows).
 DRAFT_LM_TILE = (256, 64, 8, 3)
 DRAFT_ATTN_CHUNK = 64
+# The draft's lm_head in int8 with a float32 scale a row (linear.quantize_rows): the largest
+# weight a draft depth streams at half the bytes. Drafts only propose; the target's verify
+# decides every token, so the output does not change (SPECHEADS_DRAFT_LM_HEAD_INT8=1: on).
+LM_HEAD_INT8 = os.environ.get("SPECHEADS_DRAFT_LM_HEAD_INT8", "0") == "1"
 
 
 class Eagle3Head(nn.Module):
@@ -179,6 +184,7 @@ class Eagle3Head(nn.Module):
         inv_freq, scaling = rope_inv_freq(cfg.rope_config())
         self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
         self.fused = False
+        self._lm_int8 = None  # (int8 rows, scales) of the lm_head while fused, where LM_HEAD_INT8
 
     def fuse_for_inference(self) -> "Eagle3Head":
         """Drafting on the fused kernels (as TargetModel.fuse_for_inference): fused q/k/v and
@@ -190,6 +196,7 @@ class Eagle3Head(nn.Module):
             mlp.gate_up_weight, _ = fuse_linears([mlp.gate_proj, mlp.up_proj])
             self.fused = True
         self._target_ids = self.target_rows()  # draft id -> target id in one lookup while drafting
+        self._lm_int8 = quantize_rows(self.lm_head.weight) if LM_HEAD_INT8 else None
         return self
 
     def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
@@ -216,6 +223,10 @@ class Eagle3Head(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.fused:
+            if self._lm_int8 is not None:
+                q, scale = self._lm_int8
+                return linear(hidden, q, norm_weight=self.norm.weight, eps=self.norm.eps, tile=DRAFT_LM_TILE,
+                              weight_scale=scale)
             return linear(hidden, self.lm_head.weight, norm_weight=self.norm.weight, eps=self.norm.eps,
                           tile=DRAFT_LM_TILE)
         return self.lm_head(self.norm(hidden))

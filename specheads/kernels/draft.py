@@ -269,10 +269,11 @@ if triton is not None:
             f = 2147483647 - (pick - ((pick >> 32) << 32)).to(tl.int32)
             f = tl.where(r_ok, f, 0)
             par = f // K
-            # each pick's token from the children's tokens in registers (no round trip to the pool)
-            hit = ((tl.reshape(flat, [NP * KP])[None, :] == f[:, None]) & tl.reshape(ok, [NP * KP])[None, :]
-                   & r_ok[:, None])  # (padding lanes' flat indices repeat real ones)
-            new_tok = tl.sum(tl.where(hit, tl.reshape(tok, [NP * KP])[None, :], 0), axis=1)
+            # the picks' tokens read back from the pool: selecting them from the registers instead
+            # (a [k, n * k] match) made the launch slower, 7.8 -> 9.0 us at k = 4 and 13.1 -> 28.8 us
+            # at k = 8 (H200, tree_parts.py --profile)
+            tl.debug_barrier()  # the pool's tokens, stored above by other threads, are read back
+            new_tok = tl.load(ptok_ptr + b * s_pt + f, mask=r_ok, other=0)
             tl.store(btok_ptr + b * K + r, new_tok, mask=r_ok)
             tl.store(bscore_ptr + b * K + r, (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True), mask=r_ok)
             tl.store(bpar_ptr + b * K + r, par, mask=r_ok)

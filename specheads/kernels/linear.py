@@ -141,10 +141,14 @@ def _runs_here(rows: int, n: int, k: int) -> bool:
     return fits(rows, (n, k)) or (0 < rows <= 16 and n >= 32768 and k % 16 == 0)
 
 
-def linear_reference(x, weight, bias=None, norm_weight=None, eps=0.0, residual=None, silu=False):
+def linear_reference(x, weight, bias=None, norm_weight=None, eps=0.0, residual=None, silu=False, weight_scale=None):
     """The same op from torch ops (and the fused norm / silu kernels where those run)."""
     h = rmsnorm(x, norm_weight, eps)[0] if norm_weight is not None else x
-    y = F.linear(h, weight, bias)
+    if weight_scale is not None:  # int8 weight rows times their float32 scales, summed in float32
+        y = F.linear(h.float(), weight.float()) * weight_scale.float()
+        y = (y if bias is None else y + bias.float()).to(h.dtype)
+    else:
+        y = F.linear(h, weight, bias)
     if silu:
         y = silu_mul(y)
     return y if residual is None else residual + y
@@ -175,9 +179,10 @@ if triton is not None:
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                                   is_pure=False, pack=1)
 
-    def _linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, o_ptr, n_rows, n_out, n_in, eps,
+    def _linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, o_ptr, sc_ptr, n_rows, n_out, n_in, eps,
                        s_xm, s_wn, s_rm, s_om,
                        NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                       SCALED: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
                        PREFETCH_K: tl.constexpr, LINE: tl.constexpr):
@@ -219,11 +224,15 @@ if triton is not None:
                 y = (a.to(tl.float32) * rstd[:, None]).to(dt)
                 a = (nw[None, :] * y.to(tl.float32)).to(dt)
             w = tl.load(w_ptr + rn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            if SCALED:  # int8 weights: exact in the input's type; the row scales come after the sum
+                w = w.to(tl.float32).to(a.dtype)
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
             if SILU:  # the up rows sit n_out rows below the gate rows
                 wu = tl.load(w_ptr + (rn + n_out)[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                              other=0.0)
                 acc_up = tl.dot(a, tl.trans(wu), acc_up, input_precision=PRECISION)
+        if SCALED:
+            acc = acc * tl.load(sc_ptr + rn, mask=n_ok, other=0.0)[None, :]
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             if SILU:
@@ -263,15 +272,29 @@ def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (int8 [N, K], float32 scales [N]): each row symmetric over its largest
+    magnitude (weight ~= int8 * scale), for `linear(..., weight_scale=)`."""
+    scale = weight.float().abs().amax(1).clamp(min=1e-12) / 127.0
+    q = torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
 def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, silu=False,
-           tile: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+           tile: tuple[int, int, int, int] | None = None, weight_scale=None) -> torch.Tensor:
     """x [..., K], weight [N, K] -> [..., N] ([..., N / 2] with silu); see the module docstring.
     tile: (BLOCK_N, BLOCK_K, num_warps, num_stages) instead of the weight shape's (`_config`),
-    for a caller whose weight only ever meets this kernel at one row count (the draft head)."""
+    for a caller whose weight only ever meets this kernel at one row count (the draft head).
+    weight_scale: float32 [N] with an int8 weight (`quantize_rows`): half the bytes a call
+    streams, for a weight whose outputs need not match a reference bit for bit (a draft's lm_head)."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
+    if (weight.dtype == torch.int8) != (weight_scale is not None):
+        raise ValueError("an int8 weight takes its row scales (weight_scale), and only an int8 weight does")
+    if weight_scale is not None and silu:
+        raise ValueError("int8 weights serve plain projections (no silu)")
     if not use_triton(x) or not _runs_here(rows, weight.shape[0], k) or weight.stride(-1) != 1:
-        return linear_reference(x, weight, bias, norm_weight, eps, residual, silu)
+        return linear_reference(x, weight, bias, norm_weight, eps, residual, silu, weight_scale)
     n = weight.shape[0] // 2 if silu else weight.shape[0]
     x2 = _rows(x, k)
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
@@ -292,8 +315,10 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
     _kernel(_linear_kernel)[grid](
         x2, weight, bias if bias is not None else out, norm_weight if norm_weight is not None else out, res, out,
+        weight_scale if weight_scale is not None else out,
         rows, n, k, float(eps), x2.stride(0), weight.stride(0), res.stride(0), out.stride(0),
         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        SCALED=weight_scale is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         NORM_UNROLL=max(1, min(NORM_UNROLL_KEYS // block_k, triton.cdiv(k, block_k))) if norm_weight is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.kernels.attention import tree_attention
-from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
+from specheads.kernels.fused import embedding, rmsnorm, rope_cache, silu_mul
 from specheads.kernels.linear import fits, layer_shapes, linear, serves
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
                                rope_inv_freq)
@@ -346,7 +346,7 @@ class TargetModel(nn.Module):
             attn_mask = causal_cache_mask(position_ids, kv_len)
         capture = set(capture_layers)
         captured = {}
-        x = self.model.embed_tokens(input_ids)
+        x = embedding(input_ids, self.model.embed_tokens.weight)
         # wide layers without measured tiles, or many rows: cuBLAS, the residual add in the next norm
         if not fits(b * t, *self._shapes):
             return self._cublas_layers(x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,

@@ -17,6 +17,7 @@ def step_launches():
     tiny fused models, kernels interpreted; one per distinct compiled kernel."""
     from transformers import LlamaConfig
 
+    from specheads.heads import eagle3
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
     from specheads.runtime.engine import Request, SpecEngine
     from specheads.runtime.sampling import SamplingParams
@@ -30,11 +31,12 @@ def step_launches():
                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
         torch.manual_seed(0)
         target = TargetModel(cfg).eval().requires_grad_(False).fuse_for_inference()
-        head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval().fuse_for_inference()
         with torch.no_grad():
-            for method, model in (("eagle3", head), ("ar", None)):
-                engine = SpecEngine(target, model, method=method, num_steps=3, topk=3, num_draft_tokens=6,
-                                    max_batch=2, max_len=128)
+            for method, int8 in (("eagle3", False), ("eagle3", True), ("ar", False)):
+                mp.setattr(eagle3, "LM_HEAD_INT8", int8)  # the draft lm_head in int8 too
+                head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval().fuse_for_inference()
+                engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=3, topk=3,
+                                    num_draft_tokens=6, max_batch=2, max_len=128)
                 engine.generate([list(range(1, 20)), list(range(5, 12))], SamplingParams(max_new_tokens=6))
     finally:
         mp.undo()
@@ -48,7 +50,8 @@ def step_launches():
 @needs_triton
 def test_the_step_covers_the_kernels(step_launches):
     names = {desc["name"] for desc in step_launches}
-    assert {"_linear_kernel", "_split_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel",
+    assert any(d["name"] == "_linear_kernel" and d["constexprs"]["SCALED"] for d in step_launches)
+    assert {"_linear_kernel", "_split_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",
             "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel"} <= names, names
 
 

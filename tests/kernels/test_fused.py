@@ -194,3 +194,15 @@ def test_fused_head_step_equals_eager(kernels, max_rows, monkeypatch):
     torch.testing.assert_close(bufs[1], bufs[0], rtol=1e-5, atol=1e-5)  # same k written in place
     assert (bufs[1][:, :, s + t:] == 9.0).all()  # nothing past this step's entries
     assert fused_head.fused and not eager.fused
+
+
+@needs_triton
+@pytest.mark.parametrize("shape", [(1, 1), (2, 16), (3, 5)])
+def test_embedding_kernel_equals_reference(monkeypatch, shape):
+    """The fused forward's token embedding: rows copied bit for bit, from a table with padded rows."""
+    interpret_triton(monkeypatch)
+    g = torch.Generator().manual_seed(len(shape))
+    table = torch.randn(50, 24, generator=g)[:, :20]  # row stride 24
+    ids = torch.randint(0, 50, shape, generator=g)
+    out = fused.embedding(ids, table)
+    assert out.shape == (*shape, 20) and torch.equal(out, torch.nn.functional.embedding(ids, table))

@@ -158,3 +158,40 @@ def test_stages_fit_shared_memory():
     assert lin.fit_stages(3, 16, 16, 512, 2) == 3
     assert lin.fit_stages(3, 64, 32, 512, 2) == 2
     assert lin.fit_stages(4, 64, 4096, 512, 2) == 1
+
+
+def test_quantize_rows_bounds_the_error():
+    """Each row of an int8 weight times its scale is within half a step of the original."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(37, 48, generator=g) * torch.rand(37, 1, generator=g) * 3
+    w[5] = 0  # an all-zero row: scale stays positive, the row stays zero
+    q, scale = lin.quantize_rows(w)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32 and q.abs().max() <= 127
+    assert ((q.float() * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-6).all()
+    assert (q[5] == 0).all() and scale[5] > 0
+
+
+@needs_triton
+@pytest.mark.parametrize("rows, tile", [(1, None), (8, (256, 64, 8, 3)), (20, None)])
+def test_int8_weight_equals_reference(interpret, rows, tile):
+    """An int8 weight with row scales (a draft's lm_head): the kernel sums the products in
+    float32, then scales each column, as the reference does; with the norm, as the lm_head runs.
+    (float32: the interpreter's bfloat16 dot is not the GPU's, for any weight.)"""
+    g, x, w = _inputs(rows, 64, 300, seed=4)
+    q, scale = lin.quantize_rows(w)
+    x, nw = x[None], torch.randn(64, generator=g)
+    out = lin.linear(x, q, norm_weight=nw, eps=1e-5, tile=tile, weight_scale=scale)
+    ref = lin.linear_reference(x, q, norm_weight=nw, eps=1e-5, weight_scale=scale)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # and close to the unquantized projection (what the draft scores would have been)
+    full = lin.linear_reference(x, w, norm_weight=nw, eps=1e-5)
+    assert (out - full).abs().max() < 0.02 * full.abs().max()
+
+
+def test_int8_weight_needs_its_scales():
+    x, w = torch.randn(2, 16), torch.randn(8, 16)
+    q, scale = lin.quantize_rows(w)
+    with pytest.raises(ValueError, match="weight_scale"):
+        lin.linear(x, q)
+    with pytest.raises(ValueError, match="weight_scale"):
+        lin.linear(x, w, weight_scale=scale)

@@ -299,6 +299,30 @@ def test_fused_kernels_in_the_engine_keep_output_exact(target, head, kernels, mo
     assert sum(r.accepted_tokens for r in res) > 0
 
 
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_int8_draft_lm_head_keeps_output_exact(target, head, kernels, monkeypatch):
+    """The draft's lm_head in int8 (heads.eagle3.LM_HEAD_INT8) changes what is drafted at most,
+    never the output; the drafts still get accepted."""
+    import copy
+
+    from specheads.heads import eagle3
+
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
+    monkeypatch.setattr(eagle3, "LM_HEAD_INT8", True)
+    fused_target, fused_head = copy.deepcopy(target), copy.deepcopy(head)
+    fused_target.fuse_for_inference()
+    fused_head.fuse_for_inference()  # (the engine fuses on CUDA only)
+    n, new = (4, 25) if kernels == "torch" else (2, 12)
+    engine = SpecEngine(fused_target, fused_head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=n)
+    params = SamplingParams(max_new_tokens=new)
+    res = engine.generate(PROMPTS[:n], params)
+    assert fused_head._lm_int8 is not None and fused_head._lm_int8[0].dtype == torch.int8
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert [r.token_ids for r in res] == _ar(target, PROMPTS[:n], params)
+    assert sum(r.accepted_tokens for r in res) > 0
+
+
 @pytest.mark.parametrize("method", ["eagle3", "ngram", "ar"])
 def test_graph_warm_up_restores_every_state_tensor(target, head, method):
     """Before a CUDA graph is captured, the step runs twice eagerly and the engine restores the
