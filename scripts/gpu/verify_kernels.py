@@ -6,7 +6,7 @@ is a call's mean time over 20 replays, PDL off and on. Knobs compared in the sam
 scale for 17-64 rows (linear.ROW_BLOCK, TREE_N_SCALE; logits checked bit for bit); the
 attention by keys per program (attention.CHUNK); lm_heads by tile.
 
-    python3 scripts/gpu/verify_kernels.py [--out DIR] [--forward [K ...]]
+    python3 scripts/gpu/verify_kernels.py [--out DIR] [--forward [K ...]] [--head-tiles]
 
 Prints a table and writes verify_kernels.json under --out."""
 from __future__ import annotations
@@ -154,13 +154,57 @@ def kernel_knobs() -> list[dict]:
     return out
 
 
+def head_tiles(rows: int = 4) -> list[dict]:
+    """The draft head's projections (SmolLM2's EAGLE-3 head) at a draft depth's rows, PDL on, by
+    tile (BLOCK_N, BLOCK_K, warps, stages; None: the weight shape's rule): us per call and
+    whether the output bits equal the rule's."""
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    dt = torch.bfloat16
+
+    def rnd(*shape, scale=0.05):
+        return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dt)
+
+    norm = torch.ones(H, device=DEVICE, dtype=dt)
+    h = rnd(1, rows, H, scale=1.0)
+    cases = {  # name: (weight, input, kwargs)
+        "qkv 960x1152": (rnd((HEADS + 2 * KV) * D, 2 * H), rnd(1, rows, 2 * H, scale=1.0), {}),
+        "o+res 576x576": (rnd(H, HEADS * D), rnd(1, rows, HEADS * D, scale=1.0), {"residual": h}),
+        "gate_up+norm+silu 3072x576": (rnd(2 * I, H), h, {"norm_weight": norm, "eps": 1e-5, "silu": True}),
+        "down+res 576x1536": (rnd(H, I), rnd(1, rows, I, scale=1.0), {"residual": h}),
+        "fc 576x1728 (7 rows)": (rnd(H, 3 * H), rnd(1, 7, 3 * H, scale=1.0), {}),
+    }
+    tiles = [None] + [(bn, bk, w, 3) for bn in (16, 32, 64) for bk in (64, 128) for w in (2, 4)]
+    out = []
+    for name, (w, x, kw) in cases.items():
+        want = proj(x, w, **kw)
+        for tile in tiles:
+            try:
+                us = per_call_us(lambda: proj(x, w, tile=tile, **kw))
+                same = bool(torch.equal(proj(x, w, tile=tile, **kw), want))
+            except Exception as e:  # noqa: BLE001 (a tile that does not fit is a result)
+                us, same = None, f"{type(e).__name__}"
+            out.append({"weight": name, "rows": rows, "tile": tile, "us": us, "identical": same})
+            print(f"head {name:28} tile={str(tile or 'rule'):22} " + ("failed" if us is None else f"{us:7.2f} us")
+                  + f"  same bits as rule: {same}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--forward", type=int, nargs="*", metavar="K",
                     help="also the forward over K-token trees (default 41) by linear.ROW_BLOCK, TREE_N_SCALE")
+    ap.add_argument("--head-tiles", action="store_true", help="only the draft head's projections by tile (4 rows)")
     a = ap.parse_args()
     report = {"card": torch.cuda.get_device_name(), "rows": {}, "knobs": []}
+    if a.head_tiles:
+        fused.PDL_ENABLED = True
+        with torch.no_grad():
+            report["head_tiles"] = head_tiles()
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "verify_kernels_head_tiles.json").write_text(json.dumps(report, indent=1))
+        return
     with torch.no_grad():
         for pdl in (False, True):
             fused.PDL_ENABLED = pdl
