@@ -162,6 +162,14 @@ class Eagle3Layer(nn.Module):
 # with the rule's 128; the attention takes 64 keys a program (4.4 vs 5.5 us at 8 query rows).
 DRAFT_LM_TILE = (256, 64, 8, 3)
 DRAFT_ATTN_CHUNK = 64
+# qkv, o_proj and fc at a draft depth's few rows (<= 16): 128-key steps and 2 warps, 4 rows, PDL on:
+# qkv 3.43 -> 3.22 us, o_proj 2.50 -> 2.32, fc (7 rows) 4.73 -> 4.35; gate_up and down keep the
+# rule's (verify_kernels.py --head-tiles, H200). Prefills (many rows) keep the rule's tiles.
+DRAFT_TILE = (16, 128, 2, 3)
+
+
+def _draft_tile(x: torch.Tensor):
+    return DRAFT_TILE if x.numel() <= 16 * x.shape[-1] else None
 # The draft's lm_head in int8 with a float32 scale a row (linear.quantize_rows): the largest
 # weight a draft depth streams, at half the bytes. Drafts only propose; the target's verify
 # decides every token, so the output does not change. SmolLM2's head on an H200
@@ -244,7 +252,7 @@ class Eagle3Head(nn.Module):
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's captured features [.., 3 H_target] -> the layer's hidden input [.., H]."""
         if self.fused:
-            return linear(aux, self.fc.weight)
+            return linear(aux, self.fc.weight, tile=_draft_tile(aux))
         return self.fc(aux)
 
     def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None):
@@ -284,8 +292,8 @@ class Eagle3Head(nn.Module):
             v_cache.scatter_(2, idx, v)
             return layer.finish(tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask), hid)
         x, hid = inputs or head_input(tokens, embed_weight, hidden, rows, ln.weight, ln.eps, hn.weight, hn.eps)
-        q = rope_cache(linear(x, attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache,
-                       slots, cfg.num_attention_heads, n_kv, d)
+        q = rope_cache(linear(x, attn.qkv_weight, tile=_draft_tile(x)), self.rotary.cos, self.rotary.sin, position_ids,
+                       k_cache, v_cache, slots, cfg.num_attention_heads, n_kv, d)
         out = tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask, chunk=DRAFT_ATTN_CHUNK)
         return self._fused_finish(out, hid)
 
@@ -325,6 +333,7 @@ class Eagle3Head(nn.Module):
             o = layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
             normed, h = rmsnorm(o, ln.weight, ln.eps, residual)
             return h + layer.mlp.down_proj(silu_mul(F.linear(normed, layer.mlp.gate_up_weight)))
-        h = linear(attn_out.transpose(1, 2).reshape(b, t, -1), layer.self_attn.o_proj.weight, residual=residual)
+        o_in = attn_out.transpose(1, 2).reshape(b, t, -1)
+        h = linear(o_in, layer.self_attn.o_proj.weight, residual=residual, tile=_draft_tile(o_in))
         act = linear(h, layer.mlp.gate_up_weight, norm_weight=ln.weight, eps=ln.eps, silu=True)
         return linear(act, layer.mlp.down_proj.weight, residual=h)

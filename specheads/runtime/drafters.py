@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from specheads.kernels.draft import feed_inputs, select_tree, topk_expand
+from specheads.kernels.fused import embedding
 from specheads.runtime.tree import Tree, chain_tree, parse_static_tree
 
 
@@ -158,7 +159,8 @@ class Eagle3Drafter:
         dev = next_tokens.device
         ar = torch.arange(w, device=dev)
         mask = (ar[:, None] >= ar[None, :])[None] & (ar[None, None, :] < (lens - 1)[:, None, None])
-        _, k, v = head.step(self.embed(next_tokens).to(dtype), head.project(aux.to(dtype)), ar.expand(k_rows, w),
+        _, k, v = head.step(embedding(next_tokens, self.embed.weight).to(dtype), head.project(aux.to(dtype)),
+                            ar.expand(k_rows, w),
                             attn_mask=mask[:, None])
         rows = slice(start, start + k_rows)
         self.k[rows, :, :w] = k
