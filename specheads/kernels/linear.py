@@ -281,23 +281,33 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, silu=False,
-           tile: tuple[int, int, int, int] | None = None, weight_scale=None) -> torch.Tensor:
+           tile: tuple[int, int, int, int] | None = None, weight_scale=None, out=None) -> torch.Tensor:
     """x [..., K], weight [N, K] -> [..., N] ([..., N / 2] with silu); see the module docstring.
     tile: (BLOCK_N, BLOCK_K, num_warps, num_stages) instead of the weight shape's (`_config`),
     for a caller whose weight only ever meets this kernel at one row count (the draft head).
     weight_scale: float32 [N] with an int8 weight (`quantize_rows`): half the bytes a call
-    streams, for a weight whose outputs need not match a reference bit for bit (a draft's lm_head)."""
+    streams, for a weight whose outputs need not match a reference bit for bit (a draft's lm_head).
+    out: where to write the result ([..., N], unit column stride, rows evenly spaced: a slice of
+    a wider buffer); returned."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if (weight.dtype == torch.int8) != (weight_scale is not None):
         raise ValueError("an int8 weight takes its row scales (weight_scale), and only an int8 weight does")
     if weight_scale is not None and silu:
         raise ValueError("int8 weights serve plain projections (no silu)")
-    if not use_triton(x) or not _runs_here(rows, weight.shape[0], k) or weight.stride(-1) != 1:
-        return linear_reference(x, weight, bias, norm_weight, eps, residual, silu, weight_scale)
     n = weight.shape[0] // 2 if silu else weight.shape[0]
+    given = out
+    if given is not None and (given.shape != (*x.shape[:-1], n) or given.stride(-1) != 1):
+        raise ValueError(f"out {tuple(given.shape)} (strides {given.stride()}) must be [..., {n}] with unit "
+                         f"column stride for x {tuple(x.shape)}")
+    if not use_triton(x) or not _runs_here(rows, weight.shape[0], k) or weight.stride(-1) != 1:
+        y = linear_reference(x, weight, bias, norm_weight, eps, residual, silu, weight_scale)
+        return y if given is None else given.copy_(y)
     x2 = _rows(x, k)
-    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if given is not None:
+        out = given.view(rows, n)  # a view, or an error: the rows must be evenly spaced
+    else:
+        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     res = _rows(residual, n) if residual is not None else out
     block_n, block_k, warps, stages = tile or _config(weight.shape[0], k)
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
@@ -323,4 +333,4 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         NORM_UNROLL=max(1, min(NORM_UNROLL_KEYS // block_k, triton.cdiv(k, block_k))) if norm_weight is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
         PREFETCH_K=prefetch, LINE=line, num_warps=warps, num_stages=stages, **pdl)
-    return out.view(*x.shape[:-1], n)
+    return given if given is not None else out.view(*x.shape[:-1], n)

@@ -330,8 +330,9 @@ class TargetModel(nn.Module):
             # fused: the same row-independent GEMM as the layers (a token's logits equal in a
             # decode and in a tree verify); `linear` keeps cuBLAS where that is faster
             logits = linear(h, self.lm_head.weight) if self.fused else self.lm_head(h)
-        aux = torch.cat([captured[i] for i in capture_layers], dim=-1) if captured else None
-        return TargetOutput(hidden=hidden, aux_hidden=aux, logits=logits)
+        if isinstance(captured, dict):  # layer -> output, or the features made in place (a tensor)
+            captured = torch.cat([captured[i] for i in capture_layers], dim=-1) if captured else None
+        return TargetOutput(hidden=hidden, aux_hidden=captured, logits=logits)
 
     def _fused_forward(self, input_ids, position_ids, cache, kv_len, attn_mask, cache_slots, capture_layers,
                        return_logits, logits_positions) -> TargetOutput:
@@ -344,13 +345,19 @@ class TargetModel(nn.Module):
         slots = position_ids if cache_slots is None else cache_slots
         if attn_mask is None:
             attn_mask = causal_cache_mask(position_ids, kv_len)
-        capture = set(capture_layers)
-        captured = {}
         x = embedding(input_ids, self.model.embed_tokens.weight)
         # wide layers without measured tiles, or many rows: cuBLAS, the residual add in the next norm
         if not fits(b * t, *self._shapes):
             return self._cublas_layers(x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
                                        logits_positions)
+        # a captured layer's down_proj writes its slice of the features in place (no concatenation
+        # after the last layer); the next layer reads its input from there (rows 3H apart)
+        aux = torch.empty(b, t, len(capture_layers) * spec.hidden_size, dtype=x.dtype, device=x.device) \
+            if capture_layers else None
+        h = spec.hidden_size
+        where = {}
+        for j, layer in enumerate(capture_layers):  # a layer listed twice (tiny models) is copied after
+            where.setdefault(layer, aux[..., j * h: (j + 1) * h])
         for i, layer in enumerate(self.model.layers):
             a, m = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
@@ -360,8 +367,9 @@ class TargetModel(nn.Module):
             o = tree_attention(q, cache.k[i, :b, :, :kv_len], cache.v[i, :b, :, :kv_len], attn_mask)
             x = linear(o.transpose(1, 2).reshape(b, t, h_q * d), a.o_proj.weight, a.o_proj.bias, residual=x)
             act = linear(x, m.gate_up_weight, m.gate_up_bias, norm_weight=n2.weight, eps=n2.eps, silu=True)
-            x = linear(act, m.down_proj.weight, m.down_proj.bias, residual=x)
-            if i in capture:
-                captured[i] = x
+            x = linear(act, m.down_proj.weight, m.down_proj.bias, residual=x, out=where.get(i))
+        for j, layer in enumerate(capture_layers):
+            if where[layer].data_ptr() != aux[..., j * h:].data_ptr():
+                aux[..., j * h: (j + 1) * h] = where[layer]
         hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps)
-        return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
+        return self._output(hidden, aux, capture_layers, return_logits, logits_positions)

@@ -95,7 +95,8 @@ def _verify_forward(model, fuse: bool):
     anc = torch.tensor([[[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]],
                         [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]]], dtype=torch.bool)
     mask[:, 0, :, 6:] = anc
-    out = model(tree, positions, cache=cache, kv_len=10, attn_mask=mask, cache_slots=slots, capture_layers=[0, 2])
+    # a layer listed twice and out of order: the fused forward writes captured layers in place
+    out = model(tree, positions, cache=cache, kv_len=10, attn_mask=mask, cache_slots=slots, capture_layers=[2, 0, 2])
     return out, cache
 
 

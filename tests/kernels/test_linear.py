@@ -195,3 +195,26 @@ def test_int8_weight_needs_its_scales():
         lin.linear(x, q)
     with pytest.raises(ValueError, match="weight_scale"):
         lin.linear(x, w, weight_scale=scale)
+
+
+@needs_triton
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_output_into_a_slice_of_a_wider_buffer(monkeypatch, kernels):
+    """out=: the result lands in a column slice of a wider buffer (the target's captured features),
+    the rest of the buffer untouched; the slice then serves as a later call's input and residual."""
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
+    g, x, w = _inputs(6, 32, 24, seed=5)
+    x = x.view(2, 3, 32)
+    res = torch.randn(2, 3, 24, generator=g)
+    buf = torch.full((2, 3, 72), 7.0)
+    got = lin.linear(x, w, residual=res, out=buf[..., 24:48])
+    want = lin.linear_reference(x, w, residual=res)
+    assert got.data_ptr() == buf[..., 24:48].data_ptr()
+    torch.testing.assert_close(buf[..., 24:48], want, rtol=1e-5, atol=1e-5)
+    assert (buf[..., :24] == 7).all() and (buf[..., 48:] == 7).all()
+    w2 = torch.randn(24, 24, generator=g)
+    torch.testing.assert_close(lin.linear(got, w2, residual=got), lin.linear_reference(want, w2, residual=want),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unit column stride"):
+        lin.linear(x, w, out=torch.empty(2, 3, 48)[..., ::2])
