@@ -65,7 +65,7 @@ def main():
     engine.step()
     triton_calls = collections.Counter()
     count = Count()
-    for mod, names in ((fused, ["rmsnorm", "rope_cache", "silu_mul"]), (kv_commit, ["commit_kv_triton"]),
+    for mod, names in ((fused, ["rmsnorm", "rope_cache", "silu_mul", "embedding"]), (kv_commit, ["commit_kv_triton"]),
                        (attention, ["tree_attention"]), (draft, ["head_input", "topk_expand", "select_tree", "feed_inputs"]),
                        (verify, ["tree_masks", "accept", "step_inputs", "finish_step"]), (linear, ["linear"])):
         for name in names:
@@ -82,14 +82,15 @@ def main():
     import specheads.heads.eagle3 as e3
     import specheads.target.model as tm
     for m in (tm, e3):
-        for name in ("rmsnorm", "rope_cache", "silu_mul"):
-            setattr(m, name, getattr(fused, name))
+        for name in ("rmsnorm", "rope_cache", "silu_mul", "embedding"):
+            if hasattr(m, name):
+                setattr(m, name, getattr(fused, name))
         m.tree_attention = attention.tree_attention
         m.linear = linear.linear
     import specheads.runtime.drafters as dr
     import specheads.runtime.engine as en
     e3.head_input, dr.topk_expand, dr.select_tree = draft.head_input, draft.topk_expand, draft.select_tree
-    dr.feed_inputs = draft.feed_inputs
+    dr.feed_inputs, dr.embedding = draft.feed_inputs, fused.embedding
     en.step_inputs, en.finish_step, en.accept = verify.step_inputs, verify.finish_step, verify.accept
     with torch.no_grad(), count:
         n = len(engine.rows)

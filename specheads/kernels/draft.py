@@ -189,9 +189,10 @@ if triton is not None:
                      msrc_ptr, mdst_ptr, n_front, pool_base, ctx, width,
                      s_fs, s_fp, s_pt, s_ps, s_pp, s_mb, s_mr,
                      emb_ptr, hid_ptr, we_ptr, wh_ptr, x_ptr, hout_ptr, n_cols, eps_e, eps_h, s_hb, s_hs,
+                     nrow_ptr, s_lb,
                      K: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
                      CKP: tl.constexpr, WP: tl.constexpr, HP: tl.constexpr, HAS_MASK: tl.constexpr,
-                     NEXT_INPUT: tl.constexpr, PDL: tl.constexpr):
+                     NEXT_INPUT: tl.constexpr, NODE_ROW: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
@@ -200,7 +201,10 @@ if triton is not None:
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(logit_ptr + row * s_row + offs, mask=offs < n_vocab, other=float("-inf")).to(tl.float32)
+        src = logit_ptr + row * s_row
+        if NODE_ROW:  # one node a batch row: logits row nrow[b] of the row's s_lb-apart block
+            src = logit_ptr + row * s_lb + tl.load(nrow_ptr + row) * s_row
+        x = tl.load(src + offs, mask=offs < n_vocab, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         s = tl.sum(tl.exp(x - m), axis=0)
         part = row * n_chunks + chunk
@@ -289,7 +293,10 @@ if triton is not None:
                 cols = tl.arange(0, HP)[None, :]
                 c_in = r_ok[:, None] & (cols < n_cols)
                 e = tl.load(emb_ptr + new_tok[:, None] * n_cols + cols, mask=c_in, other=0.0)
-                h = tl.load(hid_ptr + b * s_hb + par[:, None] * s_hs + cols, mask=c_in, other=0.0)
+                hrow = par
+                if NODE_ROW:  # the node's hidden row is nrow[b] too
+                    hrow = par + tl.load(nrow_ptr + b)
+                h = tl.load(hid_ptr + b * s_hb + hrow[:, None] * s_hs + cols, mask=c_in, other=0.0)
                 dst = (b * K + r)[:, None]
                 tl.store(hout_ptr + dst * n_cols + cols, h, mask=c_in)
                 dt = h.dtype
@@ -358,13 +365,28 @@ def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden,
 
 
 def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score, pool_parent, pool_base,
-                mask_src=None, mask_dst=None, ctx=0, width=0, next_input=None):
+                mask_src=None, mask_dst=None, ctx=0, width=0, next_input=None, node_rows=None):
     """See topk_expand_reference; Triton on GPU (or under TRITON_INTERPRET=1), one launch: a
     program per (node, vocabulary chunk), the last of a row's to finish expands the row.
     next_input: (embed_weight, hidden [B, N, H], w_embed, eps_embed, w_hidden, eps_hidden) to
     also make the next depth's layer input for the new frontier (head_input of its tokens over
-    its parents' rows of hidden); the result then ends with (x [B, k, 2H], hidden rows [B, k, H])."""
+    its parents' rows of hidden); the result then ends with (x [B, k, 2H], hidden rows [B, k, H]).
+    node_rows [B]: a frontier of one node a row, row node_rows[b] of logits [B, W, V] (and of
+    next_input's hidden): the feed's last entry, read in place instead of gathered first."""
+    if node_rows is not None:
+        if not use_triton(logits):
+            b, w, vocab = logits.shape
+            logits = logits.gather(1, node_rows[:, None, None].expand(b, 1, vocab))
+            if next_input is not None:
+                hidden = next_input[1]
+                hidden = hidden.gather(1, node_rows[:, None, None].expand(b, 1, hidden.shape[-1]))
+                next_input = (next_input[0], hidden, *next_input[2:])
+            node_rows = None
+        else:
+            assert node_rows.is_contiguous() and front_score.shape[1] == 1
     b, n, vocab = logits.shape
+    if node_rows is not None:
+        n = 1  # the frontier; logits holds W rows a batch row
     if k > vocab:
         raise ValueError(f"topk {k} exceeds the draft vocabulary ({vocab})")
     if not use_triton(logits):
@@ -375,7 +397,7 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         emb, hidden, we, eps_e, wh, eps_h = next_input
         return out + head_input_reference(out[0], emb, hidden, out[2], we, eps_e, wh, eps_h)
     dev = logits.device
-    flat = logits.reshape(b * n, vocab)
+    flat = logits.reshape(-1, vocab)
     assert flat.stride(-1) == 1 and target_ids.is_contiguous()
     assert front_score.stride(-1) == 1 and front_pool.stride(-1) == 1
     block = min(BLOCK_V, triton.next_power_of_2(vocab))
@@ -409,10 +431,11 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         tok, score, parent, pool, m_src, m_dst, n, pool_base, ctx, width,
         front_score.stride(0), front_pool.stride(0), pool_tok.stride(0), pool_score.stride(0), pool_parent.stride(0),
         m_dst.stride(0), m_dst.stride(1), *hid_args,
+        node_rows if node_rows is not None else tok, logits.stride(0),
         K=k, BLOCK=block, NP=triton.next_power_of_2(n), KP=triton.next_power_of_2(k),
         CP=triton.next_power_of_2(chunks), CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k),
         HP=triton.next_power_of_2(h), HAS_MASK=has_mask, NEXT_INPUT=next_input is not None,
-        num_warps=ROW_WARPS, **pdl_options(flat, "topk_expand"))
+        NODE_ROW=node_rows is not None, num_warps=ROW_WARPS, **pdl_options(flat, "topk_expand"))
     if next_input is None:
         return tok, score, parent, pool
     return tok, score, parent, pool, x, hid

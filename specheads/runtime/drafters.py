@@ -182,17 +182,23 @@ class Eagle3Drafter:
     # ................................................................. drafting
     def _feed(self, b: int, kv: int, masks=None):
         """Run rows [:b]'s pending entries through the head, their K/V written in place at
-        their positions; returns the hidden of each row's last entry [b, 1, H] (it predicts
-        the root's children) and the draft depths' positions (`feed_inputs`, which also sets
-        `masks` to the context). Padding entries (past a row's count) are written beyond its
-        committed length, where the next step's entries overwrite them before anyone looks."""
+        their positions; returns the head's output at every entry [b, width, H], each row's last
+        entry [b] (its output predicts the root's children) and the draft depths' positions
+        (`feed_inputs`, which also sets `masks` to the context). Padding entries (past a row's
+        count) are written beyond its committed length, where the next step's entries overwrite
+        them before anyone looks."""
         head = self.head
         # causal by position: the committed entries and this feed's own earlier entries
         positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], self.width, kv,
                                                              masks, self.steps)
         out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.project(self.pending_aux[:b]), None,
                               positions, self.k[:b], self.v[:b], positions, mask[:, None])
-        return out.gather(1, last[:, None, None].expand(b, 1, out.shape[-1])), depth_positions
+        return out, last, depth_positions
+
+    @staticmethod
+    def _last(out: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        b = out.shape[0]
+        return out.gather(1, last[:, None, None].expand(b, 1, out.shape[-1]))
 
     def propose(self, b: int, kv: int, roots: torch.Tensor) -> Tree:
         """Rows [:b]: feed the pending entries, then expand the tree under each root.
@@ -204,11 +210,11 @@ class Eagle3Drafter:
         width = kv + self.tree_room
         # both mask buffers start as the context: column < the row's committed length
         both = self.masks[:, :b, :, :width] if self.steps > 1 and not self.static else None
-        h_last, positions = self._feed(b, kv, both)
+        fed, last, positions = self._feed(b, kv, both)
         dev = roots.device
         base = self.committed[:b]  # == the target's committed length
         if self.static:
-            return self._static(h_last, base, kv, roots)
+            return self._static(self._last(fed, last), base, kv, roots)
         masks = [both[0], both[1]] if both is not None else [None, None]
         n_pool = self.pool_depth.numel()
         pool_tok = torch.empty(b, n_pool, dtype=torch.long, device=dev)
@@ -218,11 +224,17 @@ class Eagle3Drafter:
         emb = self.embed.weight
         # each expansion also makes the next depth's layer input (fused heads), so a depth
         # starts at its projection
-        nxt = head.input_spec(emb, h_last) if self.steps > 1 else None
+        if head.fused:  # the expansion reads each row's last fed entry in place (logits of all of them:
+            # the lm_head streams its weight once however few the rows)
+            hidden, logits, node_rows = fed, head.logits(fed), last
+        else:
+            hidden = self._last(fed, last)
+            logits, node_rows = head.logits(hidden), None
+        nxt = head.input_spec(emb, hidden) if self.steps > 1 else None
         front_tok, front_score, rows, front_pool, *inputs = topk_expand(
-            head.logits(h_last), self.zero_score[:b], self.no_parent[:b], k, target_ids,
-            pool_tok[:, :k], pool_score[:, :k], pool_parent[:, :k], 0, masks[0], masks[0], kv, 0, next_input=nxt)
-        hidden, rows = h_last, self.root_rows[:b]
+            logits, self.zero_score[:b], self.no_parent[:b], k, target_ids, pool_tok[:, :k], pool_score[:, :k],
+            pool_parent[:, :k], 0, masks[0], masks[0], kv, 0, next_input=nxt, node_rows=node_rows)
+        rows = self.root_rows[:b]  # depth 1 reads the root's hidden (non-fused heads: `hidden` is that row)
         # depth d's position: the root's (base - 1) + d, for d = 1 .. steps - 1 (feed_inputs made them)
         slots = self.cols[kv: width][None]  # the tree's own entries after the context
         off = k

@@ -51,6 +51,7 @@ def step_launches():
 def test_the_step_covers_the_kernels(step_launches):
     names = {desc["name"] for desc in step_launches}
     assert any(d["name"] == "_linear_kernel" and d["constexprs"]["SCALED"] for d in step_launches)
+    assert any(d["name"] == "_topk_kernel" and d["constexprs"]["NODE_ROW"] for d in step_launches)
     assert {"_linear_kernel", "_split_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",
             "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel"} <= names, names
 

@@ -221,3 +221,33 @@ def test_feed_inputs_kernel_equals_reference(interpret, b, width, kv, k, steps, 
     assert torch.equal(runs[0][0], committed + count)
     if with_masks:
         assert runs[0][1][:, b:].all() and runs[0][1][:, :, k:].all() and runs[0][1][..., w:].all()
+
+
+@needs_triton
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_topk_expand_reads_the_fed_node_in_place(monkeypatch, kernels):
+    """node_rows: the root's frontier is row node_rows[b] of the feed's logits [B, W, V] and of its
+    hidden states; the same results as gathering those rows first."""
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
+    monkeypatch.setattr(draft, "BLOCK_V", 64)
+    b, w, k, vocab, h = 3, 5, 4, 300, 24
+    case = _expand_case(b, 1, k, vocab, seed=11, width=0)
+    _, front_score, front_pool, target_ids, mask_src, mask_dst = case
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(b, w, vocab, generator=g) * 3
+    hidden = torch.randn(b, w, h, generator=g)
+    emb = torch.randn(2 * vocab, h, generator=g)
+    w_e, w_h = torch.rand(h, generator=g) + 0.5, torch.rand(h, generator=g) + 0.5
+    node = torch.tensor([4, 0, 2])
+    results = []
+    for rows in (node, None):
+        lg, hid = (logits, hidden) if rows is not None else (logits[torch.arange(b), node][:, None],
+                                                             hidden[torch.arange(b), node][:, None])
+        pools = [torch.full((b, k), -7, dtype=dt) for dt in (torch.long, torch.float32, torch.long)]
+        dst = mask_dst.clone()
+        out = draft.topk_expand(lg, front_score, front_pool, k, target_ids, *pools, 0, dst, dst, 5, 0,
+                                next_input=(emb, hid, w_e, 1e-5, w_h, 1e-6), node_rows=rows)
+        results.append((*out, *pools, dst))
+    for x, y in zip(*results):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
