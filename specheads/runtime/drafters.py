@@ -83,7 +83,8 @@ class Eagle3Drafter:
 
     Per cache row it keeps the head's own KV cache of committed entries (entry p: the target's
     captured features at position p and the token at p + 1) and the pending entries of the
-    last step (the accepted path), fed at the start of the next step."""
+    last step (the accepted path; the engine's `verify.finish_step` writes them), fed at the
+    start of the next step."""
 
     on_device = True
 
@@ -172,12 +173,6 @@ class Eagle3Drafter:
         self.pending_tok[rows] = 0
         self.pending_tok[rows, 0] = next_tokens.gather(1, last)[:, 0]
         self.pending_n[rows] = 1
-
-    def set_pending(self, b: int, aux: torch.Tensor, next_tokens: torch.Tensor, count: torch.Tensor) -> None:
-        """The accepted path of each row: features [b, width, 3H], the token after each, count [b]."""
-        self.pending_aux[:b].copy_(aux)
-        self.pending_tok[:b].copy_(next_tokens)
-        self.pending_n[:b].copy_(count)
 
     # ................................................................. drafting
     def _feed(self, b: int, kv: int, masks=None):

@@ -11,7 +11,7 @@ import torch
 
 from specheads.kernels import kv_commit
 from specheads.kernels.kv_commit import commit_kv, commit_kv_reference
-from tests.kernels.interpret import interpreted_commit_kernel
+from tests.kernels.interpret import interpreted_commit_kernel, needs_triton
 
 POISON = -1234.5  # every slot outside the tree regions holds this; it must survive the commit
 
@@ -190,3 +190,32 @@ def test_interpret_env_set_after_import_is_honoured(monkeypatch):
     want = _expected(cache, base, src, n)
     commit_kv(cache, base, src, n)
     assert torch.equal(cache, want)
+
+
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_one_commit_moves_keys_and_values_of_the_rows_given(monkeypatch, impl):
+    """KVCache keeps keys and values in one buffer; `layers(rows)` is both as [2 * layers, ...]
+    (keys first), so one commit moves both for those rows and leaves the other rows alone."""
+    from specheads.target.model import KVCache, TargetSpec
+
+    if impl == "triton":
+        interpreted_commit_kernel(monkeypatch)
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    spec = TargetSpec.__new__(TargetSpec)
+    spec.num_hidden_layers, spec.num_key_value_heads, spec.head_dim = 3, 2, 8
+    cache = KVCache(spec, 3, 12, torch.float32, "cpu")
+    g = torch.Generator().manual_seed(0)
+    cache.kv.copy_(torch.randn(cache.kv.shape, generator=g))
+    before = cache.kv.clone()
+    base, src, n = torch.tensor([2, 5]), torch.tensor([[0, 2, 3], [0, 1, -1]]), torch.tensor([3, 2])
+    both = cache.layers(slice(0, 2))
+    assert both.shape == (6, 2, 2, 12, 8) and both.data_ptr() == cache.k.data_ptr()
+    commit_kv(both, base, src, n)
+    for kv in (0, 1):  # keys, then values
+        for r, (b0, path, m) in enumerate(zip(base.tolist(), src.tolist(), n.tolist())):
+            for i in range(m):
+                assert torch.equal(cache.kv[kv, :, r, :, b0 + i], before[kv, :, r, :, b0 + path[i]])
+    assert torch.equal(cache.kv[:, :, 2], before[:, :, 2])  # the row not given
+    view = cache.rows(slice(1, 3))
+    assert view.k.data_ptr() == cache.k[:, 1].data_ptr() and torch.equal(view.v, cache.v[:, 1:3])
