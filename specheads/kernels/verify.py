@@ -171,20 +171,36 @@ if triton is not None:
                 tl.store(paux_ptr + b * s_pab + d[:, None] * s_pan + a, feat, mask=a_ok)
 
 
+def _launch_masks(parents, committed, kv: int, max_depth: int, prep=None):
+    """The mask kernel over trees [B, N]: anc and mask, and with prep = (valid, depth, rank or
+    None, depth_limit, draft_limit) also (valid under the limits, positions, slots)."""
+    b, n = parents.shape
+    dev = parents.device
+    anc = torch.empty(b, n, n, dtype=torch.bool, device=dev)
+    mask = torch.empty(b, n, kv, dtype=torch.bool, device=dev)
+    committed = committed.contiguous()
+    if prep is not None:
+        v, d, rank, dlim, rlim = prep
+        has_rank = rank is not None
+        rank = rank if has_rank else d  # unused without ranks
+        out = (torch.empty(b, n, dtype=torch.bool, device=dev), torch.empty(b, n, dtype=torch.long, device=dev),
+               torch.empty(b, n, dtype=torch.long, device=dev))
+        args = (v, d, rank, dlim.contiguous(), rlim.contiguous(), *out,
+                v.stride(0), v.stride(1), d.stride(0), d.stride(1), rank.stride(0), rank.stride(1))
+    else:
+        has_rank, out = False, ()
+        args = (committed,) * 8 + (0,) * 6  # unused
+    _kernel(_tree_mask_kernel)[(b, n)](parents, committed, anc, mask, n, kv, parents.stride(0), parents.stride(1),
+                                       *args, DEPTH=max_depth, NP=triton.next_power_of_2(n),
+                                       BLOCK=min(1024, triton.next_power_of_2(kv)), PREP=prep is not None,
+                                       HAS_RANK=has_rank, **pdl_options(parents, "tree_mask"))
+    return (anc, mask, *out)
+
+
 def tree_masks(parents: torch.Tensor, committed: torch.Tensor, kv: int, max_depth: int):
     if not use_triton(parents):
         return tree_masks_reference(parents, committed, kv, max_depth)
-    b, n = parents.shape
-    anc = torch.empty(b, n, n, dtype=torch.bool, device=parents.device)
-    mask = torch.empty(b, n, kv, dtype=torch.bool, device=parents.device)
-    committed = committed.contiguous()
-    c = committed
-    _kernel(_tree_mask_kernel)[(b, n)](parents, committed, anc, mask, n, kv, parents.stride(0), parents.stride(1),
-                                       c, c, c, c, c, c, c, c, 0, 0, 0, 0, 0, 0,
-                                       DEPTH=max_depth, NP=triton.next_power_of_2(n),
-                                       BLOCK=min(1024, triton.next_power_of_2(kv)), PREP=False, HAS_RANK=False,
-                                       **pdl_options(parents, "tree_mask"))
-    return anc, mask
+    return _launch_masks(parents, committed, kv, max_depth)
 
 
 def step_inputs_reference(tree, committed, kv: int, depth_limit, draft_limit):
@@ -204,41 +220,49 @@ def step_inputs(tree, committed, kv: int, depth_limit, draft_limit):
     """See step_inputs_reference: one launch (the mask kernel), where torch takes a dozen."""
     if not use_triton(committed):
         return step_inputs_reference(tree, committed, kv, depth_limit, draft_limit)
-    b, n = tree.tokens.shape
-    dev = committed.device
-    anc = torch.empty(b, n, n, dtype=torch.bool, device=dev)
-    mask = torch.empty(b, n, kv, dtype=torch.bool, device=dev)
-    valid = torch.empty(b, n, dtype=torch.bool, device=dev)
-    positions, slots = (torch.empty(b, n, dtype=torch.long, device=dev) for _ in range(2))
-    committed, depth_limit, draft_limit = (t.contiguous() for t in (committed, depth_limit, draft_limit))
-    rank = tree.rank if tree.rank is not None else tree.depth
-    p, v, d = tree.parents, tree.valid, tree.depth
-    _kernel(_tree_mask_kernel)[(b, n)](p, committed, anc, mask, n, kv, p.stride(0), p.stride(1),
-                                       v, d, rank, depth_limit, draft_limit, valid, positions, slots,
-                                       v.stride(0), v.stride(1), d.stride(0), d.stride(1), rank.stride(0), rank.stride(1),
-                                       DEPTH=tree.max_depth, NP=triton.next_power_of_2(n),
-                                       BLOCK=min(1024, triton.next_power_of_2(kv)), PREP=True,
-                                       HAS_RANK=tree.rank is not None, **pdl_options(p, "tree_mask"))
+    anc, mask, valid, positions, slots = _launch_masks(tree.parents, committed, kv, tree.max_depth,
+                                                       (tree.valid, tree.depth, tree.rank, depth_limit, draft_limit))
     return valid, anc, mask, positions, slots
 
 
-def accept(tokens, parents, valid, depth, anc, y, max_depth: int):
-    """See accept_reference; Triton on GPU (or under TRITON_INTERPRET=1)."""
-    if not use_triton(y):
-        return accept_reference(tokens, parents, valid, depth, anc, y, max_depth)
+def _launch_accept(tokens, parents, valid, depth, anc, y, max_depth: int, finish=None):
+    """The accept kernel: (path, accepted, last node, bonus); with finish = (committed, base,
+    root, out, pending) also the step's bookkeeping (finish_step_reference)."""
     b, n = tokens.shape
     dev = y.device
     cols = max_depth + 1
     path = torch.empty(b, cols, dtype=torch.long, device=dev)
     n_acc, last, bonus = (torch.empty(b, dtype=torch.long, device=dev) for _ in range(3))
     assert anc.is_contiguous() and all(t.stride(-1) == 1 for t in (tokens, parents, valid, depth, y))
-    x = n_acc  # unused pointers
+    pend = (n_acc,) * 4 + (1,) + (0,) * 5  # unused
+    if finish is not None:
+        committed, base, root, out, pending = finish
+        assert out.stride(-1) == 1 and committed.is_contiguous() and base.is_contiguous() and root.is_contiguous()
+        state = (committed, base, root, out, out.stride(0))
+        if pending is not None:
+            aux, p_aux, p_tok, p_n = pending
+            if p_aux.shape[1] != cols or p_tok.shape[1] != cols:
+                raise ValueError(f"pending buffers hold {p_tok.shape[1]} entries; the path has {cols}")
+            assert aux.stride(-1) == 1 and p_aux.stride(-1) == 1 and p_tok.stride(-1) == 1 and p_n.is_contiguous()
+            pend = (aux, p_aux, p_tok, p_n, aux.shape[-1], aux.stride(0), aux.stride(1), p_aux.stride(0),
+                    p_aux.stride(1), p_tok.stride(0))
+    else:
+        pending = None
+        state = (n_acc,) * 4 + (0,)  # unused
     _kernel(_accept_kernel)[(b,)](tokens, parents, valid, depth, anc, y, path, n_acc, last, bonus, n,
                                   tokens.stride(0), parents.stride(0), valid.stride(0), depth.stride(0), y.stride(0),
-                                  x, x, x, x, 0, x, x, x, x, 0, 0, 0, 0, 0, 0,
-                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols), AP=1,
-                                  FINISH=False, PENDING=False, **pdl_options(y, "accept"))
+                                  *state, *pend,
+                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols),
+                                  AP=triton.next_power_of_2(pend[4]), FINISH=finish is not None,
+                                  PENDING=pending is not None, **pdl_options(y, "accept"))
     return path, n_acc, last, bonus
+
+
+def accept(tokens, parents, valid, depth, anc, y, max_depth: int):
+    """See accept_reference; Triton on GPU (or under TRITON_INTERPRET=1)."""
+    if not use_triton(y):
+        return accept_reference(tokens, parents, valid, depth, anc, y, max_depth)
+    return _launch_accept(tokens, parents, valid, depth, anc, y, max_depth)
 
 
 def finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth: int, committed, base, root, out,
@@ -272,26 +296,6 @@ def finish_step(tokens, parents, valid, depth, anc, y, max_depth: int, committed
     if not use_triton(y):
         return finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth, committed, base, root, out,
                                      pending)
-    b, n = tokens.shape
-    dev = y.device
-    cols = max_depth + 1
-    path = torch.empty(b, cols, dtype=torch.long, device=dev)
-    n_acc, last, bonus = (torch.empty(b, dtype=torch.long, device=dev) for _ in range(3))
-    assert anc.is_contiguous() and all(t.stride(-1) == 1 for t in (tokens, parents, valid, depth, y, out))
-    assert committed.is_contiguous() and base.is_contiguous() and root.is_contiguous()
-    if pending is not None:
-        aux, p_aux, p_tok, p_n = pending
-        if p_aux.shape[1] != cols or p_tok.shape[1] != cols:
-            raise ValueError(f"pending buffers hold {p_tok.shape[1]} entries; the path has {cols}")
-        assert aux.stride(-1) == 1 and p_aux.stride(-1) == 1 and p_tok.stride(-1) == 1 and p_n.is_contiguous()
-        pend = (aux, p_aux, p_tok, p_n, aux.shape[-1], aux.stride(0), aux.stride(1), p_aux.stride(0),
-                p_aux.stride(1), p_tok.stride(0))
-    else:
-        pend = (n_acc, n_acc, n_acc, n_acc, 1, 0, 0, 0, 0, 0)
-    _kernel(_accept_kernel)[(b,)](tokens, parents, valid, depth, anc, y, path, n_acc, last, bonus, n,
-                                  tokens.stride(0), parents.stride(0), valid.stride(0), depth.stride(0), y.stride(0),
-                                  committed, base, root, out, out.stride(0), *pend,
-                                  COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols),
-                                  AP=triton.next_power_of_2(pend[4]), FINISH=True, PENDING=pending is not None,
-                                  **pdl_options(y, "accept"))
+    path, n_acc, _, _ = _launch_accept(tokens, parents, valid, depth, anc, y, max_depth,
+                                       (committed, base, root, out, pending))
     return path, n_acc

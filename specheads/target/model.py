@@ -355,9 +355,10 @@ class TargetModel(nn.Module):
         aux = torch.empty(b, t, len(capture_layers) * spec.hidden_size, dtype=x.dtype, device=x.device) \
             if capture_layers else None
         h = spec.hidden_size
-        where = {}
-        for j, layer in enumerate(capture_layers):  # a layer listed twice (tiny models) is copied after
-            where.setdefault(layer, aux[..., j * h: (j + 1) * h])
+        first = {}  # a layer listed twice (tiny models) writes its first slice, copied to the others after
+        for j, layer in enumerate(capture_layers):
+            first.setdefault(layer, j)
+        where = {layer: aux[..., j * h: (j + 1) * h] for layer, j in first.items()}
         for i, layer in enumerate(self.model.layers):
             a, m = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
@@ -369,7 +370,7 @@ class TargetModel(nn.Module):
             act = linear(x, m.gate_up_weight, m.gate_up_bias, norm_weight=n2.weight, eps=n2.eps, silu=True)
             x = linear(act, m.down_proj.weight, m.down_proj.bias, residual=x, out=where.get(i))
         for j, layer in enumerate(capture_layers):
-            if where[layer].data_ptr() != aux[..., j * h:].data_ptr():
+            if first[layer] != j:
                 aux[..., j * h: (j + 1) * h] = where[layer]
         hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps)
         return self._output(hidden, aux, capture_layers, return_logits, logits_positions)
