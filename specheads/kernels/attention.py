@@ -101,7 +101,7 @@ if triton is not None:
         bh = tl.program_id(0)  # (batch row, kv head)
         split = tl.program_id(1)
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-        b = bh // n_kv
+        b = (bh // n_kv).to(tl.int64)  # row offsets into a cache of many rows pass 2^31 elements
         g = bh % n_kv
         row_ok = rows < n_rows
         head = g * REP + rows // n_tok

@@ -126,7 +126,7 @@ if triton is not None:
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
-        b = tl.program_id(0)
+        b = tl.program_id(0).to(tl.int64)
         c = tl.load(com_ptr + b)
         n = tl.load(cnt_ptr + b)
         j = tl.arange(0, FP)
@@ -155,7 +155,7 @@ if triton is not None:
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
-        r = tl.program_id(0)  # one (batch row, token)
+        r = tl.program_id(0).to(tl.int64)  # one (batch row, token)
         b = r // n_tok
         t = r % n_tok
         cols = tl.arange(0, BLOCK)
@@ -198,7 +198,7 @@ if triton is not None:
             gdc_launch_dependents()
         # stage 1, one program per (frontier node, vocabulary chunk): the chunk's (max, sum of exp)
         # and its best K keys
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
         src = logit_ptr + row * s_row
@@ -317,7 +317,7 @@ if triton is not None:
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
-        b = tl.program_id(0)
+        b = tl.program_id(0).to(tl.int64)
         p = tl.arange(0, PP)
         score = tl.load(score_ptr + b * s_pb + p, mask=p < n_pool, other=float("-inf"))
         bits = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)

@@ -103,7 +103,7 @@ if triton is not None:
         if PDL:  # see pdl_options: the previous kernel's writes are visible after the wait
             gdc_wait()
             gdc_launch_dependents()
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: see pid64 in kv_commit
         cols = tl.arange(0, BLOCK)
         ok = cols < n_cols
         x = tl.load(x_ptr + row * n_cols + cols, mask=ok, other=0.0)
@@ -124,7 +124,7 @@ if triton is not None:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        row = tl.program_id(0)  # one (batch row, token)
+        row = tl.program_id(0).to(tl.int64)  # one (batch row, token)
         head = tl.program_id(1)  # q heads, then k heads, then v heads
         b = row // n_tok
         t = row % n_tok
@@ -159,17 +159,17 @@ if triton is not None:
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        row = tl.program_id(0)  # one token
+        row = tl.program_id(0).to(tl.int64)  # one token
         cols = tl.arange(0, BLOCK)
         ok = cols < n_cols
-        token = tl.load(ids_ptr + row)
+        token = tl.load(ids_ptr + row).to(tl.int64)
         tl.store(out_ptr + row * n_cols + cols, tl.load(w_ptr + token * s_w + cols, mask=ok), mask=ok)
 
     def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < n_cols
         g = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=ok, other=0.0)

@@ -39,10 +39,12 @@ if triton is not None:
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
-        pid = tl.program_id(0)  # one program per (layer, kv head) x batch row
+        # 64-bit program indices: layer * stride_l passes 2^31 elements once the cache holds
+        # more than ~48 rows of SmolLM2's 4k context (an illegal address at batch 48 and up)
+        pid = tl.program_id(0).to(tl.int64)  # one program per (layer, kv head) x batch row
         h = pid % n_heads
         layer = pid // n_heads
-        b = tl.program_id(1)
+        b = tl.program_id(1).to(tl.int64)
         base = tl.load(base_ptr + b)
         n = tl.load(n_ptr + b)
         rows = tl.arange(0, max_accept)

@@ -81,7 +81,7 @@ if triton is not None:
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
-        b = tl.program_id(0)
+        b = tl.program_id(0).to(tl.int64)
         i = tl.program_id(1)  # one node
         if PREP:  # step_inputs: the node's validity under its row's limits, its position and slot
             com = tl.load(com_ptr + b)
@@ -121,7 +121,7 @@ if triton is not None:
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
-        b = tl.program_id(0)  # one tree
+        b = tl.program_id(0).to(tl.int64)  # one tree
         i = tl.arange(0, NP)
         ok = i < n
         tok = tl.load(tok_ptr + b * s_tb + i, mask=ok, other=-1)

@@ -28,6 +28,9 @@ class NgramDrafter:
         self.max_ngram = max_ngram
         self._index: dict[int, _NgramIndex] = {}  # id(history) -> its index (the engine appends in place)
 
+    def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
+        return 0  # its trees are a few hundred bytes a row
+
     def propose(self, histories: list[list[int]], roots: torch.Tensor) -> Tree:
         b = len(histories)
         drafts = torch.zeros(b, self.num_draft, dtype=torch.long)
@@ -107,6 +110,13 @@ class Eagle3Drafter:
         self.width = self.depth + 1  # pending entries: an accepted path is at most depth + 1 long
 
     # ................................................................. state
+    def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
+        """What `allocate` takes for these rows (its KV cache and pending features dominate)."""
+        room = (self.steps - 1) * self.topk if not self.static else len(self.static)
+        kv = 2 * rows * self.n_kv * (cap + room) * self.head_dim * elem
+        pending = rows * self.width * 3 * self.head.config.target_hidden_size * elem
+        return kv + pending + 2 * rows * self.topk * (cap + room)
+
     def allocate(self, rows: int, cap: int, device, dtype) -> None:
         cfg = self.head.config
         # room after any context bucket (<= cap) for the draft tree's own entries: each depth

@@ -369,6 +369,7 @@ class SpecEngine:
         self.depth = self.num_steps
         # room to verify a full tree at the end, + a spare slot
         self.cap = self.max_len + self.tree_nodes + 2
+        self._check_memory(mb)
         self.cache = KVCache(self.target.spec, mb, self.cap, self.dtype, dev)
         self.committed = torch.zeros(mb, dtype=torch.long, device=dev)
         self.root = torch.zeros(mb, dtype=torch.long, device=dev)
@@ -397,6 +398,38 @@ class SpecEngine:
         self.graphs: dict = {}
         self._pool = None
         self._allocated = True
+
+    def memory_plan(self, rows: int | None = None) -> dict[str, int]:
+        """Bytes the engine allocates for `rows` cache rows (default: max_batch + the staging
+        row): the target's KV cache, the drafter's state, and a step's largest temporaries
+        (the verify's logits in float32 and the attention's split-K partials, a rough bound)."""
+        spec = self.target.spec
+        rows = rows or self.max_batch + 1
+        cap = self.max_len + 1 + self.num_draft_tokens + 2
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        kv = 2 * spec.num_hidden_layers * rows * spec.num_key_value_heads * cap * spec.head_dim * elem
+        drafter = self.drafter.memory_bytes(rows, cap, elem) if self.drafter is not None else 0
+        tokens = rows * (1 + self.num_draft_tokens)
+        step = tokens * (spec.vocab_size * (4 + elem) + 8 * spec.hidden_size * elem) + tokens * cap * 2
+        return {"kv_cache": kv, "drafter": drafter, "step": step}
+
+    def _check_memory(self, rows: int) -> None:
+        """Refuse, before allocating, a cache the card cannot hold (a clear error instead of an
+        out-of-memory error or a fault in a later step)."""
+        if self.device.type != "cuda":
+            return
+        plan = self.memory_plan(rows)
+        need = sum(plan.values())
+        free, total = torch.cuda.mem_get_info(self.device)
+        if need > free:
+            gib = 2**30
+            parts = ", ".join(f"{k.replace('_', ' ')} {v / gib:.2f} GiB" for k, v in plan.items())
+            per_row = need / rows
+            fits = max(int(free // per_row) - 1, 0)
+            raise EngineError(
+                f"max_batch {self.max_batch} x max_len {self.max_len} needs {need / gib:.1f} GiB ({parts}); the GPU has "
+                f"{free / gib:.1f} of {total / gib:.1f} GiB free: lower --max-batch (about {fits} fit at this max_len) "
+                f"or --max-len")
 
     def _state(self) -> list[torch.Tensor]:
         """Per-row tensors a step changes; graph warm-up restores them."""

@@ -112,6 +112,9 @@ class _DrafterBase:
     def commit(self, *_args, **_kwargs) -> None:
         pass
 
+    def memory_bytes(self, *_args) -> int:
+        return 0
+
 
 def tree_from_nodes(rows: list[list[tuple[int, int]]], roots: torch.Tensor) -> Tree:
     """rows[b] = [(parent index, token), ...] for nodes 1..N (node 0 is the root)."""

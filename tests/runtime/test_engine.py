@@ -451,3 +451,29 @@ def test_empty_batch(target, heads, config):
     assert [r.token_ids for r in eng.generate(PROMPTS[:1], SamplingParams(max_new_tokens=4))] == [
         SpecEngine(target, method="ar", max_len=MAX_LEN).generate(PROMPTS[:1], SamplingParams(max_new_tokens=4))[0]
         .token_ids]
+
+
+def test_memory_plan_counts_what_the_engine_allocates():
+    target = make_target()
+    head = random_head(target)
+    engine = SpecEngine(target, head, **CONFIGS["dynamic"], max_len=MAX_LEN, max_batch=3)
+    engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2))  # allocates
+    plan = engine.memory_plan()
+    kv = engine.cache.kv
+    assert plan["kv_cache"] == kv.numel() * kv.element_size()
+    d = engine.drafter
+    held = sum(t.numel() * t.element_size() for t in (d.k, d.v, d.pending_aux))
+    assert held <= plan["drafter"] <= 1.1 * held + 2 * 4 * d.masks.numel()
+    assert plan["step"] > 0
+
+
+def test_a_cache_the_card_cannot_hold_is_refused_before_allocating(monkeypatch):
+    target = make_target()
+    engine = SpecEngine(target, random_head(target), **CONFIGS["dynamic"], max_len=MAX_LEN, max_batch=64)
+    need = sum(engine.memory_plan().values())
+    monkeypatch.setattr(engine, "device", torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (need // 4, 2 * need))
+    with pytest.raises(EngineError, match=r"max_batch 64 x max_len 100 needs .* lower --max-batch \(about 1[0-9] fit"):
+        engine._check_memory(65)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (need + 1, 2 * need))
+    engine._check_memory(65)  # fits: no error
