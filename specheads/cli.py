@@ -1,4 +1,4 @@
-"""`specheads prepare | train | eval | demo | generate | export | publish | serve`.
+"""`specheads prepare | train | eval | evaluate | demo | generate | export | publish | serve`.
 
 Entry points parse arguments and call the library; errors the user can fix are printed
 as one clear line and exit with status 2.
@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from specheads.runtime.defaults import DEFAULT_TREE
 
@@ -257,6 +258,36 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    import torch
+
+    from specheads.evaluation.run import environment, evaluate, parse_methods, print_table, save
+    from specheads.evaluation.suite import SuiteError, load_suite
+    from specheads.heads.format import load_head
+    from specheads.target.loader import load_target
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    methods = parse_methods(args.methods or (["eagle3"] if args.draft else ["ngram"]),
+                            (args.num_steps, args.topk, args.num_draft_tokens))
+    if any(m.method == "eagle3" for m in methods) and not args.draft:
+        raise SuiteError("the eagle3 and chain methods need a draft head (--draft)")
+    prompts = load_suite(args.split, args.categories)
+    if args.limit:
+        prompts = [p for c in dict.fromkeys(p.category for p in prompts)
+                   for p in [q for q in prompts if q.category == c][: args.limit]]
+    model, tok, _ = load_target(args.target, dtype=dtype, device=device)
+    head = load_head(args.draft, device=device, dtype=dtype) if args.draft else None
+    report = {**environment(model), "target": args.target or "SmolLM2-135M-Instruct (embedded)", "draft": args.draft,
+              "split": args.split}
+    report.update(evaluate(model, tok, head, prompts, methods, batch_size=args.batch_size,
+                           max_new_tokens=args.max_new_tokens, progress=lambda s: print(s, file=sys.stderr, flush=True)))
+    js, png = save(report, Path(args.out))
+    print_table(report)
+    print(f"wrote {js} and {png}")
+    return 0
+
+
 def cmd_export(args) -> int:
     from specheads.hub import export_head
 
@@ -362,6 +393,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="cache length: prompt + output (default: the target's context, at most 4096)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("evaluate", help="acceptance and speedup by category on the held-out evaluation suite")
+    p.add_argument("--target", default=None)
+    p.add_argument("--draft", default=None, help="EAGLE-3 head folder or hub id (for the eagle3 and chain methods)")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="eagle3[@S,K,N] chain[@S] ngram[@N] (ar always runs: it is the reference); "
+                        "default: eagle3 with --draft, else ngram")
+    p.add_argument("--split", choices=["validation", "test"], default="test",
+                   help="choose settings on validation; report test")
+    p.add_argument("--categories", nargs="+", default=None, help="default: all nine")
+    p.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0])
+    p.add_argument("--topk", type=int, default=DEFAULT_TREE[1])
+    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2])
+    p.add_argument("--out", default="bench/suite", help="path prefix for .json and .png")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("export", help="write a head folder for one serving engine (sglang or vllm)")
     p.add_argument("head", help="a head folder (e.g. runs/smollm2-eagle3/final) or hub id org/name[@rev]")

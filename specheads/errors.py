@@ -2,6 +2,7 @@
 
 from specheads.config import ConfigError
 from specheads.data.sources import DataError
+from specheads.evaluation.suite import SuiteError
 from specheads.heads.format import HeadFormatError
 from specheads.hub import HubError
 from specheads.runtime.engine import EngineError
@@ -13,6 +14,7 @@ from specheads.training.trainer import TrainingError
 USER_ERRORS = (
     ConfigError,
     DataError,
+    SuiteError,
     HeadFormatError,
     HubError,
     EngineError,

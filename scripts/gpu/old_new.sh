@@ -9,7 +9,7 @@ base=$1; shift
 for i in $(seq 1 ${REPS:-3}); do
   for v in old new; do
     if [ $v = old ]; then root=$PWD/$base; else root=$PWD; fi
-    PYTHONPATH=/tmp/site:$root python3 $root/scripts/bench.py --target $TARGET --out $OUT/${v}_$i "$@" \
+    PYTHONPATH=/tmp/site:$root python3 $root/scripts/bench.py --target $TARGET --out $OUT/${v}_$i --peers "$@" \
       2>&1 | grep -E "^ *(sharegpt|coding|card)" | tail -20
   done
 done

@@ -1,0 +1,224 @@
+"""Decode the suite's prompts with plain decoding and with each speculative method, and report
+per category: tokens/s, the speedup over plain decoding (`ar`), the mean acceptance length
+(tokens a verify step emits), the share of emitted tokens inside a repeated 32-gram (looping
+answers are easy to draft and inflate acceptance), and the share of outputs identical to `ar`.
+
+A multi-turn prompt is measured on its last user turn; the answers to its earlier turns are
+the target's own greedy answers (decoded once, shared by every method), so every method sees
+the same context.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from specheads.evaluation.suite import CATEGORIES, CHAT_CATEGORIES, EvalPrompt, SuiteError, loop_share
+
+LOOP_NGRAM = 32
+
+
+@dataclass(frozen=True)
+class Method:
+    """One decoding configuration: `ar`, `ngram`, or `eagle3` with its tree."""
+
+    name: str
+    method: str = "ar"
+    num_steps: int = 0
+    topk: int = 0
+    num_draft_tokens: int = 0
+
+    def engine(self, target, head, max_len: int, max_batch: int):
+        from specheads.runtime.engine import SpecEngine
+
+        if self.method == "ar":
+            return SpecEngine(target, method="ar", max_len=max_len, max_batch=max_batch)
+        if self.method == "ngram":
+            return SpecEngine(target, method="ngram", num_draft_tokens=self.num_draft_tokens, max_len=max_len,
+                              max_batch=max_batch)
+        return SpecEngine(target, head, "eagle3", num_steps=self.num_steps, topk=self.topk,
+                          num_draft_tokens=self.num_draft_tokens, max_len=max_len, max_batch=max_batch)
+
+
+def parse_methods(specs: list[str], tree: tuple[int, int, int]) -> list[Method]:
+    """'eagle3' (the tree given), 'eagle3@S,K,N', 'chain' (eagle3, top-1, S steps), 'ngram', 'ngram@N'; `ar`
+    always comes first (it is the reference)."""
+    out = [Method("ar")]
+    for spec in specs:
+        name, _, arg = spec.partition("@")
+        if name == "ar":
+            continue
+        if name == "eagle3":
+            s, k, n = (int(x) for x in arg.split(",")) if arg else tree
+            out.append(Method(spec if arg else f"eagle3@{s},{k},{n}", "eagle3", s, k, n))
+        elif name == "chain":
+            s = int(arg) if arg else tree[0]
+            out.append(Method(f"chain@{s}", "eagle3", s, 1, s))
+        elif name == "ngram":
+            n = int(arg) if arg else 8
+            out.append(Method(f"ngram@{n}", "ngram", 0, 0, n))
+        else:
+            raise SuiteError(f"method {spec!r}: expected ar, eagle3[@S,K,N], chain[@S] or ngram[@N]")
+    return out
+
+
+def contexts(target, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int, max_prompt_tokens: int,
+             batch_size: int = 8) -> list[list[int]]:
+    """Each prompt's token ids up to its last user turn, earlier answers decoded greedily by the
+    target (plain decoding)."""
+    from specheads.data.chat import render
+    from specheads.data.regenerate import stop_token_ids
+    from specheads.runtime.engine import decode
+    from specheads.runtime.sampling import SamplingParams
+
+    def ids(messages):
+        text = render(tokenizer, messages, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"][-max_prompt_tokens:]
+
+    histories = [[{"role": "user", "content": p.turns[0]}] for p in prompts]
+    stops = stop_token_ids(tokenizer)
+    for turn in range(1, max(len(p.turns) for p in prompts)):
+        todo = [i for i, p in enumerate(prompts) if len(p.turns) > turn]
+        answers = decode(target, [ids(histories[i]) for i in todo], SamplingParams(max_new_tokens=max_new_tokens),
+                         stops, max_batch=batch_size)
+        for i, answer in zip(todo, answers):
+            histories[i] += [{"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)},
+                             {"role": "user", "content": prompts[i].turns[turn]}]
+    return [ids(h) for h in histories]
+
+
+def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[Method], batch_size: int = 1,
+             max_new_tokens: int = 256, max_prompt_tokens: int = 3072, progress=print) -> dict:
+    """Every method over every prompt, category by category; returns the report (see module doc)."""
+    from specheads.data.regenerate import stop_token_ids
+    from specheads.runtime.sampling import SamplingParams
+
+    cats = [c for c in CATEGORIES if any(p.category == c for p in prompts)]
+    t0 = time.perf_counter()
+    ctx = contexts(target, tokenizer, prompts, max_new_tokens, max_prompt_tokens, batch_size=max(batch_size, 8))
+    progress(f"contexts of {len(prompts)} prompts ready in {time.perf_counter() - t0:.1f} s")
+    limit = target.rotary.max_positions - 64
+    max_len = min(max(len(c) for c in ctx) + max_new_tokens + 1, limit)
+    stops = stop_token_ids(tokenizer)
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    cuda = next(target.parameters()).device.type == "cuda"
+    per_prompt = [{"id": p.id, "category": p.category, "source": p.source, "prompt_tokens": len(c), "methods": {}}
+                  for p, c in zip(prompts, ctx)]
+    cells: dict = {c: {} for c in cats}
+    outputs: dict = {}
+    for m in methods:
+        engine = m.engine(target, head, max_len, batch_size)
+        if cuda:  # every graph these batches replay, captured before the clock starts
+            engine.capture_common([batch_size])
+        for cat in cats:
+            idx = [i for i, p in enumerate(prompts) if p.category == cat]
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            results = engine.generate([ctx[i] for i in idx], params, stops)
+            if cuda:
+                torch.cuda.synchronize()
+            secs = time.perf_counter() - start
+            tokens = sum(len(r.token_ids) for r in results)
+            steps = sum(r.steps for r in results)
+            accepted = sum(r.accepted_tokens for r in results)
+            looped = sum(loop_share(r.token_ids, LOOP_NGRAM) * len(r.token_ids) for r in results)
+            for i, r in zip(idx, results):
+                outputs[(m.name, i)] = r.token_ids
+                per_prompt[i]["methods"][m.name] = {
+                    "tokens": len(r.token_ids), "mean_accept_length": round(r.mean_accept_length, 4),
+                    "loop_share": round(loop_share(r.token_ids, LOOP_NGRAM), 4)}
+            same = None
+            if m.name != "ar":
+                same = sum(outputs[(m.name, i)] == outputs[("ar", i)] for i in idx) / len(idx)
+            cells[cat][m.name] = {
+                "prompts": len(idx), "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
+                "mean_accept_length": 1 + accepted / steps if steps else 1.0,
+                "loop_share": looped / tokens if tokens else 0.0, "identical_to_ar": same}
+            c = cells[cat][m.name]
+            ar = cells[cat].get("ar")
+            c["speedup_vs_ar"] = c["tokens_per_s"] / ar["tokens_per_s"] if ar else 1.0
+            progress(f"{m.name:>16} {cat:>11}: {c['tokens_per_s']:8.1f} tok/s, accept {c['mean_accept_length']:.2f}, "
+                     f"{c['speedup_vs_ar']:.2f}x ar, looping {c['loop_share']:.1%}")
+        del engine
+    chat = {}
+    for m in methods:
+        in_chat = [cells[c][m.name] for c in cats if c in CHAT_CATEGORIES]
+        if in_chat:
+            chat[m.name] = {key: sum(x[key] for x in in_chat) / len(in_chat)
+                            for key in ("mean_accept_length", "speedup_vs_ar", "loop_share")}
+    return {"categories": cells, "chat_macro_average": chat, "prompts": per_prompt,
+            "methods": [asdict(m) for m in methods], "batch_size": batch_size, "max_new_tokens": max_new_tokens}
+
+
+def environment(target) -> dict:
+    dev = next(target.parameters()).device
+    return {"card": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+            "dtype": str(next(target.parameters()).dtype), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"), "command": " ".join(["specheads"] + sys.argv[1:])}
+
+
+def print_table(report: dict, out=print) -> None:
+    names = [m["name"] for m in report["methods"]]
+    spec = [n for n in names if n != "ar"]
+    out(f"{report.get('card', '')} {report.get('dtype', '')}, batch {report['batch_size']}, "
+        f"{report['max_new_tokens']} new tokens, split {report.get('split', '')}")
+    head = f"{'category':>11} {'n':>4} {'ar tok/s':>9}" + "".join(f" | {n:>16} accept  x ar  loop" for n in spec)
+    out(head)
+    rows = [(c, report["categories"][c]) for c in report["categories"]]
+    for cat, cell in rows:
+        line = f"{cat:>11} {cell['ar']['prompts']:>4} {cell['ar']['tokens_per_s']:>9.0f}"
+        for n in spec:
+            x = cell[n]
+            line += f" | {x['tokens_per_s']:>16.0f} {x['mean_accept_length']:>6.2f} {x['speedup_vs_ar']:>5.2f} " \
+                    f"{x['loop_share']:>5.0%}"
+        out(line)
+    n_chat = sum(c in CHAT_CATEGORIES for c in report["categories"])
+    for n in spec:
+        c = report["chat_macro_average"].get(n)
+        if c:
+            out(f"chat (macro-average over {n_chat} non-coding categories), {n}: accept "
+                f"{c['mean_accept_length']:.2f}, {c['speedup_vs_ar']:.2f}x ar")
+
+
+def save(report: dict, out: Path) -> tuple[Path, Path]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    js = out.with_suffix(".json")
+    js.write_text(json.dumps(report, indent=1))
+    png = out.with_suffix(".png")
+    plot(report, png)
+    return js, png
+
+
+def plot(report: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = list(report["categories"])
+    spec = [m["name"] for m in report["methods"] if m["name"] != "ar"]
+    if not spec:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(cats) + 3), 4))
+    width = 0.8 / len(spec)
+    for j, name in enumerate(spec):
+        xs = [i + j * width for i in range(len(cats))]
+        axes[0].bar(xs, [report["categories"][c][name]["mean_accept_length"] for c in cats], width, label=name)
+        axes[1].bar(xs, [report["categories"][c][name]["speedup_vs_ar"] for c in cats], width, label=name)
+    for ax, title in zip(axes, ("mean acceptance length (tokens / step)", "speedup over plain decoding")):
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cats))])
+        ax.set_xticklabels(cats, rotation=40, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{report.get('card', '')}, batch {report['batch_size']}, {report.get('split', '')} split", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
