@@ -258,6 +258,24 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None)
+    p.add_argument("--draft", default=None, help="EAGLE-3 head folder or hub id (for the eagle3 and chain methods)")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="eagle3[@S,K,N] chain[@S] ngram[@N] (ar always runs: it is the reference); "
+                        "default: eagle3 with --draft, else ngram")
+    p.add_argument("--split", choices=["validation", "test"], default="test",
+                   help="choose settings on validation; report test")
+    p.add_argument("--categories", nargs="+", default=None, help="default: all nine")
+    p.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0])
+    p.add_argument("--topk", type=int, default=DEFAULT_TREE[1])
+    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2])
+    p.add_argument("--out", default="bench/suite", help="path prefix for .json and .png")
+
+
 def cmd_evaluate(args) -> int:
     import torch
 
@@ -395,21 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("evaluate", help="acceptance and speedup by category on the held-out evaluation suite")
-    p.add_argument("--target", default=None)
-    p.add_argument("--draft", default=None, help="EAGLE-3 head folder or hub id (for the eagle3 and chain methods)")
-    p.add_argument("--methods", nargs="+", default=None,
-                   help="eagle3[@S,K,N] chain[@S] ngram[@N] (ar always runs: it is the reference); "
-                        "default: eagle3 with --draft, else ngram")
-    p.add_argument("--split", choices=["validation", "test"], default="test",
-                   help="choose settings on validation; report test")
-    p.add_argument("--categories", nargs="+", default=None, help="default: all nine")
-    p.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0])
-    p.add_argument("--topk", type=int, default=DEFAULT_TREE[1])
-    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2])
-    p.add_argument("--out", default="bench/suite", help="path prefix for .json and .png")
+    _add_evaluate_args(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("export", help="write a head folder for one serving engine (sglang or vllm)")

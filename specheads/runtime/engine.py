@@ -388,11 +388,16 @@ class SpecEngine:
         if isinstance(self.drafter, Eagle3Drafter):
             self.drafter.allocate(mb, self.cap, dev, self.dtype)
         elif self.drafter is not None:  # host drafter: its trees are copied into these inputs
+            # a well-formed tree in every row from the start (the root at depth 0, drafts invalid):
+            # rows no request has used yet still step inside a padded batch and in graph capture,
+            # and a root at depth 1 made their accepted path start at node -1 (the commit then read
+            # the slot before the cache: an illegal address in row 0)
             n = self.tree_nodes
             parents = torch.zeros(mb, n, dtype=torch.long, device=dev)
             parents[:, 0] = -1
-            self.tree_in = Tree(torch.zeros(mb, n, dtype=torch.long, device=dev), parents,
-                                torch.ones(mb, n, dtype=torch.long, device=dev),
+            depth = torch.ones(mb, n, dtype=torch.long, device=dev)
+            depth[:, 0] = 0
+            self.tree_in = Tree(torch.zeros(mb, n, dtype=torch.long, device=dev), parents, depth,
                                 torch.zeros(mb, n, dtype=torch.bool, device=dev), self.depth,
                                 torch.zeros(mb, n, dtype=torch.long, device=dev))
         self.graphs: dict = {}

@@ -477,3 +477,22 @@ def test_a_cache_the_card_cannot_hold_is_refused_before_allocating(monkeypatch):
         engine._check_memory(65)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (need + 1, 2 * need))
     engine._check_memory(65)  # fits: no error
+
+
+def test_host_drafter_rows_never_used_step_as_a_lone_root():
+    """A padded batch (3 requests in a bucket of 4) steps row 3, which no request has used: its
+    tree must be the root alone at depth 0, so its accepted path is [0] (a root at depth 1 gave
+    the path [-1, ...]: the commit read the slot before the cache, an illegal address on the GPU
+    when it was row 0 during graph capture)."""
+    target = make_target()
+    engine = SpecEngine(target, method="ngram", num_draft_tokens=4, max_len=MAX_LEN, max_batch=4)
+    engine.buckets = True  # the graphs' shapes, eagerly: batch bucket 4 for 3 rows
+    engine._allocate()
+    t = engine.tree_in
+    assert (t.depth[:, 0] == 0).all() and (t.parents[:, 0] == -1).all() and not t.valid.any()
+    engine.overlap = False
+    for p in PROMPTS[:3]:
+        engine.add(engine_mod.Request(p, SamplingParams(max_new_tokens=5)))
+    engine.step()  # prefill + one step over the bucket of 4
+    assert engine.out[3, 0].item() == 1, "the unused row accepts its root only"
+    assert engine.out[3, 4].item() == 0 and (engine.out[3, 5:] == 0).all()
