@@ -63,6 +63,8 @@ def run_method(args, method: str) -> list[dict]:
             batch = [prompts[i % len(prompts)] for i in range(b)]
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
+                if args.capture_all:  # as a server starts: every batch, context and prompt-width bucket
+                    row["graphs"] = engine.capture_common(range(1, b + 1))
             engine.generate(batch, params, stops)  # warm-up: the graphs this batch replays
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -107,6 +109,8 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=None, help="context per row (default: the engine's, up to 4096)")
     ap.add_argument("--chain-steps", type=int, default=6)
     ap.add_argument("--prompts", default="suite", help="'suite' (the evaluation suite's test prompts) or a JSON list")
+    ap.add_argument("--capture-all", action="store_true",
+                    help="capture every graph up front, as `specheads serve` does at start")
     ap.add_argument("--out", default="bench/batch_sweep")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
