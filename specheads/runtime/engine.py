@@ -215,9 +215,15 @@ class SpecEngine:
     def add(self, request: Request) -> int:
         """Queue a request for the next step; returns its handle."""
         request.params.validate()
+        vocab = self.target.spec.vocab_size
+        if request.params.top_k > vocab:
+            raise InvalidRequest(f"top_k must be at most the vocabulary size {vocab} (0 disables it), "
+                                 f"got {request.params.top_k}")
         n = len(request.prompt)
         if n == 0:
             raise InvalidRequest("prompt is empty")
+        if not all(0 <= t < vocab for t in request.prompt):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
         if n + request.params.max_new_tokens > self.max_len:
             raise InvalidRequest(
                 f"prompt ({n} tokens) + max_new_tokens ({request.params.max_new_tokens}) exceeds the context of "

@@ -28,6 +28,12 @@ class SamplingParams:
             raise InvalidRequest(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if self.max_new_tokens <= 0:
             raise InvalidRequest(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+        # the per-row state holds these in int64 tensors: a larger value failed inside a step,
+        # and with it every request of the batch
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise InvalidRequest(f"seed must be a 64-bit integer (-2**63 <= seed < 2**63), got {self.seed}")
+        if self.top_k >= 2**63:
+            raise InvalidRequest(f"top_k must be below 2**63 (and at most the vocabulary), got {self.top_k}")
         return self
 
     @property

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -24,6 +25,7 @@ from specheads.server.schemas import APIError, ChatCompletionRequest, Completion
 from specheads.server.tokens import Detokenizer, StopMatcher
 
 COMPLETION_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,6 +35,7 @@ class ServerConfig:
     max_queue: int = 256
     request_timeout: float = 600.0  # seconds from arrival, queue included
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish on shutdown
+    max_request_bytes: int = 4 * 2**20  # a larger body is a 413, refused before it is read
 
 
 @dataclass
@@ -64,14 +67,6 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
     stop_ids = frozenset(stop_token_ids(tokenizer))
     created = int(time.time())
 
-    async def check_api_key(request: Request) -> None:
-        if config.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
-            raise APIError(401, "Authorization header: missing or wrong API key (send 'Authorization: Bearer <key>' "
-                                "with the server's --api-key)", param="api_key", code="invalid_api_key")
-
     @asynccontextmanager
     async def lifespan(app):
         scheduler.start()
@@ -79,14 +74,13 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         scheduler.close()
 
     app = FastAPI(title="specheads", lifespan=lifespan)
-    authorized = [Depends(check_api_key)]
     app.state.scheduler, app.state.metrics, app.state.config = scheduler, metrics, config
+    app.add_middleware(Guard, api_key=config.api_key, max_bytes=config.max_request_bytes, metrics=metrics)
 
     # ------------------------------------------------------------------ errors
     def error_response(request: Request, err: APIError) -> JSONResponse:
         metrics.requests.labels(endpoint=request.url.path, status=str(err.status)).inc()
-        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
-        return JSONResponse(err.body(), status_code=err.status, headers=headers)
+        return JSONResponse(err.body(), status_code=err.status, headers=error_headers(err.status))
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError):
@@ -102,8 +96,11 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _server_error(request: Request, exc: Exception):
-        return error_response(request, APIError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                                type="server_error"))
+        # the client gets an id to quote; the details (which may hold internals) go to the log
+        rid = uuid.uuid4().hex[:16]
+        log.error("internal error, request %s (%s %s)", rid, request.method, request.url.path, exc_info=exc)
+        return error_response(request, APIError(500, f"internal error (request id {rid}); the server log has "
+                                                     "the details", type="server_error", code="internal_error"))
 
     # ------------------------------------------------------------------ checks against the model's limits
     def check_model(body) -> None:
@@ -111,9 +108,14 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
             raise APIError(404, f"model {body.model!r} does not exist; this server serves "
                                 f"{config.served_model_name!r} (GET /v1/models)", param="model", code="model_not_found")
 
+    vocab = len(tokenizer)
+
     def engine_request(body, prompt: list[int], max_tokens: int | None, prompt_field: str, max_field: str):
         if body.n != 1:
             raise APIError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
+        if body.top_k > vocab:
+            raise APIError(400, f"top_k must be at most the vocabulary size {vocab} (0 disables it), got {body.top_k}",
+                           param="top_k")
         if not prompt:
             raise APIError(400, f"{prompt_field} is empty", param=prompt_field)
         room = engine.max_len - len(prompt)
@@ -236,33 +238,45 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         yield "data: [DONE]\n\n"
 
     # ------------------------------------------------------------------ routes
-    @app.post("/v1/chat/completions", dependencies=authorized)
-    async def chat_completions(request: Request, body: ChatCompletionRequest):
+    def chat_prompt(messages: list[dict]) -> list[int]:
         from specheads.data.chat import render
 
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             text = render(tokenizer, messages, add_generation_prompt=True)
         except Exception as e:
-            raise APIError(400, f"messages: the chat template rejected them ({e})", param="messages") from e
-        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+            raise APIError(400, f"messages: the chat template rejected them ({type(e).__name__}: {e})",
+                           param="messages") from e
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest):
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        for i, m in enumerate(messages):
+            check_unicode(m["content"], f"messages.{i}.content")
+        for i, stop in enumerate(body.stop_strings()):
+            check_unicode(stop, "stop")
+        # templating and tokenizing a long body takes seconds: off the event loop, so that /health
+        # and the streams of other requests go on meanwhile
+        prompt = await asyncio.to_thread(chat_prompt, messages)
         return await generate(request, body, prompt, body.max_completion_tokens or body.max_tokens, "chat")
 
-    @app.post("/v1/completions", dependencies=authorized)
+    @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest):
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:
                 raise APIError(400, f"prompt: one prompt per request, got {len(prompt)}", param="prompt")
             prompt = prompt[0]
+        for stop in body.stop_strings():
+            check_unicode(stop, "stop")
         if isinstance(prompt, str):
-            prompt = tokenizer(prompt)["input_ids"]
-        vocab = len(tokenizer)
+            check_unicode(prompt, "prompt")
+            prompt = (await asyncio.to_thread(tokenizer, prompt))["input_ids"]
         if any(not 0 <= t < vocab for t in prompt):
             raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
         return await generate(request, body, list(prompt), body.max_tokens, "text")
 
-    @app.get("/v1/models", dependencies=authorized)
+    @app.get("/v1/models")
     async def models(request: Request):
         return {"object": "list", "data": [{"id": config.served_model_name, "object": "model", "created": created,
                                             "owned_by": "specheads", "max_model_len": engine.max_len}]}
@@ -278,6 +292,74 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def error_headers(status: int) -> dict | None:
+    if status == 401:
+        return {"WWW-Authenticate": "Bearer"}
+    if status in (429, 503):  # a full queue drains in seconds; a shutting-down server is replaced soon
+        return {"Retry-After": "1" if status == 429 else "5"}
+    return None
+
+
+def check_unicode(text: str, field: str) -> None:
+    """JSON lets a string hold a lone surrogate (\\ud800); no tokenizer can encode one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start: e.end].encode("unicode_escape").decode()
+        raise APIError(400, f"{field}: not valid Unicode at character {e.start} ({bad}: a lone surrogate); send "
+                            "UTF-8 text", param=field.split(".")[0]) from None
+
+
+class Guard:
+    """ASGI middleware in front of the app: the API key is checked from the headers before any
+    of the body is read, and a body over `max_bytes` is refused with 413 (from its Content-Length
+    at once, or as soon as a chunked body passes the limit)."""
+
+    def __init__(self, app, api_key: str | None, max_bytes: int, metrics: Metrics):
+        self.app, self.api_key, self.max_bytes, self.metrics = app, api_key, max_bytes, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.api_key is not None and path.startswith("/v1/") and not self._authorized(headers):
+            return await self._refuse(scope, send, APIError(
+                401, "Authorization header: missing or wrong API key (send 'Authorization: Bearer <key>' with the "
+                     "server's --api-key)", param="api_key", code="invalid_api_key"))
+        too_large = APIError(413, f"the request body is over {self.max_bytes} bytes (server --max-request-bytes)",
+                             code="request_too_large")
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_bytes:
+            return await self._refuse(scope, send, too_large)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise StarletteHTTPException(413, too_large.message)
+            return message
+
+        return await self.app(scope, limited_receive, send)
+
+    def _authorized(self, headers: dict) -> bool:
+        scheme, _, token = headers.get("authorization", "").strip().partition(" ")
+        # the scheme is case-insensitive (RFC 9110 11.1)
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+
+    async def _refuse(self, scope, send, err: APIError) -> None:
+        self.metrics.requests.labels(endpoint=scope["path"], status=str(err.status)).inc()
+        response = JSONResponse(err.body(), status_code=err.status, headers=error_headers(err.status))
+        await response(scope, _no_body, send)
+
+
+async def _no_body():
+    return {"type": "http.disconnect"}
 
 
 class Shape:
@@ -348,4 +430,5 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if not loc:
         return APIError(400, f"the request body must be a JSON object ({err['msg']})")
     param = ".".join(loc[:2]) if loc[0] in ("speculation", "stream_options") and len(loc) > 1 else loc[0]
-    return APIError(400, f"{param}: {err['msg']}", param=param)
+    where = ".".join(x for x in loc if not x.startswith(("str", "list[", "int", "function-")))
+    return APIError(400, f"{where or param}: {err['msg']}", param=param)

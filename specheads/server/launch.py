@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -55,23 +56,37 @@ def model_name(target, folder) -> str:
 
 
 class GracefulServer(uvicorn.Server):
-    """On shutdown (SIGTERM, Ctrl-C): new requests get 503 at once, in-flight ones get
-    `grace` seconds to finish, then each gets a clear error instead of a cut connection."""
+    """On shutdown (SIGTERM, Ctrl-C) the server drains: the listener stays open and new requests
+    get 503 with Retry-After, in-flight ones get `grace` seconds to finish (then each gets a clear
+    error instead of a cut connection), and only then does the listener close. The process then
+    exits with status 0: a drained shutdown is a clean one."""
 
     def __init__(self, config: uvicorn.Config, scheduler, grace: float):
         super().__init__(config)
         self.scheduler, self.grace = scheduler, grace
 
     async def shutdown(self, sockets=None):
-        self.scheduler.stop_admitting()
+        sched = self.scheduler
+        sched.stop_admitting()
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(self.grace, self.scheduler.fail_all,
-                                f"the server is shutting down; the request did not finish within the {self.grace:g} s "
-                                "grace period")
-        try:
-            await super().shutdown(sockets)
-        finally:
-            timer.cancel()
+        deadline = loop.time() + self.grace
+        while not sched.idle and loop.time() < deadline and not self.force_exit:
+            await asyncio.sleep(0.05)
+        if not sched.idle:
+            sched.fail_all(f"the server is shutting down; the request did not finish within the {self.grace:g} s "
+                           "grace period")
+            until = loop.time() + 5  # the worker hands each its error between steps
+            while not sched.idle and loop.time() < until:
+                await asyncio.sleep(0.05)
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        with super().capture_signals():
+            yield
+            # uvicorn re-raises the signal it caught once it has shut down (exit 143 on SIGTERM);
+            # the drain above already did what the signal asked for
+            self._captured_signals.clear()
 
 
 def make_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> GracefulServer:
@@ -84,10 +99,12 @@ def make_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str =
 
 def serve(target, draft, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
           api_key: str | None = None, max_queue: int = 256, request_timeout: float = 600.0,
-          shutdown_grace: float = 30.0, log_level: str = "info", **engine_kwargs) -> None:
+          shutdown_grace: float = 30.0, max_request_bytes: int = 4 * 2**20, log_level: str = "info",
+          **engine_kwargs) -> None:
     engine, tok, folder = load_engine(target, draft, **engine_kwargs)
     name = served_model_name or model_name(target, folder)
-    app = create_app(engine, tok, ServerConfig(name, api_key, max_queue, request_timeout, shutdown_grace))
+    app = create_app(engine, tok, ServerConfig(name, api_key, max_queue, request_timeout, shutdown_grace,
+                                               max_request_bytes))
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         log.warning("serving on %s without --api-key: anyone who reaches this port can use it", host)
     print(f"specheads serve: model {name!r} (method {engine.method}, max_batch {engine.max_batch}, "

@@ -65,7 +65,9 @@ class Scheduler:
             if not self.admitting:
                 raise APIError(503, "the server is shutting down and accepts no new requests", type="server_error",
                                code="shutting_down")
-            if len(self.pending) >= self.max_queue:
+            # the free slots take waiting jobs at the worker's next turn: they are not queue places
+            free = max(self.engine.max_batch - len(self.running), 0)
+            if len(self.pending) >= self.max_queue + free:
                 raise APIError(429, f"the request queue is full ({self.max_queue} waiting, server --max-queue); "
                                     "retry later", type="rate_limit_error", code="queue_full")
             self.pending.append(job)

@@ -44,8 +44,7 @@ def test_serve_entry_point_serves_and_stops_on_sigterm(tiny_target_dir):
     finally:
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=60)[0]
-    # uvicorn shuts down, then re-raises the signal it caught so the exit status tells of it
-    assert proc.returncode in (0, -signal.SIGTERM), out
+    assert proc.returncode == 0, out  # a drained shutdown exits cleanly
     assert "Application shutdown complete" in out and "Traceback" not in out
     assert f"on http://127.0.0.1:{port}/v1" in out
 
