@@ -53,6 +53,9 @@ class TrainSection(_Strict):
     save_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     resume: Literal["auto", "never"] = "auto"
+    # a step whose loss or gradient norm is NaN/Inf: false stops the run with an error; true skips
+    # the step without an update and counts it (train_summary.json: nonfinite_steps_skipped)
+    skip_nonfinite: bool = False
     # a saved head (folder or hub id) to start from instead of random weights: fine-tuning keeps
     # its shape and its draft vocabulary (the data's vocab map is not used)
     init_from: str | None = None

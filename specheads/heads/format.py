@@ -155,6 +155,11 @@ def validate_weights(tensors: dict, cfg: Eagle3Config, where: str) -> None:
     extra = sorted(set(tensors) - set(WEIGHT_SHAPES) - {k for k in tensors if "embed_tokens" in k})
     if extra:
         problems.append(f"unexpected tensors {extra[:5]} (vLLM refuses unknown names)")
+    for name, t in tensors.items():  # a NaN head would load and serve, drafting tokens that are never accepted
+        n_bad = int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
+        if n_bad:
+            problems.append(f"tensor {name} holds {n_bad} NaN/Inf value(s) of {t.numel()} (the run that wrote it "
+                            "diverged: retrain it, e.g. with a lower train.lr)")
     if "d2t" in tensors and tensors["d2t"].dtype != torch.int64:
         problems.append(f"d2t has dtype {tensors['d2t'].dtype}, expected torch.int64")
     if "t2d" in tensors and tensors["t2d"].dtype != torch.bool:

@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import signal
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -22,6 +23,17 @@ import torch
 from specheads.config import RunConfig
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head, head_mismatches
 from specheads.heads.format import HeadFormatError, load_head, save_head
+from specheads.training.checkpoints import (
+    checkpoint_problem,
+    deepspeed_safe_globals,
+    finished_checkpoints,
+    load_deepspeed_weights_only,
+    load_state,
+    prune_checkpoints,
+    reject_checkpoint,
+    write_done,
+    write_manifest,
+)
 from specheads.training.data import collate, epoch_batches, load_prepared
 from specheads.training.ttt import chain_acceptance, opening_mask, shift_left, ttt_loss, ttt_unroll
 
@@ -63,6 +75,33 @@ def barrier(world: int) -> None:
         torch.distributed.barrier()
 
 
+def ranks_where(flag: bool, world: int, device: torch.device) -> list[int]:
+    """The ranks on which `flag` holds, the same list on every rank (a collective: all ranks call it)."""
+    rank = int(os.environ.get("RANK", 0))
+    if world == 1 or not torch.distributed.is_initialized():
+        return [rank] if flag else []
+    t = torch.zeros(world, dtype=torch.int32, device=device)
+    t[rank] = int(flag)
+    torch.distributed.all_reduce(t)
+    return [r for r, f in enumerate(t.tolist()) if f]
+
+
+def from_main(value: int, world: int, device: torch.device) -> int:
+    """Rank 0's value on every rank."""
+    if world == 1 or not torch.distributed.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    torch.distributed.broadcast(t, src=0)
+    return int(t.item())
+
+
+def nonfinite_tensors(module: torch.nn.Module, dtype: torch.dtype | None = None) -> list[str]:
+    """Names of the parameters and buffers holding a NaN or Inf (once cast to dtype, if given:
+    float16 overflows where float32 does not)."""
+    return [name for name, t in [*module.named_parameters(), *module.named_buffers()]
+            if t.is_floating_point() and not bool(torch.isfinite(t.detach().to(dtype or t.dtype)).all())]
+
+
 def deepspeed_config(path: str, cfg: RunConfig, device: torch.device) -> dict:
     p = Path(path)
     if not p.is_file():
@@ -100,26 +139,7 @@ def lr_lambda(total: int, warmup: int, min_ratio: float):
     return f
 
 
-# ---------------------------------------------------------------- checkpoints (plain path)
-def finished_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every checkpoint that was written to the end, oldest first."""
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(
-        (int(p.name.split("_")[1]), p) for p in ckpt_dir.iterdir() if p.name.startswith("step_") and (p / "done").exists()
-    )
-
-
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    done = finished_checkpoints(ckpt_dir)
-    return done[-1][1] if done else None
-
-
-def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
-    for _, p in finished_checkpoints(ckpt_dir)[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
-
-
+# ---------------------------------------------------------------- signals
 class StopRequest:
     """SIGTERM / SIGINT (a scheduler's time limit, `timeout`, Ctrl-C) ask the loop to stop at the
     next step boundary: it saves a checkpoint there and returns, so the same command resumes."""
@@ -150,16 +170,7 @@ class StopRequest:
 
     def agreed(self, world: int, device: torch.device) -> bool:
         """Every rank stops at the same step (any rank's signal counts)."""
-        flag = self.signum is not None
-        if world > 1 and torch.distributed.is_initialized():
-            t = torch.tensor([int(flag)], device=device)
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-            flag = bool(t.item())
-        return flag
-
-
-def write_done(folder: Path, step: int) -> None:
-    (folder / "done").write_text(str(step))
+        return bool(ranks_where(self.signum is not None, world, device))
 
 
 # ---------------------------------------------------------------- the run
@@ -173,12 +184,18 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         self.ckpt_dir = self.out / "checkpoints"
         self.is_main = self.rank == 0
+        self.nonfinite_skipped = 0  # steps skipped under train.skip_nonfinite, this run and the ones it resumed
+        self.last_checkpoint: Path | None = None
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
 
     def log(self, msg: str) -> None:
         if self.is_main:
             print(msg, flush=True)
+
+    def warn(self, msg: str) -> None:
+        if self.is_main:
+            print(f"warning: {msg}", file=sys.stderr, flush=True)
 
     # .............................................................. setup
     def setup(self) -> None:
@@ -242,6 +259,7 @@ class Trainer:
                 model=self.head, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_cfg
             )
             self.head = self.engine.module
+            load_deepspeed_weights_only(self.engine)
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16)
             if self.device.type == "cuda" and not self.use_ds
@@ -377,59 +395,105 @@ class Trainer:
         }
 
     # .............................................................. checkpoints
+    def check_head_finite(self, what: str, dtype: torch.dtype | None = None) -> None:
+        """A head with NaN/Inf weights is never written: every rank holds the full weights (ZeRO-1/2),
+        so every rank reaches the same verdict and raises together."""
+        bad = nonfinite_tensors(self.head, dtype)
+        if bad:
+            in_dtype = f" in {str(dtype).replace('torch.', '')}" if dtype is not None else ""
+            since = f"; the last checkpoint, {self.last_checkpoint}, predates this" if self.last_checkpoint else ""
+            raise TrainingError(
+                f"not saving {what}: the head's tensors {bad[:5]} hold NaN/Inf{in_dtype}{since}. Lower train.lr or "
+                f"train.max_grad_norm, or set train.skip_nonfinite=true to skip steps whose loss is not finite"
+            )
+
     def save_checkpoint(self, step: int) -> None:
+        self.check_head_finite(f"the checkpoint of step {step}")
         tag = f"step_{step}"
+        final = self.ckpt_dir / tag
+        client_state = {"step": step, "head_config": self.head.config.to_dict(),
+                        "nonfinite_steps_skipped": self.nonfinite_skipped}
         if self.engine is not None:
-            self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag,
-                                        client_state={"step": step, "head_config": self.head.config.to_dict()})
+            if self.is_main:  # a leftover folder of that step (an abandoned run) must not mix into this one
+                shutil.rmtree(final, ignore_errors=True)
             barrier(self.world)
-            if self.is_main:
-                write_done(self.ckpt_dir / tag, step)
+            self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state=client_state)
+            barrier(self.world)
+            if self.is_main:  # every rank's files are on disk: one manifest covers them all
+                write_manifest(final)
+                write_done(final, step)
                 prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
+            self.last_checkpoint = final
             return
+        self.last_checkpoint = final
         if not self.is_main:
             return
         tmp = self.ckpt_dir / f".{tag}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        # plain tensors, dicts, lists and numbers only: it loads with weights_only=True
         torch.save(
             {
                 "head": self.head.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
-                "step": step,
-                "head_config": self.head.config.to_dict(),
                 "rng": torch.get_rng_state(),
+                **client_state,
             },
             tmp / "state.pt",
         )
+        write_manifest(tmp)
         write_done(tmp, step)
-        final = self.ckpt_dir / tag
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
 
+    def intact_checkpoint(self) -> Path | None:
+        """The newest checkpoint whose files match its manifest. Rank 0 verifies and sets aside the
+        ones that fail (with a warning naming the file); every rank then loads the same step."""
+        chosen, rejected = -1, 0
+        if self.is_main:
+            allowed = deepspeed_safe_globals() if self.use_ds else None
+            for step, folder in reversed(finished_checkpoints(self.ckpt_dir)):
+                problem = checkpoint_problem(folder, allowed)
+                if problem is None:
+                    chosen = step
+                    break
+                moved = reject_checkpoint(folder)
+                rejected += 1
+                self.warn(f"checkpoint {folder} is not intact: {problem}; moved it to {moved.name} and falling "
+                          "back to the previous checkpoint")
+            if chosen < 0 and rejected:
+                self.warn(f"no intact checkpoint left in {self.ckpt_dir}: training starts again from step 0")
+        chosen = from_main(chosen, self.world, self.device)
+        return self.ckpt_dir / f"step_{chosen}" if chosen >= 0 else None
+
     def maybe_resume(self) -> int:
         if self.cfg.train.resume == "never":
             return 0
-        ckpt = latest_checkpoint(self.ckpt_dir)
+        ckpt = self.intact_checkpoint()
         if ckpt is None:
             return 0
+        # the manifest check above runs before any of these files is unpickled, and every load is
+        # weights_only (DeepSpeed's through load_deepspeed_weights_only)
         if self.engine is not None:
             states = list(ckpt.glob("mp_rank_00_model_states.pt"))
             if states:
-                saved = torch.load(states[0], map_location="cpu", weights_only=False)
+                saved = load_state(states[0], safe_globals=deepspeed_safe_globals())
                 self.check_resumable(ckpt, saved.get("head_config"))
             _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=ckpt.name)
             step = int(client["step"])
+            self.nonfinite_skipped = int(client.get("nonfinite_steps_skipped", 0))
         else:
-            state = torch.load(ckpt / "state.pt", map_location=self.device, weights_only=False)
+            state = load_state(ckpt / "state.pt", map_location=self.device)
             self.check_resumable(ckpt, state.get("head_config"))
             self.head.load_state_dict(state["head"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["rng"].cpu())
             step = int(state["step"])
+            self.nonfinite_skipped = int(state.get("nonfinite_steps_skipped", 0))
+        self.last_checkpoint = ckpt
         self.log(f"resumed from {ckpt} at step {step}")
         return step
 
@@ -479,6 +543,8 @@ class Trainer:
             return {"stopped_at_step": stopped_at, "steps": self.total_steps}
         wall = time.time() - self._t_start
         tokens_seen = self._tokens_seen
+        export_dtype = getattr(torch, cfg.train.export_dtype)
+        self.check_head_finite(f"the final head ({self.out / 'final'})", export_dtype)
         last_eval = self.evaluate() if self.is_main else {}
         peak = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
         summary = {
@@ -489,6 +555,7 @@ class Trainer:
             "peak_gpu_mem_gib": round(peak, 2) if peak is not None else None,
             "world_size": self.world,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            "nonfinite_steps_skipped": self.nonfinite_skipped,
             **last_eval,
         }
         self.save_checkpoint(self.total_steps)
@@ -496,7 +563,6 @@ class Trainer:
             metrics.log({"step": self.total_steps, **last_eval})
             meta = {"target": cfg.target.path or "smollm2-135m-instruct", "data": self.data.report, "train": summary,
                     "run_config": cfg.model_dump()}
-            export_dtype = getattr(torch, cfg.train.export_dtype)
             save_head(self.head, self.out / "final", export_dtype, meta, target_name=cfg.target.path or "smollm2-135m-instruct")
             metrics.finish(summary)
             self.log(f"final head -> {self.out / 'final'}")
@@ -517,15 +583,25 @@ class Trainer:
                 self._tokens_seen += n_tok
                 if self.engine is not None:
                     self.engine.step()
+            done = step + 1
+            losses = torch.stack([s.loss.detach().float() for s in step_stats])
             if self.engine is None:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), cfg.train.max_grad_norm))
+                finite = bool(torch.isfinite(losses).all()) and math.isfinite(grad_norm)
+            else:  # DeepSpeed has stepped already; its own overflow check decides for fp16's loss scale
+                grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
+                finite = bool(torch.isfinite(losses).all())
+            bad_ranks = ranks_where(not finite, self.world, self.device)
+            if bad_ranks:
+                self.nonfinite_step(done, bad_ranks, losses, grad_norm)
+                metrics.log({"step": done, "nonfinite_step_skipped": True,
+                             "nonfinite_steps_skipped": self.nonfinite_skipped})
+            elif self.engine is None:
                 self.optimizer.step()
                 self.scheduler.step()
+            if self.engine is None:
                 self.optimizer.zero_grad(set_to_none=True)
-            else:
-                grad_norm = float(self.engine.get_global_grad_norm() or 0.0)
-            done = step + 1
-            if done % cfg.train.log_every == 0 or done == self.total_steps or done == start + 1:
+            if not bad_ranks and (done % cfg.train.log_every == 0 or done == self.total_steps or done == start + 1):
                 # every rank logs at the same steps: average over ranks so curves compare across world sizes
                 k_steps = cfg.train.ttt_steps
                 local = torch.tensor(
@@ -562,6 +638,29 @@ class Trainer:
             if done != self.total_steps and stop.agreed(self.world, self.device):
                 return done
         return None
+
+    def nonfinite_step(self, done: int, bad_ranks: list[int], losses: torch.Tensor, grad_norm: float) -> None:
+        """A step whose loss or gradient norm is NaN/Inf on any rank: a TrainingError on every rank,
+        or, under train.skip_nonfinite, no update (counted). Every rank gets the same bad_ranks."""
+        where = f"rank {bad_ranks}" if self.world > 1 else "this process"
+        detail = (f"step {done}/{self.total_steps}: the loss or the gradient norm is not finite on {where} "
+                  f"(here: loss {[round(x, 4) for x in losses.tolist()]}, gradient norm {grad_norm:.4g})")
+        if not self.cfg.train.skip_nonfinite:
+            resume = (f"; the last intact checkpoint is {self.last_checkpoint}, which the same command resumes from"
+                      if self.last_checkpoint else "")
+            raise TrainingError(
+                f"{detail}. Training stopped, nothing of this step was saved{resume}. Lower train.lr or "
+                f"train.max_grad_norm, check the data, or set train.skip_nonfinite=true to skip such steps"
+            )
+        if self.engine is not None and self.engine.was_step_applied():
+            raise TrainingError(
+                f"{detail}, and DeepSpeed applied the update anyway, so the weights cannot be trusted: enable its "
+                f"overflow check (bf16.check_grad_overflow: true in {self.cfg.train.deepspeed}) for "
+                f"train.skip_nonfinite to work"
+            )
+        self.nonfinite_skipped += 1
+        self.warn(f"{detail}: skipped without an update (train.skip_nonfinite); "
+                  f"{self.nonfinite_skipped} step(s) skipped so far")
 
 
 def train(cfg: RunConfig) -> dict:

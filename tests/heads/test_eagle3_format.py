@@ -188,6 +188,28 @@ def test_validation_rejects_broken_folders(trained, tmp_path, edit, message):
     assert str(folder) in str(e.value)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_load_head_refuses_nonfinite_weights(trained, tmp_path, dtype):
+    """A head trained into NaN has the right names and shapes; it must still not load (publishing and
+    serving go through load_head)."""
+    trainer, _ = trained
+    save_head(trainer.head, tmp_path / "good", dtype)
+
+    def poison(t):
+        t["midlayer.mlp.up_proj.weight"][3, 5] = float("nan")
+        t["norm.weight"][0] = float("inf")
+
+    folder = _broken_copy(tmp_path / "good", tmp_path, poison)
+    with pytest.raises(HeadFormatError) as e:
+        load_head(folder)
+    msg = str(e.value)
+    assert str(folder) in msg
+    assert "tensor midlayer.mlp.up_proj.weight holds 1 NaN/Inf value(s) of 8192" in msg
+    assert "tensor norm.weight holds 1 NaN/Inf" in msg
+    assert "fc.weight" not in msg  # only the broken tensors are named
+    assert load_head(tmp_path / "good").fc.weight.dtype == dtype  # the intact folder still loads
+
+
 def test_missing_files(trained, tmp_path):
     _, final = trained
     folder = tmp_path / "nocfg"

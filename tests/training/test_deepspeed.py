@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,16 +29,16 @@ def _shm_buffers(port: int) -> set[Path]:
     return set(SHM.glob(f"deepspeed_allreduce_buffer_*_{port}_*")) if SHM.is_dir() else set()
 
 
-@pytest.mark.parametrize("ds_config", ["configs/ds_zero1.json", "configs/ds_zero2.json"], ids=["zero1", "zero2"])
-def test_deepspeed_two_processes(tmp_path, tiny_target_dir, prepared_dir, ds_config):
+def _launch(script, out, target_dir, data_dir, *overrides, ds_config="configs/ds_zero2.json", max_steps=2,
+            timeout=900):
+    """`deepspeed --num_gpus 2 <script>` on CPU; returns (completed process, stdout + stderr tail)."""
     port = free_port()
-    out = tmp_path / "run"
     cmd = [
-        str(DEEPSPEED), "--num_gpus", "2", "--master_port", str(port), "train/train.py",
-        "--target", str(tiny_target_dir), "--data", str(prepared_dir), "--output-dir", str(out),
-        "--max-steps", "2", "--deepspeed", ds_config,
+        str(DEEPSPEED), "--num_gpus", "2", "--master_port", str(port), str(script),
+        "--target", str(target_dir), "--data", str(data_dir), "--output-dir", str(out),
+        "--max-steps", str(max_steps), "--deepspeed", ds_config,
     ]
-    for o in OVERRIDES:
+    for o in [*OVERRIDES, *overrides]:
         cmd += ["--set", o]
     env = dict(os.environ)
     env.update(
@@ -48,11 +49,18 @@ def test_deepspeed_two_processes(tmp_path, tiny_target_dir, prepared_dir, ds_con
         OMP_NUM_THREADS="1",
     )
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     finally:
         for f in _shm_buffers(port):
             f.unlink(missing_ok=True)
-    log = proc.stdout[-4000:] + "\n" + proc.stderr[-4000:]
+    assert not _shm_buffers(port)
+    return proc, proc.stdout[-4000:] + "\n" + proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("ds_config", ["configs/ds_zero1.json", "configs/ds_zero2.json"], ids=["zero1", "zero2"])
+def test_deepspeed_two_processes(tmp_path, tiny_target_dir, prepared_dir, ds_config):
+    out = tmp_path / "run"
+    proc, log = _launch("train/train.py", out, tiny_target_dir, prepared_dir, ds_config=ds_config)
     assert proc.returncode == 0, log
     assert "DeepSpeed " + ds_config in proc.stdout
     assert "2 procs" in proc.stdout
@@ -78,4 +86,81 @@ def test_deepspeed_two_processes(tmp_path, tiny_target_dir, prepared_dir, ds_con
         n_rows += stats.rows
     assert rows[0]["loss"] == pytest.approx(sum(losses) / 2, abs=1e-4)
     assert rows[0]["rows"] == n_rows
-    assert not _shm_buffers(port)
+
+
+def _nan_on_rank_1(tmp_path, step: int) -> Path:
+    """train/train.py, except that rank 1's loss (and so every rank's reduced gradient) is NaN at `step`."""
+    script = tmp_path / "nan_on_rank_1.py"
+    script.write_text(f"""
+import dataclasses, os, sys
+import torch
+from specheads.training import trainer
+
+real, calls = trainer.ttt_loss, []
+
+def loss(*args, **kwargs):
+    stats = real(*args, **kwargs)
+    if torch.is_grad_enabled():
+        calls.append(1)
+        if len(calls) == {step} and os.environ["RANK"] == "1":
+            stats = dataclasses.replace(stats, loss=stats.loss * float("nan"))
+    return stats
+
+trainer.ttt_loss = loss
+from specheads.cli import main
+sys.exit(main(["train", *sys.argv[1:]]))
+""")
+    return script
+
+
+def test_deepspeed_nan_on_one_rank_stops_every_rank(tmp_path, tiny_target_dir, prepared_dir):
+    """Only rank 1 sees the NaN: both ranks agree to stop with the error (exit 2), none hangs, no head."""
+    out = tmp_path / "run"
+    proc, log = _launch(_nan_on_rank_1(tmp_path, 2), out, tiny_target_dir, prepared_dir, max_steps=3, timeout=300)
+    assert proc.returncode != 0, log
+    # each rank prints the error, rank 0 included though its own loss was finite
+    assert proc.stderr.count("error: step 2/3: the loss or the gradient norm is not finite on rank [1]") == 2, log
+    assert not (out / "final").exists()
+
+
+def test_deepspeed_skip_nonfinite_checksums_and_fallback(tmp_path, tiny_target_dir, prepared_dir):
+    """Under DeepSpeed: a skipped NaN step is counted; the manifest covers every rank's files, which load
+    with weights_only=True and DeepSpeed's allowlist; a damaged optimizer shard makes the resume fall
+    back to the previous checkpoint (and the skip count survives the resume)."""
+    import json
+
+    import torch
+
+    from specheads.training.checkpoints import MANIFEST, checkpoint_problem, deepspeed_safe_globals
+
+    out = tmp_path / "run"
+    ckpt_args = ("train.save_every=1", "train.keep_checkpoints=3")
+    proc, log = _launch(_nan_on_rank_1(tmp_path, 2), out, tiny_target_dir, prepared_dir, *ckpt_args,
+                        "train.skip_nonfinite=true", max_steps=3, timeout=300)
+    assert proc.returncode == 0, log
+    assert "step 2/3: the loss or the gradient norm is not finite on rank [1]" in proc.stderr
+    assert json.loads((out / "train_summary.json").read_text())["nonfinite_steps_skipped"] == 1
+    assert [r["step"] for r in train_records(out / "metrics.jsonl")] == [1, 3]
+    step_3 = out / "checkpoints" / "step_3"
+    listed = json.loads((step_3 / MANIFEST).read_text())["files"]
+    assert sorted(listed) == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                              "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert checkpoint_problem(step_3, deepspeed_safe_globals()) is None
+    shard = step_3 / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    with torch.serialization.safe_globals(deepspeed_safe_globals()):
+        assert torch.load(shard, weights_only=True)["optimizer_state_dict"]["partition_count"] == [2]
+    with pytest.raises(Exception, match="weights_only"):  # the allowlist is what makes it load
+        torch.load(shard, weights_only=True)
+    # a kill after step 3's checkpoint, whose rank-1 optimizer shard then lost 4 KB
+    shutil.rmtree(out / "final")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 4096] = bytes(4096)
+    shard.write_bytes(bytes(data))
+    proc, log = _launch("train/train.py", out, tiny_target_dir, prepared_dir, *ckpt_args,
+                        "train.skip_nonfinite=true", max_steps=4, timeout=300)
+    assert proc.returncode == 0, log
+    assert (f"checkpoint {step_3} is not intact: file zero_pp_rank_1_mp_rank_00_optim_states.pt does not match "
+            "its sha256") in proc.stderr, log
+    assert f"resumed from {out / 'checkpoints' / 'step_2'} at step 2" in proc.stdout, log
+    assert json.loads((out / "train_summary.json").read_text())["nonfinite_steps_skipped"] == 1
+    assert (out / "final" / "model.safetensors").is_file()

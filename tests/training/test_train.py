@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 
 import pytest
@@ -311,3 +313,112 @@ def test_init_from_a_saved_head_continues_it(tmp_path, tiny_target_dir, small_pr
     with pytest.raises(TrainingError, match=r"train.init_from .*nowhere.*neither an existing folder"):
         train(train_config(tiny_target_dir, small_prepared_dir, tmp_path / "fourth", "train.max_steps=1",
                            f"train.init_from={tmp_path / 'nowhere'}"))
+
+
+# ------------------------------------------------------------------ non-finite steps
+def _nan_loss_at(monkeypatch, step: int) -> None:
+    """The training loss (and so the gradients) of optimizer step `step` becomes NaN."""
+    import dataclasses
+
+    from specheads.training import trainer as trainer_module
+
+    real, calls = trainer_module.ttt_loss, []
+
+    def loss(*args, **kwargs):
+        stats = real(*args, **kwargs)
+        if torch.is_grad_enabled():  # training, not evaluation
+            calls.append(1)
+            if len(calls) == step:
+                stats = dataclasses.replace(stats, loss=stats.loss * float("nan"))
+        return stats
+
+    monkeypatch.setattr(trainer_module, "ttt_loss", loss)
+
+
+def test_a_nan_weight_mid_run_stops_the_cli_with_an_error_and_no_head(tmp_path, tiny_target_dir, small_prepared_dir,
+                                                                    monkeypatch, capsys):
+    """A weight turned NaN before step 3: the CLI exits 2 naming step 3 and the last intact checkpoint;
+    no final head, and no checkpoint of the NaN weights."""
+    from specheads.cli import main
+    from specheads.training.trainer import Trainer
+    from tests.helpers import BASE_OVERRIDES
+
+    real_step, calls = Trainer.micro_step, []
+
+    def poisoned(self, indices):
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                self.head.fc.weight[0, 0] = float("nan")
+        return real_step(self, indices)
+
+    monkeypatch.setattr(Trainer, "micro_step", poisoned)
+    run = tmp_path / "run"
+    args = ["train", "--target", str(tiny_target_dir), "--data", str(small_prepared_dir), "--output-dir", str(run),
+            "--max-steps", "5"]
+    for o in [*BASE_OVERRIDES, "train.save_every=1", "train.ttt_steps=1", "train.keep_checkpoints=5"]:
+        args += ["--set", o]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: step 3/5: the loss or the gradient norm is not finite" in err
+    assert f"the last intact checkpoint is {run / 'checkpoints' / 'step_2'}" in err
+    assert "skip_nonfinite" in err and "Traceback" not in err
+    assert not (run / "final").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1", "step_2"]
+    assert [r["step"] for r in train_records(run / "metrics.jsonl")] == [1, 2]
+
+
+def test_nonfinite_loss_is_an_error_by_default(tmp_path, tiny_target_dir, small_prepared_dir, monkeypatch):
+    _nan_loss_at(monkeypatch, 2)
+    with pytest.raises(TrainingError, match=r"step 2/4: the loss or the gradient norm is not finite .*loss \[nan\]"):
+        train(train_config(tiny_target_dir, small_prepared_dir, tmp_path, "train.max_steps=4", "train.ttt_steps=1"))
+    assert not (tmp_path / "final").exists()
+
+
+def test_skip_nonfinite_skips_the_update_and_counts_it(tmp_path, tiny_target_dir, small_prepared_dir, monkeypatch,
+                                                       capsys):
+    from specheads.heads.format import load_head
+
+    _nan_loss_at(monkeypatch, 2)
+    summary = train(train_config(tiny_target_dir, small_prepared_dir, tmp_path, "train.max_steps=4",
+                                 "train.ttt_steps=1", "train.save_every=1", "train.keep_checkpoints=4",
+                                 "train.skip_nonfinite=true"))
+    assert "step 2/4" in capsys.readouterr().err
+    assert summary["nonfinite_steps_skipped"] == 1
+    assert json.loads((tmp_path / "train_summary.json").read_text())["nonfinite_steps_skipped"] == 1
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert {"step": 2, "nonfinite_step_skipped": True, "nonfinite_steps_skipped": 1} in records
+    losses = {r["step"]: r["loss"] for r in train_records(tmp_path / "metrics.jsonl")}
+    assert sorted(losses) == [1, 3, 4] and all(math.isfinite(x) for x in losses.values())
+    # step 2 changed nothing: weights, optimizer moments and schedule as after step 1
+    s1, s2, s3 = (torch.load(tmp_path / "checkpoints" / f"step_{n}" / "state.pt", weights_only=True) for n in (1, 2, 3))
+    for k in s1["head"]:
+        torch.testing.assert_close(s2["head"][k], s1["head"][k], rtol=0, atol=0, msg=k)
+    assert not torch.equal(s3["head"]["fc.weight"], s2["head"]["fc.weight"])  # step 3 did update
+    for k in ("exp_avg", "exp_avg_sq", "step"):
+        torch.testing.assert_close(s2["optimizer"]["state"][0][k], s1["optimizer"]["state"][0][k], rtol=0, atol=0)
+    assert s2["scheduler"]["last_epoch"] == s1["scheduler"]["last_epoch"]
+    assert s2["nonfinite_steps_skipped"] == 1
+    load_head(tmp_path / "final")  # finite: it loads
+
+
+def test_final_head_that_overflows_the_export_dtype_is_not_saved(tmp_path, tiny_target_dir, small_prepared_dir,
+                                                                 monkeypatch):
+    """A weight finite in float32 but Inf in float16 (> 65504): no final head, no final checkpoint."""
+    from specheads.training.trainer import Trainer
+
+    real_loop = Trainer._loop
+
+    def loop_then_blow_up(self, *args):
+        stopped = real_loop(self, *args)
+        with torch.no_grad():
+            self.head.norm.weight[0] = 1e6
+        return stopped
+
+    monkeypatch.setattr(Trainer, "_loop", loop_then_blow_up)
+    with pytest.raises(TrainingError, match=r"not saving the final head .*\['norm.weight'\] hold NaN/Inf in float16"):
+        train(train_config(tiny_target_dir, small_prepared_dir, tmp_path, "train.max_steps=2", "train.ttt_steps=1",
+                           "train.export_dtype=float16"))
+    assert not (tmp_path / "final").exists()
+    assert not (tmp_path / "checkpoints" / "step_2").exists()
