@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Bring back the large files that live only in this repository's history (added in one commit,
 # removed in the next, so that they do not travel with every checkout or device call):
-#   .dev/head/         the EAGLE-3 head for SmolLM2-135M-Instruct: the session-8 head fine-tuned 3 more
-#                      epochs in session 9 (4x H200, `train.init_from`, lr 2e-4, the same loop-cut data)
-#   .dev/head-s8/      the session-8 head: the session-7 head fine-tuned 4 epochs on answers cut at their
-#                      first repeated 32-gram (what session 9 started from)
-#   .dev/head-s7/      the session-7 head (trained from random weights; what session 8 started from)
+#   .dev/head/         the current EAGLE-3 head for SmolLM2-135M-Instruct: .dev/head-s8 fine-tuned 3 more
+#                      epochs (4x H200, `train.init_from`, lr 2e-4, the same loop-cut data)
+#   .dev/head-s8/      .dev/head-s7 fine-tuned 4 epochs on answers cut at their first repeated 32-gram
+#   .dev/head-s7/      the first full head (trained from random weights)
+# (the -sN suffixes are the names these files have in history; docs/history/2026-11-benchmark-log.md)
 #   .dev/regen/part00  ShareGPT answered by SmolLM2-135M-Instruct itself (greedy, every turn),
 #                      regenerated.jsonl.gz as `specheads prepare --regenerate` wrote it (head_pipeline.sh
 #                      prepares from it instead of regenerating; here: copy it to a .jsonl.gz name and

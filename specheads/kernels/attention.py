@@ -39,7 +39,7 @@ CHUNK = int(os.environ.get("SPECHEADS_ATTN_CHUNK") or 128)
 
 def chunk_for(n_keys: int, rows: int) -> int:
     """Keys per split-K program: one size for every call. Per-shape sizes time up to ~1 us
-    better per call (scripts/gpu/attn_chunks.py; docs/benchmarks.md), but with a fixed size
+    better per call (scripts/gpu/attn_chunks.py; docs/history/2026-11-benchmark-log.md), but with a fixed size
     chunk boundaries sit at the same keys whatever the cache bucket and the number of query
     rows, so a token's attention sums in the same order in a 1-token decode and in a tree
     (hidden chunks add nothing), and bf16 speculation matches plain decoding more often

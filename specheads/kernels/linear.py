@@ -16,7 +16,7 @@ Why our own GEMM for the decode / verify shapes (1 to 64 rows):
   the call: the K steps and column blocks come from the weight's shape only (`_config`);
   the row block (16 or 64) varies, and the tensor cores give a row the same bits in either
   (scripts/gpu/linear_check.py, on the H100). Attention still orders a tree node's keys
-  differently from a decode (docs/benchmarks.md, session 5).
+  differently from a decode (docs/history/2026-11-benchmark-log.md).
 Where it runs: calls of up to MAX_ROWS rows over inputs of up to MAX_K, wider weights with a
 measured tile (WIDE_TILES) at up to WIDE_MAX_ROWS rows, and a wide model's lm_head at up to 16
 rows; elsewhere the reference (cuBLAS) serves.
@@ -313,7 +313,7 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
     # scripts/gpu/linear_check.py). Narrow weights want many programs (16-row blocks), an
     # lm_head wants its 50-100 MB read once (one 64-row block). One 64-row block for the 41-row
-    # tree verify on SmolLM2 was slower: its forward 0.88 -> 1.05 ms (H200, session 10)
+    # tree verify on SmolLM2 was slower: its forward 0.88 -> 1.05 ms (H200)
     block_m = 16 if rows <= 16 else 64 if n >= 8192 else ROW_BLOCK
     if rows > 16 and n < 8192:
         block_n *= TREE_N_SCALE

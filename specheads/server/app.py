@@ -109,6 +109,15 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
                                 f"{config.served_model_name!r} (GET /v1/models)", param="model", code="model_not_found")
 
     vocab = len(tokenizer)
+    # a token covers at most this many bytes of text (byte-level vocabularies: its string's length),
+    # so a text of more than longest * max_len bytes cannot fit the context: refused untokenized
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=1) + 1
+
+    def check_fits(text_bytes: int, field: str) -> None:
+        if text_bytes > longest * engine.max_len:
+            raise APIError(400, f"{field} has {text_bytes} bytes of text, at least {text_bytes // longest} tokens; "
+                                f"this server's context is {engine.max_len} tokens (prompt + max_tokens, server "
+                                "--max-len)", param=field.split(".")[0], code="context_length_exceeded")
 
     def engine_request(body, prompt: list[int], max_tokens: int | None, prompt_field: str, max_field: str):
         if body.n != 1:
@@ -255,6 +264,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
             check_unicode(m["content"], f"messages.{i}.content")
         for i, stop in enumerate(body.stop_strings()):
             check_unicode(stop, "stop")
+        check_fits(sum(len(m["content"].encode()) for m in messages), "messages")
         # templating and tokenizing a long body takes seconds: off the event loop, so that /health
         # and the streams of other requests go on meanwhile
         prompt = await asyncio.to_thread(chat_prompt, messages)
@@ -271,6 +281,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
             check_unicode(stop, "stop")
         if isinstance(prompt, str):
             check_unicode(prompt, "prompt")
+            check_fits(len(prompt.encode()), "prompt")
             prompt = (await asyncio.to_thread(tokenizer, prompt))["input_ids"]
         if any(not 0 <= t < vocab for t in prompt):
             raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")

@@ -261,3 +261,30 @@ def test_shutdown_drains_newcomers_get_503_with_retry_after(tokenizer):
     assert newcomer.status_code == 503 and error(newcomer)["code"] == "shutting_down"
     assert newcomer.headers["Retry-After"] == "5"
     assert health.status_code == 503
+
+
+def test_a_text_too_long_for_the_context_is_refused_before_tokenizing(tokenizer):
+    calls = []
+
+    class Counting:
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+        def __len__(self):
+            return len(self.tok)
+
+        def __call__(self, text, *a, **k):
+            calls.append(len(text))
+            return self.tok(text, *a, **k)
+
+    app, engine = make_app(tokenizer, tok=Counting(tokenizer), max_request_bytes=2**22)
+    with running_server(app) as (url, _):
+        r = post(url, "/v1/chat/completions", messages=[{"role": "user", "content": "word " * 200_000}], prompt=None)
+        assert r.status_code == 400 and error(r)["code"] == "context_length_exceeded"
+        assert error(r)["param"] == "messages" and "--max-len" in error(r)["message"]
+        r = post(url, prompt="word " * 200_000)
+        assert r.status_code == 400 and error(r)["param"] == "prompt"
+    assert not any(n > 100_000 for n in calls), "the long texts were tokenized"
