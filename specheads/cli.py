@@ -176,35 +176,31 @@ def _print_eval_table(summary: dict):
 
 
 def cmd_demo(args) -> int:
-    """prepare + train on the embedded default; small on CPU, the full recipe on a GPU."""
+    """prepare + train on the embedded default; small on CPU (configs/demo.yaml), the full recipe on a GPU."""
+    import shutil
+
     import torch
 
-    from specheads.config import load_config
-    from specheads.data.prepare import PrepareOptions, prepare
+    from specheads.data.prepare import prepare
+    from specheads.demo import complete_message, cpu_plan, finished_run, gpu_plan, held_out_count
     from specheads.training.trainer import train
 
     gpu = torch.cuda.is_available() and not args.cpu
-    data_dir = "prepared/demo-gpu" if gpu else "prepared/demo"
-    if not os.path.isdir(data_dir) or args.fresh:
-        if gpu:  # the full recipe: every conversation, answered by the target itself
-            opts = PrepareOptions(output=data_dir, max_length=2048, regenerate=True, regen_batch_size=512,
-                                  regen_max_turns=1, devices="all")
-        else:  # a few hundred conversations as they are, a smaller draft vocab: minutes on 2 cores
-            opts = PrepareOptions(output=data_dir, max_length=256, limit=args.conversations, draft_vocab_size=8192)
-        _print_prepare_report(prepare(opts), data_dir)
-    overrides = {"data.path": data_dir, "output_dir": "runs/demo-gpu" if gpu else "runs/demo"}
-    if gpu:
-        cfg = load_config("configs/smollm2-135m-eagle3.yaml" if os.path.isfile("configs/smollm2-135m-eagle3.yaml")
-                          else None, ["train.deepspeed=null"], **overrides)
-    else:
-        cfg = load_config(None, ["train.ttt_steps=3", "train.lr=1e-3", "train.warmup_ratio=0.05",
-                                 "train.batch_size=4", f"train.max_steps={args.steps}", "train.log_every=5",
-                                 "train.eval_every=100000", "train.save_every=40", "data.eval_max_rows=16"], **overrides)
+    plan = gpu_plan() if gpu else cpu_plan(conversations=args.conversations, steps=args.steps)
+    done = None if args.fresh else finished_run(plan.run.output_dir)
+    if done is not None:  # resuming would train 0 steps and report that as the run
+        _print_eval_table(done)
+        print(complete_message(plan.run, done))
+        return 0
+    if not os.path.isdir(plan.prepare.output) or args.fresh:
+        _print_prepare_report(prepare(plan.prepare), plan.prepare.output)
     if args.fresh:
-        import shutil
-
-        shutil.rmtree(cfg.output_dir, ignore_errors=True)
-    _print_train_summary(train(cfg))
+        shutil.rmtree(plan.run.output_dir, ignore_errors=True)
+    _print_train_summary(train(plan.run))
+    held_out = held_out_count(plan)
+    if held_out is not None:
+        print(f"held-out figures over {held_out} conversations of {plan.prepare.output}; "
+              f"the head is {Path(plan.run.output_dir) / 'final'}")
     return 0
 
 
@@ -238,18 +234,21 @@ def cmd_generate(args) -> int:
     wall = time.time() - t0
     n_tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.steps for r in results)
+    accepted = sum(r.accepted_tokens for r in results)
     stats = {
         "method": method,
         "steps": steps,
-        "accepted_tokens": sum(r.accepted_tokens for r in results),
-        "mean_accept_length": round(n_tokens / steps, 3) if steps else None,
+        "accepted_tokens": accepted,
+        # the engine's definition (GenerationResult.mean_accept_length), pooled over the outputs
+        "mean_accept_length": round(1.0 + accepted / steps, 3) if steps else None,
         "wall_s": round(wall, 3),
         "tokens_per_s": round(n_tokens / max(wall, 1e-9), 1),
     }
     if args.json:
         print(json.dumps({"outputs": [{"token_ids": r.token_ids, "text": tok.decode(r.token_ids),
                                        "finish_reason": r.finish_reason,
-                                       "mean_accept_length": round(r.mean_accept_length, 3)} for r in results],
+                                       "mean_accept_length": round(r.mean_accept_length, 3) if r.steps else None}
+                                      for r in results],
                           "stats": stats}))
     else:
         for r in results:
@@ -311,7 +310,8 @@ def cmd_export(args) -> int:
 
     out = export_head(args.head, args.format, args.output)
     print(f"exported {args.head} for {args.format} -> {out}")
-    print((out / "SERVING.md").read_text().strip().splitlines()[-1].strip())
+    # SERVING.md past its title: the launch command, after what to fill in where the target is not known
+    print("\n".join(line.strip() for line in (out / "SERVING.md").read_text().splitlines()[1:] if line.strip()))
     return 0
 
 
@@ -320,9 +320,13 @@ def cmd_publish(args) -> int:
 
     result = publish_head(args.head, args.repo_id, private=args.private, revision=args.revision,
                           dry_run=args.dry_run, output=args.output, token=args.token,
-                          commit_message=args.commit_message, bench=args.bench, force=args.force)
+                          commit_message=args.commit_message, bench=args.bench, force=args.force,
+                          base_model=args.base_model)
     for name, size in result.files.items():
         print(f"{size:>12,d}  {name}")
+    if result.base_model is None:
+        print("note: the card names no base model (the target is a local path); pass --base-model ORG/NAME "
+              "to link the target's hub id")
     if result.status == "dry-run":
         print(f"dry run: nothing uploaded; the folder for {args.repo_id} is {result.folder}")
     elif result.status == "up-to-date":
@@ -337,7 +341,8 @@ def cmd_serve(args) -> int:
 
     serve(args.target, args.draft, host=args.host, port=args.port, served_model_name=args.served_model_name,
           api_key=args.api_key or os.environ.get("SPECHEADS_API_KEY") or None, max_queue=args.max_queue,
-          request_timeout=args.request_timeout, shutdown_grace=args.shutdown_grace, method=args.method,
+          request_timeout=args.request_timeout, shutdown_grace=args.shutdown_grace,
+          max_request_bytes=args.max_request_bytes, method=args.method,
           num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens, max_batch=args.max_batch,
           max_len=args.max_len)
     return 0
@@ -359,6 +364,8 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; more get 429")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds from arrival, queue included")
     p.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
+    p.add_argument("--max-request-bytes", type=int, default=4 * 2**20,
+                   help="largest request body; a larger one is a 413 (default 4 MiB)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,9 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("demo", help="prepare + train on the embedded SmolLM2 + ShareGPT")
-    p.add_argument("--conversations", type=int, default=300)
-    p.add_argument("--steps", type=int, default=80)
+    p = sub.add_parser("demo", help="prepare + train on the embedded SmolLM2 + ShareGPT (CPU: configs/demo.yaml)")
+    p.add_argument("--conversations", type=int, default=None,
+                   help="CPU demo: conversations read (default 400: specheads/demo.py)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="CPU demo: optimizer steps (default: train.max_steps in configs/demo.yaml, 80)")
     p.add_argument("--cpu", action="store_true", help="the CPU demo even where a GPU is present")
     p.add_argument("--fresh", action="store_true", help="redo data and training from scratch")
     p.set_defaults(func=cmd_demo)
@@ -409,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--static-tree", default=None, help="fixed tree, e.g. '0;1;0,0;0,1;0,0,0'")
     p.add_argument("--max-len", type=int, default=None,
                    help="cache length: prompt + output (default: the target's context, at most 4096)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print token ids, text and stats as JSON; mean_accept_length = 1 + accepted drafts per "
+                        "verify step (the prefill not counted): exactly 1.0 with nothing drafted (--method ar), "
+                        "null where no verify step ran")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("evaluate", help="acceptance and speedup by category on the held-out evaluation suite")
@@ -433,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit-message", default=None)
     p.add_argument("--bench", default=None, help="scripts/bench.py JSON for the card (default: <head>/bench.json)")
     p.add_argument("--force", action="store_true", help="overwrite a repo that holds other content")
+    p.add_argument("--base-model", default=None, metavar="ORG/NAME",
+                   help="the target's hub id for the card's base_model and launch commands "
+                        "(default: the target's hub id when it was loaded by id)")
     p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("serve", help="serve target + head over an OpenAI-compatible HTTP API")

@@ -10,6 +10,8 @@ own convention, so nothing depends on which key an engine version prefers:
   sglang: `eagle_config.eagle_aux_hidden_state_layer_ids` = outputs of layers (ours);
   vllm:   top-level `eagle_aux_hidden_state_layer_ids` = inputs of layers (ours + 1).
 The head is validated on load (names, shapes, dtypes, d2t/t2d, no embed_tokens).
+The launch command in the export's SERVING.md runs as written: the target is its hub id where
+one is known, else a placeholder that the text says to fill in.
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ from pathlib import Path
 import torch
 
 from specheads.heads.format import CONFIG_FILE, META_FILE, hf_config, load_head, save_head
+from specheads.target.loader import DEFAULT_TARGET, SMOLLM2_GGUF
 
 FORMATS = ("sglang", "vllm")
 HEAD_FILES = ["config.json", "model.safetensors", "specheads.json"]
 # org/name: letters, digits, '-', '_', '.'; the Hub's own rule, minus '--' and '..'
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded GGUF's source
+# stands for the target in a launch command when its hub id is not known
+TARGET_PLACEHOLDER = "<path or hub id of the target>"
 
 
 class HubError(ValueError):
@@ -75,6 +81,17 @@ LAUNCH = {
 }
 
 
+def base_model_id(target: str | None) -> str | None:
+    """The target as a hub id, or None where it is a local path (or not recorded)."""
+    # the embedded default, by name or as its GGUF file staged elsewhere (e.g. on a GPU box)
+    if target == DEFAULT_TARGET or (target and Path(target).name == SMOLLM2_GGUF):
+        return DEFAULT_TARGET_HUB_ID
+    if (target and not Path(target).exists() and not target.startswith((".", "/", "~"))
+            and REPO_ID.fullmatch(target) and "--" not in target and ".." not in target):
+        return target
+    return None
+
+
 def engine_config(head, fmt: str, dtype: torch.dtype, target_name: str | None) -> dict:
     cfg = hf_config(head.config, dtype, target_name)
     if fmt == "sglang":
@@ -84,6 +101,21 @@ def engine_config(head, fmt: str, dtype: torch.dtype, target_name: str | None) -
     else:
         raise ValueError(f"export format {fmt!r} is not one of {', '.join(FORMATS)}")
     return cfg
+
+
+def serving_md(fmt: str, target_name: str | None, folder: Path) -> str:
+    """SERVING.md: the launch command, last, with the target as the engine must be given it."""
+    target = base_model_id(target_name)
+    if target is None and target_name and Path(target_name).expanduser().is_dir():
+        target = str(Path(target_name).expanduser().resolve())  # a local HF checkpoint folder loads as it is
+    lines = [f"# Serve with {fmt}", ""]
+    if target is None:
+        # a .gguf file, a folder of another machine, or nothing recorded: the engine needs an HF checkpoint
+        recorded = f"recorded as `{target_name}`" if target_name else "not recorded in config.json"
+        lines += [f"Replace `{TARGET_PLACEHOLDER}` with the target this head was trained for ({recorded}): "
+                  "its hub id or a local Hugging Face checkpoint folder.", ""]
+        target = TARGET_PLACEHOLDER
+    return "\n".join(lines + ["    " + LAUNCH[fmt].format(target=target, folder=folder)]) + "\n"
 
 
 def export_head(src: str | Path, fmt: str, out: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -97,6 +129,5 @@ def export_head(src: str | Path, fmt: str, out: str | Path, dtype: torch.dtype |
     save_head(head, out, dtype, {k: v for k, v in meta.items() if k not in ("kind", "config", "layer_id_convention")},
               target_name=target_name)
     (out / CONFIG_FILE).write_text(json.dumps(engine_config(head, fmt, dtype, target_name), indent=2) + "\n")
-    launch = LAUNCH[fmt].format(target=target_name or "<target>", folder=out)
-    (out / "SERVING.md").write_text(f"# Serve with {fmt}\n\n    {launch}\n")
+    (out / "SERVING.md").write_text(serving_md(fmt, target_name, out.resolve()))
     return out

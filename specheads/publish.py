@@ -5,12 +5,15 @@ before anything touches the network; then the token; then the remote repo is com
 what would be uploaded, so a repo holding another head is never overwritten by accident.
 Every number on the card is read from `specheads.json` (eval metrics, data report) or a
 `scripts/bench.py` result; what was not measured is said to be not measured.
+Nothing local goes up: absolute and home-relative paths in the published files (the run's
+target, data, output and prepared folders) are cut to their last component.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -19,13 +22,15 @@ from pathlib import Path
 import yaml
 
 from specheads.heads.format import CONFIG_FILE, META_FILE, WEIGHTS_FILE, hf_config, load_head
-from specheads.hub import LAUNCH, HubError, check_repo_id, resolve_head
-from specheads.target.loader import DEFAULT_TARGET, SMOLLM2_GGUF
+from specheads.hub import (DEFAULT_TARGET_HUB_ID, LAUNCH, TARGET_PLACEHOLDER, HubError, base_model_id,  # noqa: F401
+                           check_repo_id, resolve_head)
 
 CARD_FILE = "README.md"
 BENCH_FILE = "bench.json"
 TAGS = ["eagle3", "speculative-decoding", "specheads", "draft-model"]
-DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded GGUF's source
+# an absolute or home-relative path inside a string: at its start or after a space, quote, '=', ':',
+# ',' or bracket; a URL's '//' is not one (file:// URLs are)
+LOCAL_PATH = re.compile(r"""(?<![^\s'"=:(\[{,;])(?:file://)?(?:~[\w.-]*/|/(?![/\s])|[A-Za-z]:\\)[^\s'"()\[\]{},;]*""")
 
 
 @dataclass
@@ -35,13 +40,16 @@ class PublishResult:
     status: str  # "dry-run", "uploaded" or "up-to-date"
     url: str | None = None
     differs: list[str] = field(default_factory=list)  # remote files this upload replaced (--force)
+    base_model: str | None = None  # the card's base_model (None: the target is local and --base-model was not given)
 
 
 def publish_head(head: str | Path, repo_id: str, *, private: bool = False, revision: str = "main",
                  dry_run: bool = False, output: str | Path | None = None, token: str | None = None,
                  commit_message: str | None = None, bench: str | Path | None = None,
-                 force: bool = False) -> PublishResult:
+                 force: bool = False, base_model: str | None = None) -> PublishResult:
     check_repo_id(repo_id)
+    if base_model is not None:
+        check_repo_id(base_model, "--base-model")
     src = resolve_head(head)
     bench_path = Path(bench) if bench else src / BENCH_FILE
     if bench and not bench_path.is_file():
@@ -50,71 +58,108 @@ def publish_head(head: str | Path, repo_id: str, *, private: bool = False, revis
         stage = Path(output) if output else Path(tempfile.mkdtemp(prefix="specheads-publish-"))
         if stage.exists() and any(stage.iterdir()):
             raise HubError(f"--output {str(stage)!r} is not empty; the dry run writes exactly what would be uploaded")
-        files = stage_head(src, stage, repo_id, bench_path if bench_path.is_file() else None)
-        return PublishResult(stage, files, "dry-run")
+        files, base = stage_head(src, stage, repo_id, bench_path if bench_path.is_file() else None, base_model)
+        return PublishResult(stage, files, "dry-run", base_model=base)
 
     with tempfile.TemporaryDirectory(prefix="specheads-publish-") as tmp:
         stage = Path(tmp)
-        files = stage_head(src, stage, repo_id, bench_path if bench_path.is_file() else None)
+        files, base = stage_head(src, stage, repo_id, bench_path if bench_path.is_file() else None, base_model)
         token = token or _saved_token()
         if not token:
             raise HubError("no Hugging Face token: pass --token, set HF_TOKEN, or run `huggingface-cli login` "
                            "(a token with write access to " + repo_id.split("/")[0] + ")")
-        return _upload(stage, files, str(head), repo_id, private, revision, token, commit_message, force)
+        return _upload(stage, files, str(head), repo_id, private, revision, token, commit_message, force, base)
 
 
-def stage_head(src: Path, stage: Path, repo_id: str, bench_path: Path | None) -> dict[str, int]:
-    """Write the folder that goes to the Hub: the validated head, both engines' config keys, the card."""
+def stage_head(src: Path, stage: Path, repo_id: str, bench_path: Path | None,
+               base_model: str | None = None) -> tuple[dict[str, int], str | None]:
+    """Write the folder that goes to the Hub: the validated head, both engines' config keys, the card.
+
+    Returns the staged files (name -> size) and the card's base model."""
+    check_finite(src)
     head = load_head(src)  # validates names, shapes, dtypes, d2t/t2d before anything is written
     dtype = next(p.dtype for p in head.parameters())
     raw = json.loads((src / CONFIG_FILE).read_text())
     meta = json.loads((src / META_FILE).read_text()) if (src / META_FILE).is_file() else {}
     target = raw.get("specheads_target") or meta.get("target")
+    base = base_model or base_model_id(target)
     stage.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / WEIGHTS_FILE, stage / WEIGHTS_FILE)  # the validated bytes, as they are
     # an engine-specific export carries one layer-id key; the published folder loads in both engines
-    (stage / CONFIG_FILE).write_text(json.dumps(hf_config(head.config, dtype, target), indent=2) + "\n")
+    config = hf_config(head.config, dtype, base or scrub_paths(target))
+    (stage / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     if not meta:
         meta = {"kind": head.kind, "layer_id_convention": "output of 0-based target decoder layer",
                 "config": head.config.to_dict()}
-    (stage / META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    meta = scrub_paths(json.loads(json.dumps(meta, default=str)))
+    (stage / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     bench_report = None
     if bench_path is not None:
-        bench_report = json.loads(bench_path.read_text())
-        shutil.copyfile(bench_path, stage / BENCH_FILE)
+        bench_report = scrub_paths(json.loads(bench_path.read_text()))
+        (stage / BENCH_FILE).write_text(json.dumps(bench_report, indent=2) + "\n")
     (stage / CARD_FILE).write_text(model_card(head.config, meta, target, repo_id, str(dtype).replace("torch.", ""),
-                                              bench_report))
-    return {p.name: p.stat().st_size for p in sorted(stage.iterdir())}
+                                              bench_report, base_model=base))
+    return {p.name: p.stat().st_size for p in sorted(stage.iterdir())}, base
+
+
+def check_finite(src: Path) -> None:
+    """Refuse NaN or inf weights before anything is staged: a head that diverged drafts nothing useful."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    if not (src / WEIGHTS_FILE).is_file():
+        return  # load_head says what is missing
+    try:
+        with safe_open(str(src / WEIGHTS_FILE), "pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad = int((~torch.isfinite(t)).sum())
+                    raise HubError(f"head {str(src)!r}: tensor {name!r} has {bad} non-finite values (NaN or inf) "
+                                   f"of {t.numel()}; publish a head whose weights are all finite (e.g. an earlier "
+                                   "checkpoint, or retrain with a lower train.lr)")
+    except SafetensorError:
+        return  # not a readable safetensors file: load_head names the problem
+
+
+def scrub_paths(value):
+    """`value` (JSON: dicts, lists, strings, numbers) with every absolute or home-relative path cut to
+    `<local>/<last component>`, in keys and values at any depth."""
+    if isinstance(value, dict):
+        return {scrub_paths(k): scrub_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub_paths(v) for v in value]
+    if isinstance(value, str):
+        return LOCAL_PATH.sub(_local_name, value)
+    return value
+
+
+def _local_name(match: re.Match) -> str:
+    name = re.split(r"[/\\]", match.group(0).rstrip("/\\"))[-1]
+    return f"<local>/{name}" if name and not name.startswith(("~", "file:")) and not name.endswith(":") else "<local>"
 
 
 # ------------------------------------------------------------------ model card
-def base_model_id(target: str | None) -> str | None:
-    """The target as a hub id, or None where it is a local path (the Hub links base_model)."""
-    # the embedded default, by name or as its GGUF file staged elsewhere (e.g. on a GPU box)
-    if target == DEFAULT_TARGET or (target and Path(target).name == SMOLLM2_GGUF):
-        return DEFAULT_TARGET_HUB_ID
-    if target and not Path(target).exists() and not target.startswith((".", "/", "~")) and target.count("/") == 1:
-        return target
-    return None
-
-
 def _fmt(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def model_card(cfg, meta: dict, target: str | None, repo_id: str, dtype: str, bench: dict | None) -> str:
-    base = base_model_id(target)
+def model_card(cfg, meta: dict, target: str | None, repo_id: str, dtype: str, bench: dict | None,
+               base_model: str | None = None) -> str:
+    """The README.md card; `base_model` (a hub id) names the target where `target` is a local path."""
+    base = base_model or base_model_id(target)
+    local = scrub_paths(target)
     front = {"license": meta.get("license", "apache-2.0"), "library_name": "specheads",
              "pipeline_tag": "text-generation", "tags": TAGS}
     if base:
         front = {"base_model": base, **front}
     target_text = (f"[`{base}`](https://huggingface.co/{base})" if base
-                   else f"`{target or 'unknown'}` (a local checkpoint)")
-    serve_target = base or target or "<target>"
+                   else f"`{local}` (a local checkpoint)" if local else "an unrecorded target")
+    serve_target = base or TARGET_PLACEHOLDER
     ours = list(cfg.target_layer_ids)
     lines = [
         "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
-        f"# EAGLE-3 draft head for {base or target or 'its target'}", "",
+        f"# EAGLE-3 draft head for {base or (f'`{local}`' if local else 'its target')}", "",
         f"A speculative-decoding draft head (EAGLE-3) for {target_text}, trained with "
         "specheads. The head proposes tokens and the target verifies them, so the "
         "output is the target's own (greedy output equals plain decoding).", "",
@@ -131,8 +176,12 @@ def model_card(cfg, meta: dict, target: str | None, repo_id: str, dtype: str, be
         "", "Both keys are in `config.json`; each engine reads its own, and they name the same hidden states.", "",
     ]
     lines += _training_section(meta) + _acceptance_section(meta) + _bench_section(bench)
+    lines += ["## Use", ""]
+    if not base:
+        trained_on = f"a local checkpoint, `{local}`" if local else "not recorded"
+        lines += [f"Replace `{TARGET_PLACEHOLDER}` below with the target this head was trained for "
+                  f"({trained_on}): its hub id or a local Hugging Face checkpoint folder.", ""]
     lines += [
-        "## Use", "",
         "specheads (lossless speculative decoding on one GPU or CPU):", "",
         f"    specheads generate --target {serve_target} --draft {repo_id} --prompt \"Hello\"",
         f"    specheads serve --target {serve_target} --draft {repo_id}", "",
@@ -233,7 +282,7 @@ def remote_differences(siblings, stage: Path, files: dict[str, int]) -> list[str
 
 
 def _upload(stage: Path, files: dict[str, int], source: str, repo_id: str, private: bool, revision: str, token: str,
-            commit_message: str | None, force: bool) -> PublishResult:
+            commit_message: str | None, force: bool, base_model: str | None) -> PublishResult:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -249,7 +298,7 @@ def _upload(stage: Path, files: dict[str, int], source: str, repo_id: str, priva
         ours = [s for s in siblings or [] if s.rfilename != ".gitattributes"]
         differs = remote_differences(ours, stage, files) if ours else []
         if ours and not differs:
-            return PublishResult(stage, files, "up-to-date", f"{api.endpoint}/{repo_id}")
+            return PublishResult(stage, files, "up-to-date", f"{api.endpoint}/{repo_id}", base_model=base_model)
         if differs and not force:
             raise HubError(f"{where} already holds other content ({', '.join(differs)} differ from what {source!r} "
                            "gives); pass --force to overwrite, or choose another --repo-id")
@@ -260,4 +309,4 @@ def _upload(stage: Path, files: dict[str, int], source: str, repo_id: str, priva
                                    commit_message=commit_message or f"Upload EAGLE-3 draft head ({len(files)} files)")
     except HfHubHTTPError as e:  # a bad token, no write access, the Hub down: one line naming the repo
         raise HubError(f"publishing to {where} failed: {str(e).splitlines()[0]}") from None
-    return PublishResult(stage, files, "uploaded", commit.commit_url, differs)
+    return PublishResult(stage, files, "uploaded", commit.commit_url, differs, base_model)

@@ -178,3 +178,17 @@ def test_generate_command(capsys, tiny_target, tiny_target_dir):
     expected = decode(model, [ids], SamplingParams(max_new_tokens=6), stop_token_ids(tok))[0]
     assert result["token_ids"] == expected
     assert result["text"] == tok.decode(expected)
+
+
+def test_demo_with_a_broken_settings_file(capsys, monkeypatch, tmp_path):
+    import specheads.demo
+
+    bad = tmp_path / "demo.yaml"
+    bad.write_text("data:\n  path: prepared/demo\ntrain:\n  steps: 80\n")
+    monkeypatch.setattr(specheads.demo, "DEMO_CONFIG", bad)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(capsys, "demo", "--cpu")
+    assert code == 2
+    _assert_one_line_error(err, "demo")
+    assert str(bad) in err and "train.steps: unknown key" in err
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "runs").exists()

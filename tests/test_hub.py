@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from safetensors.torch import load_file
 from specheads.cli import main
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from specheads.heads.format import HeadFormatError, load_head, save_head
-from specheads.hub import export_head
+from specheads.hub import TARGET_PLACEHOLDER, export_head
 from specheads.target.model import TargetModel
 from tests.helpers import tiny_llama_config
 
@@ -72,3 +73,61 @@ def test_export_cli(tmp_path, head_folder, capsys):
     assert "speculative-config" in capsys.readouterr().out
     assert main(["export", str(tmp_path / "missing"), "--format", "sglang", "--output", str(tmp_path / "s")]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def _launch(out, fmt) -> tuple[str, str]:
+    """(target, draft folder) of the launch command in SERVING.md, read as the shell would."""
+    argv = shlex.split((out / "SERVING.md").read_text().strip().splitlines()[-1])
+    if fmt == "sglang":
+        assert argv[:3] == ["python", "-m", "sglang.launch_server"] and "EAGLE3" in argv
+        return argv[argv.index("--model-path") + 1], argv[argv.index("--speculative-draft-model-path") + 1]
+    assert argv[:2] == ["vllm", "serve"]
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["method"] == "eagle3"
+    return argv[2], spec["model"]
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "vllm"])
+@pytest.mark.parametrize("recorded, target", [
+    ("smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),  # the embedded default
+    ("/elsewhere/SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),  # staged on a GPU box
+    ("Org/Target-1B", "Org/Target-1B"),  # loaded by hub id
+])
+def test_serving_md_launches_the_targets_hub_id(tmp_path, monkeypatch, fmt, recorded, target):
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.for_target(TargetModel(tiny_llama_config(vocab_size=96)), 96))
+    folder = save_head(head, tmp_path / "final", torch.float32, target_name=recorded)
+    monkeypatch.chdir(tmp_path)
+    out = export_head(folder, fmt, "exported")  # a relative --output: the command names the folder absolute
+    assert _launch(out, fmt) == (target, str(tmp_path / "exported"))
+    assert TARGET_PLACEHOLDER not in (out / "SERVING.md").read_text()
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "vllm"])
+def test_serving_md_without_a_hub_id(tmp_path, head_folder, fmt):
+    folder, head = head_folder
+    # a local HF checkpoint folder: it loads as it is
+    local = tmp_path / "my-target"
+    local.mkdir()
+    save_head(head, folder, torch.float32, target_name=str(local))
+    out = export_head(folder, fmt, tmp_path / "a")
+    assert _launch(out, fmt) == (str(local), str(tmp_path / "a"))
+    # a GGUF file (or a folder of another machine), or nothing recorded: a placeholder, and what to put there
+    for recorded in ("/gone/model.gguf", None):
+        save_head(head, folder, torch.float32, target_name=recorded)
+        out = export_head(folder, fmt, tmp_path / f"b{recorded is None}")
+        text = (out / "SERVING.md").read_text()
+        command = text.strip().splitlines()[-1]
+        assert command.strip().startswith(("python -m sglang", "vllm serve"))
+        assert TARGET_PLACEHOLDER in command and f"Replace `{TARGET_PLACEHOLDER}`" in text
+        assert ("recorded as `/gone/model.gguf`" if recorded else "not recorded") in text
+        assert str(out) in command
+
+
+def test_export_cli_prints_what_to_fill_in(tmp_path, head_folder, capsys):
+    folder, head = head_folder
+    save_head(head, folder, torch.float32, target_name="/gone/model.gguf")
+    assert main(["export", str(folder), "--format", "sglang", "--output", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert f"Replace `{TARGET_PLACEHOLDER}`" in out and f"--model-path {TARGET_PLACEHOLDER}" in out
+    assert out.strip().splitlines()[-1] == (tmp_path / "s" / "SERVING.md").read_text().strip().splitlines()[-1].strip()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from specheads.cli import main
 from specheads.heads.format import HeadFormatError, load_head
 from specheads.hub import HubError, export_head, resolve_head
-from specheads.publish import model_card, publish_head
+from specheads.publish import model_card, publish_head, scrub_paths
 from tests.helpers import DRAFT_VOCAB, train_config
 from tests.hub_server import StandInHub
 
@@ -80,7 +82,9 @@ def test_dry_run_writes_the_upload_folder_offline(trained, tmp_path, capsys):
         assert f"{(out / name).stat().st_size:,d}  {name}" in stdout
     assert "nothing uploaded" in stdout and str(out) in stdout
     assert (out / "model.safetensors").read_bytes() == (trained / "model.safetensors").read_bytes()
-    assert _meta(out) == _meta(trained)
+    # the run's own metadata, its local paths cut to their last component
+    assert _meta(trained)["target"].startswith("/") and _meta(out) == scrub_paths(_meta(trained))
+    assert "--base-model ORG/NAME" in stdout  # the tiny target is a local folder: the card can name no base model
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
@@ -154,6 +158,109 @@ def test_card_names_a_hub_target_as_base_model(trained):
     front = _front_matter(model_card(head.config, {}, "/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf", REPO, "bfloat16",
                                      None))
     assert front["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+# a path at the start of a string or after a space, quote, '=', ':' or bracket; not a URL's '//'
+ABSOLUTE = re.compile(r"""(?:^|[\s`'"=:(\[{,])(?:/(?!/)|~/)\S""")
+
+
+def _strings(value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def test_no_local_path_in_any_published_file(trained, tmp_path, tmp_path_factory):
+    """The run's target, data, output and prepared folders are absolute here (tmp paths); a data
+    report or a bench file may name more. None of them may reach the Hub."""
+    head = tmp_path / "head"
+    shutil.copytree(trained, head)
+    meta = _meta(head)
+    meta["run_config"]["train"]["offline_cache_dir"] = str(tmp_path / "cache" / "shards")
+    meta["data"]["extra"] = {"sources": [str(tmp_path / "a.json"), {"home": "~/data/b.jsonl"}],
+                             "note": f"read from {tmp_path / 'c.parquet'} at step 3",
+                             "file_url": f"file://{tmp_path / 'd.json'}",
+                             "page": "https://huggingface.co/datasets/org/sharegpt"}
+    (head / "specheads.json").write_text(json.dumps(meta))
+    bench = {"card": "NVIDIA H100", "draft": str(head), "target": str(tmp_path / "gguf" / "model.gguf"),
+             "rows": [{"prompts": "coding", "batch": 1, "method": "ar", "tokens_per_s": 10.0,
+                       "mean_accept_length": 1.0, "speedup_vs_ar": 1.0}]}
+    (head / "bench.json").write_text(json.dumps(bench))
+    out = publish_head(head, REPO, dry_run=True, output=tmp_path / "s").folder
+    assert {p.name for p in out.iterdir()} == HEAD_FILES | {"bench.json"}
+
+    local = [str(tmp_path_factory.getbasetemp()), str(Path.home()), "~/"]
+    for name in HEAD_FILES - {"model.safetensors"} | {"bench.json"}:
+        text = (out / name).read_text()
+        assert not any(x in text for x in local), name
+        if name.endswith(".json"):
+            strings = list(_strings(json.loads(text)))
+            assert not [x for x in strings if ABSOLUTE.search(x)], name
+        else:
+            assert not ABSOLUTE.findall(text.replace("https://", "")), name
+    published = _meta(out)
+    assert published["target"] == published["data"]["target"] == "<local>/" + Path(meta["target"]).name
+    assert published["run_config"]["output_dir"] == "<local>/" + Path(meta["run_config"]["output_dir"]).name
+    assert published["run_config"]["train"]["offline_cache_dir"] == "<local>/shards"
+    assert published["data"]["extra"] == {"sources": ["<local>/a.json", {"home": "<local>/b.jsonl"}],
+                                          "note": "read from <local>/c.parquet at step 3",
+                                          "file_url": "<local>/d.json",
+                                          "page": "https://huggingface.co/datasets/org/sharegpt"}
+    assert published["train"] == meta["train"]  # the numbers are untouched
+    assert json.loads((out / "config.json").read_text())["specheads_target"] == published["target"]
+    assert json.loads((out / "bench.json").read_text())["target"] == "<local>/model.gguf"
+    card = (out / "README.md").read_text()
+    # no hub id to launch with: a placeholder the card says to fill in
+    assert "--target <path or hub id of the target> --draft me/tiny-eagle3" in card
+    assert "Replace `<path or hub id of the target>`" in card
+
+
+def test_base_model_names_a_local_target(trained, tmp_path, capsys):
+    out = tmp_path / "staged"
+    assert main(["publish", str(trained), "--repo-id", REPO, "--dry-run", "--output", str(out),
+                 "--base-model", "Org/Target-1B"]) == 0
+    assert "--base-model" not in capsys.readouterr().out
+    card = (out / "README.md").read_text()
+    assert _front_matter(card)["base_model"] == "Org/Target-1B"
+    assert "--target Org/Target-1B --draft me/tiny-eagle3" in card and "--model-path Org/Target-1B" in card
+    assert "vllm serve Org/Target-1B" in card and "<path or hub id of the target>" not in card
+    assert json.loads((out / "config.json").read_text())["specheads_target"] == "Org/Target-1B"
+
+
+@pytest.mark.parametrize("base", ["Target-1B", "/models/target", "org/na me", "org/x--y"])
+def test_malformed_base_model(trained, tmp_path, capsys, base):
+    out = tmp_path / "staged"
+    assert main(["publish", str(trained), "--repo-id", REPO, f"--base-model={base}", "--dry-run",
+                 "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specheads publish: error: --base-model") and repr(base) in err and "'org/name'" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused(trained, hub, tmp_path, capsys, bad):
+    broken = tmp_path / "broken"
+    shutil.copytree(trained, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    name = next(k for k in sorted(tensors) if k.startswith("midlayer") and tensors[k].is_floating_point())
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[:3] = bad
+    save_file(tensors, str(broken / "model.safetensors"))
+    out = tmp_path / "staged"
+    assert main(["publish", str(broken), "--repo-id", REPO, "--dry-run", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specheads publish: error: ") and "Traceback" not in err
+    assert repr(name) in err and "3 non-finite values" in err and str(broken) in err
+    assert not out.exists()
+    with pytest.raises(HubError, match=re.escape(repr(name))):
+        publish_head(broken, REPO)  # the real upload: refused before any request
+    assert hub.requests == []
 
 
 @pytest.mark.parametrize("fmt", ["sglang", "vllm"])

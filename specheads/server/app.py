@@ -442,4 +442,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
         return APIError(400, f"the request body must be a JSON object ({err['msg']})")
     param = ".".join(loc[:2]) if loc[0] in ("speculation", "stream_options") and len(loc) > 1 else loc[0]
     where = ".".join(x for x in loc if not x.startswith(("str", "list[", "int", "function-")))
-    return APIError(400, f"{where or param}: {err['msg']}", param=param)
+    msg = err["msg"].removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        msg = "this server does not implement this field (it is refused rather than ignored)"
+    return APIError(400, f"{where or param}: {msg}", param=param)

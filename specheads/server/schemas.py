@@ -6,9 +6,11 @@ model (context length, tree size) are checked by the app, which knows them.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationInfo,
+                      field_validator)
 
 
 class APIError(Exception):
@@ -43,10 +45,41 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+# OpenAI fields this server accepts only at values that change nothing (what clients send by
+# default); any other value is a 400 naming the field. Implemented options never appear here.
+NO_OPS: dict[str, tuple] = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "parallel_tool_calls": (None, True, False),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "store": (None, False),
+    "modalities": (None, ["text"]),
+    "service_tier": (None, "auto", "default"),
+}
+
+
+def _same(value, accepted) -> bool:
+    # type-exact: `true` is not the `1` of best_of, nor `0` the `false` of logprobs
+    return value is accepted or (type(value) is type(accepted) and value == accepted)
+
+
 class _Sampling(BaseModel):
-    # unknown OpenAI fields (user, logit_bias, ...) are accepted and ignored, as other servers do
-    model_config = ConfigDict(extra="allow")
+    # a field this server does not know is a 400 naming it: a silently dropped option would
+    # change what the client gets without telling it
+    model_config = ConfigDict(extra="forbid")
     model: StrictStr
+    user: StrictStr | None = None
+    metadata: dict[str, StrictStr] | None = None
     max_tokens: Int | None = Field(default=None, gt=0, lt=INT64)
     temperature: Float = Field(default=1.0, ge=0, le=1e6)
     top_p: Float = Field(default=1.0, gt=0, le=1)
@@ -57,6 +90,34 @@ class _Sampling(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     speculation: SpeculationRequest | None = None
+
+    # the no-op fields (NO_OPS): declared so that a client's defaults pass, checked below
+    logprobs: Any = None
+    top_logprobs: Any = None
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    store: Any = None
+    modalities: Any = None
+    service_tier: Any = None
+
+    @field_validator(*NO_OPS)
+    @classmethod
+    def _no_op(cls, value, info: ValidationInfo):
+        accepted = NO_OPS[info.field_name]
+        if not any(_same(value, a) for a in accepted):
+            shown = ", ".join(json.dumps(a) for a in accepted)
+            raise ValueError(f"{json.dumps(value)[:80]} is not supported by this server (accepted: {shown})")
+        return value
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -50,8 +50,8 @@ def test_generate_json_equals_ar(capsys, tiny_target_dir, tiny_target, head_dir)
     stats = spec["stats"]
     assert stats["method"] == "eagle3"
     assert isinstance(stats["steps"], int) and stats["steps"] > 0
-    n_tokens = sum(len(o["token_ids"]) for o in spec["outputs"])
-    assert stats["mean_accept_length"] == pytest.approx(n_tokens / stats["steps"], abs=1e-3)
+    # the engine's definition pooled over outputs: 1 + accepted drafts per verify step (prefill not counted)
+    assert stats["mean_accept_length"] == pytest.approx(1 + stats["accepted_tokens"] / stats["steps"], abs=1e-3)
     assert stats["tokens_per_s"] > 0 and stats["accepted_tokens"] >= 0
 
     ar = _json(capsys, tiny_target_dir, "--method", "ar", "--max-len", "256")
@@ -63,6 +63,23 @@ def test_generate_json_equals_ar(capsys, tiny_target_dir, tiny_target, head_dir)
                   ["--draft", str(head_dir), "--static-tree", "0;1;0,0;0,1;1,0;0,0,0"]):
         other = _json(capsys, tiny_target_dir, "--max-len", "256", *extra)
         assert [o["token_ids"] for o in other["outputs"]] == [o["token_ids"] for o in ar["outputs"]], extra
+
+
+def test_generate_stats_agree_with_the_outputs(capsys, tiny_target_dir, head_dir):
+    """One prompt: the pooled stats are that output's own figures; without drafts exactly 1.0."""
+    capsys.readouterr()
+    for method in (["--draft", str(head_dir)], ["--method", "ar"]):
+        assert main(["generate", "--target", str(tiny_target_dir), "--prompt", "hello there", "--max-new-tokens",
+                     "16", "--max-len", "256", "--json", *method]) == 0
+        result = json.loads(capsys.readouterr().out)
+        (output,), stats = result["outputs"], result["stats"]
+        assert stats["steps"] > 0 and stats["mean_accept_length"] == output["mean_accept_length"]
+        assert stats["mean_accept_length"] == round(1 + stats["accepted_tokens"] / stats["steps"], 3)
+        # the prefill token and one per verify step, plus the drafts accepted
+        assert len(output["token_ids"]) <= 1 + stats["steps"] + stats["accepted_tokens"]
+        if method[0] == "--method":
+            assert stats["accepted_tokens"] == 0 and stats["mean_accept_length"] == 1.0
+            assert output["mean_accept_length"] == 1.0
 
 
 def test_generate_text_mode_prints_text_and_stats(capsys, tiny_target_dir, tiny_target, head_dir):

@@ -29,6 +29,8 @@ def make_app(tokenizer, step_delay=0.01, max_batch=4, tok=None, **config):
 
 def post(url, path="/v1/completions", key=None, **body):
     payload = {"model": MODEL, "prompt": "the cat", "max_tokens": 4, "temperature": 0, **body}
+    if "chat" in path:
+        payload.pop("prompt")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.post(url + path, json=payload, headers=headers, timeout=30)
 
@@ -144,15 +146,24 @@ def test_internal_error_returns_a_request_id_not_the_exception(tokenizer, caplog
 
 
 # ------------------------------------------------------------------ body size, API key, event loop
-def _raw(url: str, head: bytes, body: bytes = b"", wait: float = 5.0) -> bytes:
+def _raw(url: str, head: bytes, body: bytes = b"", wait: float = 10.0) -> bytes:
+    """Send raw bytes; the reply as it arrives, once its headers and announced body are in."""
     host, port = url.removeprefix("http://").split(":")
+    reply = b""
     with socket.create_connection((host, int(port)), timeout=wait) as s:
         s.sendall(head + body)
         s.settimeout(wait)
-        try:
-            return s.recv(65536)
-        except socket.timeout:
-            return b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                return reply
+            reply += chunk
+            top, sep, rest = reply.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in top.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            if not chunk or (sep and len(rest) >= length):
+                return reply
 
 
 def test_body_over_the_limit_is_a_413_before_it_is_read(tokenizer):
@@ -194,7 +205,7 @@ def test_templating_a_large_body_does_not_stall_health(tokenizer):
     app, _ = make_app(tokenizer, tok=Tokenizer(tokenizer, slow))
     with running_server(app) as (url, _):
         t = threading.Thread(target=lambda: post(url, "/v1/chat/completions", messages=[
-            {"role": "user", "content": "word " * 60}], prompt=None))
+            {"role": "user", "content": "word " * 60}]))
         t.start()
         time.sleep(0.3)
         t0 = time.monotonic()
@@ -261,9 +272,43 @@ def test_a_text_too_long_for_the_context_is_refused_before_tokenizing(tokenizer)
 
     app, engine = make_app(tokenizer, tok=Tokenizer(tokenizer, lambda t: calls.append(len(t))), max_request_bytes=2**22)
     with running_server(app) as (url, _):
-        r = post(url, "/v1/chat/completions", messages=[{"role": "user", "content": "word " * 200_000}], prompt=None)
+        r = post(url, "/v1/chat/completions", messages=[{"role": "user", "content": "word " * 200_000}])
         assert r.status_code == 400 and error(r)["code"] == "context_length_exceeded"
         assert error(r)["param"] == "messages" and "--max-len" in error(r)["message"]
         r = post(url, prompt="word " * 200_000)
         assert r.status_code == 400 and error(r)["param"] == "prompt"
     assert not any(n > 100_000 for n in calls), "the long texts were tokenized"
+
+
+# ------------------------------------------------------------------ fields clients send by default
+NO_OP_DEFAULTS = dict(tools=[], tool_choice="none", response_format={"type": "text"}, logprobs=False, top_logprobs=0,
+                      stream_options={"include_usage": True}, user="me", presence_penalty=0, frequency_penalty=0.0,
+                      logit_bias={}, parallel_tool_calls=True, store=False, metadata={"run": "a"})
+
+
+def test_fields_clients_send_by_default_are_accepted(server):
+    import openai
+
+    url, _ = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                       temperature=0, **NO_OP_DEFAULTS)
+    assert r.choices[0].message.content is not None
+    r = client.completions.create(model=MODEL, prompt="hi", max_tokens=3, echo=False, best_of=1, logprobs=None,
+                                  suffix=None, temperature=0)
+    assert r.usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize("field, value", [
+    ("logprobs", True), ("top_logprobs", 5), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "required"), ("response_format", {"type": "json_object"}), ("logit_bias", {"5": 10}),
+    ("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("best_of", 3), ("echo", True), ("suffix", "end"),
+    ("functions", [{"name": "f"}]), ("modalities", ["audio"]), ("made_up_option", 1),
+])
+def test_an_option_the_server_does_not_implement_is_a_400_naming_it(server, field, value):
+    url, _ = server
+    path = "/v1/completions" if field in ("best_of", "echo", "suffix") else "/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {}
+    r = post(url, path, **body, **{field: value})
+    assert r.status_code == 400, r.text
+    assert error(r)["param"] == field and error(r)["message"].startswith(field)
