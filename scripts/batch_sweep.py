@@ -31,7 +31,7 @@ def run_method(args, method: str) -> list[dict]:
     from specheads.data.regenerate import stop_token_ids
     from specheads.heads.format import load_head
     from specheads.runtime.defaults import DEFAULT_TREE
-    from specheads.runtime.engine import SpecEngine
+    from specheads.runtime.engine import SpecEngine, pooled
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.loader import load_target
 
@@ -73,11 +73,9 @@ def run_method(args, method: str) -> list[dict]:
             if device == "cuda":
                 torch.cuda.synchronize()
             secs = time.perf_counter() - t0
-            tokens = sum(len(r.token_ids) for r in results)
-            steps_total = sum(r.steps for r in results)
-            accepted = sum(r.accepted_tokens for r in results)
-            row.update(status="ok", tokens=tokens, seconds=secs, tokens_per_s=tokens / secs,
-                       mean_accept_length=1 + accepted / steps_total if steps_total else None,
+            totals = pooled(results)
+            row.update(status="ok", tokens=totals["tokens"], seconds=secs, tokens_per_s=totals["tokens"] / secs,
+                       mean_accept_length=totals["mean_accept_length"],
                        peak_gib=torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None)
             del engine
         except Exception as e:  # noqa: BLE001 - recorded, and the sweep goes on where it can

@@ -210,7 +210,7 @@ def cmd_generate(args) -> int:
     from specheads.data.chat import render
     from specheads.data.regenerate import stop_token_ids
     from specheads.heads.format import load_head
-    from specheads.runtime.engine import SpecEngine
+    from specheads.runtime.engine import SpecEngine, pooled
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.loader import load_target
 
@@ -232,17 +232,16 @@ def cmd_generate(args) -> int:
     if device == "cuda":
         torch.cuda.synchronize()
     wall = time.time() - t0
-    n_tokens = sum(len(r.token_ids) for r in results)
-    steps = sum(r.steps for r in results)
-    accepted = sum(r.accepted_tokens for r in results)
+    totals = pooled(results)
+    mean = totals["mean_accept_length"]
     stats = {
         "method": method,
-        "steps": steps,
-        "accepted_tokens": accepted,
+        "steps": totals["steps"],
+        "accepted_tokens": totals["accepted_tokens"],
         # the engine's definition (GenerationResult.mean_accept_length), pooled over the outputs
-        "mean_accept_length": round(1.0 + accepted / steps, 3) if steps else None,
+        "mean_accept_length": round(mean, 3) if mean is not None else None,
         "wall_s": round(wall, 3),
-        "tokens_per_s": round(n_tokens / max(wall, 1e-9), 1),
+        "tokens_per_s": round(totals["tokens"] / max(wall, 1e-9), 1),
     }
     if args.json:
         print(json.dumps({"outputs": [{"token_ids": r.token_ids, "text": tok.decode(r.token_ids),

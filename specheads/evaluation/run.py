@@ -97,6 +97,7 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
              max_new_tokens: int = 256, max_prompt_tokens: int = 3072, progress=print) -> dict:
     """Every method over every prompt, category by category; returns the report (see module doc)."""
     from specheads.data.regenerate import stop_token_ids
+    from specheads.runtime.engine import pooled
     from specheads.runtime.sampling import SamplingParams
 
     cats = [c for c in CATEGORIES if any(p.category == c for p in prompts)]
@@ -125,9 +126,8 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
             if cuda:
                 torch.cuda.synchronize()
             secs = time.perf_counter() - start
-            tokens = sum(len(r.token_ids) for r in results)
-            steps = sum(r.steps for r in results)
-            accepted = sum(r.accepted_tokens for r in results)
+            totals = pooled(results)
+            tokens = totals["tokens"]
             looped = sum(loop_share(r.token_ids, LOOP_NGRAM) * len(r.token_ids) for r in results)
             for i, r in zip(idx, results):
                 outputs[(m.name, i)] = r.token_ids
@@ -139,7 +139,7 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
                 same = sum(outputs[(m.name, i)] == outputs[("ar", i)] for i in idx) / len(idx)
             cells[cat][m.name] = {
                 "prompts": len(idx), "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
-                "mean_accept_length": 1 + accepted / steps if steps else 1.0,
+                "mean_accept_length": totals["mean_accept_length"] or 1.0,
                 "loop_share": looped / tokens if tokens else 0.0, "identical_to_ar": same}
             c = cells[cat][m.name]
             ar = cells[cat].get("ar")

@@ -688,6 +688,16 @@ class SpecEngine:
         return anc, y, out.aux_hidden
 
 
+def pooled(results: list[GenerationResult]) -> dict:
+    """Totals over results: output tokens, verify steps, accepted drafts, and the mean acceptance
+    length pooled the engine's way (1 + accepted drafts / verify steps; None where no step ran)."""
+    tokens = sum(len(r.token_ids) for r in results)
+    steps = sum(r.steps for r in results)
+    accepted = sum(r.accepted_tokens for r in results)
+    return {"tokens": tokens, "steps": steps, "accepted_tokens": accepted,
+            "mean_accept_length": 1.0 + accepted / steps if steps else None}
+
+
 def accept_path(tree: Tree, anc: torch.Tensor, y: torch.Tensor):
     """The accepted path of each row (kernels.verify.accept): path [B, depth+1] (node indices,
     -1 after its end), its length [B], its last node [B] and the bonus token [B]."""

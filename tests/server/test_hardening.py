@@ -16,6 +16,7 @@ from specheads.server.app import ServerConfig, create_app
 from tests.helpers import WORDS
 from tests.server.conftest import running_server
 from tests.server.fake_engine import FakeEngine
+from tests.server.test_scheduler import stream_during_shutdown
 
 MODEL = "fake"
 KEY = "s3cret"
@@ -244,23 +245,11 @@ def test_admission_uses_every_free_slot(tokenizer):
 
 def test_shutdown_drains_newcomers_get_503_with_retry_after(tokenizer):
     app, engine = make_app(tokenizer, step_delay=0.03, shutdown_grace=20)
-    with running_server(app) as (url, server):
-        body = {"model": MODEL, "prompt": "the cat", "max_tokens": 40, "temperature": 0, "stream": True}
-        late = []
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
-            events = []
-            for line in r.iter_lines():
-                if not line:
-                    continue
-                events.append(line)
-                if len(events) == 1:
-                    server.should_exit = True  # as SIGTERM does
-                if len(events) == 5:  # the listener is still open during the drain
-                    late.append(post(url))
-                    late.append(httpx.get(url + "/health"))
-        assert events[-1] == "data: [DONE]"
-        final = json.loads(events[-2][len("data: "):])
-        assert final["choices"][0]["finish_reason"] == "length" and final["usage"]["completion_tokens"] == 40
+    late = []
+    with running_server(app) as (url, server):  # the listener is still open during the drain
+        events = stream_during_shutdown(url, server, 40, during=lambda: late.extend([post(url), httpx.get(
+            url + "/health")]))
+    assert events[-1]["choices"][0]["finish_reason"] == "length" and events[-1]["usage"]["completion_tokens"] == 40
     newcomer, health = late
     assert newcomer.status_code == 503 and error(newcomer)["code"] == "shutting_down"
     assert newcomer.headers["Retry-After"] == "5"

@@ -100,7 +100,9 @@ def test_full_queue_answers_429(tokenizer):
     assert results == [200, 200]
 
 
-def _stream_during_shutdown(url, server, max_tokens) -> list[dict]:
+def stream_during_shutdown(url, server, max_tokens, during=None) -> list[dict]:
+    """A streamed completion whose first event is followed by a shutdown (as SIGTERM starts one);
+    `during()` runs at the fifth event, while the server drains. Returns the JSON events."""
     body = {"model": MODEL, "prompt": "the cat", "max_tokens": max_tokens, "temperature": 0, "stream": True}
     events = []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
@@ -111,6 +113,8 @@ def _stream_during_shutdown(url, server, max_tokens) -> list[dict]:
             events.append(line)
             if len(events) == 1:
                 server.should_exit = True  # as SIGTERM does
+            if len(events) == 5 and during is not None:
+                during()
     assert events[-1] == "data: [DONE]"
     return [json.loads(e[len("data: "):]) for e in events[:-1]]
 
@@ -118,7 +122,7 @@ def _stream_during_shutdown(url, server, max_tokens) -> list[dict]:
 def test_shutdown_lets_in_flight_requests_finish(tokenizer):
     app, engine = make_app(tokenizer, step_delay=0.03, shutdown_grace=20)
     with running_server(app) as (url, server):
-        events = _stream_during_shutdown(url, server, 40)
+        events = stream_during_shutdown(url, server, 40)
         assert events[-1]["choices"][0]["finish_reason"] == "length"
         assert events[-1]["usage"]["completion_tokens"] == 40
         assert not app.state.scheduler.admitting
@@ -127,7 +131,7 @@ def test_shutdown_lets_in_flight_requests_finish(tokenizer):
 def test_shutdown_past_the_grace_period_ends_requests_with_an_error(tokenizer):
     app, engine = make_app(tokenizer, step_delay=0.03, shutdown_grace=0.3)
     with running_server(app) as (url, server):
-        events = _stream_during_shutdown(url, server, 10_000 // 50)
+        events = stream_during_shutdown(url, server, 10_000 // 50)
     err = events[-1]["error"]
     assert err["code"] == "shutting_down" and "grace period" in err["message"]
     assert engine.active == 0
