@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -50,6 +50,18 @@ class RequestStats:
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    @staticmethod
+    def combined(parts: list["RequestStats"]) -> "RequestStats":
+        """A request of several choices: the prompt once, the rest summed over the choices."""
+        out = RequestStats(prompt_tokens=parts[0].prompt_tokens)
+        for p in parts:
+            out.completion_tokens += p.completion_tokens
+            out.draft_tokens += p.draft_tokens
+            out.accepted_tokens += p.accepted_tokens
+            out.steps += p.steps
+            out.step_tokens += p.step_tokens
+        return out
 
     def speculation(self) -> dict:
         return {"draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens, "steps": self.steps,
@@ -120,8 +132,9 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
                                 "--max-len)", param=field.split(".")[0], code="context_length_exceeded")
 
     def engine_request(body, prompt: list[int], max_tokens: int | None, prompt_field: str, max_field: str):
-        if body.n != 1:
-            raise APIError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
+        if body.n > engine.max_batch:
+            raise APIError(400, f"n must be at most {engine.max_batch} (the server's --max-batch: every choice is a "
+                                f"row of the batch), got {body.n}", param="n")
         if body.top_k > vocab:
             raise APIError(400, f"top_k must be at most the vocabulary size {vocab} (0 disables it), got {body.top_k}",
                            param="top_k")
@@ -203,8 +216,11 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         check_model(body)
         prompt_field, max_field = ("messages", "max_tokens") if kind == "chat" else ("prompt", "max_tokens")
         engine_req = engine_request(body, prompt, max_tokens, prompt_field, max_field)
+        if body.n > 1:
+            return await generate_choices(request, body, prompt, engine_req, kind, arrival)
         job = scheduler.submit(engine_req, asyncio.get_running_loop())
         metrics.prompt_tokens.inc(len(prompt))
+        metrics.choices.inc()
         stats = RequestStats(prompt_tokens=len(prompt))
         items = deltas(job, stats, body.stop_strings(), arrival)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
@@ -219,7 +235,62 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         metrics.requests.labels(endpoint=request.url.path, status="200").inc()
         if body.stream:
             return StreamingResponse(sse(shape, result, items, stats), media_type="text/event-stream")
-        return shape.response(*result, stats)
+        return shape.response([result], stats)
+
+    async def generate_choices(request: Request, body, prompt: list[int], engine_req, kind: str, arrival: float):
+        """n > 1: each choice decodes as its own row of the batch, with its own seed derived from the
+        request's (choice 0 keeps it, so n=1 and the first of n agree)."""
+        loop = asyncio.get_running_loop()
+        jobs = []
+        try:
+            for i in range(body.n):
+                params = replace(engine_req.params, seed=choice_seed(engine_req.params.seed, i))
+                jobs.append(scheduler.submit(replace(engine_req, params=params), loop))
+        except APIError:  # all choices or none: the ones already queued are withdrawn
+            for job in jobs:
+                scheduler.cancel(job)
+            raise
+        metrics.prompt_tokens.inc(len(prompt))
+        metrics.choices.inc(len(jobs))
+        stats = [RequestStats(prompt_tokens=len(prompt)) for _ in jobs]
+        streams = [deltas(job, st, body.stop_strings(), arrival) for job, st in zip(jobs, stats)]
+        shape = Shape(("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, config.served_model_name, kind)
+        if body.stream:
+            events = merged(streams)
+            result = await until_disconnect(request, anext(events))
+        else:
+            events = None
+            result = await until_disconnect(request, asyncio.gather(*(collect(st) for st in streams)))
+        if result is None:
+            for it in ([events] if events is not None else streams):
+                await it.aclose()
+            metrics.requests.labels(endpoint=request.url.path, status="499").inc()
+            return Response(status_code=499)
+        metrics.requests.labels(endpoint=request.url.path, status="200").inc()
+        if body.stream:
+            return StreamingResponse(sse_choices(shape, result, events, stats), media_type="text/event-stream")
+        return shape.response(result, RequestStats.combined(stats))
+
+    async def sse_choices(shape: "Shape", first, events, stats: list[RequestStats]):
+        n, finished = len(stats), 0
+        try:
+            if shape.kind == "chat":
+                for i in range(n):
+                    yield shape.event(shape.chunk({"role": "assistant", "content": ""}, None, index=i))
+            i, text, reason = first
+            while True:
+                finished += reason is not None
+                if text or reason is not None:  # the last choice to finish carries the request's totals
+                    yield shape.event(shape.chunk(text, reason, RequestStats.combined(stats) if finished == n else None,
+                                                  index=i))
+                if finished == n:
+                    break
+                i, text, reason = await anext(events)
+        except APIError as err:
+            yield shape.event(err.body())
+        finally:
+            await events.aclose()
+        yield "data: [DONE]\n\n"
 
     async def collect(items) -> tuple[str, str]:
         texts = []
@@ -305,6 +376,43 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
     return app
 
 
+def choice_seed(seed: int | None, i: int) -> int | None:
+    """Choice i's seed (a 64-bit integer): the request's own for choice 0, well-mixed others after."""
+    if seed is None or i == 0:
+        return seed
+    mixed = (seed * 6364136223846793005 + 1442695040888963407 * i) % 2**64
+    return mixed - 2**64 if mixed >= 2**63 else mixed
+
+
+async def merged(streams):
+    """(choice index, text, finish_reason) from several delta streams as their pieces arrive; an
+    error in one ends them all (and is raised); closing it closes every stream."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, stream):
+        try:
+            async for text, reason in stream:
+                await queue.put((i, text, reason, None))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, None, None, e))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    left = len(streams)
+    try:
+        while left:
+            i, text, reason, err = await queue.get()
+            if err is not None:
+                raise err
+            left -= reason is not None
+            yield i, text, reason
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
+
+
 def error_headers(status: int) -> dict | None:
     if status == 401:
         return {"WWW-Authenticate": "Bearer"}
@@ -382,24 +490,26 @@ class Shape:
     def _base(self, obj: str) -> dict:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
 
-    def response(self, text: str, reason: str, stats: RequestStats) -> dict:
+    def response(self, choices: list[tuple[str, str]], stats: RequestStats) -> dict:
+        """choices: (text, finish_reason) of each choice, in index order."""
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                      "logprobs": None}
             out = self._base("chat.completion")
+            listed = [{"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+                       "logprobs": None} for i, (text, reason) in enumerate(choices)]
         else:
-            choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
             out = self._base("text_completion")
-        return {**out, "choices": [choice], "usage": stats.usage(), "speculation": stats.speculation()}
+            listed = [{"index": i, "text": text, "finish_reason": reason, "logprobs": None}
+                      for i, (text, reason) in enumerate(choices)]
+        return {**out, "choices": listed, "usage": stats.usage(), "speculation": stats.speculation()}
 
-    def chunk(self, delta, reason: str | None, stats: RequestStats | None = None) -> dict:
+    def chunk(self, delta, reason: str | None, stats: RequestStats | None = None, index: int = 0) -> dict:
         if self.kind == "chat":
             delta = delta if isinstance(delta, dict) else ({"content": delta} if delta else {})
             out = {**self._base("chat.completion.chunk"),
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]}
+                   "choices": [{"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}]}
         else:
             out = {**self._base("text_completion"),
-                   "choices": [{"index": 0, "text": delta, "finish_reason": reason, "logprobs": None}]}
+                   "choices": [{"index": index, "text": delta, "finish_reason": reason, "logprobs": None}]}
         if stats is not None:  # the last chunk carries the request's totals
             out["usage"], out["speculation"] = stats.usage(), stats.speculation()
         return out

@@ -15,6 +15,7 @@ class Metrics:
         self.requests = Counter(p + "requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
                                 registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "prompt tokens of admitted requests", registry=r)
+        self.choices = Counter(p + "choices", "choices of admitted requests (n of each)", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "tokens generated", registry=r)
         self.ttft = Histogram(p + "time_to_first_token_seconds", "request arrival to its first token",
                               buckets=LATENCY_BUCKETS, registry=r)

@@ -301,3 +301,38 @@ def test_an_option_the_server_does_not_implement_is_a_400_naming_it(server, fiel
     r = post(url, path, **body, **{field: value})
     assert r.status_code == 400, r.text
     assert error(r)["param"] == field and error(r)["message"].startswith(field)
+
+
+# ------------------------------------------------------------------ n > 1 as rows of the batch
+def test_n_choices_are_admitted_together_or_not_at_all(tokenizer):
+    app, engine = make_app(tokenizer, step_delay=0.3, max_batch=2, max_queue=0)
+    sched = app.state.scheduler
+    with running_server(app) as (url, _):
+        first = threading.Thread(target=lambda: post(url, max_tokens=12))
+        first.start()
+        deadline = time.monotonic() + 10
+        while engine.steps < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        r = post(url, n=2, max_tokens=4)  # one slot free, no queue: only one of the two would fit
+        assert r.status_code == 429
+        first.join(30)
+        assert not sched.pending and not sched.running and engine.active == 0  # nothing of it was left to run
+        assert post(url, n=2, max_tokens=4).status_code == 200
+        metrics = httpx.get(url + "/metrics").text
+        assert "specheads_choices_total 3.0" in metrics  # the first request's one and the last one's two
+
+
+def test_a_client_leaving_an_n_stream_frees_every_choice(tokenizer):
+    app, engine = make_app(tokenizer, step_delay=0.05, max_batch=4)
+    with running_server(app) as (url, _):
+        body = {"model": MODEL, "prompt": "the cat", "max_tokens": 200, "temperature": 0, "stream": True, "n": 3}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    break  # hang up after the first piece
+        deadline = time.monotonic() + 10
+        while engine.active:
+            assert time.monotonic() < deadline, "choices kept running after the client left"
+            time.sleep(0.02)
+        assert len(engine.aborted) == 3

@@ -200,7 +200,7 @@ BAD_INPUT = {  # case: (status, param, request fields)
     "max_tokens 0": (400, "max_tokens", dict(max_tokens=0)),
     "max_tokens above the context": (400, "max_tokens", dict(max_tokens=MAX_LEN)),
     "negative temperature": (400, "temperature", dict(temperature=-0.5)),
-    "n=2": (400, "n", dict(n=2)),
+    "n above the batch": (400, "n", dict(n=5)),
     "top_p 0": (400, "top_p", dict(top_p=0)),
     "speculation deeper than the server's": (400, "speculation.num_steps",
                                              dict(extra_body={"speculation": {"num_steps": 99}})),
@@ -282,3 +282,42 @@ def test_metrics_move_with_requests(served, client):
     assert 0 <= accepted_1 <= sum(x["steps"] for x in spec)
     assert after["specheads_mean_acceptance_length"] >= 1
     assert after["specheads_queue_length"] == 0 and after["specheads_running_requests"] == 0
+
+
+# ------------------------------------------------------------------ n > 1
+def test_n_choices_are_rows_with_seeds_derived_from_the_requests(served, client):
+    """Each choice decodes as its own row with its own seed (choice 0 keeps the request's), so a
+    seeded n=3 repeats, equals three n=1 requests with those seeds, and counts every choice."""
+    from specheads.server.app import choice_seed
+
+    q = QUESTIONS[5]
+    kw = dict(temperature=0.9, max_tokens=NEW)
+    one = [chat(client, q, seed=choice_seed(5, i), **kw) for i in range(3)]
+    three = chat(client, q, seed=5, n=3, **kw)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert [c.message.content for c in three.choices] == [r.choices[0].message.content for r in one]
+    assert three.usage.completion_tokens == sum(r.usage.completion_tokens for r in one)
+    assert three.usage.prompt_tokens == one[0].usage.prompt_tokens
+    again = chat(client, q, seed=5, n=3, **kw)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in three.choices]
+    assert len({c.message.content for c in three.choices}) > 1, "three samples of a random target differ"
+    # streamed: the same choices, by index, and the last chunk carries the request's totals
+    texts = {0: "", 1: "", 2: ""}
+    chunks = list(chat(client, q, seed=5, n=3, stream=True, **kw))
+    finished = set()
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason is not None:
+                finished.add(ch.index)
+    assert finished == {0, 1, 2} and [texts[i] for i in range(3)] == [c.message.content for c in three.choices]
+    assert chunks[-1].usage.completion_tokens == three.usage.completion_tokens
+
+
+def test_n_greedy_choices_are_the_targets_greedy_output(served, client):
+    q = QUESTIONS[6]
+    want, _, _ = greedy(served, chat_ids(served[2], q))
+    r = chat(client, q, n=2)
+    assert [c.message.content for c in r.choices] == [want, want]
+    r = client.completions.create(model=MODEL, prompt="hello there", max_tokens=4, temperature=0, n=2)
+    assert len(r.choices) == 2 and r.choices[0].text == r.choices[1].text
