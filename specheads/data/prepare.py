@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from specheads.data.chat import cut_loops, tokenize_conversation
@@ -122,7 +121,7 @@ def tokenize_all(target_dir: Path, tokenizer, conversations, opts: PrepareOption
 def prepare(opts: PrepareOptions) -> dict:
     from datasets import Dataset, DatasetDict
 
-    from specheads.target.loader import load_target, load_tokenizer, resolve_target
+    from specheads.target.loader import load_tokenizer, resolve_target
 
     if opts.max_length < 16:
         raise DataError(f"max_length must be >= 16, got {opts.max_length}")

@@ -333,7 +333,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         for i, m in enumerate(messages):
             check_unicode(m["content"], f"messages.{i}.content")
-        for i, stop in enumerate(body.stop_strings()):
+        for stop in body.stop_strings():
             check_unicode(stop, "stop")
         check_fits(sum(len(m["content"].encode()) for m in messages), "messages")
         # templating and tokenizing a long body takes seconds: off the event loop, so that /health

@@ -19,7 +19,7 @@ def step_launches():
 
     from specheads.heads import eagle3
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
-    from specheads.runtime.engine import Request, SpecEngine
+    from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.model import TargetModel
 

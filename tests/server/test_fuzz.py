@@ -17,7 +17,6 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
 
-from specheads.data.chat import render  # noqa: E402
 from specheads.runtime.engine import SpecEngine  # noqa: E402
 from specheads.server.app import ServerConfig, create_app  # noqa: E402
 from tests.runtime.spec_helpers import make_target, random_head  # noqa: E402
