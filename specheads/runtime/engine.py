@@ -54,6 +54,7 @@ from specheads.runtime.tree import Tree
 from specheads.target.model import KVCache
 
 METHODS = ("eagle3", "ngram", "ar")
+MAX_TOP_LOGPROBS = 20  # alternatives a request may ask for at each emitted token
 
 
 class EngineError(ValueError):
@@ -75,6 +76,8 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     stop_ids: frozenset = frozenset()
     spec: SpecControl = field(default_factory=SpecControl)
+    # None: no log-probabilities; k: each emitted token's and the k most likely at its position
+    top_logprobs: int | None = None
 
 
 @dataclass
@@ -87,6 +90,9 @@ class StepOutput:
     accept_length: int = 0  # tokens this step produced (accepted drafts + the bonus); 1 for the prefill
     draft_depth: int = 0  # tree depth offered this step (0: no drafts)
     prefill: bool = False  # the first token, from the prompt's forward
+    # per new token (requests that asked): (its log-probability, [(token, log-probability)] of the
+    # top_logprobs most likely), from the target's raw distribution (before temperature / top-p)
+    logprobs: list | None = None
 
 
 @dataclass
@@ -122,6 +128,7 @@ class _Launch:
     rows: list[_Row]
     host: torch.Tensor
     event: object = None  # torch.cuda.Event on CUDA
+    host_logprobs: tuple | None = None  # (chosen [n, D+1], top values [n, D+1, K], top ids) when asked
 
 
 def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
@@ -228,6 +235,8 @@ class SpecEngine:
             raise InvalidRequest(
                 f"prompt ({n} tokens) + max_new_tokens ({request.params.max_new_tokens}) exceeds the context of "
                 f"{self.max_len} tokens")
+        if request.top_logprobs is not None and not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {request.top_logprobs}")
         spec = request.spec
         for name, value, cap in (("num_steps", spec.num_steps, self.num_steps),
                                  ("num_draft_tokens", spec.num_draft_tokens, self.num_draft_tokens)):
@@ -290,38 +299,54 @@ class SpecEngine:
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         draft = any(r.speculate for r in self.rows)
+        logprobs = any(r.request.top_logprobs is not None for r in self.rows)
         if draft and self._host_drafts:
             self._host_tree(n, b)
-        out = self._run(b, kv, sampled, draft)
+        out = self._run(b, kv, sampled, draft, logprobs)
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
             if isinstance(self.drafter, Eagle3Drafter):
                 self.drafter.committed[n:b] = 0
         host = self._host_out[self._flip]
+        host_lp = None
+        if logprobs:
+            host_lp = tuple(h[:n] for h in self._host_lp[self._flip])
+            for dst, src in zip(host_lp, self.step_lp):
+                dst.copy_(src[:n], non_blocking=True)
         self._flip ^= 1
         host[:n].copy_(out[:n], non_blocking=True)
         event = None
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return _Launch(list(self.rows), host, event)
+        return _Launch(list(self.rows), host, event, host_lp)
 
     def _finish(self, launch: _Launch) -> list[StepOutput]:
         """Read a launched step's result (the one host sync of a step) and emit its tokens."""
         if launch.event is not None:
             launch.event.synchronize()
         outputs, done = [], []
-        for row, res in zip(launch.rows, launch.host[:len(launch.rows)].tolist()):
+        lp = [t.tolist() for t in launch.host_logprobs] if launch.host_logprobs is not None else None
+        for i, (row, res) in enumerate(zip(launch.rows, launch.host[:len(launch.rows)].tolist())):
             if row.finished:  # it left after this step was launched
                 continue
             n_acc, bonus, drafted = res[0], res[1], res[2]
             row.committed += n_acc
             new, reason = self._emit(row, res[5: 4 + n_acc] + [bonus])
-            outputs.append(StepOutput(row.handle, new, reason, drafted, n_acc - 1, n_acc, res[3]))
+            out = StepOutput(row.handle, new, reason, drafted, n_acc - 1, n_acc, res[3])
+            if lp is not None and row.request.top_logprobs is not None:
+                out.logprobs = self._logprobs(row, lp[0][i], lp[1][i], lp[2][i], len(new))
+            outputs.append(out)
             if reason is not None:
                 done.append(row)
         self._remove([self.rows.index(r) for r in done])
         return outputs
+
+    @staticmethod
+    def _logprobs(row: _Row, chosen: list, top_val: list, top_idx: list, n: int) -> list:
+        """The first n emitted tokens' (log-probability, top alternatives), path position by position."""
+        k = row.request.top_logprobs
+        return [(chosen[j], list(zip(top_idx[j][:k], top_val[j][:k]))) for j in range(n)]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, stop_ids=(),
                  progress=None) -> list[GenerationResult]:
@@ -390,6 +415,12 @@ class SpecEngine:
         self.out = torch.zeros(mb, 4 + self.depth + 1, dtype=torch.long, device=dev)
         pinned = dev.type == "cuda"
         self._host_out = [torch.zeros(mb, self.out.shape[1], dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        # log-probabilities at each path position of a step (filled by steps of requests that ask)
+        d, k = self.depth + 1, MAX_TOP_LOGPROBS
+        self.step_lp = (torch.zeros(mb, d, device=dev), torch.zeros(mb, d, k, device=dev),
+                        torch.zeros(mb, d, k, dtype=torch.long, device=dev))
+        self._host_lp = [tuple(torch.zeros(t.shape, dtype=t.dtype, pin_memory=pinned) for t in self.step_lp)
+                         for _ in range(2)]
         self._flip = 0
         if isinstance(self.drafter, Eagle3Drafter):
             self.drafter.allocate(mb, self.cap, dev, self.dtype)
@@ -498,11 +529,17 @@ class SpecEngine:
                 first = self._prefill_forward(row0, ids.to(dev), lens.to(dev), sampled)
         if staged:
             self._move_row(self.staging, start, width)
+        lp = None
+        if any(r.request.top_logprobs is not None for r in new):  # the prefill wrote them at position 0
+            lp = [t[row0: row0 + k, :1].tolist() for t in self.step_lp]
         self.rows += new
         outputs, done = [], []
         for i, (r, tok) in enumerate(zip(new, first.tolist())):
             toks, reason = self._emit(r, [tok])
-            outputs.append(StepOutput(r.handle, toks, reason, accept_length=1, prefill=True))
+            out = StepOutput(r.handle, toks, reason, accept_length=1, prefill=True)
+            if lp is not None and r.request.top_logprobs is not None:
+                out.logprobs = self._logprobs(r, lp[0][i], lp[1][i], lp[2][i], len(toks))
+            outputs.append(out)
             if reason is not None:
                 done.append(start + i)
         self._remove(done)
@@ -573,6 +610,7 @@ class SpecEngine:
                           kv_len=width, prefill=True, capture_layers=self.layer_ids,
                           logits_positions=(lens - 1)[:, None])
         first = sample_rows(out.logits, self.row_params.rows(rows), lens[:, None], sampled)[:, 0]
+        self._write_logprobs(out.logits, first[:, None], rows, 1)
         self.committed[rows] = lens
         self.root[rows] = first
         if isinstance(self.drafter, Eagle3Drafter):
@@ -634,8 +672,8 @@ class SpecEngine:
         t.valid[n:b] = False  # padding rows: the root alone
 
     # ------------------------------------------------------------------ the step
-    def _run(self, b: int, kv: int, sampled: bool, draft: bool) -> torch.Tensor:
-        key = (b, kv, sampled, draft)
+    def _run(self, b: int, kv: int, sampled: bool, draft: bool, logprobs: bool = False) -> torch.Tensor:
+        key = (b, kv, sampled, draft) + ((True,) if logprobs else ())
         if not self.use_graphs:
             with torch.no_grad():
                 self._step(*key)
@@ -645,8 +683,8 @@ class SpecEngine:
         self.graphs[key].replay()
         return self.out
 
-    def _capture(self, b: int, kv: int, sampled: bool, draft: bool) -> torch.cuda.CUDAGraph:
-        graph, _ = capture_graph(lambda: self._step(b, kv, sampled, draft), self._pool, self._restorer())
+    def _capture(self, b: int, kv: int, sampled: bool, draft: bool, logprobs: bool = False) -> torch.cuda.CUDAGraph:
+        graph, _ = capture_graph(lambda: self._step(b, kv, sampled, draft, logprobs), self._pool, self._restorer())
         self._pool = graph.pool()
         return graph
 
@@ -659,10 +697,10 @@ class SpecEngine:
         lone = self._lone
         return Tree(self.root[:b, None], lone.parents[:b], lone.depth[:b], lone.valid[:b], 0)
 
-    def _step(self, b: int, kv: int, sampled: bool, draft: bool) -> None:
+    def _step(self, b: int, kv: int, sampled: bool, draft: bool, logprobs: bool = False) -> None:
         """Draft, verify, accept and commit for rows [:b]; fixed shapes, no host syncs."""
         tree = self._tree(b, kv, draft)
-        anc, y, aux = self._verify(tree, b, kv, sampled)
+        anc, y, aux, logits = self._verify(tree, b, kv, sampled)
         pending = None
         if draft and isinstance(self.drafter, Eagle3Drafter):
             # the drafter's next feed: the path's features, and after each path node the target's
@@ -675,7 +713,20 @@ class SpecEngine:
                                   self.committed[:b], self.base[:b], self.root[:b], self.out[:b], pending)
         if tree.max_depth:  # a lone root is in place
             commit_kv(self.cache.layers(slice(0, b)), self.base[:b], path, n_acc)
+        if logprobs:  # the token emitted at path position j is y at path node j, drawn from its logits
+            nodes = path.clamp(min=0)
+            rows = logits.gather(1, nodes[..., None].expand(-1, -1, logits.shape[-1]))
+            self._write_logprobs(rows, y.gather(1, nodes), slice(0, b), path.shape[1])
 
+    def _write_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, rows: slice, width: int) -> None:
+        """log_softmax of the target's raw logits [R, W, V] at the tokens [R, W] and the most likely
+        MAX_TOP_LOGPROBS, into the step's buffers (rows, path positions :W)."""
+        lsm = torch.log_softmax(logits.float(), dim=-1)
+        chosen, top_val, top_idx = self.step_lp
+        chosen[rows, :width] = lsm.gather(-1, tokens[..., None])[..., 0]
+        top = lsm.topk(min(MAX_TOP_LOGPROBS, lsm.shape[-1]), dim=-1)
+        top_val[rows, :width, : top.values.shape[-1]] = top.values
+        top_idx[rows, :width, : top.indices.shape[-1]] = top.indices
     def _verify(self, tree: Tree, b: int, kv: int, sampled: bool):
         """The target over the tree (its validity under each row's limits set on `tree`):
         returns the ancestor matrix, the target's token at every node and its captured features."""
@@ -685,7 +736,7 @@ class SpecEngine:
                           cache_slots=slots, capture_layers=self.layer_ids)
         # the target's own token at every node (the token at sequence position `positions + 1`)
         y = sample_rows(out.logits, self.row_params.rows(slice(0, b)), positions + 1 if sampled else None, sampled)
-        return anc, y, out.aux_hidden
+        return anc, y, out.aux_hidden, out.logits
 
 
 def pooled(results: list[GenerationResult]) -> dict:
