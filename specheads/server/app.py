@@ -121,6 +121,9 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
                                 f"{config.served_model_name!r} (GET /v1/models)", param="model", code="model_not_found")
 
     vocab = len(tokenizer)
+
+    def token_text(token: int) -> str:
+        return tokenizer.decode([token])
     # a token covers at most this many bytes of text (byte-level vocabularies: its string's length),
     # so a text of more than longest * max_len bytes cannot fit the context: refused untokenized
     longest = max((len(t) for t in tokenizer.get_vocab()), default=1) + 1
@@ -153,7 +156,8 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
                                     max_new_tokens=max_tokens or room).validate()
         except InvalidRequest as e:
             raise APIError(400, str(e), param=str(e).split()[0]) from e
-        return EngineRequest(prompt=prompt, params=params, stop_ids=stop_ids, spec=spec_control(body.speculation))
+        return EngineRequest(prompt=prompt, params=params, stop_ids=stop_ids, spec=spec_control(body.speculation),
+                             top_logprobs=body.top_logprobs_wanted())
 
     def spec_control(spec):
         if spec is None:
@@ -172,10 +176,13 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
 
     # ------------------------------------------------------------------ generation
     async def deltas(job: Job, stats: RequestStats, stops: list[str], arrival: float):
-        """(text, finish_reason) as the job's outputs arrive; the last item has a finish_reason.
-        Leaving early (stop string, client gone, error) aborts the request in the engine."""
+        """(text, finish_reason, logprobs) as the job's outputs arrive; the last item has a
+        finish_reason; logprobs: [(token, log-probability, top alternatives)] of the tokens received
+        since the last item (the request asked), else None. Leaving early (stop string, client
+        gone, error) aborts the request in the engine."""
         detok, matcher = Detokenizer(tokenizer), StopMatcher(stops)
         last = None
+        pending: list | None = [] if job.request.top_logprobs is not None else None
         try:
             while True:
                 kind, item = await job.events.get()
@@ -197,16 +204,19 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
                     stats.step_tokens += item.accept_length
                 if item.finish_reason is not None:
                     job.finished = True
+                if pending is not None and item.logprobs:
+                    pending += [(t, lp, top) for t, (lp, top) in zip(item.new_tokens, item.logprobs)]
                 text, stopped = matcher.push(detok.add(item.new_tokens))
                 if not stopped and item.finish_reason is not None:
                     tail, stopped = matcher.push(detok.flush())
                     text += tail + ("" if stopped else matcher.flush())
                 if stopped or item.finish_reason is not None:
                     metrics.e2e.observe(now - arrival)
-                    yield text, "stop" if stopped else item.finish_reason
+                    yield text, "stop" if stopped else item.finish_reason, pending
                     return
-                if text:
-                    yield text, None
+                if text or pending:
+                    yield text, None, pending
+                    pending = [] if pending is not None else None
         finally:
             if not job.finished:
                 scheduler.cancel(job)
@@ -224,7 +234,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         stats = RequestStats(prompt_tokens=len(prompt))
         items = deltas(job, stats, body.stop_strings(), arrival)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        shape = Shape(rid, config.served_model_name, kind)
+        shape = Shape(rid, config.served_model_name, kind, token_text if engine_req.top_logprobs is not None else None)
         # wait for the first piece (streamed) or all of it while watching the client: a client that
         # hangs up frees its slot, and errors before any token keep their own status
         result = await until_disconnect(request, anext(items) if body.stream else collect(items))
@@ -254,7 +264,8 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         metrics.choices.inc(len(jobs))
         stats = [RequestStats(prompt_tokens=len(prompt)) for _ in jobs]
         streams = [deltas(job, st, body.stop_strings(), arrival) for job, st in zip(jobs, stats)]
-        shape = Shape(("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, config.served_model_name, kind)
+        shape = Shape(("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, config.served_model_name, kind,
+                      token_text if engine_req.top_logprobs is not None else None)
         if body.stream:
             events = merged(streams)
             result = await until_disconnect(request, anext(events))
@@ -277,40 +288,42 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
             if shape.kind == "chat":
                 for i in range(n):
                     yield shape.event(shape.chunk({"role": "assistant", "content": ""}, None, index=i))
-            i, text, reason = first
+            i, text, reason, lps = first
             while True:
                 finished += reason is not None
-                if text or reason is not None:  # the last choice to finish carries the request's totals
+                if text or lps or reason is not None:  # the last choice to finish carries the totals
                     yield shape.event(shape.chunk(text, reason, RequestStats.combined(stats) if finished == n else None,
-                                                  index=i))
+                                                  index=i, lps=lps))
                 if finished == n:
                     break
-                i, text, reason = await anext(events)
+                i, text, reason, lps = await anext(events)
         except APIError as err:
             yield shape.event(err.body())
         finally:
             await events.aclose()
         yield "data: [DONE]\n\n"
 
-    async def collect(items) -> tuple[str, str]:
-        texts = []
-        async for text, reason in items:
+    async def collect(items) -> tuple[str, str, list | None]:
+        texts, lps = [], None
+        async for text, reason, lp in items:
             texts.append(text)
+            if lp is not None:
+                lps = (lps or []) + lp
             if reason is not None:
-                return "".join(texts), reason
+                return "".join(texts), reason, lps
         raise RuntimeError("the request ended without a finish reason")
 
     async def sse(shape: "Shape", first, items, stats: RequestStats):
         try:
             if shape.kind == "chat":
                 yield shape.event(shape.chunk({"role": "assistant", "content": ""}, None))
-            text, reason = first
+            text, reason, lps = first
             while True:
-                if text or reason is not None:
-                    yield shape.event(shape.chunk(text, reason, stats if reason is not None else None))
+                if text or lps or reason is not None:
+                    yield shape.event(shape.chunk(text, reason, stats if reason is not None else None, lps=lps))
                 if reason is not None:
                     break
-                text, reason = await anext(items)
+                text, reason, lps = await anext(items)
         except APIError as err:  # after the 200 went out: the error travels as an event
             yield shape.event(err.body())
         finally:
@@ -385,26 +398,26 @@ def choice_seed(seed: int | None, i: int) -> int | None:
 
 
 async def merged(streams):
-    """(choice index, text, finish_reason) from several delta streams as their pieces arrive; an
+    """(choice index, text, finish_reason, logprobs) from several delta streams as their pieces arrive; an
     error in one ends them all (and is raised); closing it closes every stream."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i, stream):
         try:
-            async for text, reason in stream:
-                await queue.put((i, text, reason, None))
+            async for text, reason, lps in stream:
+                await queue.put((i, text, reason, lps, None))
         except Exception as e:  # noqa: BLE001 - handed to the consumer
-            await queue.put((i, None, None, e))
+            await queue.put((i, None, None, None, e))
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
     left = len(streams)
     try:
         while left:
-            i, text, reason, err = await queue.get()
+            i, text, reason, lps, err = await queue.get()
             if err is not None:
                 raise err
             left -= reason is not None
-            yield i, text, reason
+            yield i, text, reason, lps
     finally:
         for t in tasks:
             t.cancel()
@@ -484,32 +497,55 @@ async def _no_body():
 class Shape:
     """The OpenAI response and chunk shapes of one request."""
 
-    def __init__(self, rid: str, model: str, kind: str):
+    def __init__(self, rid: str, model: str, kind: str, token_text=None):
         self.rid, self.model, self.kind, self.created = rid, model, kind, int(time.time())
+        self.token_text = token_text  # token id -> its text, where the request asked for logprobs
+
+    def logprobs(self, lps: list | None, offset: int = 0) -> dict | None:
+        """The OpenAI `logprobs` object of some tokens: chat's `content` list, or the completions'
+        parallel lists (with text offsets from `offset`)."""
+        if lps is None or self.token_text is None:
+            return None
+        text = self.token_text
+        if self.kind == "chat":
+            def entry(t, lp):
+                s = text(t)
+                return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+            return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in top]} for t, lp, top in lps]}
+        tokens = [text(t) for t, _, _ in lps]
+        offsets = []
+        for s in tokens:
+            offsets.append(offset)
+            offset += len(s)
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in lps],
+                "top_logprobs": [{text(a): v for a, v in top} for _, _, top in lps], "text_offset": offsets}
 
     def _base(self, obj: str) -> dict:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
 
-    def response(self, choices: list[tuple[str, str]], stats: RequestStats) -> dict:
-        """choices: (text, finish_reason) of each choice, in index order."""
+    def response(self, choices: list[tuple[str, str, list | None]], stats: RequestStats) -> dict:
+        """choices: (text, finish_reason, logprobs) of each choice, in index order."""
         if self.kind == "chat":
             out = self._base("chat.completion")
             listed = [{"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                       "logprobs": None} for i, (text, reason) in enumerate(choices)]
+                       "logprobs": self.logprobs(lps)} for i, (text, reason, lps) in enumerate(choices)]
         else:
             out = self._base("text_completion")
-            listed = [{"index": i, "text": text, "finish_reason": reason, "logprobs": None}
-                      for i, (text, reason) in enumerate(choices)]
+            listed = [{"index": i, "text": text, "finish_reason": reason, "logprobs": self.logprobs(lps)}
+                      for i, (text, reason, lps) in enumerate(choices)]
         return {**out, "choices": listed, "usage": stats.usage(), "speculation": stats.speculation()}
 
-    def chunk(self, delta, reason: str | None, stats: RequestStats | None = None, index: int = 0) -> dict:
+    def chunk(self, delta, reason: str | None, stats: RequestStats | None = None, index: int = 0,
+              lps: list | None = None) -> dict:
         if self.kind == "chat":
             delta = delta if isinstance(delta, dict) else ({"content": delta} if delta else {})
             out = {**self._base("chat.completion.chunk"),
-                   "choices": [{"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}]}
+                   "choices": [{"index": index, "delta": delta, "finish_reason": reason,
+                                "logprobs": self.logprobs(lps)}]}
         else:
             out = {**self._base("text_completion"),
-                   "choices": [{"index": index, "text": delta, "finish_reason": reason, "logprobs": None}]}
+                   "choices": [{"index": index, "text": delta, "finish_reason": reason,
+                                "logprobs": self.logprobs(lps)}]}
         if stats is not None:  # the last chunk carries the request's totals
             out["usage"], out["speculation"] = stats.usage(), stats.speculation()
         return out

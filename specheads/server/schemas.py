@@ -26,6 +26,7 @@ class APIError(Exception):
 
 
 INT64 = 2**63
+MAX_TOP_LOGPROBS = 20  # as specheads.runtime.engine (not imported here: no torch in the schemas)
 # ints, floats and bools are strict: `"max_tokens": true` or `"8"` is a 400, not 1 or 8
 Int = StrictInt
 Float = Annotated[StrictFloat, Field(allow_inf_nan=False)]
@@ -48,8 +49,6 @@ class StreamOptions(BaseModel):
 # OpenAI fields this server accepts only at values that change nothing (what clients send by
 # default); any other value is a 400 naming the field. Implemented options never appear here.
 NO_OPS: dict[str, tuple] = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
@@ -92,8 +91,6 @@ class _Sampling(BaseModel):
     speculation: SpeculationRequest | None = None
 
     # the no-op fields (NO_OPS): declared so that a client's defaults pass, checked below
-    logprobs: Any = None
-    top_logprobs: Any = None
     echo: Any = None
     best_of: Any = None
     suffix: Any = None
@@ -118,6 +115,10 @@ class _Sampling(BaseModel):
             shown = ", ".join(json.dumps(a) for a in accepted)
             raise ValueError(f"{json.dumps(value)[:80]} is not supported by this server (accepted: {shown})")
         return value
+
+    def top_logprobs_wanted(self) -> int | None:
+        """None: no log-probabilities; k: each token's and the k most likely alternatives."""
+        raise NotImplementedError
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -144,8 +145,24 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(default=None, gt=0, lt=INT64)
+    logprobs: StrictBool | None = None
+    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value, info: ValidationInfo):
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs \"logprobs\": true")
+        return value
+
+    def top_logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[Int] | list[list[Int]]
     max_tokens: Int | None = Field(default=16, gt=0, lt=INT64)  # the OpenAI default for /v1/completions
+    logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # the alternatives per token
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs

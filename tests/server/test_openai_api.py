@@ -321,3 +321,52 @@ def test_n_greedy_choices_are_the_targets_greedy_output(served, client):
     assert [c.message.content for c in r.choices] == [want, want]
     r = client.completions.create(model=MODEL, prompt="hello there", max_tokens=4, temperature=0, n=2)
     assert len(r.choices) == 2 and r.choices[0].text == r.choices[1].text
+
+
+# ------------------------------------------------------------------ logprobs
+def _reference_logprobs(served, prompt_ids: list[int], max_new: int) -> tuple[list[int], list[float]]:
+    """The target's greedy tokens and their log-probabilities from one plain forward."""
+    import torch
+
+    _, model, tok, _ = served
+    ids = decode(model, [prompt_ids], SamplingParams(max_new_tokens=max_new), stop_token_ids(tok))[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + ids])).logits[0].float()
+    lsm = torch.log_softmax(logits, -1)
+    start = len(prompt_ids) - 1
+    return ids, [lsm[start + j, t].item() for j, t in enumerate(ids)]
+
+
+def test_chat_logprobs_are_the_targets_with_speculation_on_and_off(served, client):
+    q = QUESTIONS[9]
+    ids, want = _reference_logprobs(served, chat_ids(served[2], q), NEW)
+    on = chat(client, q, logprobs=True, top_logprobs=3)
+    off = chat(client, q, logprobs=True, top_logprobs=3, extra_body={"speculation": {"enabled": False}})
+    for r in (on, off):
+        content = r.choices[0].logprobs.content
+        assert len(content) == r.usage.completion_tokens == len(ids)
+        assert [c.logprob for c in content] == pytest.approx(want, abs=1e-4)
+        for c in content:  # greedy: the emitted token is the most likely one
+            assert len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-6)
+            assert c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob >= c.top_logprobs[2].logprob
+            assert bytes(c.bytes).decode("utf-8", "replace") == c.token
+    assert [c.logprob for c in on.choices[0].logprobs.content] == pytest.approx(
+        [c.logprob for c in off.choices[0].logprobs.content], abs=1e-5)
+    streamed = []
+    for chunk in chat(client, q, stream=True, logprobs=True, top_logprobs=3):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.content
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in on.choices[0].logprobs.content],
+                                                          abs=1e-6)
+    assert chat(client, q).choices[0].logprobs is None  # not asked, none given
+
+
+def test_completion_logprobs(served, client):
+    _, _, tok, _ = served
+    prompt = "hello there"
+    ids, want = _reference_logprobs(served, tok(prompt)["input_ids"], 6)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(want, abs=1e-4) and len(lp.tokens) == len(ids)
+    assert all(len(alts) <= 2 for alts in lp.top_logprobs)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
