@@ -138,6 +138,12 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         if body.n > engine.max_batch:
             raise APIError(400, f"n must be at most {engine.max_batch} (the server's --max-batch: every choice is a "
                                 f"row of the batch), got {body.n}", param="n")
+        best_of = getattr(body, "best_of", None) or body.n
+        if best_of < body.n or best_of > engine.max_batch:
+            raise APIError(400, f"best_of must be in n..{engine.max_batch} (n = {body.n}; the server's --max-batch "
+                                f"bounds the candidates decoded together), got {best_of}", param="best_of")
+        if best_of > body.n and body.stream:
+            raise APIError(400, "best_of above n cannot stream (the best are known only at the end)", param="best_of")
         if body.top_k > vocab:
             raise APIError(400, f"top_k must be at most the vocabulary size {vocab} (0 disables it), got {body.top_k}",
                            param="top_k")
@@ -156,8 +162,11 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
                                     max_new_tokens=max_tokens or room).validate()
         except InvalidRequest as e:
             raise APIError(400, str(e), param=str(e).split()[0]) from e
+        wanted = body.top_logprobs_wanted()
+        if best_of > body.n and wanted is None:
+            wanted = 0  # candidates are ranked by their tokens' log-probabilities
         return EngineRequest(prompt=prompt, params=params, stop_ids=stop_ids, spec=spec_control(body.speculation),
-                             top_logprobs=body.top_logprobs_wanted())
+                             top_logprobs=wanted)
 
     def spec_control(spec):
         if spec is None:
@@ -226,7 +235,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         check_model(body)
         prompt_field, max_field = ("messages", "max_tokens") if kind == "chat" else ("prompt", "max_tokens")
         engine_req = engine_request(body, prompt, max_tokens, prompt_field, max_field)
-        if body.n > 1:
+        if max(body.n, getattr(body, "best_of", None) or 1) > 1:
             return await generate_choices(request, body, prompt, engine_req, kind, arrival)
         job = scheduler.submit(engine_req, asyncio.get_running_loop())
         metrics.prompt_tokens.inc(len(prompt))
@@ -253,7 +262,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         loop = asyncio.get_running_loop()
         jobs = []
         try:
-            for i in range(body.n):
+            for i in range(max(body.n, getattr(body, "best_of", None) or 1)):
                 params = replace(engine_req.params, seed=choice_seed(engine_req.params.seed, i))
                 jobs.append(scheduler.submit(replace(engine_req, params=params), loop))
         except APIError:  # all choices or none: the ones already queued are withdrawn
@@ -265,7 +274,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         stats = [RequestStats(prompt_tokens=len(prompt)) for _ in jobs]
         streams = [deltas(job, st, body.stop_strings(), arrival) for job, st in zip(jobs, stats)]
         shape = Shape(("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, config.served_model_name, kind,
-                      token_text if engine_req.top_logprobs is not None else None)
+                      token_text if body.top_logprobs_wanted() is not None else None)
         if body.stream:
             events = merged(streams)
             result = await until_disconnect(request, anext(events))
@@ -280,6 +289,11 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         metrics.requests.labels(endpoint=request.url.path, status="200").inc()
         if body.stream:
             return StreamingResponse(sse_choices(shape, result, events, stats), media_type="text/event-stream")
+        if len(result) > body.n:  # best_of: the n candidates of highest mean log-probability per token
+            def score(choice):
+                lps = choice[2] or []
+                return sum(lp for _, lp, _ in lps) / max(len(lps), 1)
+            result = sorted(result, key=score, reverse=True)[: body.n]
         return shape.response(result, RequestStats.combined(stats))
 
     async def sse_choices(shape: "Shape", first, events, stats: list[RequestStats]):

@@ -50,7 +50,6 @@ class StreamOptions(BaseModel):
 # default); any other value is a 400 naming the field. Implemented options never appear here.
 NO_OPS: dict[str, tuple] = {
     "echo": (None, False),
-    "best_of": (None, 1),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
@@ -92,7 +91,6 @@ class _Sampling(BaseModel):
 
     # the no-op fields (NO_OPS): declared so that a client's defaults pass, checked below
     echo: Any = None
-    best_of: Any = None
     suffix: Any = None
     tools: Any = None
     tool_choice: Any = None
@@ -163,6 +161,7 @@ class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[Int] | list[list[Int]]
     max_tokens: Int | None = Field(default=16, gt=0, lt=INT64)  # the OpenAI default for /v1/completions
     logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # the alternatives per token
+    best_of: Int | None = Field(default=None, ge=1, lt=INT64)  # candidates decoded; the best n returned
 
     def top_logprobs_wanted(self) -> int | None:
         return self.logprobs

@@ -370,3 +370,17 @@ def test_completion_logprobs(served, client):
     assert lp.token_logprobs == pytest.approx(want, abs=1e-4) and len(lp.tokens) == len(ids)
     assert all(len(alts) <= 2 for alts in lp.top_logprobs)
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+
+
+def test_best_of_returns_the_candidates_of_highest_mean_logprob(served, client):
+    kw = dict(model=MODEL, prompt="the cat sat", max_tokens=8, temperature=1.0, seed=5)
+    cands = client.completions.create(n=3, logprobs=0, **kw).choices
+    mean = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in cands]
+    best = client.completions.create(best_of=3, **kw)
+    assert len(best.choices) == 1 and best.choices[0].text == cands[mean.index(max(mean))].text
+    assert best.choices[0].logprobs is None  # ranked by them, but not asked for
+    assert best.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in cands)  # every candidate counts
+    two = client.completions.create(n=2, best_of=3, logprobs=1, **kw).choices
+    assert [c.text for c in two] == [cands[i].text for i in sorted(range(3), key=lambda i: -mean[i])[:2]]
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        client.completions.create(n=2, best_of=1, **kw)
