@@ -519,18 +519,19 @@ class SpecEngine:
             self.depth_limit[row0 + i] = min(spec.num_steps or self.depth, self.depth) if on else 0
             self.draft_limit[row0 + i] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
         sampled = any(r.request.params.temperature > 0 for r in new)
+        logprobs = any(r.request.top_logprobs is not None for r in new)
         if staged and self.use_graphs:
-            graph, inputs, first = self._prefill_graph(width, sampled)
+            graph, inputs, first = self._prefill_graph(width, sampled, logprobs)
             for buf, src in zip(inputs, (ids, lens)):
                 buf.copy_(src, non_blocking=True)
             graph.replay()
         else:
             with torch.no_grad():
-                first = self._prefill_forward(row0, ids.to(dev), lens.to(dev), sampled)
+                first = self._prefill_forward(row0, ids.to(dev), lens.to(dev), sampled, logprobs)
         if staged:
             self._move_row(self.staging, start, width)
         lp = None
-        if any(r.request.top_logprobs is not None for r in new):  # the prefill wrote them at position 0
+        if logprobs:  # the prefill wrote them at path position 0
             lp = [t[row0: row0 + k, :1].tolist() for t in self.step_lp]
         self.rows += new
         outputs, done = [], []
@@ -545,15 +546,15 @@ class SpecEngine:
         self._remove(done)
         return outputs
 
-    def _prefill_graph(self, width: int, sampled: bool):
+    def _prefill_graph(self, width: int, sampled: bool, logprobs: bool = False):
         """The captured prefill of one prompt of `width` (a bucket) into the staging row: (graph,
         its input buffers (ids [1, W], lengths [1]), its output), captured on first use."""
-        key = ("prefill", width, sampled)
+        key = ("prefill", width, sampled) + ((True,) if logprobs else ())
         if key not in self.graphs:
             inputs = (torch.zeros(1, width, dtype=torch.long, device=self.device),
                       torch.ones(1, dtype=torch.long, device=self.device))
-            graph, first = capture_graph(lambda: self._prefill_forward(self.staging, *inputs, sampled), self._pool,
-                                         self._restorer())
+            graph, first = capture_graph(lambda: self._prefill_forward(self.staging, *inputs, sampled, logprobs),
+                                         self._pool, self._restorer())
             self._pool = graph.pool()
             self.graphs[key] = (graph, inputs, first)
         return self.graphs[key]
@@ -601,7 +602,8 @@ class SpecEngine:
     def _width_bucket(self, width: int) -> int:
         return min(max(16, next_pow2(width)), self.max_len)
 
-    def _prefill_forward(self, start: int, ids: torch.Tensor, lens: torch.Tensor, sampled: bool) -> torch.Tensor:
+    def _prefill_forward(self, start: int, ids: torch.Tensor, lens: torch.Tensor, sampled: bool,
+                         logprobs: bool = False) -> torch.Tensor:
         """Prompts ids [k, W] (right-padded, lengths lens [k]) into rows start..: the target's
         cache and features, the first token (returned), the drafter's cache. Device work only."""
         k, width = ids.shape
@@ -610,7 +612,8 @@ class SpecEngine:
                           kv_len=width, prefill=True, capture_layers=self.layer_ids,
                           logits_positions=(lens - 1)[:, None])
         first = sample_rows(out.logits, self.row_params.rows(rows), lens[:, None], sampled)[:, 0]
-        self._write_logprobs(out.logits, first[:, None], rows, 1)
+        if logprobs:
+            self._write_logprobs(out.logits, first[:, None], rows, 1)
         self.committed[rows] = lens
         self.root[rows] = first
         if isinstance(self.drafter, Eagle3Drafter):

@@ -84,9 +84,9 @@ def test_many_joining_prompts_prefill_in_bounded_groups(target, head, method, mo
     sizes = []
     real = SpecEngine._prefill_forward
 
-    def spy(self, start, ids, lens, sampled):
+    def spy(self, start, ids, lens, *args):
         sizes.append(tuple(ids.shape))
-        return real(self, start, ids, lens, sampled)
+        return real(self, start, ids, lens, *args)
 
     monkeypatch.setattr(SpecEngine, "_prefill_forward", spy)
     out = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12))
@@ -234,9 +234,9 @@ def test_single_joins_prefill_at_bucket_widths(target, head, method):
     widths = []
     real = engine._prefill_forward
 
-    def recording(start, ids, lens, sampled):
+    def recording(start, ids, lens, *args):
         widths.append((start, ids.shape[1], lens.tolist()))
-        return real(start, ids, lens, sampled)
+        return real(start, ids, lens, *args)
 
     engine._prefill_forward = recording
     params = SamplingParams(max_new_tokens=20)
