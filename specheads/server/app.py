@@ -230,6 +230,17 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
             if not job.finished:
                 scheduler.cancel(job)
 
+    def new_shape(body, kind: str) -> "Shape":
+        return Shape(("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, config.served_model_name, kind,
+                     token_text if body.top_logprobs_wanted() is not None else None)
+
+    async def hung_up(request: Request, streams) -> Response:
+        """The client left before an answer: close its streams (their jobs leave the engine)."""
+        for stream in streams:
+            await stream.aclose()
+        metrics.requests.labels(endpoint=request.url.path, status="499").inc()
+        return Response(status_code=499)
+
     async def generate(request: Request, body, prompt: list[int], max_tokens, kind: str):
         arrival = time.monotonic()
         check_model(body)
@@ -242,15 +253,12 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         metrics.choices.inc()
         stats = RequestStats(prompt_tokens=len(prompt))
         items = deltas(job, stats, body.stop_strings(), arrival)
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        shape = Shape(rid, config.served_model_name, kind, token_text if engine_req.top_logprobs is not None else None)
+        shape = new_shape(body, kind)
         # wait for the first piece (streamed) or all of it while watching the client: a client that
         # hangs up frees its slot, and errors before any token keep their own status
         result = await until_disconnect(request, anext(items) if body.stream else collect(items))
         if result is None:
-            await items.aclose()
-            metrics.requests.labels(endpoint=request.url.path, status="499").inc()
-            return Response(status_code=499)
+            return await hung_up(request, [items])
         metrics.requests.labels(endpoint=request.url.path, status="200").inc()
         if body.stream:
             return StreamingResponse(sse(shape, result, items, stats), media_type="text/event-stream")
@@ -273,8 +281,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         metrics.choices.inc(len(jobs))
         stats = [RequestStats(prompt_tokens=len(prompt)) for _ in jobs]
         streams = [deltas(job, st, body.stop_strings(), arrival) for job, st in zip(jobs, stats)]
-        shape = Shape(("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, config.served_model_name, kind,
-                      token_text if body.top_logprobs_wanted() is not None else None)
+        shape = new_shape(body, kind)
         if body.stream:
             events = merged(streams)
             result = await until_disconnect(request, anext(events))
@@ -282,10 +289,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
             events = None
             result = await until_disconnect(request, asyncio.gather(*(collect(st) for st in streams)))
         if result is None:
-            for it in ([events] if events is not None else streams):
-                await it.aclose()
-            metrics.requests.labels(endpoint=request.url.path, status="499").inc()
-            return Response(status_code=499)
+            return await hung_up(request, [events] if events is not None else streams)
         metrics.requests.labels(endpoint=request.url.path, status="200").inc()
         if body.stream:
             return StreamingResponse(sse_choices(shape, result, events, stats), media_type="text/event-stream")
