@@ -27,8 +27,7 @@ def run_method(args, method: str) -> list[dict]:
     """One process: every batch size for `method`; returns a row per batch size."""
     import torch
 
-    from specheads.data.chat import render
-    from specheads.data.regenerate import stop_token_ids
+    from specheads.target.chat import render, stop_token_ids
     from specheads.heads.format import load_head
     from specheads.runtime.defaults import DEFAULT_TREE
     from specheads.runtime.engine import SpecEngine, pooled

@@ -226,8 +226,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/result")
     args = ap.parse_args()
 
-    from specheads.data.chat import render
-    from specheads.data.regenerate import stop_token_ids
+    from specheads.target.chat import render, stop_token_ids
     from specheads.heads.format import load_head
     from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams

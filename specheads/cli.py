@@ -207,8 +207,7 @@ def cmd_demo(args) -> int:
 def cmd_generate(args) -> int:
     import torch
 
-    from specheads.data.chat import render
-    from specheads.data.regenerate import stop_token_ids
+    from specheads.target.chat import render, stop_token_ids
     from specheads.heads.format import load_head
     from specheads.runtime.engine import SpecEngine, pooled
     from specheads.runtime.sampling import SamplingParams

@@ -17,60 +17,18 @@ one is known, else a placeholder that the text says to fill in.
 from __future__ import annotations
 
 import json
-import os
-import re
 from pathlib import Path
 
 import torch
 
+from specheads.heads.fetch import HEAD_FILES, REPO_ID, HubError, check_repo_id, resolve_head  # noqa: F401 (re-exported)
 from specheads.heads.format import CONFIG_FILE, META_FILE, hf_config, load_head, save_head
 from specheads.target.loader import DEFAULT_TARGET, SMOLLM2_GGUF
 
 FORMATS = ("sglang", "vllm")
-HEAD_FILES = ["config.json", "model.safetensors", "specheads.json"]
-# org/name: letters, digits, '-', '_', '.'; the Hub's own rule, minus '--' and '..'
-REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded GGUF's source
 # stands for the target in a launch command when its hub id is not known
 TARGET_PLACEHOLDER = "<path or hub id of the target>"
-
-
-class HubError(ValueError):
-    """A hub id that is malformed, missing, not cached offline, or a repo that would be overwritten."""
-
-
-def check_repo_id(repo_id: str, what: str = "--repo-id") -> str:
-    if not REPO_ID.fullmatch(repo_id) or "--" in repo_id or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise HubError(f"{what} {repo_id!r} is not a hub id; expected 'org/name' (letters, digits, '-', '_', '.')")
-    return repo_id
-
-
-def resolve_head(spec: str | os.PathLike) -> Path:
-    """A head folder on disk for a local path or a hub id `org/name[@revision]`."""
-    path = Path(spec).expanduser()
-    if path.exists():
-        return path
-    repo_id, _, revision = str(spec).partition("@")
-    if str(spec).startswith((".", "/", "~")) or not REPO_ID.fullmatch(repo_id):
-        raise FileNotFoundError(f"head {str(spec)!r} is neither an existing folder nor a hub id 'org/name[@revision]'")
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
-
-    where = f"head {str(spec)!r} is not a local folder, and on the Hub"
-    try:
-        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=HEAD_FILES))
-    except RevisionNotFoundError:
-        raise HubError(f"{where} {repo_id} has no revision {revision!r}") from None
-    except RepositoryNotFoundError:
-        raise HubError(f"{where} {repo_id} does not exist (or is private: set HF_TOKEN or "
-                       f"run `huggingface-cli login`)") from None
-    except LocalEntryNotFoundError:  # offline (HF_HUB_OFFLINE=1 or no connection) and not in the cache
-        reason = "HF_HUB_OFFLINE=1" if constants.is_offline_mode() else "the Hub could not be reached"
-        raise HubError(f"{where} {repo_id} is not in the cache ({constants.HF_HUB_CACHE}) and {reason}; "
-                       f"download it once with network access") from None
-    except HfHubHTTPError as e:
-        raise HubError(f"{where} {repo_id} could not be fetched: {str(e).splitlines()[0]}") from None
 
 LAUNCH = {
     "sglang": ("python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "

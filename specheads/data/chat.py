@@ -11,15 +11,16 @@ from __future__ import annotations
 import bisect
 
 from specheads.data.sources import DataError
+from specheads.target import chat as target_chat
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    """The target's template (specheads.target.chat), its refusal a DataError: prepare counts the
+    conversation as skipped for that reason."""
     try:
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-    except Exception as e:  # jinja raises TemplateError for e.g. non-alternating roles
-        raise DataError(f"chat template rejected the conversation: {type(e).__name__}") from e
+        return target_chat.render(tokenizer, messages, add_generation_prompt)
+    except target_chat.ChatTemplateError as e:
+        raise DataError(str(e)) from e
 
 
 def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:

@@ -27,20 +27,10 @@ from specheads.data.chat import render
 from specheads.data.sources import Conversation, DataError
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
+from specheads.target.chat import stop_token_ids
 
 STATE_VERSION = 1
 STATE_FILE = "regenerate_state.json"  # one device; with n devices: regenerate_state.{k}-of-{n}.json
-
-
-def stop_token_ids(tokenizer) -> set[int]:
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    for tok in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
-            ids.add(tid)
-    return ids
 
 
 def _fingerprint(conversations, params, max_length, max_turns, chunk) -> str:

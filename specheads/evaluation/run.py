@@ -72,10 +72,9 @@ def contexts(target, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int, 
              batch_size: int = 8) -> list[list[int]]:
     """Each prompt's token ids up to its last user turn, earlier answers decoded greedily by the
     target (plain decoding)."""
-    from specheads.data.chat import render
-    from specheads.data.regenerate import stop_token_ids
     from specheads.runtime.engine import decode
     from specheads.runtime.sampling import SamplingParams
+    from specheads.target.chat import render, stop_token_ids
 
     def ids(messages):
         text = render(tokenizer, messages, add_generation_prompt=True)
@@ -96,9 +95,9 @@ def contexts(target, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int, 
 def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[Method], batch_size: int = 1,
              max_new_tokens: int = 256, max_prompt_tokens: int = 3072, progress=print) -> dict:
     """Every method over every prompt, category by category; returns the report (see module doc)."""
-    from specheads.data.regenerate import stop_token_ids
     from specheads.runtime.engine import pooled
     from specheads.runtime.sampling import SamplingParams
+    from specheads.target.chat import stop_token_ids
 
     cats = [c for c in CATEGORIES if any(p.category == c for p in prompts)]
     t0 = time.perf_counter()

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
+from specheads.heads.fetch import resolve_head  # a hub id becomes its cached snapshot folder
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -174,8 +175,6 @@ def validate_weights(tensors: dict, cfg: Eagle3Config, where: str) -> None:
 
 def load_head(folder: str | Path, device="cpu", dtype: torch.dtype | None = None) -> Eagle3Head:
     from safetensors.torch import load_file
-
-    from specheads.hub import resolve_head  # a hub id becomes its cached snapshot folder
 
     folder = resolve_head(folder)
     cfg = config_from_folder(folder)

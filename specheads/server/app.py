@@ -69,7 +69,7 @@ class RequestStats:
 
 
 def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
-    from specheads.data.regenerate import stop_token_ids
+    from specheads.target.chat import stop_token_ids
     from specheads.runtime.engine import Request as EngineRequest
     from specheads.runtime.engine import SpecControl
     from specheads.runtime.sampling import InvalidRequest, SamplingParams
@@ -350,7 +350,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
 
     # ------------------------------------------------------------------ routes
     def chat_prompt(messages: list[dict]) -> list[int]:
-        from specheads.data.chat import render
+        from specheads.target.chat import render
 
         try:
             text = render(tokenizer, messages, add_generation_prompt=True)
