@@ -30,7 +30,8 @@ def run_method(args, method: str) -> list[dict]:
     from specheads.target.chat import render, stop_token_ids
     from specheads.heads.format import load_head
     from specheads.runtime.defaults import DEFAULT_TREE
-    from specheads.runtime.engine import SpecEngine, pooled
+    from specheads.evaluation.run import Method
+    from specheads.runtime.engine import pooled
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.loader import load_target
 
@@ -43,6 +44,9 @@ def run_method(args, method: str) -> list[dict]:
                    add_special_tokens=False)["input_ids"][: args.max_prompt_tokens] for t in texts]
     stops = stop_token_ids(tok)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, seed=0)
+    spec = {"ar": Method("ar"), "ngram": Method("ngram", "ngram", num_draft_tokens=8),
+            "eagle3-tree": Method("eagle3-tree", "eagle3", *DEFAULT_TREE),
+            "eagle3-chain": Method("eagle3-chain", "eagle3", args.chain_steps, 1, args.chain_steps)}[method]
     rows, broken = [], None
     for b in sorted(args.batch_sizes):
         row = {"method": method, "batch": b}
@@ -50,15 +54,8 @@ def run_method(args, method: str) -> list[dict]:
         if broken:
             row.update(status="not run", error=f"the CUDA context was lost at batch {broken}")
             continue
-        kwargs = dict(max_len=args.max_len, max_batch=b)
         try:
-            if method == "ar":
-                engine = SpecEngine(target, method="ar", **kwargs)
-            elif method == "ngram":
-                engine = SpecEngine(target, method="ngram", num_draft_tokens=8, **kwargs)
-            else:
-                steps, topk, n = DEFAULT_TREE if method == "eagle3-tree" else (args.chain_steps, 1, args.chain_steps)
-                engine = SpecEngine(target, head, "eagle3", num_steps=steps, topk=topk, num_draft_tokens=n, **kwargs)
+            engine = spec.engine(target, head, args.max_len, b)
             batch = [prompts[i % len(prompts)] for i in range(b)]
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()

@@ -9,3 +9,6 @@
 # six held-out ShareGPT prompts, before the evaluation suite existed: the suite's validation
 # split is where the next choice is made.)
 DEFAULT_TREE = (6, 4, 15)
+
+# alternatives a request may ask for at each emitted token (top_logprobs)
+MAX_TOP_LOGPROBS = 20

@@ -46,7 +46,7 @@ import torch
 from specheads.heads.eagle3 import head_mismatches
 from specheads.kernels.kv_commit import commit_kv
 from specheads.kernels.verify import accept, finish_step, step_inputs
-from specheads.runtime.defaults import DEFAULT_TREE
+from specheads.runtime.defaults import DEFAULT_TREE, MAX_TOP_LOGPROBS
 from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
 from specheads.runtime.graphs import capture_graph, next_pow2
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, sample_rows
@@ -54,7 +54,6 @@ from specheads.runtime.tree import Tree
 from specheads.target.model import KVCache
 
 METHODS = ("eagle3", "ngram", "ar")
-MAX_TOP_LOGPROBS = 20  # alternatives a request may ask for at each emitted token
 
 
 class EngineError(ValueError):
@@ -398,8 +397,7 @@ class SpecEngine:
         mb = self.max_batch + 1
         self.tree_nodes = 1 + self.num_draft_tokens
         self.depth = self.num_steps
-        # room to verify a full tree at the end, + a spare slot
-        self.cap = self.max_len + self.tree_nodes + 2
+        self.cap = self._cache_len()
         self._check_memory(mb)
         self.cache = KVCache(self.target.spec, mb, self.cap, self.dtype, dev)
         self.committed = torch.zeros(mb, dtype=torch.long, device=dev)
@@ -441,13 +439,17 @@ class SpecEngine:
         self._pool = None
         self._allocated = True
 
+    def _cache_len(self) -> int:
+        """Slots per cache row: the context, room to verify a full tree at its end, a spare slot."""
+        return self.max_len + 1 + self.num_draft_tokens + 2
+
     def memory_plan(self, rows: int | None = None) -> dict[str, int]:
         """Bytes the engine allocates for `rows` cache rows (default: max_batch + the staging
         row): the target's KV cache, the drafter's state, and a step's largest temporaries
         (the verify's logits in float32 and the attention's split-K partials, a rough bound)."""
         spec = self.target.spec
         rows = rows or self.max_batch + 1
-        cap = self.max_len + 1 + self.num_draft_tokens + 2
+        cap = self._cache_len()
         elem = torch.tensor([], dtype=self.dtype).element_size()
         kv = 2 * spec.num_hidden_layers * rows * spec.num_key_value_heads * cap * spec.head_dim * elem
         drafter = self.drafter.memory_bytes(rows, cap, elem) if self.drafter is not None else 0
@@ -730,6 +732,7 @@ class SpecEngine:
         top = lsm.topk(min(MAX_TOP_LOGPROBS, lsm.shape[-1]), dim=-1)
         top_val[rows, :width, : top.values.shape[-1]] = top.values
         top_idx[rows, :width, : top.indices.shape[-1]] = top.indices
+
     def _verify(self, tree: Tree, b: int, kv: int, sampled: bool):
         """The target over the tree (its validity under each row's limits set on `tree`):
         returns the ancestor matrix, the target's token at every node and its captured features."""

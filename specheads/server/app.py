@@ -124,6 +124,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
 
     def token_text(token: int) -> str:
         return tokenizer.decode([token])
+
     # a token covers at most this many bytes of text (byte-level vocabularies: its string's length),
     # so a text of more than longest * max_len bytes cannot fit the context: refused untokenized
     longest = max((len(t) for t in tokenizer.get_vocab()), default=1) + 1
@@ -138,7 +139,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         if body.n > engine.max_batch:
             raise APIError(400, f"n must be at most {engine.max_batch} (the server's --max-batch: every choice is a "
                                 f"row of the batch), got {body.n}", param="n")
-        best_of = getattr(body, "best_of", None) or body.n
+        best_of = body.candidates()
         if best_of < body.n or best_of > engine.max_batch:
             raise APIError(400, f"best_of must be in n..{engine.max_batch} (n = {body.n}; the server's --max-batch "
                                 f"bounds the candidates decoded together), got {best_of}", param="best_of")
@@ -246,7 +247,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         check_model(body)
         prompt_field, max_field = ("messages", "max_tokens") if kind == "chat" else ("prompt", "max_tokens")
         engine_req = engine_request(body, prompt, max_tokens, prompt_field, max_field)
-        if max(body.n, getattr(body, "best_of", None) or 1) > 1:
+        if body.candidates() > 1:
             return await generate_choices(request, body, prompt, engine_req, kind, arrival)
         job = scheduler.submit(engine_req, asyncio.get_running_loop())
         metrics.prompt_tokens.inc(len(prompt))
@@ -270,7 +271,7 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
         loop = asyncio.get_running_loop()
         jobs = []
         try:
-            for i in range(max(body.n, getattr(body, "best_of", None) or 1)):
+            for i in range(body.candidates()):
                 params = replace(engine_req.params, seed=choice_seed(engine_req.params.seed, i))
                 jobs.append(scheduler.submit(replace(engine_req, params=params), loop))
         except APIError:  # all choices or none: the ones already queued are withdrawn

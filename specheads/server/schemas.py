@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationInfo,
                       field_validator)
 
+from specheads.runtime.defaults import MAX_TOP_LOGPROBS
+
 
 class APIError(Exception):
     """An error the client caused or must know about, in the OpenAI error shape."""
@@ -26,7 +28,6 @@ class APIError(Exception):
 
 
 INT64 = 2**63
-MAX_TOP_LOGPROBS = 20  # as specheads.runtime.engine (not imported here: no torch in the schemas)
 # ints, floats and bools are strict: `"max_tokens": true` or `"8"` is a 400, not 1 or 8
 Int = StrictInt
 Float = Annotated[StrictFloat, Field(allow_inf_nan=False)]
@@ -67,7 +68,7 @@ NO_OPS: dict[str, tuple] = {
 
 
 def _same(value, accepted) -> bool:
-    # type-exact: `true` is not the `1` of best_of, nor `0` the `false` of logprobs
+    # type-exact: `false` is not the `0` of presence_penalty, nor `true` the `1` of anything
     return value is accepted or (type(value) is type(accepted) and value == accepted)
 
 
@@ -118,6 +119,10 @@ class _Sampling(BaseModel):
         """None: no log-probabilities; k: each token's and the k most likely alternatives."""
         raise NotImplementedError
 
+    def candidates(self) -> int:
+        """Choices decoded (rows of the batch): n, or best_of where the endpoint has it."""
+        return self.n
+
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return [s for s in stops if s]
@@ -165,3 +170,6 @@ class CompletionRequest(_Sampling):
 
     def top_logprobs_wanted(self) -> int | None:
         return self.logprobs
+
+    def candidates(self) -> int:
+        return self.best_of or self.n
