@@ -17,6 +17,9 @@ from pathlib import Path
 
 from specheads.runtime.defaults import DEFAULT_TREE
 
+METHOD_HELP = ("the drafter: ar (none), ngram, or a head kind such as eagle3 (default: the head's kind with "
+               "--draft, else ar)")
+
 TRAIN_DEFAULT_CONFIG = None
 
 
@@ -80,8 +83,36 @@ def _print_prepare_report(report: dict, output: str) -> None:
     Console(stderr=False).print(t)
 
 
+class _Registered:
+    """argparse choices read from the head registry only when a value is checked or help is
+    printed: commands that name no head kind do not import the kinds' modules (torch)."""
+
+    def __init__(self, names):
+        self.names = names
+
+    def __contains__(self, value) -> bool:
+        return value in self.names()
+
+    def __iter__(self):
+        return iter(self.names())
+
+
+def _head_kind_names() -> tuple[str, ...]:
+    from specheads.heads.registry import head_kinds
+
+    return head_kinds()
+
+
+def _export_format_names() -> tuple[str, ...]:
+    from specheads.hub import export_formats
+
+    return export_formats()
+
+
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="run config YAML (see configs/)")
+    p.add_argument("--kind", choices=_Registered(_head_kind_names), metavar="KIND", default=None,
+                   help="the head kind to train: %(choices)s (= --set head.kind=...; default: the config's, eagle3)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.lr=3e-4 (repeatable)")
     p.add_argument("--target", default=None, help="= --set target.path=...")
@@ -97,7 +128,7 @@ def build_train_config(args):
 
     return load_config(
         args.config, args.overrides,
-        **{"target.path": args.target, "data.path": args.data, "output_dir": args.output_dir,
+        **{"head.kind": args.kind, "target.path": args.target, "data.path": args.data, "output_dir": args.output_dir,
            "train.max_steps": args.max_steps, "train.deepspeed": args.deepspeed},
     )
 
@@ -208,6 +239,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from specheads.target.chat import render, stop_token_ids
+    from specheads.drafters import method_needs_head
     from specheads.heads.format import load_head
     from specheads.runtime.engine import SpecEngine, pooled
     from specheads.runtime.sampling import SamplingParams
@@ -217,11 +249,14 @@ def cmd_generate(args) -> int:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_new_tokens=args.max_new_tokens).validate()
-    method = args.method or ("eagle3" if args.draft else "ar")
+    _use_kernel_tuning(args)
     model, tok, _ = load_target(args.target, dtype=dtype, device=device)
-    head = load_head(args.draft, device=device, dtype=dtype) if args.draft and method == "eagle3" else None
-    engine = SpecEngine(model, head, method=method, num_steps=args.num_steps, topk=args.topk,
-                        num_draft_tokens=args.num_draft_tokens, static_tree=args.static_tree, max_len=args.max_len)
+    head = load_head(args.draft, device=device, dtype=dtype) if args.draft and method_needs_head(args.method) else None
+    # only a change from the drafter's default is passed (a head kind without the option is not handed it)
+    drafter_options = {"lm_head_int8": False} if head is not None and args.draft_lm_head == "bf16" else {}
+    engine = SpecEngine(model, head, method=args.method, num_steps=args.num_steps, topk=args.topk,
+                        num_draft_tokens=args.num_draft_tokens, static_tree=args.static_tree, max_len=args.max_len,
+                        drafter_options=drafter_options)
     prompts = []
     for text in args.prompt:
         text = text if args.raw else render(tok, [{"role": "user", "content": text}], add_generation_prompt=True)
@@ -234,7 +269,7 @@ def cmd_generate(args) -> int:
     totals = pooled(results)
     mean = totals["mean_accept_length"]
     stats = {
-        "method": method,
+        "method": engine.method,
         "steps": totals["steps"],
         "accepted_tokens": totals["accepted_tokens"],
         # the engine's definition (GenerationResult.mean_accept_length), pooled over the outputs
@@ -337,13 +372,34 @@ def cmd_publish(args) -> int:
 def cmd_serve(args) -> int:
     from specheads.server.launch import serve
 
+    _use_kernel_tuning(args)
     serve(args.target, args.draft, host=args.host, port=args.port, served_model_name=args.served_model_name,
           api_key=args.api_key or os.environ.get("SPECHEADS_API_KEY") or None, max_queue=args.max_queue,
           request_timeout=args.request_timeout, shutdown_grace=args.shutdown_grace,
           max_request_bytes=args.max_request_bytes, method=args.method,
           num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens, max_batch=args.max_batch,
-          max_len=args.max_len)
+          max_len=args.max_len, draft_lm_head_int8=args.draft_lm_head == "int8")
     return 0
+
+
+def _add_kernel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-lm-head", choices=["int8", "bf16"], default="int8",
+                   help="the draft head's lm_head while drafting on the GPU: int8 (default: half the bytes a draft "
+                        "depth streams) or bf16 (the weight as loaded); changes drafts only, never the output")
+    p.add_argument("--kernel-tuning", default=None, metavar="JSON_OR_FILE",
+                   help="kernel settings over the card's defaults, as JSON or a JSON file, e.g. "
+                        "'{\"speed\": {\"draft_warps\": 4}, \"numerics\": {\"attention_chunk\": 64}}' "
+                        "(fields: specheads/kernels/tuning.py; speed fields never change an output bit, "
+                        "numerics fields change how bf16 outputs round)")
+
+
+def _use_kernel_tuning(args) -> None:
+    """--kernel-tuning over the card's defaults, for every kernel from here on (before the
+    engine fuses its models and captures its graphs)."""
+    if args.kernel_tuning:
+        from specheads.kernels.tuning import KernelTuning, use
+
+        use(KernelTuning.parse(args.kernel_tuning, base=KernelTuning.for_device()))
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -353,7 +409,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' (default: env SPECHEADS_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the `model` clients pass (default: the target's name)")
-    p.add_argument("--method", choices=["eagle3", "ngram", "ar"], default=None, help="default: eagle3 with --draft, else ar")
+    p.add_argument("--method", default=None, help=METHOD_HELP)
     p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0], help="draft depth (requests may ask for less)")
     p.add_argument("--topk", type=int, default=DEFAULT_TREE[1], help="branching per node; 1 = chain")
     p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2], help="tree nodes verified per step (requests may ask for less)")
@@ -364,6 +420,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
     p.add_argument("--max-request-bytes", type=int, default=4 * 2**20,
                    help="largest request body; a larger one is a 413 (default 4 MiB)")
+    _add_kernel_args(p)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -401,8 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("generate", help="generate with target + draft head (speculative, lossless)")
     p.add_argument("--target", default=None)
     p.add_argument("--draft", default=None, help="head folder written by specheads (final/) or hub id org/name[@rev]")
-    p.add_argument("--method", choices=["eagle3", "ngram", "ar"], default=None,
-                   help="default: eagle3 with --draft, else ar")
+    p.add_argument("--method", default=None, help=METHOD_HELP)
     p.add_argument("--prompt", required=True, action="append", help="repeat for a batch")
     p.add_argument("--raw", action="store_true", help="no chat template")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -414,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topk", type=int, default=DEFAULT_TREE[1], help="branching per node; 1 = chain")
     p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2], help="tree nodes verified per step")
     p.add_argument("--static-tree", default=None, help="fixed tree, e.g. '0;1;0,0;0,1;0,0,0'")
+    _add_kernel_args(p)
     p.add_argument("--max-len", type=int, default=None,
                    help="cache length: prompt + output (default: the target's context, at most 4096)")
     p.add_argument("--json", action="store_true",
@@ -426,9 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     _add_evaluate_args(p)
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("export", help="write a head folder for one serving engine (sglang or vllm)")
+    p = sub.add_parser("export", help="write a head folder for one serving engine (e.g. sglang or vllm)")
     p.add_argument("head", help="a head folder (e.g. runs/smollm2-eagle3/final) or hub id org/name[@rev]")
-    p.add_argument("--format", choices=["sglang", "vllm"], required=True)
+    p.add_argument("--format", choices=_Registered(_export_format_names), metavar="FORMAT", required=True,
+                   help="the engine: one of the head kind's export formats (%(choices)s)")
     p.add_argument("--output", required=True)
     p.set_defaults(func=cmd_export)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -30,8 +30,17 @@ class DataSection(_Strict):
 
 
 class HeadSection(_Strict):
-    kind: Literal["eagle3"] = "eagle3"
+    kind: str = "eagle3"  # a registered head kind (specheads.heads.registry)
     intermediate_size: int | None = None  # None: the target's
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        from specheads.heads.registry import head_kinds  # loads the kinds' modules (torch): only when checked
+
+        if kind not in head_kinds():
+            raise ValueError(f"unknown head kind {kind!r}; known kinds: {', '.join(head_kinds())}")
+        return kind
 
 
 class TrainSection(_Strict):

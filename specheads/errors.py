@@ -4,7 +4,9 @@ from specheads.config import ConfigError
 from specheads.data.sources import DataError
 from specheads.evaluation.suite import SuiteError
 from specheads.heads.format import HeadFormatError
+from specheads.heads.registry import HeadKindError
 from specheads.hub import HubError
+from specheads.kernels.tuning import TuningError
 from specheads.runtime.engine import EngineError
 from specheads.runtime.sampling import InvalidRequest
 from specheads.target.model import UnsupportedTargetError
@@ -16,9 +18,11 @@ USER_ERRORS = (
     DataError,
     SuiteError,
     HeadFormatError,
+    HeadKindError,
     HubError,
     EngineError,
     InvalidRequest,
+    TuningError,
     UnsupportedTargetError,
     PreparedDataError,
     TrainingError,

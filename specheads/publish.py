@@ -21,13 +21,15 @@ from pathlib import Path
 
 import yaml
 
-from specheads.heads.format import CONFIG_FILE, META_FILE, WEIGHTS_FILE, hf_config, load_head
-from specheads.hub import (DEFAULT_TARGET_HUB_ID, LAUNCH, TARGET_PLACEHOLDER, HubError, base_model_id,  # noqa: F401
+from specheads.heads.format import CONFIG_FILE, META_FILE, WEIGHTS_FILE, hf_config, load_head, read_folder_config
+from specheads.heads.registry import kind_of
+from specheads.hub import (DEFAULT_TARGET_HUB_ID, TARGET_PLACEHOLDER, HubError, base_model_id,  # noqa: F401
                            check_repo_id, resolve_head)
 
 CARD_FILE = "README.md"
 BENCH_FILE = "bench.json"
-TAGS = ["eagle3", "speculative-decoding", "specheads", "draft-model"]
+TAGS = ["speculative-decoding", "specheads", "draft-model"]  # after the head kind's name
+ENGINES = {"sglang": "SGLang", "vllm": "vLLM"}  # export format -> how the card names its engine
 # an absolute or home-relative path inside a string: at its start or after a space, quote, '=', ':',
 # ',' or bracket; a URL's '//' is not one (file:// URLs are)
 LOCAL_PATH = re.compile(r"""(?<![^\s'"=:(\[{,;])(?:file://)?(?:~[\w.-]*/|/(?![/\s])|[A-Za-z]:\\)[^\s'"()\[\]{},;]*""")
@@ -68,6 +70,7 @@ def publish_head(head: str | Path, repo_id: str, *, private: bool = False, revis
         if not token:
             raise HubError("no Hugging Face token: pass --token, set HF_TOKEN, or run `huggingface-cli login` "
                            "(a token with write access to " + repo_id.split("/")[0] + ")")
+        commit_message = commit_message or f"Upload {read_folder_config(src)[0].title} draft head ({len(files)} files)"
         return _upload(stage, files, str(head), repo_id, private, revision, token, commit_message, force, base)
 
 
@@ -89,7 +92,7 @@ def stage_head(src: Path, stage: Path, repo_id: str, bench_path: Path | None,
     config = hf_config(head.config, dtype, base or scrub_paths(target))
     (stage / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     if not meta:
-        meta = {"kind": head.kind, "layer_id_convention": "output of 0-based target decoder layer",
+        meta = {"kind": kind_of(head).name, "layer_id_convention": "output of 0-based target decoder layer",
                 "config": head.config.to_dict()}
     meta = scrub_paths(json.loads(json.dumps(meta, default=str)))
     (stage / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -147,33 +150,28 @@ def _fmt(x, digits: int = 3) -> str:
 def model_card(cfg, meta: dict, target: str | None, repo_id: str, dtype: str, bench: dict | None,
                base_model: str | None = None) -> str:
     """The README.md card; `base_model` (a hub id) names the target where `target` is a local path."""
+    kind = kind_of(cfg)
     base = base_model or base_model_id(target)
     local = scrub_paths(target)
     front = {"license": meta.get("license", "apache-2.0"), "library_name": "specheads",
-             "pipeline_tag": "text-generation", "tags": TAGS}
+             "pipeline_tag": "text-generation", "tags": [kind.name, *TAGS]}
     if base:
         front = {"base_model": base, **front}
     target_text = (f"[`{base}`](https://huggingface.co/{base})" if base
                    else f"`{local}` (a local checkpoint)" if local else "an unrecorded target")
     serve_target = base or TARGET_PLACEHOLDER
-    ours = list(cfg.target_layer_ids)
+    architectures = ", ".join(f"`{a}`" for a in kind.architectures()) or kind.name
+    head_rows = kind.card_head(cfg, dtype) if kind.card_head else [f"| architecture | {architectures}, dtype {dtype} |"]
     lines = [
         "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
-        f"# EAGLE-3 draft head for {base or (f'`{local}`' if local else 'its target')}", "",
-        f"A speculative-decoding draft head (EAGLE-3) for {target_text}, trained with "
+        f"# {kind.title} draft head for {base or (f'`{local}`' if local else 'its target')}", "",
+        f"A speculative-decoding draft head ({kind.title}) for {target_text}, trained with "
         "specheads. The head proposes tokens and the target verifies them, so the "
         "output is the target's own (greedy output equals plain decoding).", "",
         "## Head", "",
         "| | |", "|---|---|",
         f"| target | {target_text} |",
-        f"| architecture | `LlamaForCausalLMEagle3`: one decoder layer, hidden size {cfg.hidden_size}, "
-        f"{cfg.num_attention_heads} heads, dtype {dtype} |",
-        f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens |",
-        f"| captured target layers (SGLang) | outputs of layers {ours}: "
-        "`eagle_config.eagle_aux_hidden_state_layer_ids` |",
-        f"| captured target layers (vLLM) | inputs of layers {[i + 1 for i in ours]}: "
-        "top-level `eagle_aux_hidden_state_layer_ids` (= SGLang ids + 1) |",
-        "", "Both keys are in `config.json`; each engine reads its own, and they name the same hidden states.", "",
+        *head_rows, "",
     ]
     lines += _training_section(meta) + _acceptance_section(meta) + _bench_section(bench)
     lines += ["## Use", ""]
@@ -185,9 +183,9 @@ def model_card(cfg, meta: dict, target: str | None, repo_id: str, dtype: str, be
         "specheads (lossless speculative decoding on one GPU or CPU):", "",
         f"    specheads generate --target {serve_target} --draft {repo_id} --prompt \"Hello\"",
         f"    specheads serve --target {serve_target} --draft {repo_id}", "",
-        "SGLang:", "", "    " + LAUNCH["sglang"].format(target=serve_target, folder=repo_id), "",
-        "vLLM:", "", "    " + LAUNCH["vllm"].format(target=serve_target, folder=repo_id), "",
     ]
+    for fmt, command in kind.launch.items():
+        lines += [f"{ENGINES.get(fmt, fmt)}:", "", "    " + command.format(target=serve_target, folder=repo_id), ""]
     return "\n".join(lines)
 
 
@@ -282,7 +280,7 @@ def remote_differences(siblings, stage: Path, files: dict[str, int]) -> list[str
 
 
 def _upload(stage: Path, files: dict[str, int], source: str, repo_id: str, private: bool, revision: str, token: str,
-            commit_message: str | None, force: bool, base_model: str | None) -> PublishResult:
+            commit_message: str, force: bool, base_model: str | None) -> PublishResult:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -306,7 +304,7 @@ def _upload(stage: Path, files: dict[str, int], source: str, repo_id: str, priva
         if revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True)
         commit = api.upload_folder(folder_path=str(stage), repo_id=repo_id, revision=revision, repo_type="model",
-                                   commit_message=commit_message or f"Upload EAGLE-3 draft head ({len(files)} files)")
+                                   commit_message=commit_message)
     except HfHubHTTPError as e:  # a bad token, no write access, the Hub down: one line naming the repo
         raise HubError(f"publishing to {where} failed: {str(e).splitlines()[0]}") from None
     return PublishResult(stage, files, "uploaded", commit.commit_url, differs, base_model)

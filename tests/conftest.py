@@ -58,6 +58,18 @@ def default_cache(monkeypatch):
 
 
 # ------------------------------------------------------------------ tokenizer and target
+@pytest.fixture
+def tune():
+    """tune(**fields): the active kernel tuning (specheads/kernels/tuning.py) with these fields
+    changed, by name, until the test ends; calls stack."""
+    import contextlib
+
+    from specheads.kernels import tuning
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **fields: stack.enter_context(tuning.using(tuning.active().replace(**fields)))
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     tok = build_tokenizer()

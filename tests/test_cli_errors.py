@@ -180,6 +180,25 @@ def test_generate_command(capsys, tiny_target, tiny_target_dir):
     assert result["text"] == tok.decode(expected)
 
 
+@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize("text, words", [
+    ('{"numerics": {"attention_chunk": 100}}', "numerics.attention_chunk = 100: expected a power of two >= 64"),
+    ('{"speed": {"chunk": 64}}', "unknown kernel tuning field speed.chunk"),
+    ("no-such-file.json", "neither a JSON object nor a JSON file"),
+])
+def test_bad_kernel_tuning(capsys, tmp_path, command, text, words):
+    """--kernel-tuning is checked before any model loads: the error names the bad field."""
+    from specheads.kernels import tuning
+
+    before = tuning.active()
+    extra = ["--prompt", "hi"] if command == "generate" else []
+    code, _, err = _run(capsys, command, "--target", str(tmp_path / "never-loaded"), *extra, "--kernel-tuning", text)
+    assert code == 2
+    _assert_one_line_error(err, command)
+    assert words in err
+    assert tuning.active() is before
+
+
 def test_demo_with_a_broken_settings_file(capsys, monkeypatch, tmp_path):
     import specheads.demo
 

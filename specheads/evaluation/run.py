@@ -37,13 +37,15 @@ class Method:
     def engine(self, target, head, max_len: int, max_batch: int):
         from specheads.runtime.engine import SpecEngine
 
+        from specheads.drafters import method_needs_head
+
         if self.method == "ar":
             return SpecEngine(target, method="ar", max_len=max_len, max_batch=max_batch)
-        if self.method == "ngram":
-            return SpecEngine(target, method="ngram", num_draft_tokens=self.num_draft_tokens, max_len=max_len,
-                              max_batch=max_batch)
-        return SpecEngine(target, head, "eagle3", num_steps=self.num_steps, topk=self.topk,
-                          num_draft_tokens=self.num_draft_tokens, max_len=max_len, max_batch=max_batch)
+        tree = {"num_draft_tokens": self.num_draft_tokens}
+        if self.num_steps:
+            tree.update(num_steps=self.num_steps, topk=self.topk)
+        return SpecEngine(target, head if method_needs_head(self.method) else None, self.method, **tree,
+                          max_len=max_len, max_batch=max_batch)
 
 
 def parse_methods(specs: list[str], tree: tuple[int, int, int]) -> list[Method]:

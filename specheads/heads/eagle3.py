@@ -15,7 +15,6 @@ Parameter names match the checkpoint layout SGLang and vLLM load (`fc`, `midlaye
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -28,6 +27,8 @@ from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
 from specheads.kernels.linear import fits, layer_shapes, linear, quantize_rows
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, repeat_kv,
                                rope_inv_freq)
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"  # what SGLang and vLLM load an EAGLE-3 head folder as
 
 
 @dataclass
@@ -92,6 +93,82 @@ class Eagle3Config:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Eagle3Config":
+        return cls(**d)
+
+    def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
+        """config.json as SGLang and vLLM load it, with both engines' layer-id keys.
+
+        Our `target_layer_ids` are OUTPUTS of 0-based decoder layers. SGLang reads
+        `eagle_config.eagle_aux_hidden_state_layer_ids` in that same convention (it adds one to
+        get the layer whose input it captures); vLLM reads the top-level
+        `eagle_aux_hidden_state_layer_ids` as the layer whose INPUT it captures, i.e. ours + 1.
+        Writing both makes one folder load in either engine."""
+        rope = dict(self.rope_parameters)
+        rope_theta = rope.get("rope_theta", 10000.0)
+        rope_scaling = None if rope.get("rope_type", "default") == "default" else {
+            k: v for k, v in rope.items() if k != "rope_theta"
+        }
+        return {
+            "architectures": [ARCHITECTURE],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": rope_theta,
+            "rope_scaling": rope_scaling,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "norm_before_residual": False,
+            # vLLM: ids of the layers whose input is captured (= our output ids + 1)
+            "eagle_aux_hidden_state_layer_ids": [i + 1 for i in self.target_layer_ids],
+            # SGLang: ids of the layers whose output is captured
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": list(self.target_layer_ids),
+                "use_aux_hidden_state": True,
+            },
+            "torch_dtype": str(dtype).replace("torch.", ""),
+            "specheads_target": target_name,
+        }
+
+    @classmethod
+    def from_hf(cls, raw: dict) -> "Eagle3Config":
+        """The config of a head folder written by another tool, from its config.json keys."""
+        ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if ids is None and raw.get("eagle_aux_hidden_state_layer_ids"):
+            ids = [i - 1 for i in raw["eagle_aux_hidden_state_layer_ids"]]
+        rope = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0)}
+        if raw.get("rope_scaling"):
+            rope = {**raw["rope_scaling"], "rope_theta": raw.get("rope_theta", 10000.0)}
+            rope.setdefault("rope_type", rope.pop("type", "default"))
+        n_target = raw.get("target_num_hidden_layers") or (max(ids) + 4 if ids else 32)
+        return cls(
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_attention_heads=raw["num_attention_heads"],
+            num_key_value_heads=raw.get("num_key_value_heads", raw["num_attention_heads"]),
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            vocab_size=raw["vocab_size"],
+            draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
+            target_hidden_size=raw.get("target_hidden_size") or raw["hidden_size"],
+            target_num_layers=n_target,
+            target_layer_ids=ids or [1, n_target // 2 - 1, n_target - 4],
+            rope_parameters=rope,
+        )
+
     def rope_config(self):
         from transformers import LlamaConfig
 
@@ -116,6 +193,68 @@ def head_mismatches(cfg: Eagle3Config, spec) -> list[str]:
     if max(cfg.target_layer_ids) >= spec.num_hidden_layers:
         problems.append(f"head reads target layers {cfg.target_layer_ids}, target has {spec.num_hidden_layers}")
     return problems
+
+
+def weight_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a saved head, name -> shape (the names SGLang and vLLM load; no embed_tokens)."""
+    c = cfg
+    return {
+        "fc.weight": (c.hidden_size, 3 * c.target_hidden_size),
+        "midlayer.input_layernorm.weight": (c.hidden_size,),
+        "midlayer.hidden_norm.weight": (c.hidden_size,),
+        "midlayer.post_attention_layernorm.weight": (c.hidden_size,),
+        "midlayer.self_attn.q_proj.weight": (c.num_attention_heads * c.head_dim, 2 * c.hidden_size),
+        "midlayer.self_attn.k_proj.weight": (c.num_key_value_heads * c.head_dim, 2 * c.hidden_size),
+        "midlayer.self_attn.v_proj.weight": (c.num_key_value_heads * c.head_dim, 2 * c.hidden_size),
+        "midlayer.self_attn.o_proj.weight": (c.hidden_size, c.num_attention_heads * c.head_dim),
+        "midlayer.mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+        "midlayer.mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+        "midlayer.mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+        "norm.weight": (c.hidden_size,),
+        "lm_head.weight": (c.draft_vocab_size, c.hidden_size),
+        "d2t": (c.draft_vocab_size,),
+        "t2d": (c.vocab_size,),
+    }
+
+
+# Exports for one engine: only the layer-id key that engine reads, in its own convention, so
+# nothing depends on which key an engine version prefers.
+def sglang_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str | None) -> dict:
+    """config.json for SGLang: `eagle_config.eagle_aux_hidden_state_layer_ids` = outputs of layers (ours)."""
+    cfg = head.config.to_hf(dtype, target_name)
+    del cfg["eagle_aux_hidden_state_layer_ids"]
+    return cfg
+
+
+def vllm_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str | None) -> dict:
+    """config.json for vLLM: top-level `eagle_aux_hidden_state_layer_ids` = inputs of layers (ours + 1)."""
+    cfg = head.config.to_hf(dtype, target_name)
+    cfg["eagle_config"] = {"use_aux_hidden_state": True}
+    return cfg
+
+
+LAUNCH = {  # the command that serves a head folder in each engine
+    "sglang": ("python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
+               "--speculative-draft-model-path {folder} --speculative-num-steps 5 --speculative-eagle-topk 4 "
+               "--speculative-num-draft-tokens 16"),
+    "vllm": ("vllm serve {target} --speculative-config "
+             "'{{\"method\": \"eagle3\", \"model\": \"{folder}\", \"num_speculative_tokens\": 5}}'"),
+}
+
+
+def card_head(cfg: Eagle3Config, dtype: str) -> list[str]:
+    """The model card's rows about the head: shape, draft vocab, and each engine's layer ids."""
+    ours = list(cfg.target_layer_ids)
+    return [
+        f"| architecture | `{ARCHITECTURE}`: one decoder layer, hidden size {cfg.hidden_size}, "
+        f"{cfg.num_attention_heads} heads, dtype {dtype} |",
+        f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens |",
+        f"| captured target layers (SGLang) | outputs of layers {ours}: "
+        "`eagle_config.eagle_aux_hidden_state_layer_ids` |",
+        f"| captured target layers (vLLM) | inputs of layers {[i + 1 for i in ours]}: "
+        "top-level `eagle_aux_hidden_state_layer_ids` (= SGLang ids + 1) |",
+        "", "Both keys are in `config.json`; each engine reads its own, and they name the same hidden states.",
+    ]
 
 
 class Eagle3Attention(nn.Module):
@@ -157,7 +296,7 @@ class Eagle3Layer(nn.Module):
 
 
 # Drafting's own launch settings (the head's weights meet these kernels only while drafting, at
-# a few rows, so they need not match the target's; H200, scripts/gpu/verify_kernels.py):
+# a few rows, so they need not match the target's; H200, gpu_runs/verify_kernels.py):
 # the lm_head at 8 rows over a 32k x 576 weight takes 7.6 us in 256-column tiles against 9.5 us
 # with the rule's 128; the attention takes 64 keys a program (4.4 vs 5.5 us at 8 query rows).
 DRAFT_LM_TILE = (256, 64, 8, 3)
@@ -170,12 +309,6 @@ DRAFT_TILE = (16, 128, 2, 3)
 
 def _draft_tile(x: torch.Tensor):
     return DRAFT_TILE if x.numel() <= 16 * x.shape[-1] else None
-# The draft's lm_head in int8 with a float32 scale a row (linear.quantize_rows): the largest
-# weight a draft depth streams, at half the bytes. Drafts only propose; the target's verify
-# decides every token, so the output does not change. SmolLM2's head on an H200
-# (tree_parts.py): draft 0.271 -> 0.234 ms a step, acceptance 4.38 -> 4.40 (bench.py).
-# SPECHEADS_DRAFT_LM_HEAD_INT8=0 keeps the bf16 weight.
-LM_HEAD_INT8 = os.environ.get("SPECHEADS_DRAFT_LM_HEAD_INT8", "1") != "0"
 
 
 class Eagle3Head(nn.Module):
@@ -194,19 +327,25 @@ class Eagle3Head(nn.Module):
         inv_freq, scaling = rope_inv_freq(cfg.rope_config())
         self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
         self.fused = False
-        self._lm_int8 = None  # (int8 rows, scales) of the lm_head while fused, where LM_HEAD_INT8
+        self._lm_int8 = None  # (int8 rows, scales) of the lm_head while fused with lm_head_int8
 
-    def fuse_for_inference(self) -> "Eagle3Head":
+    def fuse_for_inference(self, lm_head_int8: bool = True) -> "Eagle3Head":
         """Drafting on the fused kernels (as TargetModel.fuse_for_inference): fused q/k/v and
         gate/up weights (views, nothing added), one kernel per norm, rotary and silu*mul.
-        Call after the head is on its device and dtype."""
+        Call after the head is on its device and dtype (again to change lm_head_int8).
+
+        lm_head_int8 (default True): the lm_head in int8 with a float32 scale a row
+        (linear.quantize_rows), the largest weight a draft depth streams, at half the bytes.
+        It changes drafts only, never the output: the target's verify decides every token.
+        SmolLM2's head on an H200: draft 0.271 -> 0.234 ms a step, acceptance 4.38 -> 4.40.
+        False keeps the bf16 weight."""
         if not self.fused:
             attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
             attn.qkv_weight, _ = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
             mlp.gate_up_weight, _ = fuse_linears([mlp.gate_proj, mlp.up_proj])
             self.fused = True
         self._target_ids = self.target_rows()  # draft id -> target id in one lookup while drafting
-        self._lm_int8 = quantize_rows(self.lm_head.weight) if LM_HEAD_INT8 else None
+        self._lm_int8 = quantize_rows(self.lm_head.weight) if lm_head_int8 else None
         return self
 
     def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
@@ -240,6 +379,11 @@ class Eagle3Head(nn.Module):
             return linear(hidden, self.lm_head.weight, norm_weight=self.norm.weight, eps=self.norm.eps,
                           tile=DRAFT_LM_TILE)
         return self.lm_head(self.norm(hidden))
+
+    def readout(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normed hidden, lm_head weight): draft logits = normed @ weight.T, for losses that
+        never build the full logit matrix (training.loss)."""
+        return self.norm(hidden), self.lm_head.weight
 
     def input_spec(self, embed_weight, hidden):
         """What draft.topk_expand needs to make the next depth's layer input over `hidden` (its

@@ -1,10 +1,9 @@
 """Head folders: `config.json` + `model.safetensors` (+ `specheads.json`), as SGLang and vLLM load them.
 
-Layer ids: our `target_layer_ids` are OUTPUTS of 0-based decoder layers. SGLang reads
-`eagle_config.eagle_aux_hidden_state_layer_ids` in that same convention (it adds one to
-get the layer whose input it captures); vLLM reads the top-level
-`eagle_aux_hidden_state_layer_ids` as the layer whose INPUT it captures, i.e. ours + 1.
-We write both, so one folder loads in either engine.
+The folder's kind picks the registry entry that reads and checks it: specheads.json names it
+("kind"; a folder written before kinds were recorded holds the default kind). A folder
+without specheads.json (another tool wrote it) is known by config.json's `architectures`,
+and by its `specheads_kind` where specheads wrote it.
 """
 
 from __future__ import annotations
@@ -14,146 +13,104 @@ from pathlib import Path
 
 import torch
 
-from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from specheads.heads.fetch import resolve_head  # a hub id becomes its cached snapshot folder
+from specheads.heads.registry import DEFAULT_KIND, HeadKind, HeadKindError, head_kind, head_kinds, kind_of
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "specheads.json"
-ARCHITECTURE = "LlamaForCausalLMEagle3"
-
-WEIGHT_SHAPES = {  # name -> shape as a function of the config
-    "fc.weight": lambda c: (c.hidden_size, 3 * c.target_hidden_size),
-    "midlayer.input_layernorm.weight": lambda c: (c.hidden_size,),
-    "midlayer.hidden_norm.weight": lambda c: (c.hidden_size,),
-    "midlayer.post_attention_layernorm.weight": lambda c: (c.hidden_size,),
-    "midlayer.self_attn.q_proj.weight": lambda c: (c.num_attention_heads * c.head_dim, 2 * c.hidden_size),
-    "midlayer.self_attn.k_proj.weight": lambda c: (c.num_key_value_heads * c.head_dim, 2 * c.hidden_size),
-    "midlayer.self_attn.v_proj.weight": lambda c: (c.num_key_value_heads * c.head_dim, 2 * c.hidden_size),
-    "midlayer.self_attn.o_proj.weight": lambda c: (c.hidden_size, c.num_attention_heads * c.head_dim),
-    "midlayer.mlp.gate_proj.weight": lambda c: (c.intermediate_size, c.hidden_size),
-    "midlayer.mlp.up_proj.weight": lambda c: (c.intermediate_size, c.hidden_size),
-    "midlayer.mlp.down_proj.weight": lambda c: (c.hidden_size, c.intermediate_size),
-    "norm.weight": lambda c: (c.hidden_size,),
-    "lm_head.weight": lambda c: (c.draft_vocab_size, c.hidden_size),
-    "d2t": lambda c: (c.draft_vocab_size,),
-    "t2d": lambda c: (c.vocab_size,),
-}
 
 
 class HeadFormatError(ValueError):
     pass
 
 
-def hf_config(cfg: Eagle3Config, dtype: torch.dtype, target_name: str | None) -> dict:
-    rope = dict(cfg.rope_parameters)
-    rope_theta = rope.get("rope_theta", 10000.0)
-    rope_scaling = None if rope.get("rope_type", "default") == "default" else {
-        k: v for k, v in rope.items() if k != "rope_theta"
-    }
-    return {
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rope_theta": rope_theta,
-        "rope_scaling": rope_scaling,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "vocab_size": cfg.vocab_size,
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "target_hidden_size": cfg.target_hidden_size,
-        "norm_before_residual": False,
-        # vLLM: ids of the layers whose input is captured (= our output ids + 1)
-        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
-        # SGLang: ids of the layers whose output is captured
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(cfg.target_layer_ids),
-            "use_aux_hidden_state": True,
-        },
-        "torch_dtype": str(dtype).replace("torch.", ""),
-        "specheads_target": target_name,
-    }
+def hf_config(cfg, dtype: torch.dtype, target_name: str | None) -> dict:
+    """config.json of a head folder of config `cfg` (its kind's keys, and the kind's name)."""
+    return {**cfg.to_hf(dtype, target_name), "specheads_kind": kind_of(cfg).name}
 
 
-def save_head(head: Eagle3Head, folder: str | Path, dtype: torch.dtype = torch.bfloat16, meta: dict | None = None,
+def save_head(head, folder: str | Path, dtype: torch.dtype = torch.bfloat16, meta: dict | None = None,
               target_name: str | None = None) -> Path:
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = head.config
+    kind, cfg = kind_of(head), head.config
+    names = kind.weights(cfg)
     tensors = {}
     for name, t in head.state_dict().items():
-        if name not in WEIGHT_SHAPES:
+        if name not in names:
             continue
         t = t.detach().cpu()
         tensors[name] = t.to(dtype).contiguous() if t.is_floating_point() else t.contiguous()
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     (folder / CONFIG_FILE).write_text(json.dumps(hf_config(cfg, dtype, target_name), indent=2) + "\n")
-    info = {"kind": head.kind, "layer_id_convention": "output of 0-based target decoder layer",
+    info = {"kind": kind.name, "layer_id_convention": "output of 0-based target decoder layer",
             "config": cfg.to_dict(), **(meta or {})}
     (folder / META_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
     return folder
 
 
-def config_from_folder(folder: Path) -> Eagle3Config:
+def _a(title: str) -> str:
+    return ("an " if title[:1].upper() in "AEIOU" else "a ") + title
+
+
+def read_folder_config(folder: Path) -> tuple[HeadKind, object]:
+    """The kind and the config of a head folder."""
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         raise HeadFormatError(f"head folder {str(folder)!r} has no {CONFIG_FILE}")
     raw = json.loads(config_path.read_text())
     meta_path = folder / META_FILE
     if meta_path.is_file():
-        return Eagle3Config(**json.loads(meta_path.read_text())["config"])
-    # a head written by another tool: rebuild our config from the HF keys
-    arch = (raw.get("architectures") or ["?"])[0]
-    if "Eagle3" not in arch:
-        raise HeadFormatError(f"{config_path}: architectures {raw.get('architectures')} is not an EAGLE-3 head")
-    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if ids is None and raw.get("eagle_aux_hidden_state_layer_ids"):
-        ids = [i - 1 for i in raw["eagle_aux_hidden_state_layer_ids"]]
-    rope = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0)}
-    if raw.get("rope_scaling"):
-        rope = {**raw["rope_scaling"], "rope_theta": raw.get("rope_theta", 10000.0)}
-        rope.setdefault("rope_type", rope.pop("type", "default"))
-    n_target = raw.get("target_num_hidden_layers") or (max(ids) + 4 if ids else 32)
-    return Eagle3Config(
-        hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"],
-        num_attention_heads=raw["num_attention_heads"],
-        num_key_value_heads=raw.get("num_key_value_heads", raw["num_attention_heads"]),
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-        max_position_embeddings=raw.get("max_position_embeddings", 2048),
-        vocab_size=raw["vocab_size"],
-        draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
-        target_hidden_size=raw.get("target_hidden_size") or raw["hidden_size"],
-        target_num_layers=n_target,
-        target_layer_ids=ids or [1, n_target // 2 - 1, n_target - 4],
-        rope_parameters=rope,
-    )
+        meta = json.loads(meta_path.read_text())
+        kind = _known_kind(meta.get("kind", DEFAULT_KIND), meta_path)
+        return kind, kind.config.from_dict(meta["config"])
+    # a head written by another tool: the kind from config.json, the config from its keys
+    archs = raw.get("architectures") or []
+    kinds = [head_kind(k) for k in head_kinds()]
+    matching = [k for k in kinds if set(archs) & set(k.architectures())]
+    if raw.get("specheads_kind") is not None:
+        kind = _known_kind(raw["specheads_kind"], config_path)
+        if kind.architectures() and kind not in matching:
+            raise HeadFormatError(f"{config_path}: architectures {raw.get('architectures')} is not "
+                                  f"{_a(kind.title)} head ({kind.name}: {', '.join(kind.architectures())})")
+    elif matching:
+        kind = matching[0]
+    else:
+        known = "; ".join(f"{k.name}: {', '.join(k.architectures())}" for k in kinds)
+        raise HeadFormatError(f"{config_path}: architectures {raw.get('architectures')} is not "
+                              f"{' nor '.join(_a(k.title) + ' head' for k in kinds)} (known architectures: {known})")
+    return kind, kind.config.from_hf(raw)
 
 
-def validate_weights(tensors: dict, cfg: Eagle3Config, where: str) -> None:
+def _known_kind(name, where: Path) -> HeadKind:
+    try:
+        return head_kind(name)
+    except HeadKindError:
+        raise HeadFormatError(f"{where} names head kind {name!r}, which this specheads does not know "
+                              f"(known kinds: {', '.join(head_kinds())}); update specheads or fix the kind") from None
+
+
+def config_from_folder(folder: Path):
+    return read_folder_config(folder)[1]
+
+
+def validate_weights(tensors: dict, cfg, where: str) -> None:
+    """Names and shapes from the config's kind, no embed_tokens, finite values, and a consistent
+    vocab map (d2t int64, t2d bool, t2d True exactly at the draft tokens' target ids)."""
+    expected = kind_of(cfg).weights(cfg)
     problems = []
     if any("embed_tokens" in k for k in tensors):
         problems.append("contains embed_tokens (the target's embeddings must not be saved)")
-    for name, shape_of in WEIGHT_SHAPES.items():
+    for name, want in expected.items():
         if name not in tensors:
             problems.append(f"missing tensor {name}")
             continue
-        want = shape_of(cfg)
-        if tuple(tensors[name].shape) != want:
-            problems.append(f"{name} has shape {tuple(tensors[name].shape)}, expected {want}")
-    extra = sorted(set(tensors) - set(WEIGHT_SHAPES) - {k for k in tensors if "embed_tokens" in k})
+        if tuple(tensors[name].shape) != tuple(want):
+            problems.append(f"{name} has shape {tuple(tensors[name].shape)}, expected {tuple(want)}")
+    extra = sorted(set(tensors) - set(expected) - {k for k in tensors if "embed_tokens" in k})
     if extra:
         problems.append(f"unexpected tensors {extra[:5]} (vLLM refuses unknown names)")
     for name, t in tensors.items():  # a NaN head would load and serve, drafting tokens that are never accepted
@@ -166,24 +123,26 @@ def validate_weights(tensors: dict, cfg: Eagle3Config, where: str) -> None:
     if "t2d" in tensors and tensors["t2d"].dtype != torch.bool:
         problems.append(f"t2d has dtype {tensors['t2d'].dtype}, expected torch.bool")
     if "d2t" in tensors and "t2d" in tensors and not problems:
-        target_ids = torch.arange(cfg.draft_vocab_size) + tensors["d2t"]
-        if int(tensors["t2d"].sum()) != cfg.draft_vocab_size or not bool(tensors["t2d"][target_ids].all()):
+        n_draft = tensors["d2t"].numel()
+        target_ids = torch.arange(n_draft) + tensors["d2t"]
+        if int(tensors["t2d"].sum()) != n_draft or not bool(tensors["t2d"][target_ids].all()):
             problems.append("d2t and t2d disagree (t2d must be True exactly at the draft tokens' target ids)")
     if problems:
         raise HeadFormatError(f"head {where} failed validation: " + "; ".join(problems))
 
 
-def load_head(folder: str | Path, device="cpu", dtype: torch.dtype | None = None) -> Eagle3Head:
+def load_head(folder: str | Path, device="cpu", dtype: torch.dtype | None = None):
+    """The head saved in `folder` (or under a hub id), validated, as its kind's module."""
     from safetensors.torch import load_file
 
     folder = resolve_head(folder)
-    cfg = config_from_folder(folder)
+    kind, cfg = read_folder_config(folder)
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise HeadFormatError(f"head folder {str(folder)!r} has no {WEIGHTS_FILE}")
     tensors = load_file(str(weights))
     validate_weights(tensors, cfg, str(folder))
-    head = Eagle3Head(cfg)
+    head = kind.module(cfg)
     float_dtype = dtype or next(t.dtype for t in tensors.values() if t.is_floating_point())
     head.load_state_dict(tensors, strict=True)
     return head.to(device=device, dtype=float_dtype)

@@ -21,11 +21,11 @@ cost ~30 launches a target forward).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 from specheads.kernels.fused import triton, use_triton
+from specheads.kernels.tuning import active
 from specheads.modules import gqa_attention
 
 if triton is not None:
@@ -33,22 +33,17 @@ if triton is not None:
 
     from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options
 
-# keys per split-K program (a knob: SPECHEADS_ATTN_CHUNK, a power of two >= 64)
-CHUNK = int(os.environ.get("SPECHEADS_ATTN_CHUNK") or 128)
-
-
 def chunk_for(n_keys: int, rows: int) -> int:
-    """Keys per split-K program: one size for every call. Per-shape sizes time up to ~1 us
-    better per call (scripts/gpu/attn_chunks.py; docs/history/2026-11-benchmark-log.md), but with a fixed size
-    chunk boundaries sit at the same keys whatever the cache bucket and the number of query
-    rows, so a token's attention sums in the same order in a 1-token decode and in a tree
-    (hidden chunks add nothing), and bf16 speculation matches plain decoding more often
-    (per-shape sizes cut chain and ngram from 6/6 to 4/6-5/6 identical outputs on the H100)."""
-    return CHUNK
+    """Keys per split-K program: one size for every call (Numerics.attention_chunk). Per-shape
+    sizes time up to ~1 us better per call (gpu_runs/attn_chunks.py;
+    docs/history/2026-11-benchmark-log.md), but with a fixed size chunk boundaries sit at the
+    same keys whatever the cache bucket and the number of query rows, so a token's attention
+    sums in the same order in a 1-token decode and in a tree (hidden chunks add nothing), and
+    bf16 speculation matches plain decoding more often (per-shape sizes cut chain and ngram
+    from 6/6 to 4/6-5/6 identical outputs on the H100)."""
+    return active().numerics.attention_chunk
 
 
-# stacked query rows a program takes (a knob for scripts/gpu/verify_kernels.py: SPECHEADS_ATTN_ROW_BLOCK)
-ROW_BLOCK = int(os.environ.get("SPECHEADS_ATTN_ROW_BLOCK") or 16)
 MAX_ROWS = 256  # stacked query rows (heads of a group x tokens) above which SDPA serves better
 
 
@@ -172,14 +167,16 @@ if triton is not None:
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                    chunk: int | None = None) -> torch.Tensor:
     """Softmax attention of q over k, v under a boolean mask (see the module docstring);
-    Triton on GPU (or under TRITON_INTERPRET=1) for up to MAX_ROWS stacked rows, else SDPA.
-    chunk: keys per program (a power of two >= 64; default CHUNK, see chunk_for)."""
+    Triton on GPU (or under TRITON_INTERPRET=1) for up to MAX_ROWS stacked rows, else SDPA
+    (everywhere with Numerics.attention "sdpa").
+    chunk: keys per program (a power of two >= 64; default: the tuning's, see chunk_for)."""
     b, h, t, d = q.shape
     n_kv, n_keys = k.shape[1], k.shape[2]
     rep = h // n_kv
     rows = rep * t
+    tuning = active()
     if (not use_triton(q) or rows > MAX_ROWS or d & (d - 1) or d < 16
-            or os.environ.get("SPECHEADS_ATTENTION") == "sdpa"):  # the reference everywhere (a fallback)
+            or tuning.numerics.attention == "sdpa"):  # the reference everywhere (a fallback)
         return attention_reference(q, k, v, mask)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
     if mask.dtype != torch.bool:
@@ -192,7 +189,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     # a fixed row block: a row's arithmetic is then the same whether it sits in a 1-token
     # decode or a 33-node tree (only its keys differ), so fewer near-ties flip between the two
-    block_m = ROW_BLOCK
+    block_m = tuning.numerics.attention_row_block
     if chunk is None:
         chunk = chunk_for(n_keys, rows)
     elif chunk < 64 or chunk & (chunk - 1):

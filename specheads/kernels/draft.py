@@ -32,21 +32,17 @@ are <= 0), so with this order a chosen node's parent is always chosen. The kerne
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from specheads.kernels.attention import split_counters
 from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
+from specheads.kernels.tuning import active
 from specheads.modules import rms_norm
 
 if triton is not None:
     import triton.language as tl
 
 BLOCK_V = 2048  # vocabulary entries per first-stage program
-# warps of the one-program-per-row kernels (topk_expand, select_tree); SPECHEADS_DRAFT_WARPS.
-# The SmolLM2 head's draft at batch 1 (H200, tree_parts.py): 1 warp 0.48 ms, 2 0.46, 4 0.379, 8 0.375
-ROW_WARPS = int(os.environ.get("SPECHEADS_DRAFT_WARPS") or 8)
 
 
 # ---------------------------------------------------------------------------- references
@@ -435,7 +431,7 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         K=k, BLOCK=block, NP=triton.next_power_of_2(n), KP=triton.next_power_of_2(k),
         CP=triton.next_power_of_2(chunks), CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k),
         HP=triton.next_power_of_2(h), HAS_MASK=has_mask, NEXT_INPUT=next_input is not None,
-        NODE_ROW=node_rows is not None, num_warps=ROW_WARPS, **pdl_options(flat, "topk_expand"))
+        NODE_ROW=node_rows is not None, num_warps=active().speed.draft_warps, **pdl_options(flat, "topk_expand"))
     if next_input is None:
         return tok, score, parent, pool
     return tok, score, parent, pool, x, hid
@@ -480,5 +476,5 @@ def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
     _kernel(_select_tree_kernel)[(b,)](roots.contiguous(), pool_tok, pool_score, pool_parent, pool_depth, *out,
                                       n_pool, pool_tok.stride(0), pool_depth.stride(0), out[0].stride(0),
                                       PP=triton.next_power_of_2(n_pool), N=n, NP=triton.next_power_of_2(n),
-                                      num_warps=ROW_WARPS, **pdl_options(pool_tok, "select_tree"))
+                                      num_warps=active().speed.draft_warps, **pdl_options(pool_tok, "select_tree"))
     return tuple(out)

@@ -17,6 +17,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from specheads.kernels.tuning import active
 from specheads.modules import apply_rotary, rms_norm
 
 try:  # triton is optional on CPU-only installs
@@ -33,26 +34,19 @@ except ImportError:  # pragma: no cover
 # still runs; its programs wait on the GPU (griddepcontrol.wait) for the predecessor's writes,
 # then let the next kernel launch. The decode forward is ~185 of our kernels in a row (6 a
 # layer); PDL hides the launch and ramp-up gap between them, and a projection asks L2 for its
-# weight while it waits (linear.PREFETCH_BYTES): SmolLM2's 1-token forward 0.87 -> 0.69 ms on
-# an H200 (scripts/gpu/pdl_check.py). Numbers do not change: every program waits before it
-# reads or writes memory another kernel touches (tests/kernels/test_pdl.py).
-# By default the target / head forward's kernels take it; the drafting and verification
-# kernels, which sit between torch ops, launch as usual (with PDL the batch-8 tree ran ~6%
-# slower on the H200). SPECHEADS_PDL=0: off; =all: every kernel; or a comma list of the names
-# pdl_options is called with.
-PDL_DEFAULT = frozenset({"linear", "attention", "rope_cache", "rmsnorm", "silu_mul", "embedding"})
-_PDL_ENV = os.environ.get("SPECHEADS_PDL", "1").strip()
-PDL_ENABLED = _PDL_ENV != "0"
-PDL_KERNELS = (PDL_DEFAULT if _PDL_ENV in ("1", "") else None if _PDL_ENV == "all"
-               else frozenset(_PDL_ENV.split(",")))
+# weight while it waits (Speed.linear_prefetch_bytes): SmolLM2's 1-token forward 0.87 -> 0.69 ms
+# on an H200 (gpu_runs/pdl_check.py). Numbers do not change: every program waits before it
+# reads or writes memory another kernel touches (tests/kernels/test_pdl.py). Which kernels take
+# it is kernel tuning (kernels/tuning.py: Speed.pdl_kernels, by the names pdl_options is called
+# with; by default the target / head forward's kernels).
 _pdl_devices: dict = {}
 
 
 def pdl_options(t: torch.Tensor, kernel: str) -> dict:
     """Launch options for a kernel (by name) on t's device: the kernel's PDL constexpr and,
     where the GPU and Triton support it, Triton's launch_pdl."""
-    if not (PDL_ENABLED and gdc_wait is not None and t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
-            and (PDL_KERNELS is None or kernel in PDL_KERNELS)):
+    if not (gdc_wait is not None and t.is_cuda and kernel in active().speed.pdl_kernels
+            and os.environ.get("TRITON_INTERPRET") != "1"):
         return {"PDL": False}
     on = _pdl_devices.get(t.device)
     if on is None:

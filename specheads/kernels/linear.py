@@ -15,106 +15,42 @@ Why our own GEMM for the decode / verify shapes (1 to 64 rows):
   decoded, and near-ties flip. Here a row's value never depends on how many rows are in
   the call: the K steps and column blocks come from the weight's shape only (`_config`);
   the row block (16 or 64) varies, and the tensor cores give a row the same bits in either
-  (scripts/gpu/linear_check.py, on the H100). Attention still orders a tree node's keys
+  (gpu_runs/linear_check.py, on the H100). Attention still orders a tree node's keys
   differently from a decode (docs/history/2026-11-benchmark-log.md).
-Where it runs: calls of up to MAX_ROWS rows over inputs of up to MAX_K, wider weights with a
-measured tile (WIDE_TILES) at up to WIDE_MAX_ROWS rows, and a wide model's lm_head at up to 16
-rows; elsewhere the reference (cuBLAS) serves.
+Where it runs (kernels/tuning.py, Numerics): calls of up to linear_max_rows rows over inputs of
+up to linear_max_k, wider weights with an entry in linear_shapes at up to linear_wide_rows
+rows, and a wide model's lm_head at up to 16 rows; elsewhere the reference (cuBLAS) serves.
 Every step rounds where the eager modules round (to the activation dtype after the norm,
 after the projection, after silu, after the add), so the reference is the eager forward.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, rmsnorm, silu_mul, triton, use_triton
+from specheads.kernels.tuning import active
 
 if triton is not None:
     import triton.language as tl
 
-# rows above which cuBLAS serves better (prefills, trees of 8 rows): at 264 rows its large
-# tiles beat ours 2x on the 135M shapes (H100, scripts/gpu/linear_check.py)
-MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_MAX_ROWS") or 64)
-# widest input (K) served by the tile rules in `_config`: over K = 4096 (an 8B layer) cuBLAS's
-# 1-row GEMV streams the weight faster than the rule's tiles do (scripts/gpu/linear_check.py).
-# Wider weights run here only where a tile was measured to beat cuBLAS (WIDE_TILES).
+# Widest input K that counts as narrow: wider weights take our kernel at decode only, up to
+# Numerics.linear_wide_rows rows. Where our kernel runs at all, and with which K steps, is
+# kernel tuning (kernels/tuning.py: Numerics.linear_max_rows, linear_max_k, linear_shapes; the
+# tiles of measured wide weights in tuning.WIDE_TILES).
 WIDE_K = 2048
-MAX_K = int(os.environ.get("SPECHEADS_LINEAR_MAX_K") or WIDE_K)
-
-# Tiles (BLOCK_N, BLOCK_K, num_warps, num_stages) for wide weights [N, K] at decode, measured on
-# an H200 against cuBLAS with its separate norm / silu / residual kernels, each weight streamed
-# from HBM (scripts/gpu/wide_gemm.py; docs/results/runtime-h200-s9/wide_gemm.json); None keeps
-# cuBLAS. These are the Llama-3-8B / Mistral-7B shapes (hidden 4096, 8 KV heads, MLP 14336):
-WIDE_TILES: dict[tuple[int, int], tuple[int, int, int, int] | None] = {
-    (6144, 4096): (64, 256, 4, 4),  # qkv with its norm: 17.6 us here, 18.8 us cuBLAS + the norm kernel
-    (4096, 4096): (32, 512, 4, 4),  # o_proj onto the residual: 11.3 vs 14.7 us
-    (28672, 4096): (64, 128, 8, 3),  # gate_up with norm and silu: 60.2 vs 66.3 us
-    (4096, 14336): (32, 512, 4, 4),  # down onto the residual: 30.4 vs 33.6 us
-    (128256, 4096): (64, 256, 4, 3),  # lm_head: 238.0 us (4.4 TB/s) vs 249.3 us
-}
-
-
-def _parse_configs(text: str | None) -> dict[tuple[int, int], tuple[int, int, int, int] | None]:
-    import json
-
-    if not text:
-        return {}
-    try:
-        raw = json.loads(text)
-        out = {}
-        for key, cfg in raw.items():
-            n, k = (int(v) for v in key.split("x"))
-            if cfg is None:
-                out[(n, k)] = None
-                continue
-            bn, bk, warps, stages = (int(v) for v in cfg)
-            if bn < 16 or bk < 16 or bn & (bn - 1) or bk & (bk - 1):
-                raise ValueError(f"{key}: BLOCK_N and BLOCK_K must be powers of 2 >= 16")
-            out[(n, k)] = (bn, bk, warps, stages)
-        return out
-    except (ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"SPECHEADS_LINEAR_CONFIGS={text!r} is not valid: {e}; expected JSON like "
-                         f"'{{\"6144x4096\": [16, 256, 4, 3], \"4096x4096\": null}}' (weight rows x columns: "
-                         f"BLOCK_N, BLOCK_K, num_warps, num_stages; null keeps cuBLAS)") from None
-
-
-# SPECHEADS_LINEAR_CONFIGS='{"6144x4096": [16, 256, 4, 3]}' sets the tile of a weight of N rows and
-# K columns (null: cuBLAS) over the table above; SPECHEADS_LINEAR_MAX_K serves every weight up to
-# that K (the rule's tiles where none is set). Both are for tuning on a new card (wide_gemm.py).
-CONFIGS = {**WIDE_TILES, **_parse_configs(os.environ.get("SPECHEADS_LINEAR_CONFIGS"))}
+SMEM_BYTES = 200 * 1024  # pipelined tiles a program may hold in shared memory (stages are cut to fit)
 
 
 def serves(n: int, k: int) -> bool:
     """Whether a weight of n rows over k inputs runs on this kernel (else cuBLAS)."""
     if k <= 0 or k % 16:
         return False
-    if (n, k) in CONFIGS:
-        return CONFIGS[(n, k)] is not None
-    return k <= MAX_K
-
-
-# inputs wider than WIDE_K are served at decode only: at 33 rows over K = 4096 cuBLAS's tiles are
-# 2-3x faster than ours (H100, linear_sweep.json); SPECHEADS_LINEAR_WIDE_ROWS
-WIDE_MAX_ROWS = int(os.environ.get("SPECHEADS_LINEAR_WIDE_ROWS") or 8)
-# Before it waits for the previous kernel (PDL), a program asks L2 for the first columns of its
-# weight slice: up to this many bytes of the whole weight (SPECHEADS_LINEAR_PREFETCH_BYTES; 0: none)
-PREFETCH_BYTES = int(os.environ.get("SPECHEADS_LINEAR_PREFETCH_BYTES") or 8 * 2**20)
-# A call over 17-64 rows of a narrow weight (N < 8192, a tree verify) takes ROW_BLOCK rows and
-# TREE_N_SCALE x BLOCK_N columns a program with TREE_WARPS warps (0: the tile's); none changes a
-# row's bits (the K steps stay the weight's). Knobs for scripts/gpu/verify_kernels.py --forward:
-# SPECHEADS_LINEAR_ROW_BLOCK, _TREE_N_SCALE, _TREE_WARPS. SmolLM2's graphed 41-token forward,
-# H200: (16, 1) 0.830 ms, (16, 2) 0.808, (16, 4) 0.880, (32, 1) 0.960, (64, 1) 0.998 (fewer,
-# larger programs of 4 warps are slower: the layer is latency-bound)
-ROW_BLOCK = int(os.environ.get("SPECHEADS_LINEAR_ROW_BLOCK") or 16)
-TREE_N_SCALE = int(os.environ.get("SPECHEADS_LINEAR_TREE_N_SCALE") or 2)
-TREE_WARPS = int(os.environ.get("SPECHEADS_LINEAR_TREE_WARPS") or 0)
-SMEM_BYTES = 200 * 1024  # pipelined tiles a program may hold in shared memory (stages are cut to fit)
-# inputs the norm's first pass loads at once (in blocks of BLOCK_K); 0 or BLOCK_K: one at a time
-NORM_UNROLL_KEYS = int(os.environ.get("SPECHEADS_LINEAR_NORM_KEYS") or 1024)
+    numerics = active().numerics
+    if (n, k) in numerics.linear_shapes:
+        return numerics.linear_shapes[(n, k)] is not None
+    return k <= numerics.linear_max_k
 
 
 def layer_shapes(hidden: int, attn_width: int, intermediate: int) -> tuple[tuple[int, int], ...]:
@@ -128,7 +64,10 @@ def fits(rows: int, *shapes: tuple[int, int]) -> bool:
     """Whether a call of this many rows runs here for every weight shape (N, K) given: callers
     that would otherwise pay separate residual-add kernels on the cuBLAS path keep their own
     fused structure when it does not (TargetModel, Eagle3Head)."""
-    limit = MAX_ROWS if all(k <= WIDE_K for _, k in shapes) else min(MAX_ROWS, WIDE_MAX_ROWS)
+    numerics = active().numerics
+    limit = numerics.linear_max_rows
+    if any(k > WIDE_K for _, k in shapes):
+        limit = min(limit, numerics.linear_wide_rows)
     return 0 < rows <= limit and all(serves(n, k) for n, k in shapes)
 
 
@@ -136,7 +75,8 @@ def _runs_here(rows: int, n: int, k: int) -> bool:
     # a wide model's lm_head at decode: one pass over 250+ MB, where ours streams faster than
     # cuBLAS's 1-row GEMV (Llama-3.1-8B shape, H100: 343 vs 375 us, linear_check.py), unless
     # its shape is set to null (cuBLAS)
-    if (n, k) in CONFIGS and CONFIGS[(n, k)] is None:
+    shapes = active().numerics.linear_shapes
+    if (n, k) in shapes and shapes[(n, k)] is None:
         return False
     return fits(rows, (n, k)) or (0 < rows <= 16 and n >= 32768 and k % 16 == 0)
 
@@ -157,18 +97,24 @@ def linear_reference(x, weight, bias=None, norm_weight=None, eps=0.0, residual=N
 def _config(n: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) from the weight's shape alone (never from
     the number of rows: see the module docstring). Enough column blocks to spread the weight
-    over the SMs; the longest K step that divides K (SPECHEADS_LINEAR_CONFIGS overrides)."""
-    tile = CONFIGS.get((n, k))
-    if tile is not None:
-        return tile
+    over the SMs; the longest K step that divides K. The active tuning's per-shape entries
+    replace the rule's: Numerics.linear_shapes the K step and warps, Speed.linear_tiles the
+    column block and stages."""
     if 1024 <= k <= 2048 and k % 512 == 0:  # an MLP's down_proj: 3.9 vs 4.4 us at K = 1536 (H100)
         block_k, stages = 512, 3
     else:
         block_k, stages = (128 if k % 128 == 0 and k >= 1024 else 64), 4
     block_n = (64 if k >= 2048 else 128) if n >= 8192 else (32 if n >= 2048 else 16)
     # a narrow model's lm_head: 8 warps (SmolLM2's 49152 x 576 over a 41-row tree 21.7 vs 24.4 us,
-    # 1 row 15.5 either way; H200, scripts/gpu/verify_kernels.py)
+    # 1 row 15.5 either way; H200, gpu_runs/verify_kernels.py)
     warps = 8 if n >= 8192 and k < 2048 else 4
+    t = active()
+    own = t.numerics.linear_shapes.get((n, k))
+    if own is not None:
+        block_k, warps = own
+    tile = t.speed.linear_tiles.get((n, k))
+    if tile is not None:
+        block_n, stages = tile
     return block_n, block_k, warps, stages
 
 
@@ -252,9 +198,9 @@ if triton is not None:
 def prefetch_columns(n: int, k: int, elem_size: int) -> int:
     """How many leading columns of an [n, k] weight a program prefetches into L2 before its PDL
     wait (a power of two, at least one 128-byte line, at most k rounded up; 0: none): as many
-    as PREFETCH_BYTES of the whole weight allows."""
+    as Speed.linear_prefetch_bytes of the whole weight allows."""
     line = 128 // elem_size
-    cols = PREFETCH_BYTES // (n * elem_size)
+    cols = active().speed.linear_prefetch_bytes // (n * elem_size)
     if cols < line:
         return 0
     return min(1 << (k - 1).bit_length(), 1 << (cols.bit_length() - 1))
@@ -311,13 +257,15 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     res = _rows(residual, n) if residual is not None else out
     block_n, block_k, warps, stages = tile or _config(weight.shape[0], k)
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
-    # scripts/gpu/linear_check.py). Narrow weights want many programs (16-row blocks), an
+    # gpu_runs/linear_check.py). Narrow weights want many programs (16-row blocks), an
     # lm_head wants its 50-100 MB read once (one 64-row block). One 64-row block for the 41-row
     # tree verify on SmolLM2 was slower: its forward 0.88 -> 1.05 ms (H200)
-    block_m = 16 if rows <= 16 else 64 if n >= 8192 else ROW_BLOCK
+    t = active()
+    speed = t.speed
+    block_m = 16 if rows <= 16 else 64 if n >= 8192 else speed.linear_row_block
     if rows > 16 and n < 8192:
-        block_n *= TREE_N_SCALE
-        warps = TREE_WARPS or warps
+        block_n *= speed.linear_tree_n_scale
+        warps = t.numerics.linear_tree_warps or warps
     stages = fit_stages(stages, block_m, block_n * (2 if silu else 1), block_k, x.element_size())
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()
@@ -330,7 +278,7 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         SCALED=weight_scale is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        NORM_UNROLL=max(1, min(NORM_UNROLL_KEYS // block_k, triton.cdiv(k, block_k))) if norm_weight is not None else 1,
+        NORM_UNROLL=max(1, min(speed.linear_norm_keys // block_k, triton.cdiv(k, block_k))) if norm_weight is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
         PREFETCH_K=prefetch, LINE=line, num_warps=warps, num_stages=stages, **pdl)
     return given if given is not None else out.view(*x.shape[:-1], n)

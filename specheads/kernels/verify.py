@@ -115,9 +115,8 @@ if triton is not None:
     def _accept_kernel(tok_ptr, par_ptr, valid_ptr, depth_ptr, anc_ptr, y_ptr, path_ptr, nacc_ptr, last_ptr,
                        bonus_ptr, n, s_tb, s_pb, s_vb, s_db, s_yb,
                        com_ptr, base_ptr, root_ptr, out_ptr, s_ob,
-                       aux_ptr, paux_ptr, ptok_ptr, pn_ptr, n_aux, s_ab, s_an, s_pab, s_pan, s_ptb,
-                       COLS: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr, AP: tl.constexpr,
-                       FINISH: tl.constexpr, PENDING: tl.constexpr, PDL: tl.constexpr):
+                       COLS: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr,
+                       FINISH: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
@@ -162,13 +161,6 @@ if triton is not None:
             at = tl.where(found, node, 0)  # past the path's end: the root, as path.clamp(min=0)
             d_ok = d < COLS
             tl.store(o + 4 + d, tl.load(tok_ptr + b * s_tb + at, mask=d_ok, other=0), mask=d_ok)
-            if PENDING:  # the drafter's pending entries: the path's features and the target's next token
-                tl.store(ptok_ptr + b * s_ptb + d, tl.load(y_ptr + b * s_yb + at, mask=d_ok, other=0), mask=d_ok)
-                tl.store(pn_ptr + b, deepest + 1)
-                a = tl.arange(0, AP)[None, :]
-                a_ok = d_ok[:, None] & (a < n_aux)
-                feat = tl.load(aux_ptr + b * s_ab + at[:, None] * s_an + a, mask=a_ok, other=0.0)
-                tl.store(paux_ptr + b * s_pab + d[:, None] * s_pan + a, feat, mask=a_ok)
 
 
 def _launch_masks(parents, committed, kv: int, max_depth: int, prep=None):
@@ -227,34 +219,24 @@ def step_inputs(tree, committed, kv: int, depth_limit, draft_limit):
 
 def _launch_accept(tokens, parents, valid, depth, anc, y, max_depth: int, finish=None):
     """The accept kernel: (path, accepted, last node, bonus); with finish = (committed, base,
-    root, out, pending) also the step's bookkeeping (finish_step_reference)."""
+    root, out) also the step's bookkeeping (finish_step_reference)."""
     b, n = tokens.shape
     dev = y.device
     cols = max_depth + 1
     path = torch.empty(b, cols, dtype=torch.long, device=dev)
     n_acc, last, bonus = (torch.empty(b, dtype=torch.long, device=dev) for _ in range(3))
     assert anc.is_contiguous() and all(t.stride(-1) == 1 for t in (tokens, parents, valid, depth, y))
-    pend = (n_acc,) * 4 + (1,) + (0,) * 5  # unused
     if finish is not None:
-        committed, base, root, out, pending = finish
+        committed, base, root, out = finish
         assert out.stride(-1) == 1 and committed.is_contiguous() and base.is_contiguous() and root.is_contiguous()
         state = (committed, base, root, out, out.stride(0))
-        if pending is not None:
-            aux, p_aux, p_tok, p_n = pending
-            if p_aux.shape[1] != cols or p_tok.shape[1] != cols:
-                raise ValueError(f"pending buffers hold {p_tok.shape[1]} entries; the path has {cols}")
-            assert aux.stride(-1) == 1 and p_aux.stride(-1) == 1 and p_tok.stride(-1) == 1 and p_n.is_contiguous()
-            pend = (aux, p_aux, p_tok, p_n, aux.shape[-1], aux.stride(0), aux.stride(1), p_aux.stride(0),
-                    p_aux.stride(1), p_tok.stride(0))
     else:
-        pending = None
         state = (n_acc,) * 4 + (0,)  # unused
     _kernel(_accept_kernel)[(b,)](tokens, parents, valid, depth, anc, y, path, n_acc, last, bonus, n,
                                   tokens.stride(0), parents.stride(0), valid.stride(0), depth.stride(0), y.stride(0),
-                                  *state, *pend,
+                                  *state,
                                   COLS=cols, NP=triton.next_power_of_2(n), CP=triton.next_power_of_2(cols),
-                                  AP=triton.next_power_of_2(pend[4]), FINISH=finish is not None,
-                                  PENDING=pending is not None, **pdl_options(y, "accept"))
+                                  FINISH=finish is not None, **pdl_options(y, "accept"))
     return path, n_acc, last, bonus
 
 
@@ -265,14 +247,12 @@ def accept(tokens, parents, valid, depth, anc, y, max_depth: int):
     return _launch_accept(tokens, parents, valid, depth, anc, y, max_depth)
 
 
-def finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth: int, committed, base, root, out,
-                          pending=None):
+def finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth: int, committed, base, root, out):
     """Accept each row's path (accept_reference) and finish the step in place: base = the
     committed length before it (where the KV commit reads), committed += accepted, root =
     bonus, out rows [accepted, bonus, drafted, deepest valid depth, path tokens...] (past the
-    path's end: the root's token); pending = (aux [B, N, A], pending_aux [B, C, A], pending_tok
-    [B, C], pending_n [B]) takes the path's features, the target's token after each node and
-    the count (the EAGLE drafter's next feed). Returns (path, accepted)."""
+    path's end: the root's token). Returns (path, accepted). A drafter takes what it needs
+    from the path afterwards (its `commit`)."""
     path, n_acc, _, bonus = accept_reference(tokens, parents, valid, depth, anc, y, max_depth)
     base.copy_(committed)
     committed += n_acc
@@ -283,19 +263,12 @@ def finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth: int,
     out[:, 2] = valid[:, 1:].sum(1)
     out[:, 3] = (depth * valid).amax(1)
     out[:, 4: 4 + at.shape[1]] = tokens.gather(1, at)
-    if pending is not None:
-        aux, p_aux, p_tok, p_n = pending
-        p_aux.copy_(aux.gather(1, at[:, :, None].expand(-1, -1, aux.shape[-1])))
-        p_tok.copy_(y.gather(1, at))
-        p_n.copy_(n_acc)
     return path, n_acc
 
 
-def finish_step(tokens, parents, valid, depth, anc, y, max_depth: int, committed, base, root, out, pending=None):
+def finish_step(tokens, parents, valid, depth, anc, y, max_depth: int, committed, base, root, out):
     """See finish_step_reference; one launch (the accept kernel) on GPU or under TRITON_INTERPRET=1."""
     if not use_triton(y):
-        return finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth, committed, base, root, out,
-                                     pending)
-    path, n_acc, _, _ = _launch_accept(tokens, parents, valid, depth, anc, y, max_depth,
-                                       (committed, base, root, out, pending))
+        return finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth, committed, base, root, out)
+    path, n_acc, _, _ = _launch_accept(tokens, parents, valid, depth, anc, y, max_depth, (committed, base, root, out))
     return path, n_acc

@@ -1,6 +1,6 @@
 """Runtime defaults shared by the engine, the CLI, the server and the scripts (no torch import)."""
 
-# the default EAGLE-3 tree (num_steps, topk, num_draft_tokens): the best of a sweep of ~28 shapes
+# the default draft tree of a head (num_steps, topk, num_draft_tokens): the best of a sweep of ~28 shapes
 # on an H200 with SmolLM2-135M-Instruct and its current head (6,4,15 2.87x our ar at batch 1 and
 # 1.63x at batch 8, 7,8,40 2.76x and 1.55x, 7,8,31 2.84x and 1.34x; docs/history/2026-11-benchmark-log.md).
 # A 15-node tree verifies as 16 rows, one row block of the projections, where 41 rows take

@@ -7,8 +7,8 @@ and leave between steps (continuous batching) and the step itself always sees ro
 
 One step for rows [:b] (row r has L_r committed tokens in the target cache and a root
 token, the last emitted one, not yet in it):
-  draft   the drafter proposes a tree of N nodes under each root (EAGLE-3 on the device;
-          ngram on the host, copied in);
+  draft   the drafter proposes a tree of N nodes under each root (a device drafter inside
+          the step; a host drafter before it, its tree copied in: specheads.drafters);
   verify  one target forward over [root + N nodes] at positions L_r + depth, written to
           cache slots L_r + node index, under the tree mask on top of the prefix;
   accept  at every node the target picks its token y (argmax, or a sample of its own
@@ -18,8 +18,8 @@ token, the last emitted one, not yet in it):
           follows the target's distribution (lossless). With top-k drafts (distinct
           siblings, chosen without sampling) this is exactly recursive rejection sampling
           over the siblings: a sibling is accepted with the target's probability of it;
-  commit  the accepted path's KV entries move to slots L_r.. (Triton), the drafter gets
-          the path's captured features.
+  commit  the accepted path's KV entries move to slots L_r.. (Triton); the drafter commits
+          the path with the target's outputs there (its `commit`).
 On CUDA the whole step (draft, verify, accept, commit) replays as one CUDA graph per
 (batch bucket, context bucket, greedy/sampled); one host sync per step reads the result.
 A request that joins alone prefills through a captured graph too (one per prompt-width
@@ -27,8 +27,8 @@ bucket: it runs in a staging row, then moves to the request's row): eager, the l
 30-layer prompt forward cost ~12 ms of host time. `capture_common` captures the graphs of
 given batch sizes at once (a server does at start), so no request waits for a capture.
 
-Overlap: every input of a step (roots, committed lengths, the drafter's pending features)
-lives on the device, so with a device drafter (or none) the next step is launched before
+Overlap: every input of a step (roots, committed lengths, the drafter's state) lives on
+the device, so with a device drafter (or none) the next step is launched before
 the host reads the current one's result: the GPU never waits for the host's bookkeeping.
 A row that finished in the step being read has run one step too many; that step's output
 is dropped, and the row's cleanup is queued behind it. Rows within one step of their
@@ -43,17 +43,17 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specheads.heads.eagle3 import head_mismatches
+from specheads.drafters import PLAIN, DraftContext, Drafter, DrafterError, DraftSetup, PrefillBatch, StepResult, \
+    build_drafter
 from specheads.kernels.kv_commit import commit_kv
+from specheads.kernels.tuning import active as active_tuning
+from specheads.kernels.tuning import use as use_tuning
 from specheads.kernels.verify import accept, finish_step, step_inputs
 from specheads.runtime.defaults import DEFAULT_TREE, MAX_TOP_LOGPROBS
-from specheads.runtime.drafters import Eagle3Drafter, NgramDrafter
 from specheads.runtime.graphs import capture_graph, next_pow2
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, sample_rows
 from specheads.runtime.tree import Tree
 from specheads.target.model import KVCache
-
-METHODS = ("eagle3", "ngram", "ar")
 
 
 class EngineError(ValueError):
@@ -146,26 +146,32 @@ def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 class SpecEngine:
-    def __init__(self, target, head=None, method: str = "eagle3", num_steps: int = DEFAULT_TREE[0],
+    """method: a name from `specheads.drafters.method_names()` ("ar": no drafter; default: the
+    head's kind when a head is given, else "ar"); or pass a built `drafter`. The tree options
+    and `drafter_options` go to the method's builder. kernel_tuning: a
+    `specheads.kernels.tuning.KernelTuning` the kernels use from here on (None: the active one,
+    by default the card's)."""
+
+    def __init__(self, target, head=None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
                  topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], static_tree=None,
                  max_len: int | None = None, max_batch: int = 8, use_graphs: bool | None = None,
-                 overlap: bool = True, prefill_tokens: int = 16384):
-        if method not in METHODS:
-            raise EngineError(f"method {method!r} is not one of {', '.join(METHODS)}")
+                 overlap: bool = True, prefill_tokens: int = 16384, drafter: Drafter | None = None,
+                 drafter_options: dict | None = None, kernel_tuning=None):
         if max_batch < 1:
             raise EngineError(f"max_batch must be >= 1, got {max_batch}")
         self.target = target
-        self.method = method
-        self.layer_ids = ()
-        self.drafter = None
-        if method == "eagle3":
-            if head is None:
-                raise EngineError("method eagle3 needs a draft head (--draft)")
-            check_head_matches(head, target)
-            self.layer_ids = tuple(head.config.target_layer_ids)
-            self.drafter = Eagle3Drafter(head, target.embed_tokens, num_steps, topk, num_draft_tokens, static_tree)
-        elif method == "ngram":
-            self.drafter = NgramDrafter(num_draft_tokens)
+        if kernel_tuning is not None:  # before anything is fused or captured
+            use_tuning(kernel_tuning)
+        self.kernel_tuning = active_tuning()
+        if drafter is None:
+            method = method or (getattr(head, "kind", None) if head is not None else PLAIN)
+            try:
+                drafter = build_drafter(method, DraftSetup(target, head, num_steps, topk, num_draft_tokens, static_tree,
+                                                           dict(drafter_options or {})))
+            except DrafterError as e:
+                raise EngineError(str(e)) from None
+        self.method = method or "custom"
+        self.drafter = drafter
         # a tree verified at the cache's end reaches `depth` positions past it
         depth = self.drafter.depth if self.drafter is not None else 0
         limit = target.rotary.max_positions - (depth + 1 if self.drafter is not None else 0)
@@ -189,8 +195,8 @@ class SpecEngine:
         self._inflight: _Launch | None = None
         if self.device.type == "cuda":
             target.fuse_for_inference()
-            if method == "eagle3":
-                head.fuse_for_inference()
+            if self.drafter is not None:
+                self.drafter.prepare(self.device)
         self.rows: list[_Row] = []  # active, in cache-row order
         self.waiting: list[_Row] = []  # added, prefilled at the next step
         self._next_handle = 0
@@ -287,7 +293,12 @@ class SpecEngine:
     @property
     def _host_drafts(self) -> bool:
         """The drafter proposes on the host (it needs the tokens of the step before)."""
-        return self.drafter is not None and not getattr(self.drafter, "on_device", False)
+        return self.drafter is not None and not self.drafter.abilities.on_device
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        """The target layers whose outputs the drafter reads."""
+        return tuple(self.drafter.needs.capture_layers) if self.drafter is not None else ()
 
     def _launch(self, ahead: int) -> _Launch:
         """Queue one step for the active rows; `ahead` steps are in flight before it."""
@@ -304,8 +315,8 @@ class SpecEngine:
         out = self._run(b, kv, sampled, draft, logprobs)
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
-            if isinstance(self.drafter, Eagle3Drafter):
-                self.drafter.committed[n:b] = 0
+            if self.drafter is not None:
+                self.drafter.park_rows(n, b)
         host = self._host_out[self._flip]
         host_lp = None
         if logprobs:
@@ -420,9 +431,9 @@ class SpecEngine:
         self._host_lp = [tuple(torch.zeros(t.shape, dtype=t.dtype, pin_memory=pinned) for t in self.step_lp)
                          for _ in range(2)]
         self._flip = 0
-        if isinstance(self.drafter, Eagle3Drafter):
+        if self.drafter is not None:
             self.drafter.allocate(mb, self.cap, dev, self.dtype)
-        elif self.drafter is not None:  # host drafter: its trees are copied into these inputs
+        if self._host_drafts:  # its trees are copied into these inputs
             # a well-formed tree in every row from the start (the root at depth 0, drafts invalid):
             # rows no request has used yet still step inside a padded batch and in graph capture,
             # and a root at depth 1 made their accepted path start at node -1 (the commit then read
@@ -477,7 +488,7 @@ class SpecEngine:
 
     def _state(self) -> list[torch.Tensor]:
         """Per-row tensors a step changes; graph warm-up restores them."""
-        extra = self.drafter.state() if isinstance(self.drafter, Eagle3Drafter) else []
+        extra = self.drafter.state() if self.drafter is not None else []
         return [self.committed, self.root, self.out] + extra
 
     def _row_tensors(self) -> list[torch.Tensor]:
@@ -618,10 +629,8 @@ class SpecEngine:
             self._write_logprobs(out.logits, first[:, None], rows, 1)
         self.committed[rows] = lens
         self.root[rows] = first
-        if isinstance(self.drafter, Eagle3Drafter):
-            nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
-            nxt.scatter_(1, (lens - 1)[:, None], first[:, None])
-            self.drafter.prefill(start, out.aux_hidden, nxt, lens)
+        if self.drafter is not None:
+            self.drafter.prefill(PrefillBatch(start, ids, lens, first, out.aux_hidden, out.hidden))
         return first
 
     def _emit(self, row: _Row, tokens: list[int]) -> tuple[list[int], str | None]:
@@ -656,18 +665,19 @@ class SpecEngine:
         kv[:, :, dst, :, :length] = kv[:, :, src, :, :length]
         for t in self._row_tensors():
             t[dst] = t[src]
-        if isinstance(self.drafter, Eagle3Drafter):
+        if self.drafter is not None:
             self.drafter.move_row(src, dst, length)
 
     def _clear_row(self, row: int) -> None:
         # an idle row inside a padded batch computes harmlessly on its own cache row
         for t in (self.committed, self.root, self.depth_limit, self.draft_limit):
             t[row] = 0
-        if isinstance(self.drafter, Eagle3Drafter):
+        if self.drafter is not None:
             self.drafter.clear_row(row)
 
     def _host_tree(self, n: int, b: int) -> None:
-        tree = self.drafter.propose([r.history for r in self.rows], self.root[:n])
+        histories = [r.history for r in self.rows] if self.drafter.needs.history else None
+        tree = self.drafter.propose(DraftContext(n, self.cap, self.root[:n], histories))
         t = self.tree_in
         if tree.size != self.tree_nodes:
             raise EngineError(f"drafter proposed {tree.size - 1} nodes; the engine was built for {self.tree_nodes - 1}")
@@ -694,8 +704,8 @@ class SpecEngine:
         return graph
 
     def _tree(self, b: int, kv: int, draft: bool) -> Tree:
-        if draft and isinstance(self.drafter, Eagle3Drafter):
-            return self.drafter.propose(b, kv, self.root[:b])
+        if draft and not self._host_drafts:
+            return self.drafter.propose(DraftContext(b, kv, self.root[:b]))
         if draft:
             t = self.tree_in
             return Tree(t.tokens[:b], t.parents[:b], t.depth[:b], t.valid[:b], self.depth, t.rank[:b])
@@ -705,17 +715,14 @@ class SpecEngine:
     def _step(self, b: int, kv: int, sampled: bool, draft: bool, logprobs: bool = False) -> None:
         """Draft, verify, accept and commit for rows [:b]; fixed shapes, no host syncs."""
         tree = self._tree(b, kv, draft)
-        anc, y, aux, logits = self._verify(tree, b, kv, sampled)
-        pending = None
-        if draft and isinstance(self.drafter, Eagle3Drafter):
-            # the drafter's next feed: the path's features, and after each path node the target's
-            # choice there (the next node's token along the path, the bonus after its last)
-            d = self.drafter
-            pending = (aux, d.pending_aux[:b], d.pending_tok[:b], d.pending_n[:b])
+        anc, y, out = self._verify(tree, b, kv, sampled)
+        logits = out.logits
         # accept, then the rows' state and results (out) in one launch; base keeps where the
         # path's entries sit for the commit
         path, n_acc = finish_step(tree.tokens, tree.parents, tree.valid, tree.depth, anc, y, tree.max_depth,
-                                  self.committed[:b], self.base[:b], self.root[:b], self.out[:b], pending)
+                                  self.committed[:b], self.base[:b], self.root[:b], self.out[:b])
+        if draft:
+            self.drafter.commit(StepResult(b, tree, path, n_acc, y, out.aux_hidden, out.hidden))
         if tree.max_depth:  # a lone root is in place
             commit_kv(self.cache.layers(slice(0, b)), self.base[:b], path, n_acc)
         if logprobs:  # the token emitted at path position j is y at path node j, drawn from its logits
@@ -735,14 +742,14 @@ class SpecEngine:
 
     def _verify(self, tree: Tree, b: int, kv: int, sampled: bool):
         """The target over the tree (its validity under each row's limits set on `tree`):
-        returns the ancestor matrix, the target's token at every node and its captured features."""
+        returns the ancestor matrix, the target's token at every node and its outputs."""
         tree.valid, anc, mask, positions, slots = step_inputs(tree, self.committed[:b], kv, self.depth_limit[:b],
                                                               self.draft_limit[:b])
         out = self.target(tree.tokens, positions, cache=self.cache, kv_len=kv, attn_mask=mask[:, None],
                           cache_slots=slots, capture_layers=self.layer_ids)
         # the target's own token at every node (the token at sequence position `positions + 1`)
         y = sample_rows(out.logits, self.row_params.rows(slice(0, b)), positions + 1 if sampled else None, sampled)
-        return anc, y, out.aux_hidden, out.logits
+        return anc, y, out
 
 
 def pooled(results: list[GenerationResult]) -> dict:
@@ -771,8 +778,3 @@ def decode(target, prompts: list[list[int]], params: SamplingParams, stop_ids=()
     engine = SpecEngine(target, method="ar", max_len=max_len, max_batch=max_batch or len(prompts))
     return [r.token_ids for r in engine.generate(prompts, params, stop_ids, progress)]
 
-
-def check_head_matches(head, target) -> None:
-    problems = head_mismatches(head.config, target.spec)
-    if problems:
-        raise EngineError("draft head does not match the target: " + "; ".join(problems))

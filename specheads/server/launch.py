@@ -18,27 +18,35 @@ log = logging.getLogger(__name__)
 
 def load_engine(target: str | None, draft: str | None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
                 topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], max_batch: int = 8,
-                max_len: int | None = None):
-    """(engine, tokenizer, target folder) on the GPU if there is one."""
+                max_len: int | None = None, draft_lm_head_int8: bool = True):
+    """(engine, tokenizer, target folder) on the GPU if there is one. draft_lm_head_int8: the
+    head's drafter drafts with an int8 lm_head (changes drafts only, never the output)."""
     import torch
 
+    from specheads.drafters import method_needs_head
     from specheads.heads.format import load_head
     from specheads.runtime.engine import SpecEngine
     from specheads.target.loader import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    method = method or ("eagle3" if draft else "ar")
     model, tok, folder = load_target(target, dtype=dtype, device=device)
-    head = load_head(draft, device=device, dtype=dtype) if draft and method == "eagle3" else None
+    head = load_head(draft, device=device, dtype=dtype) if draft and method_needs_head(method) else None
     engine = SpecEngine(model, head, method=method, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
-                        max_len=max_len, max_batch=max_batch)
+                        max_len=max_len, max_batch=max_batch,
+                        drafter_options=_drafter_options(head, draft_lm_head_int8))
     if device == "cuda":  # the greedy graphs now, so no request waits for a capture
         t0 = time.perf_counter()
         n = engine.capture_common(range(1, max_batch + 1))
         print(f"captured {n} CUDA graphs (every batch, context and prompt-width bucket) in "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return engine, tok, folder
+
+
+def _drafter_options(head, lm_head_int8: bool) -> dict:
+    """The head's drafter options from the command line: only a change from the drafter's
+    default is passed, so a head kind without the option is not handed it."""
+    return {"lm_head_int8": False} if head is not None and not lm_head_int8 else {}
 
 
 def model_name(target, folder) -> str:

@@ -301,7 +301,7 @@ class TargetModel(nn.Module):
     def _cublas_layers(self, x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
                        logits_positions) -> TargetOutput:
         """`_fused_forward`'s layers where our GEMM does not run (wide layers without a
-        measured tile, calls of more than linear.MAX_ROWS rows: batched trees, prefills):
+        measured tile, calls of more than Numerics.linear_max_rows rows: batched trees, prefills):
         cuBLAS projections, the residual add in the next RMSNorm."""
         spec = self.spec
         b, t = position_ids.shape

@@ -1,4 +1,4 @@
-"""The training loop: target features -> TTT unroll -> soft CE -> optimizer step.
+"""The training loop: target features -> the head kind's unroll -> its loss -> optimizer step.
 
 Runs the same under `deepspeed`, `torchrun` and plain `python`. With a DeepSpeed config
 (ZeRO-1/2), DeepSpeed owns precision, gradient reduction and checkpoints; without one,
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from specheads.config import RunConfig
-from specheads.heads.eagle3 import Eagle3Config, Eagle3Head, head_mismatches
 from specheads.heads.format import HeadFormatError, load_head, save_head
+from specheads.heads.registry import HeadKindError, head_kind
 from specheads.training.checkpoints import (
     checkpoint_problem,
     deepspeed_safe_globals,
@@ -35,7 +35,7 @@ from specheads.training.checkpoints import (
     write_manifest,
 )
 from specheads.training.data import collate, epoch_batches, load_prepared
-from specheads.training.ttt import chain_acceptance, opening_mask, shift_left, ttt_loss, ttt_unroll
+from specheads.training.ttt import chain_acceptance, opening_mask, shift_left
 
 OPENING_TOKENS = 256  # eval/accept_length_opening: the first answer's first tokens
 
@@ -220,15 +220,19 @@ class Trainer:
                 f"vocab map of {cfg.data.path!r} covers {data.t2d.numel()} tokens, the target's vocab is "
                 f"{self.target.spec.vocab_size}"
             )
+        try:
+            self.kind = head_kind(cfg.head.kind)
+        except HeadKindError as e:
+            raise TrainingError(f"head.kind: {e}") from None
         if cfg.train.init_from:
             head = self.initial_head(cfg.train.init_from)
             head_cfg = head.config
         else:
-            head_cfg = Eagle3Config.for_target(
+            head_cfg = self.kind.config.for_target(
                 self.target, int(data.d2t.numel()), cfg.target.layer_ids, intermediate_size=cfg.head.intermediate_size
             )
             torch.manual_seed(cfg.train.seed)
-            head = Eagle3Head(head_cfg)
+            head = self.kind.module(head_cfg)
             head.set_vocab_map(data.d2t, data.t2d)
         param_dtype = torch.float32
         self.head = head.to(self.device, param_dtype)
@@ -269,24 +273,28 @@ class Trainer:
             self.setup_offline()
         self.log(
             f"target {self.target_dir} ({self.target.spec.num_hidden_layers} layers, hidden {self.target.spec.hidden_size}); "
-            f"head eagle3, draft vocab {head_cfg.draft_vocab_size}, layers {self.layer_ids}; "
+            f"head {self.kind.name}, draft vocab {head_cfg.draft_vocab_size}, layers {self.layer_ids}; "
             f"{len(data.train_ids)} train / {len(data.eval_ids)} eval conversations; "
             f"{self.total_steps} optimizer steps x {cfg.train.grad_accum} accum x {self.world} procs x "
             f"batch {cfg.train.batch_size}; device {self.device}"
             + (f", DeepSpeed {cfg.train.deepspeed}" if self.use_ds else "")
         )
 
-    def initial_head(self, spec: str) -> Eagle3Head:
+    def initial_head(self, spec: str) -> torch.nn.Module:
         """The head named by train.init_from, checked against the target and the run's head options."""
         cfg = self.cfg
         try:
             head = load_head(spec, dtype=torch.float32)
         except (HeadFormatError, OSError) as e:
             raise TrainingError(f"train.init_from {spec!r}: {e}") from None
+        if head.kind != self.kind.name:
+            raise TrainingError(f"train.init_from {spec!r} holds a head of kind {head.kind}, the run trains "
+                                f"head.kind={self.kind.name}; set head.kind={head.kind} (--kind {head.kind})")
         hc = head.config
-        problems = head_mismatches(hc, self.target.spec)
-        if cfg.head.intermediate_size is not None and cfg.head.intermediate_size != hc.intermediate_size:
-            problems.append(f"head.intermediate_size={cfg.head.intermediate_size}, the head has {hc.intermediate_size}")
+        problems = self.kind.mismatches(hc, self.target.spec)
+        size = getattr(hc, "intermediate_size", None)
+        if cfg.head.intermediate_size is not None and cfg.head.intermediate_size != size:
+            problems.append(f"head.intermediate_size={cfg.head.intermediate_size}, the head has {size}")
         if cfg.target.layer_ids is not None and list(cfg.target.layer_ids) != list(hc.target_layer_ids):
             problems.append(f"target.layer_ids={cfg.target.layer_ids}, the head reads {hc.target_layer_ids}")
         if problems:
@@ -331,16 +339,22 @@ class Trainer:
         aux, hidden = self.features(indices, ids)
         dt = self.head_dtype()
         with self.autocast:
-            stats = ttt_loss(
-                self.head, lambda x: self.embed(x).to(dt), ids, mask, aux.to(dt), hidden.to(dt), self.teacher_weight.to(dt),
-                self.cfg.train.ttt_steps, self.cfg.train.step_decay, self.cfg.train.loss_chunk,
-            )
+            stats = self.head_loss(lambda x: self.embed(x).to(dt), ids, mask, aux.to(dt), hidden.to(dt),
+                                   self.teacher_weight.to(dt))
         loss = stats.loss
         if self.engine is not None:
             self.engine.backward(loss)
         else:
             (loss / self.cfg.train.grad_accum).backward()
         return stats, int(ids.numel())
+
+    def head_loss(self, embed, ids, mask, aux, hidden, teacher_weight, outputs=None):
+        """The kind's loss over its unroll of this batch (`outputs`: that unroll, where made already)."""
+        train = self.cfg.train
+        if outputs is None:
+            outputs = self.kind.unroll(self.head, embed, ids, aux, train.ttt_steps)
+        return self.kind.loss(self.head, embed, ids, mask, aux, hidden, teacher_weight, train.ttt_steps,
+                              train.step_decay, train.loss_chunk, outputs=outputs)
 
     # .............................................................. evaluation
     @torch.no_grad()
@@ -366,9 +380,8 @@ class Trainer:
             with self.autocast:
                 embed = lambda x: self.embed(x).to(dt)  # noqa: E731
                 aux, hidden = out.aux_hidden.to(dt), out.hidden.to(dt)
-                unrolled = ttt_unroll(self.head, embed, ids, aux, steps)  # shared by both metrics
-                st = ttt_loss(self.head, embed, ids, mask, aux, hidden, self.teacher_weight.to(dt), steps,
-                              cfg.train.step_decay, cfg.train.loss_chunk, outputs=unrolled)
+                unrolled = self.kind.unroll(self.head, embed, ids, aux, steps)  # shared by both metrics
+                st = self.head_loss(embed, ids, mask, aux, hidden, self.teacher_weight.to(dt), outputs=unrolled)
                 cc, accept = chain_acceptance(self.head, embed, ids, mask, aux, hidden,
                                               self.target.lm_head.weight.to(dt), steps, outputs=unrolled)
             for k in range(steps):
@@ -676,7 +689,7 @@ def evaluate_head(head_dir: str, data_dir: str, target: str | None = None, rows:
 
     head = load_head(head_dir)
     cfg = load_config(None, ["train.deepspeed=null", f"train.ttt_steps={ttt_steps}"], **{
-        "data.path": data_dir, "data.eval_max_rows": rows, "train.batch_size": batch_size,
+        "head.kind": head.kind, "data.path": data_dir, "data.eval_max_rows": rows, "train.batch_size": batch_size,
         "target.layer_ids": list(head.config.target_layer_ids), "output_dir": str(Path(head_dir) / ".eval"),
         **({"target.path": target} if target else {})})
     t = Trainer(cfg)

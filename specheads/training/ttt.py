@@ -38,7 +38,8 @@ def ttt_mask(t: int, step: int, device) -> torch.Tensor:
 
 
 def ttt_unroll(head, embed, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """Returns the head's output hidden (pre-norm) of each step, [B, T, H] each."""
+    """The EAGLE-3 head's unroll (its registry entry's `unroll`): the head's output hidden
+    (pre-norm) of each step, [B, T, H] each."""
     b, t = input_ids.shape
     max_pos = head.rotary.max_positions - 1
     hidden = head.fc(aux_hidden)
@@ -81,7 +82,11 @@ def ttt_loss(
     chunk: int = 1024,
     outputs: list[torch.Tensor] | None = None,
 ) -> StepStats:
-    """`outputs`: an unroll already computed for these inputs (evaluation shares one)."""
+    """Any head kind's loss over the steps of an unroll: soft cross-entropy of the head's
+    readout against the teacher, step k weighted decay**k.
+
+    `outputs`: the unroll for these inputs (the trainer passes its kind's; None runs
+    `ttt_unroll`)."""
     if outputs is None:
         outputs = ttt_unroll(head, embed, input_ids, aux_hidden, steps)
     mask0 = shift_left(loss_mask, 2).bool()
@@ -90,9 +95,9 @@ def ttt_loss(
     step_loss, step_correct, step_rows = [], [], []
     for k, hidden in enumerate(outputs):
         rows = shift_left(loss_mask, 2 + k).bool()
-        h = head.norm(hidden[rows])
+        h, weight = head.readout(hidden[rows])
         th = shift_left(target_hidden, 1 + k)[rows]
-        loss_sum, correct = soft_cross_entropy(h, head.lm_head.weight, th.to(h.dtype), teacher_weight.to(h.dtype), chunk)
+        loss_sum, correct = soft_cross_entropy(h, weight, th.to(h.dtype), teacher_weight.to(h.dtype), chunk)
         loss_k = loss_sum / denom
         total = total + (decay**k) * loss_k
         step_loss.append(loss_k.detach())
@@ -137,9 +142,9 @@ def chain_acceptance(
     correct = []
     for k, hidden in enumerate(outputs):
         valid = shift_left(loss_mask, 2 + k).bool() & base
-        h = head.norm(hidden[base])
+        h, weight = head.readout(hidden[base])
         th = shift_left(target_hidden, 1 + k)[base]
-        draft_tok = torch.cat([head.draft_to_target((h[s : s + chunk] @ head.lm_head.weight.t()).argmax(-1))
+        draft_tok = torch.cat([head.draft_to_target((h[s : s + chunk] @ weight.t()).argmax(-1))
                                for s in range(0, h.shape[0], chunk)]) if h.shape[0] else h.new_zeros(0, dtype=torch.long)
         target_tok = torch.cat([(th[s : s + chunk] @ target_lm_head.t().to(th.dtype)).argmax(-1)
                                 for s in range(0, th.shape[0], chunk)]) if th.shape[0] else draft_tok

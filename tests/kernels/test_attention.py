@@ -64,9 +64,9 @@ def test_tree_attention_skips_hidden_blocks_and_broadcasts_the_mask(interpret):
 
 
 @pytest.fixture
-def small_chunks(monkeypatch):
+def small_chunks(tune):
     """64 keys per split-K program: 200 keys make 4 chunks, the last one partial."""
-    monkeypatch.setattr(attention, "CHUNK", 64)
+    tune(attention_chunk=64)
 
 
 def _case(b, h, kv, t, s, d, seed):

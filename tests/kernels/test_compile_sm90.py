@@ -17,7 +17,6 @@ def step_launches():
     tiny fused models, kernels interpreted; one per distinct compiled kernel."""
     from transformers import LlamaConfig
 
-    from specheads.heads import eagle3
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
     from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
@@ -33,8 +32,8 @@ def step_launches():
         target = TargetModel(cfg).eval().requires_grad_(False).fuse_for_inference()
         with torch.no_grad():
             for method, int8 in (("eagle3", False), ("eagle3", True), ("ar", False)):
-                mp.setattr(eagle3, "LM_HEAD_INT8", int8)  # the draft lm_head in int8 too
-                head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval().fuse_for_inference()
+                head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval()
+                head.fuse_for_inference(lm_head_int8=int8)  # the draft lm_head in int8 too
                 engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=3, topk=3,
                                     num_draft_tokens=6, max_batch=2, max_len=128)
                 engine.generate([list(range(1, 20)), list(range(5, 12))], SamplingParams(max_new_tokens=6))

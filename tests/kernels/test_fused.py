@@ -113,22 +113,22 @@ def _target(family):
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
 @pytest.mark.parametrize("gemm", ["ours", "ours-qkv-cublas", "cublas", "cublas-rows"])
-def test_fused_forward_equals_eager(family, kernels, gemm, monkeypatch):
+def test_fused_forward_equals_eager(family, kernels, gemm, monkeypatch, tune):
     """Both layer paths: our GEMM carrying norm / silu / residual (with the qkv projection on
     cuBLAS where its shape says so, as an 8B layer's does), and (for wide layers without
-    measured tiles, or calls of more than linear.MAX_ROWS rows) cuBLAS projections with the
+    measured tiles, or calls of more than linear_max_rows rows) cuBLAS projections with the
     residual add in the next norm."""
     from specheads.kernels import linear
 
     if gemm == "cublas":
-        monkeypatch.setattr(linear, "MAX_K", 8)
+        tune(linear_max_k=8)
     if gemm == "ours-qkv-cublas":
         spec = make_target(seed=3).spec
         qkv = ((spec.num_attention_heads + 2 * spec.num_key_value_heads) * spec.head_dim, spec.hidden_size)
-        monkeypatch.setattr(linear, "CONFIGS", {qkv: None})
+        tune(linear_shapes={qkv: None})
         assert not linear.serves(*qkv)
     if gemm == "cublas-rows":
-        monkeypatch.setattr(linear, "MAX_ROWS", 4)  # the 8-row verify below exceeds it
+        tune(linear_max_rows=4)  # the 8-row verify below exceeds it
     if kernels == "triton":
         interpret_triton(monkeypatch)
     else:
@@ -148,12 +148,10 @@ def test_fused_forward_equals_eager(family, kernels, gemm, monkeypatch):
 
 @pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
 @pytest.mark.parametrize("max_rows", [64, 2])
-def test_fused_head_step_equals_eager(kernels, max_rows, monkeypatch):
+def test_fused_head_step_equals_eager(kernels, max_rows, monkeypatch, tune):
     """The EAGLE-3 head's draft step on the fused kernels: causal without a cache (the prefill
     feed) and over a cache under a tree mask (a draft depth); max_rows 2: the cuBLAS finish."""
-    from specheads.kernels import linear
-
-    monkeypatch.setattr(linear, "MAX_ROWS", max_rows)
+    tune(linear_max_rows=max_rows)
     if kernels == "triton":
         interpret_triton(monkeypatch)
     else:

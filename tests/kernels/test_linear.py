@@ -1,6 +1,6 @@
 """The fused projection kernel (Triton, through the CPU interpreter) against its torch
 reference. The property it exists for, a row's bits not depending on the other rows of the
-call, holds on the GPU's tensor cores (scripts/gpu/linear_check.py: 1 row against 8, 16, 33
+call, holds on the GPU's tensor cores (gpu_runs/linear_check.py: 1 row against 8, 16, 33
 and 64, and 264 earlier); the interpreter's numpy matmul rounds by row position, so here only the part
 that decides it is tested: the tile configuration comes from the weight's shape alone."""
 
@@ -59,9 +59,9 @@ def test_strided_input_rows(interpret):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_large_calls_take_the_reference(monkeypatch):
-    """Above MAX_ROWS (long prefills) cuBLAS serves: the reference path, same numbers."""
-    monkeypatch.setattr(lin, "MAX_ROWS", 4)
+def test_large_calls_take_the_reference(tune):
+    """Above linear_max_rows (long prefills) cuBLAS serves: the reference path, same numbers."""
+    tune(linear_max_rows=4)
     _, x, w = _inputs(6, 32, 16, seed=4)
     torch.testing.assert_close(lin.linear(x, w), x @ w.t())
 
@@ -89,28 +89,25 @@ def test_wide_lm_head_runs_here_at_decode_only():
     assert lin._runs_here(33, 960, 576) and not lin._runs_here(65, 960, 576)
 
 
-def test_tile_overrides_for_tuning(monkeypatch):
-    """SPECHEADS_LINEAR_CONFIGS: a tile per weight shape (null: cuBLAS); bad text names the
-    variable and the form."""
-    got = lin._parse_configs('{"6144x4096": [16, 256, 4, 3], "96x64": [16, 128, 4, 2], "960x576": null}')
-    assert got == {(6144, 4096): (16, 256, 4, 3), (96, 64): (16, 128, 4, 2), (960, 576): None}
-    monkeypatch.setattr(lin, "CONFIGS", got)
-    assert lin._config(6144, 4096) == (16, 256, 4, 3) and lin.serves(6144, 4096)
-    assert lin._config(1536, 576) != (16, 256, 4, 3)  # other shapes keep the rule
+def test_tile_overrides_for_tuning(tune):
+    """Kernel tuning sets a shape's K step and warps (null: cuBLAS) and, apart, its column block
+    and stages; other shapes keep the rule."""
+    tune(linear_shapes={(6144, 4096): (256, 8), (96, 64): (128, 4), (960, 576): None},
+         linear_tiles={(6144, 4096): (16, 3), (96, 64): (16, 2)})
+    assert lin._config(6144, 4096) == (16, 256, 8, 3) and lin.serves(6144, 4096)
+    assert lin._config(1536, 576) != (16, 256, 8, 3)  # other shapes keep the rule
     assert not lin.serves(960, 576)  # null: this shape keeps cuBLAS
-    monkeypatch.setattr(lin, "CONFIGS", {(128256, 4096): None})
+    tune(linear_tiles={})
+    assert lin._config(6144, 4096)[1:3] == (256, 8)  # without a tile: the rule's column block and stages
+    tune(linear_shapes={(128256, 4096): None})
     assert not lin._runs_here(1, 128256, 4096)  # null holds for a wide lm_head too
-    for bad in ('{"6144": [16, 256, 4, 3]}', '{"6144x4096": [12, 256, 4, 3]}', '[1, 2]', '{"1x2": [16]}', "nope"):
-        with pytest.raises(ValueError, match="SPECHEADS_LINEAR_CONFIGS=.*expected JSON"):
-            lin._parse_configs(bad)
 
 
 @needs_triton
-def test_raised_width_limit_and_a_tile_longer_than_k(interpret, monkeypatch):
-    """With MAX_K raised (an 8B layer on a card where ours wins) the kernel serves wide inputs;
-    a K step longer than K is masked."""
-    monkeypatch.setattr(lin, "MAX_K", 8192)
-    monkeypatch.setattr(lin, "CONFIGS", {(2 * 24, 4096): (16, 8192, 4, 2)})
+def test_raised_width_limit_and_a_tile_longer_than_k(interpret, tune):
+    """With linear_max_k raised (an 8B layer on a card where ours wins) the kernel serves wide
+    inputs; a K step longer than K is masked."""
+    tune(linear_max_k=8192, linear_shapes={(2 * 24, 4096): (8192, 4)}, linear_tiles={(2 * 24, 4096): (16, 2)})
     assert lin.serves(2 * 24, 4096) and lin.serves(5000, 4096)
     g, x, w = _inputs(2, 4096, 24, seed=5, silu=True)
     kw = dict(norm_weight=torch.randn(4096, generator=g), eps=1e-5, silu=True)
@@ -120,17 +117,17 @@ def test_raised_width_limit_and_a_tile_longer_than_k(interpret, monkeypatch):
 def test_wide_inputs_are_served_at_decode_only(monkeypatch):
     eight_b = lin.layer_shapes(4096, 4096, 14336)
     assert lin.fits(8, *eight_b) and not lin.fits(9, *eight_b)  # a tree verify keeps cuBLAS
-    assert lin.fits(64, *lin.layer_shapes(576, 576, 1536))  # narrow layers: up to MAX_ROWS
+    assert lin.fits(64, *lin.layer_shapes(576, 576, 1536))  # narrow layers: up to linear_max_rows
     assert not lin.fits(1, *lin.layer_shapes(3584, 3584, 18944))  # no measured tiles: cuBLAS
 
 
 @needs_triton
 @pytest.mark.parametrize("norm_keys", [0, 128, 4096])
-def test_norm_pass_unrolled_over_a_ragged_k(interpret, monkeypatch, norm_keys):
-    """The norm's first pass loads several K blocks at once (NORM_UNROLL_KEYS): one at a time,
+def test_norm_pass_unrolled_over_a_ragged_k(interpret, tune, norm_keys):
+    """The norm's first pass loads several K blocks at once (linear_norm_keys): one at a time,
     two (with a last group past K), all; the result is the reference's."""
-    monkeypatch.setattr(lin, "NORM_UNROLL_KEYS", norm_keys)
-    monkeypatch.setattr(lin, "CONFIGS", {(48, 1040): (16, 64, 4, 2)})  # 17 blocks of 64 over K = 1040
+    tune(linear_norm_keys=norm_keys, linear_shapes={(48, 1040): (64, 4)},  # 17 blocks of 64 over K = 1040
+         linear_tiles={(48, 1040): (16, 2)})
     g, x, w = _inputs(3, 1040, 48, seed=6)
     kw = dict(norm_weight=torch.rand(1040, generator=g) + 0.5, eps=1e-5)
     torch.testing.assert_close(lin.linear(x, w, **kw), lin.linear_reference(x, w, **kw), rtol=1e-4, atol=1e-4)
@@ -139,12 +136,10 @@ def test_norm_pass_unrolled_over_a_ragged_k(interpret, monkeypatch, norm_keys):
 @needs_triton
 @pytest.mark.parametrize("tile, scale, block, warps", [(None, 2, 16, 0), ((32, 16, 4, 2), 1, 16, 0), (None, 4, 16, 0),
                                                        (None, 1, 32, 8), (None, 2, 64, 2)])
-def test_tree_rows_and_a_caller_tile(interpret, monkeypatch, tile, scale, block, warps):
-    """A 41-row call (a tree verify: ROW_BLOCK rows, TREE_N_SCALE x wider columns, TREE_WARPS) and
-    a caller's own tile (the draft head's lm_head) compute the reference."""
-    monkeypatch.setattr(lin, "TREE_N_SCALE", scale)
-    monkeypatch.setattr(lin, "ROW_BLOCK", block)
-    monkeypatch.setattr(lin, "TREE_WARPS", warps)
+def test_tree_rows_and_a_caller_tile(interpret, tune, tile, scale, block, warps):
+    """A 41-row call (a tree verify: linear_row_block rows, linear_tree_n_scale x wider columns,
+    linear_tree_warps) and a caller's own tile (the draft head's lm_head) compute the reference."""
+    tune(linear_tree_n_scale=scale, linear_row_block=block, linear_tree_warps=warps)
     g, x, w = _inputs(41, 48, 72, seed=5, silu=True)
     kw = dict(norm_weight=torch.randn(48, generator=g), eps=1e-5, silu=True,
               residual=torch.randn(41, 72, generator=g))

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specheads.kernels import attention, draft, fused, kv_commit, linear, verify
+from specheads.kernels import attention, draft, fused, kv_commit, linear, tuning, verify
 
 triton = pytest.importorskip("triton")
 
@@ -46,7 +46,7 @@ def _fake_cuda(index=0):
     return SimpleNamespace(is_cuda=True, device=torch.device("cuda", index))
 
 
-def test_pdl_options(monkeypatch):
+def test_pdl_options(monkeypatch, tune):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(fused, "_pdl_devices", {})
     assert fused.pdl_options(torch.zeros(1), "linear") == {"PDL": False}  # CPU
@@ -58,11 +58,10 @@ def test_pdl_options(monkeypatch):
     assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": True, "launch_pdl": True}  # Hopper
     assert fused.pdl_options(_fake_cuda(1), "linear") == {"PDL": False}  # Ampere: no PDL
     assert fused.pdl_options(_fake_cuda(0), "topk_expand") == {"PDL": False}  # not in the default set
-    monkeypatch.setattr(fused, "PDL_KERNELS", None)  # SPECHEADS_PDL=all
+    tune(pdl_kernels=tuning.PDL_KERNEL_NAMES)  # every kernel
     assert fused.pdl_options(_fake_cuda(0), "topk_expand") == {"PDL": True, "launch_pdl": True}
-    monkeypatch.setattr(fused, "PDL_ENABLED", False)  # SPECHEADS_PDL=0
-    assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": False}
-    monkeypatch.setattr(fused, "PDL_ENABLED", True)
+    with tuning.using(tuning.active().replace(pdl_kernels=frozenset())):  # none
+        assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": False}
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter has no grid dependency control
     assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": False}
 
@@ -72,11 +71,11 @@ def test_pdl_options(monkeypatch):
 def test_prefetch_columns(n, k, elem):
     cols = linear.prefetch_columns(n, k, elem)
     if cols == 0:  # the budget does not reach one 128-byte line of every row
-        assert linear.PREFETCH_BYTES // (n * elem) < 128 // elem
+        assert tuning.active().speed.linear_prefetch_bytes // (n * elem) < 128 // elem
         return
     assert cols & (cols - 1) == 0 and cols >= 128 // elem  # tl.arange needs a power of two
     assert cols < 2 * k  # no further than k rounded up
-    assert n * cols * elem <= max(linear.PREFETCH_BYTES, n * 128)  # within the budget
+    assert n * cols * elem <= max(tuning.active().speed.linear_prefetch_bytes, n * 128)  # within the budget
 
 
 def test_prefetch_covers_a_small_models_weights():

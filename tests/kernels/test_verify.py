@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specheads.kernels import verify as tree_mask
+from specheads.kernels.path import take_path, take_path_reference
 from tests.kernels.interpret import interpret_triton, needs_triton
 
 
@@ -81,11 +82,10 @@ def test_step_inputs_kernel_equals_reference(monkeypatch, b, n, kv, ranked, seed
 
 
 @needs_triton
-@pytest.mark.parametrize("pending", [False, True])
 @pytest.mark.parametrize("b, n, seed", [(1, 1, 0), (3, 9, 1), (2, 17, 2), (4, 33, 3)])
-def test_finish_step_kernel_equals_reference(monkeypatch, b, n, seed, pending):
-    """Accept, then the step's bookkeeping in the same launch: committed, base, root, the result
-    rows and the drafter's pending entries, as the torch ops do them."""
+def test_finish_step_kernel_equals_reference(monkeypatch, b, n, seed):
+    """Accept, then the step's bookkeeping in the same launch: committed, base, root and the
+    result rows, as the torch ops do them; then a drafter's take of the path's node outputs."""
     interpret_triton(monkeypatch)
     tree = _random_tree(b, n, seed, False)
     tree.valid[:, 0] = True
@@ -97,18 +97,18 @@ def test_finish_step_kernel_equals_reference(monkeypatch, b, n, seed, pending):
     committed = torch.randint(0, 50, (b,), generator=g)
     aux = torch.randn(b, n, 20, generator=g)
     runs = []
-    for fn in (tree_mask.finish_step, tree_mask.finish_step_reference):
+    for fn, take in ((tree_mask.finish_step, take_path), (tree_mask.finish_step_reference, take_path_reference)):
         state = {"committed": committed.clone(), "base": torch.full((b,), -7), "root": torch.full((b,), -7),
                  "out": torch.full((b, 4 + cols + 2), -7)}
-        pend = (aux, torch.full((b, cols, 20), -7.0), torch.full((b, cols), -7), torch.full((b,), -7)) if pending else None
         path, n_acc = fn(tree.tokens, tree.parents, tree.valid, tree.depth, anc, y, tree.max_depth, state["committed"],
-                         state["base"], state["root"], state["out"], pend)
-        state.update(path=path, n_acc=n_acc)
-        if pending:
-            state.update(p_aux=pend[1], p_tok=pend[2], p_n=pend[3])
+                         state["base"], state["root"], state["out"])
+        state.update(path=path, n_acc=n_acc, p_aux=torch.full((b, cols, 20), -7.0), p_tok=torch.full((b, cols), -7),
+                     p_n=torch.full((b,), -7))
+        take(path, n_acc, aux, y, state["p_aux"], state["p_tok"], state["p_n"])
         runs.append(state)
     got, want = runs
     for key in want:
         assert torch.equal(got[key], want[key]), key
     assert torch.equal(got["base"], committed) and torch.equal(got["committed"], committed + got["n_acc"])
+    assert torch.equal(got["p_n"], got["n_acc"]) and not (got["p_aux"] == -7).any()
     assert (got["out"][:, 4 + cols:] == -7).all()  # nothing past the path's columns

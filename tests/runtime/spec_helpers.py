@@ -10,6 +10,7 @@ import random
 
 import torch
 
+from specheads.drafters import DraftContext, Drafter, Needs
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from specheads.runtime.tree import Tree
 
@@ -97,23 +98,10 @@ def train_head(target, prompts: list[list[int]], new_tokens: int = 40, steps: in
 
 
 # ------------------------------------------------------------------ duck-typed drafters
-class _DrafterBase:
-    """The interface the engine uses (like NgramDrafter): num_draft, depth, reset/select/commit/propose."""
+class _DrafterBase(Drafter):
+    """A host drafter for tests: proposes from the token histories before each step."""
 
-    num_draft = 0
-    depth = 0
-
-    def reset(self, *_args, **_kwargs) -> None:
-        pass
-
-    def select(self, keep: torch.Tensor) -> None:
-        pass
-
-    def commit(self, *_args, **_kwargs) -> None:
-        pass
-
-    def memory_bytes(self, *_args) -> int:
-        return 0
+    needs = Needs(history=True)
 
 
 def tree_from_nodes(rows: list[list[tuple[int, int]]], roots: torch.Tensor) -> Tree:
@@ -171,7 +159,8 @@ class OracleDrafter(_DrafterBase):
     def _wrong(self, right: int, n: int) -> list[int]:
         return self.rng.sample([t for t in range(self.vocab) if t != right], n)
 
-    def propose(self, histories, roots: torch.Tensor) -> Tree:
+    def propose(self, ctx: DraftContext) -> Tree:
+        histories, roots = ctx.histories, ctx.roots
         rows = []
         self.paths = []
         for hist in histories:
@@ -254,7 +243,8 @@ class TopDrafter(_DrafterBase):
                 self._cache[(s, k)] = t
         return [self._cache[(s, k)] for s in seqs]
 
-    def propose(self, histories, roots: torch.Tensor) -> Tree:
+    def propose(self, ctx: DraftContext) -> Tree:
+        histories, roots = ctx.histories, ctx.roots
         rows = []
         for hist in histories:
             nodes = []

@@ -60,9 +60,25 @@ def test_generate_json_equals_ar(capsys, tiny_target_dir, tiny_target, head_dir)
     assert [o["finish_reason"] for o in ar["outputs"]] == [o["finish_reason"] for o in spec["outputs"]]
     # the other drafters through the CLI flags: the same tokens
     for extra in (["--method", "ngram"], ["--draft", str(head_dir), "--topk", "1", "--num-steps", "3"],
-                  ["--draft", str(head_dir), "--static-tree", "0;1;0,0;0,1;1,0;0,0,0"]):
+                  ["--draft", str(head_dir), "--static-tree", "0;1;0,0;0,1;1,0;0,0,0"],
+                  ["--draft", str(head_dir), "--draft-lm-head", "bf16"],
+                  ["--method", "ngram", "--draft-lm-head", "bf16"]):
         other = _json(capsys, tiny_target_dir, "--max-len", "256", *extra)
         assert [o["token_ids"] for o in other["outputs"]] == [o["token_ids"] for o in ar["outputs"]], extra
+
+
+def test_generate_kernel_tuning(capsys, monkeypatch, tiny_target_dir, head_dir):
+    """--kernel-tuning sets the process's kernel tuning over the card's defaults before the
+    engine is built; the output is the same."""
+    from specheads.kernels import tuning
+
+    monkeypatch.setattr(tuning, "_active", tuning.active())  # put back after the test
+    plain = _json(capsys, tiny_target_dir, "--draft", str(head_dir), "--max-len", "256")
+    tuned = _json(capsys, tiny_target_dir, "--draft", str(head_dir), "--max-len", "256", "--kernel-tuning",
+                  '{"speed": {"draft_warps": 4}, "numerics": {"attention_chunk": 64}}')
+    assert tuning.active().speed.draft_warps == 4 and tuning.active().numerics.attention_chunk == 64
+    assert tuning.active().numerics.linear_max_rows == tuning.KernelTuning.for_device().numerics.linear_max_rows
+    assert [o["token_ids"] for o in tuned["outputs"]] == [o["token_ids"] for o in plain["outputs"]]
 
 
 def test_generate_stats_agree_with_the_outputs(capsys, tiny_target_dir, head_dir):

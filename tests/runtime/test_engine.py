@@ -116,9 +116,10 @@ def test_ngram_accepts_on_repetitive_output(tiny_target):
 
 
 def test_ngram_drafts_a_full_window_on_a_repeated_token():
-    from specheads.runtime.drafters import NgramDrafter
+    from specheads.drafters import DraftContext
+    from specheads.drafters.ngram import NgramDrafter
 
-    tree = NgramDrafter(num_draft_tokens=5).propose([[4, 7, 9, 9, 9, 9]], torch.tensor([9]))
+    tree = NgramDrafter(num_draft_tokens=5).propose(DraftContext(1, 0, torch.tensor([9]), [[4, 7, 9, 9, 9, 9]]))
     assert tree.tokens.tolist() == [[9, 9, 9, 9, 9, 9]]
     assert tree.valid.tolist() == [[True] * 6]
 
@@ -378,7 +379,7 @@ def test_chi_square_catches_a_biased_sampler(starget):
 
 # ------------------------------------------------------------------ errors
 def test_construction_errors(target):
-    with pytest.raises(EngineError, match=re.escape("method 'medusa' is not one of eagle3, ngram, ar")):
+    with pytest.raises(EngineError, match=re.escape("method 'medusa' is not one of ar, ngram, eagle3")):
         SpecEngine(target, method="medusa")
     with pytest.raises(EngineError, match=r"eagle3 needs a draft head"):
         SpecEngine(target, None, method="eagle3", max_len=64)

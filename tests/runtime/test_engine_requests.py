@@ -285,14 +285,11 @@ def test_fused_kernels_in_the_engine_keep_output_exact(target, head, kernels, mo
     The output equals plain decoding either way."""
     import copy
 
-    from specheads.heads import eagle3
-
     if kernels == "triton":
         interpret_triton(monkeypatch)
-    monkeypatch.setattr(eagle3, "LM_HEAD_INT8", False)  # the bf16 lm_head here (int8: the next test)
     fused_target, fused_head = copy.deepcopy(target), copy.deepcopy(head)
     fused_target.fuse_for_inference()
-    fused_head.fuse_for_inference()
+    fused_head.fuse_for_inference(lm_head_int8=False)  # the bf16 lm_head here (int8: the next test)
     n, new = (4, 25) if kernels == "torch" else (2, 12)
     engine = SpecEngine(fused_target, fused_head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=n)
     params = SamplingParams(max_new_tokens=new)
@@ -304,18 +301,15 @@ def test_fused_kernels_in_the_engine_keep_output_exact(target, head, kernels, mo
 
 @pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
 def test_int8_draft_lm_head_keeps_output_exact(target, head, kernels, monkeypatch):
-    """The draft's lm_head in int8 (heads.eagle3.LM_HEAD_INT8) changes what is drafted at most,
-    never the output; the drafts still get accepted."""
+    """The draft's lm_head in int8 (Eagle3Head.fuse_for_inference(lm_head_int8=True), the
+    default) changes what is drafted at most, never the output; the drafts still get accepted."""
     import copy
-
-    from specheads.heads import eagle3
 
     if kernels == "triton":
         interpret_triton(monkeypatch)
-    monkeypatch.setattr(eagle3, "LM_HEAD_INT8", True)
     fused_target, fused_head = copy.deepcopy(target), copy.deepcopy(head)
     fused_target.fuse_for_inference()
-    fused_head.fuse_for_inference()  # (the engine fuses on CUDA only)
+    fused_head.fuse_for_inference(lm_head_int8=True)  # (the engine fuses on CUDA only)
     n, new = (4, 25) if kernels == "torch" else (2, 12)
     engine = SpecEngine(fused_target, fused_head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=n)
     params = SamplingParams(max_new_tokens=new)

@@ -180,13 +180,15 @@ def _naive_lookup(seq, num_draft, max_ngram):
 
 
 def test_ngram_index_equals_the_naive_search_as_histories_grow():
-    from specheads.runtime.drafters import NgramDrafter
+    from specheads.drafters import DraftContext
+    from specheads.drafters.ngram import NgramDrafter
 
     rng = random.Random(1)
     drafter = NgramDrafter(num_draft_tokens=5, max_ngram=3)
     histories = [[rng.randrange(4)] for _ in range(3)]
     for step in range(120):
-        tree = drafter.propose(histories, torch.tensor([h[-1] for h in histories]))
+        roots = torch.tensor([h[-1] for h in histories])
+        tree = drafter.propose(DraftContext(len(histories), 0, roots, histories))
         for r, h in enumerate(histories):
             want = _naive_lookup(h, 5, 3)
             got = [t for t, ok in zip(tree.tokens[r, 1:].tolist(), tree.valid[r, 1:].tolist()) if ok]

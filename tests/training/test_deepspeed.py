@@ -96,17 +96,22 @@ import dataclasses, os, sys
 import torch
 from specheads.training import trainer
 
-real, calls = trainer.ttt_loss, []
+real_head_kind, calls = trainer.head_kind, []
 
-def loss(*args, **kwargs):
-    stats = real(*args, **kwargs)
-    if torch.is_grad_enabled():
-        calls.append(1)
-        if len(calls) == {step} and os.environ["RANK"] == "1":
-            stats = dataclasses.replace(stats, loss=stats.loss * float("nan"))
-    return stats
+def head_kind(name):
+    kind = real_head_kind(name)
 
-trainer.ttt_loss = loss
+    def loss(*args, **kwargs):
+        stats = kind.loss(*args, **kwargs)
+        if torch.is_grad_enabled():
+            calls.append(1)
+            if len(calls) == {step} and os.environ["RANK"] == "1":
+                stats = dataclasses.replace(stats, loss=stats.loss * float("nan"))
+        return stats
+
+    return dataclasses.replace(kind, loss=loss)
+
+trainer.head_kind = head_kind
 from specheads.cli import main
 sys.exit(main(["train", *sys.argv[1:]]))
 """)

@@ -322,17 +322,22 @@ def _nan_loss_at(monkeypatch, step: int) -> None:
 
     from specheads.training import trainer as trainer_module
 
-    real, calls = trainer_module.ttt_loss, []
+    real_head_kind, calls = trainer_module.head_kind, []
 
-    def loss(*args, **kwargs):
-        stats = real(*args, **kwargs)
-        if torch.is_grad_enabled():  # training, not evaluation
-            calls.append(1)
-            if len(calls) == step:
-                stats = dataclasses.replace(stats, loss=stats.loss * float("nan"))
-        return stats
+    def head_kind(name):  # the run's kind, with its loss wrapped
+        kind = real_head_kind(name)
 
-    monkeypatch.setattr(trainer_module, "ttt_loss", loss)
+        def loss(*args, **kwargs):
+            stats = kind.loss(*args, **kwargs)
+            if torch.is_grad_enabled():  # training, not evaluation
+                calls.append(1)
+                if len(calls) == step:
+                    stats = dataclasses.replace(stats, loss=stats.loss * float("nan"))
+            return stats
+
+        return dataclasses.replace(kind, loss=loss)
+
+    monkeypatch.setattr(trainer_module, "head_kind", head_kind)
 
 
 def test_a_nan_weight_mid_run_stops_the_cli_with_an_error_and_no_head(tmp_path, tiny_target_dir, small_prepared_dir,

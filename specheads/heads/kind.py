@@ -1,0 +1,91 @@
+"""What one kind of draft head is made of: a `HeadKind` entry.
+
+The registry (`specheads.heads.registry`) holds one entry per kind; format, trainer, hub,
+publish and the CLI look a kind up there and never name one. This module holds only the
+entry's shape, so that a kind's own module can build its entry without importing the
+registry.
+
+What the parts of an entry must answer:
+
+config: the config class (a dataclass is simplest).
+    cfg.to_dict() -> dict                    specheads.json "config"; resuming a checkpoint compares it
+    Config.from_dict(d) -> cfg               back from specheads.json
+    cfg.to_hf(dtype, target_name) -> dict    config.json of a saved head folder
+    Config.from_hf(raw) -> cfg               a folder without specheads.json (written by another tool)
+    Config.for_target(target, draft_vocab_size, layer_ids, **overrides) -> cfg
+                                             a fresh head for the trainer (None overrides are ignored)
+    cfg.target_layer_ids                     the target decoder layers whose outputs the head reads
+    cfg.draft_vocab_size, cfg.hidden_size    reported by the trainer, compared by `specheads eval`
+module: the nn.Module class, built as module(cfg); its class attribute `kind` is the entry's name.
+    .config, set_vocab_map(d2t, t2d), target_rows() (draft id -> target id), draft_to_target(ids),
+    readout(hidden) -> (features [N, F], weight [Vd, F]) with draft logits = features @ weight.T,
+    logits(hidden)
+unroll(head, embed, input_ids, aux_hidden, steps) -> list of per-step hidden states
+    the head over a training batch (embed: token ids -> embeddings; aux_hidden: the target's
+    captured layers); what `loss` and the evaluation read.
+loss(head, embed, input_ids, loss_mask, aux_hidden, target_hidden, teacher_weight, steps, decay,
+     chunk, outputs=...) -> training.ttt.StepStats
+    outputs: what `unroll` returned for this batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+
+class HeadKindError(ValueError):
+    """A head kind that is unknown, registered twice, or whose entry does not hold together."""
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    name: str  # what `head.kind`, specheads.json "kind", `head.kind` in a run config and --kind say
+    title: str  # how cards and messages name the kind, e.g. "EAGLE-3"
+    config: type
+    module: type
+    unroll: Callable
+    loss: Callable
+    # cfg -> {tensor name: shape}: every tensor of a saved head and nothing else (validation)
+    weights: Callable[[Any], dict[str, tuple[int, ...]]]
+    # (cfg, target spec) -> what keeps a head of this config from running on that target (empty: it fits)
+    mismatches: Callable[[Any, Any], list[str]]
+    # export format -> fn(head, dtype, target_name) -> the config.json that engine reads
+    exporters: Mapping[str, Callable] = field(default_factory=dict)
+    # export format -> the `architectures` of its config.json; a folder without specheads.json is
+    # recognized by these names
+    hub_architectures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # export format -> the command that serves a head folder in that engine ({target}, {folder})
+    launch: Mapping[str, str] = field(default_factory=dict)
+    # (cfg, dtype name) -> the model card's lines about the head, after the target row of its
+    # table (None: the architecture names and the dtype)
+    card_head: Callable[[Any, str], list[str]] | None = None
+    # "package.module:Class", imported only when a drafter is built
+    drafter: str = ""
+
+    def architectures(self) -> tuple[str, ...]:
+        """Every architecture name this kind writes, in export-format order, without repeats."""
+        return tuple(dict.fromkeys(a for names in self.hub_architectures.values() for a in names))
+
+    def check(self) -> "HeadKind":
+        """The entry holds together: raises HeadKindError naming what does not."""
+        problems = []
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            problems.append(f"name {self.name!r} is not a word (letters, digits, '-', '_')")
+        if getattr(self.module, "kind", None) != self.name:
+            problems.append(f"module {self.module.__name__}.kind is {getattr(self.module, 'kind', None)!r}, "
+                            f"expected {self.name!r}")
+        if set(self.exporters) != set(self.hub_architectures):
+            problems.append(f"export formats {sorted(self.exporters)} and hub_architectures' formats "
+                            f"{sorted(self.hub_architectures)} differ")
+        if set(self.launch) - set(self.exporters):
+            problems.append(f"launch commands for {sorted(set(self.launch) - set(self.exporters))}, which are not "
+                            f"export formats ({sorted(self.exporters)})")
+        if self.drafter and self.drafter.count(":") != 1:
+            problems.append(f"drafter {self.drafter!r} is not 'package.module:Class'")
+        for hook in ("from_dict", "to_dict", "from_hf", "to_hf", "for_target"):
+            if not hasattr(self.config, hook):
+                problems.append(f"config {self.config.__name__} has no {hook}")
+        if problems:
+            raise HeadKindError(f"head kind {self.name!r}: " + "; ".join(problems))
+        return self
