@@ -49,8 +49,11 @@ def base_model_id(target: str | None) -> str | None:
 
 def _exporter(kind: HeadKind, fmt: str):
     if fmt not in kind.exporters:
+        if not kind.exporters:
+            raise HeadKindError(f"{kind.title} heads have no export format: no public engine loads this kind for a "
+                                f"target that does not ship it; the head folder itself runs with `specheads serve`")
         raise HeadKindError(f"export format {fmt!r} is not one of {kind.name} heads' formats: "
-                            f"{', '.join(kind.exporters) or 'none'}")
+                            f"{', '.join(kind.exporters)}")
     return kind.exporters[fmt]
 
 

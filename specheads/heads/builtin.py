@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specheads.heads import eagle3
+from specheads.heads import eagle3, mtp
 from specheads.heads.kind import HeadKind
 from specheads.training.ttt import ttt_loss, ttt_unroll
 
@@ -22,6 +22,22 @@ EAGLE3 = HeadKind(
     drafter="specheads.drafters.eagle:Eagle3Drafter",
 )
 
-BUILTIN_KINDS = (EAGLE3,)
+MTP = HeadKind(
+    name="mtp",
+    title=mtp.TITLE,
+    config=mtp.MTPConfig,
+    module=mtp.MTPHead,
+    unroll=mtp.mtp_unroll,
+    loss=ttt_loss,
+    weights=mtp.weight_shapes,
+    mismatches=mtp.head_mismatches,
+    # no public loader runs MTP layers for a target that did not ship them: specheads' own folder only
+    exporters={},
+    hub_architectures={},
+    card_head=mtp.card_head,
+    drafter="specheads.drafters.mtp:MTPDrafter",
+)
+
+BUILTIN_KINDS = (EAGLE3, MTP)
 # the kind of a run config that names none, and of head folders whose specheads.json names none
 DEFAULT_KIND = EAGLE3.name

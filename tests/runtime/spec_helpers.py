@@ -11,7 +11,6 @@ import random
 import torch
 
 from specheads.drafters import DraftContext, Drafter, Needs
-from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from specheads.runtime.tree import Tree
 
 HIDDEN = 32
@@ -43,10 +42,14 @@ def make_target(seed: int = 0, vocab: int = 64, layers: int = LAYERS, max_positi
     return model.eval().requires_grad_(False)
 
 
-def random_head(target, seed: int = 0, draft_vocab: int | None = None, **overrides) -> Eagle3Head:
+def random_head(target, seed: int = 0, draft_vocab: int | None = None, kind: str = "eagle3", **overrides):
+    """A head of any registered kind with its initial (random) weights."""
+    from specheads.heads.registry import head_kind
+
     torch.manual_seed(seed)
-    cfg = Eagle3Config.for_target(target, draft_vocab_size=draft_vocab or target.spec.vocab_size, **overrides)
-    return Eagle3Head(cfg).eval().requires_grad_(False)
+    entry = head_kind(kind)
+    cfg = entry.config.for_target(target, draft_vocab_size=draft_vocab or target.spec.vocab_size, **overrides)
+    return entry.module(cfg).eval().requires_grad_(False)
 
 
 def random_prompts(n: int, vocab: int, lengths, seed: int = 0) -> list[list[int]]:
@@ -55,14 +58,14 @@ def random_prompts(n: int, vocab: int, lengths, seed: int = 0) -> list[list[int]
 
 
 def train_head(target, prompts: list[list[int]], new_tokens: int = 40, steps: int = 60, lr: float = 1e-2,
-               draft_vocab: int = 48, seed: int = 0) -> Eagle3Head:
+               draft_vocab: int = 48, seed: int = 0, kind: str = "eagle3", **overrides):
     """An EAGLE-3 head trained with the library's TTT loss on the target's own greedy
     continuations of `prompts` (so it has seen what it will be asked to draft). The draft
     vocab is a subset of the target's (the tokens those continuations use first), so the
     d2t map is exercised too."""
     from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
-    from specheads.training.ttt import ttt_loss
+    from specheads.heads.registry import head_kind
 
     outs = SpecEngine(target, method="ar", max_len=max(len(p) for p in prompts) + new_tokens).generate(
         prompts, SamplingParams(max_new_tokens=new_tokens))
@@ -75,7 +78,8 @@ def train_head(target, prompts: list[list[int]], new_tokens: int = 40, steps: in
     draft_vocab = min(draft_vocab, vocab)
     ranked = sorted(counts, key=lambda t: -counts[t]) + [t for t in range(vocab) if t not in counts]
     keep = torch.tensor(sorted(ranked[:draft_vocab]))
-    head = random_head(target, seed, draft_vocab=draft_vocab).train().requires_grad_(True)
+    head = random_head(target, seed, draft_vocab=draft_vocab, kind=kind, **overrides).train().requires_grad_(True)
+    entry = head_kind(kind)
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[keep] = True
     head.set_vocab_map(keep - torch.arange(draft_vocab), t2d)
@@ -90,7 +94,9 @@ def train_head(target, prompts: list[list[int]], new_tokens: int = 40, steps: in
     teacher = target.lm_head.weight[head.target_rows()]
     opt = torch.optim.Adam(head.parameters(), lr=lr)
     for _ in range(steps):
-        stats = ttt_loss(head, target.embed_tokens, ids, mask, out.aux_hidden, out.hidden, teacher, steps=3)
+        outputs = entry.unroll(head, target.embed_tokens, ids, out.aux_hidden, 3)
+        stats = entry.loss(head, target.embed_tokens, ids, mask, out.aux_hidden, out.hidden, teacher, steps=3,
+                           outputs=outputs)
         opt.zero_grad()
         stats.loss.backward()
         opt.step()

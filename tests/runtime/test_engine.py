@@ -344,6 +344,16 @@ def test_sampling_matches_target_distribution_eagle3(starget, case):
     _assert_matches(counts, _exact_joint(starget, params))
 
 
+def test_sampling_matches_target_distribution_mtp(starget):
+    """The same joint with an MTP head drafting a tree (every drafter goes through one verify)."""
+    params = SAMPLING_CASES["t1"]
+    head = random_head(starget, seed=3, kind="mtp", num_modules=3)
+    eng = SpecEngine(starget, head, num_steps=3, topk=3, num_draft_tokens=8, max_len=16)
+    counts, accepted = _sample_triples(eng, params)
+    assert accepted > 0
+    _assert_matches(counts, _exact_joint(starget, params))
+
+
 def test_sampling_matches_target_distribution_deep_tree(starget):
     """A drafter proposing the target's own top tokens (4 children, 2 grandchildren each):
     most rows accept, the distribution must still be the target's."""

@@ -1,0 +1,226 @@
+"""The MTP drafter: D sequential modules draft a chain (topk 1) or an EAGLE-2-style tree.
+
+Row state, with L the row's committed length (its root, the last emitted token, sits at
+position L and is not in any cache yet):
+- each module's KV cache. Module d's entry at position p needs token p+1+d, so it is known
+  once p+1+d <= L: module d's cache lags d positions behind the target's.
+- rings of the last positions' target features (positions L-W..L-1) and tokens (up to L).
+
+A step's `propose` first recomputes, module by module, every entry in the window of the last W
+positions whose inputs are known (entries known before are recomputed to the same values;
+those that became known this step are new): W covers what a step can accept plus the lag.
+Module 0's output at position L-1 (its input token is the root) gives the depth-1 drafts;
+module d then runs at position L-1 on each frontier node (its token and its parent's output)
+and gives depth d+1. Every drafted node attends to its module's cache and to itself.
+`commit` writes the accepted path's target features and tokens into the rings.
+All of it at fixed shapes without host syncs: the engine captures draft and verify as one
+CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specheads.drafters import DrafterError, DraftSetup
+from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
+from specheads.heads.registry import head_kind
+from specheads.kernels.draft import select_tree, topk_expand
+from specheads.modules import gqa_attention
+from specheads.runtime.tree import Tree
+
+
+class MTPDrafter(Drafter):
+    abilities = Abilities(on_device=True, trees=True)
+
+    def __init__(self, head, embed, num_steps: int = 3, topk: int = 1, num_draft_tokens: int | None = None):
+        self.head, self.embed = head, embed
+        cfg = head.config
+        self.modules = cfg.num_modules
+        self.depth = self.steps = min(num_steps, self.modules)
+        self.topk = topk
+        n_pool = topk + (self.steps - 1) * topk * topk
+        self.num_draft = self.steps if topk == 1 else min(num_draft_tokens or n_pool, n_pool)
+        self.needs = Needs(capture_layers=tuple(cfg.target_layer_ids))
+        self.window = 2 * self.modules + 2  # a step accepts at most depth + 1 tokens; module d lags d
+        self.ring = self.window + 2
+        self.n_kv, self.head_dim = cfg.num_key_value_heads, cfg.head_dim
+
+    @classmethod
+    def from_setup(cls, setup: DraftSetup) -> "MTPDrafter":
+        problems = head_kind(setup.head.kind).mismatches(setup.head.config, setup.target.spec)
+        if problems:
+            raise DrafterError("draft head does not match the target: " + "; ".join(problems))
+        if setup.static_tree:
+            raise DrafterError("MTP heads draft dynamic trees or chains (topk 1); static trees are not supported")
+        if set(setup.options) - {"lm_head_int8"}:
+            raise DrafterError(f"unknown mtp drafter options {sorted(set(setup.options) - {'lm_head_int8'})}")
+        return cls(setup.head, setup.target.embed_tokens, setup.num_steps, setup.topk, setup.num_draft_tokens)
+
+    def prepare(self, device) -> None:
+        self.head.fuse_for_inference()
+
+    # ................................................................. state
+    def _room(self) -> int:
+        return self.topk + 1  # a depth's frontier nodes, then one slot for entries not known yet
+
+    def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
+        feat = self.head.config.target_hidden_size
+        kv = 2 * self.modules * rows * self.n_kv * (cap + self._room()) * self.head_dim * elem
+        return kv + rows * (self.ring + 1) * (feat * elem + 8)
+
+    def allocate(self, rows: int, cap: int, device, dtype) -> None:
+        shape = (self.modules, rows, self.n_kv, cap + self._room(), self.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.length = torch.zeros(rows, dtype=torch.long, device=device)
+        feat = self.head.config.target_hidden_size
+        self.feats = torch.zeros(rows, self.ring + 1, feat, device=device, dtype=dtype)  # last index: discard
+        self.tokens = torch.zeros(rows, self.ring + 1, dtype=torch.long, device=device)
+        self.offsets = torch.arange(self.window, device=device) - self.window  # window positions - L
+        k = self.topk
+        self.pool_depth = torch.tensor([1] * k + [d for d in range(2, self.steps + 1) for _ in range(k * k)],
+                                       device=device)
+        self.zero_score = torch.zeros(rows, 1, dtype=torch.float32, device=device)
+        self.no_parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
+        self.all_valid = torch.ones(rows, self.num_draft + 1, dtype=torch.bool, device=device)
+
+    def state(self) -> list[torch.Tensor]:
+        return [self.length, self.feats, self.tokens]
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+        for t in self.state():
+            t[dst] = t[src]
+
+    def clear_row(self, row: int) -> None:
+        self.length[row] = 0
+        self.feats[row] = 0
+        self.tokens[row] = 0
+
+    def park_rows(self, start: int, stop: int) -> None:
+        self.length[start:stop] = 0
+
+    # ................................................................. helpers
+    def _run(self, d, tokens, hidden, positions, k_cache, v_cache, slots, mask):
+        """Module d over queries [b, T] at `positions`: their keys written at `slots` of the
+        module's cache (first b rows), attention over the cache's columns under mask [b, 1, T, S]."""
+        head = self.head
+        b = tokens.shape[0]
+        cos, sin = head.rotary(positions, hidden.dtype)
+
+        def attend(q, k, v):
+            idx = slots[:, None, :, None].expand(b, self.n_kv, slots.shape[1], self.head_dim)
+            k_cache.scatter_(2, idx, k.to(k_cache.dtype))
+            v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+            width = mask.shape[-1]
+            return gqa_attention(q, k_cache[:, :, :width], v_cache[:, :, :width], mask)
+
+        return head.layers[d](self.embed(tokens), hidden, cos, sin, attend)
+
+    def _ring_write(self, rows: slice, positions, valid, feats, tokens_next) -> None:
+        """Features at `positions` [k, n] and the token after each, into the rows' rings
+        (entries where `valid` is False go to the discard slot)."""
+        discard = torch.full_like(positions, self.ring)
+        at = torch.where(valid, positions % self.ring, discard)
+        nxt = torch.where(valid, (positions + 1) % self.ring, discard)
+        self.feats[rows].scatter_(1, at[:, :, None].expand(-1, -1, feats.shape[-1]), feats.to(self.feats.dtype))
+        self.tokens[rows].scatter_(1, nxt, tokens_next)
+
+    # ................................................................. the step
+    def prefill(self, batch: PrefillBatch) -> None:
+        """Every module's entries over the prompts (those whose input token is known), the
+        rings' last positions."""
+        start, lens, feats = batch.start, batch.lens, batch.features
+        nxt = batch.next_tokens()
+        k_rows, w = nxt.shape
+        rows = slice(start, start + k_rows)
+        dev = nxt.device
+        pos = torch.arange(w, device=dev).expand(k_rows, w)
+        hidden = feats.to(self.k.dtype)
+        causal = pos[:, :, None] >= pos[:, None, :]
+        for d in range(self.modules):
+            tok = torch.cat([nxt[:, d:], torch.zeros_like(nxt[:, :d])], 1)  # token p+1+d
+            known = pos + 1 + d <= lens[:, None]
+            # known earlier entries, and each query's own slot (a row never attends to nothing)
+            mask = ((causal & known[:, None, :]) | (pos[:, :, None] == pos[:, None, :]))[:, None]
+            hidden = self._run(d, tok, hidden, pos, self.k[d, rows], self.v[d, rows], pos, mask)
+        self.length[rows] = lens
+        # the rings: the last `ring` positions of each prompt
+        last = lens[:, None] - self.ring + torch.arange(self.ring, device=dev)
+        valid = last >= 0
+        src = last.clamp(min=0)
+        self._ring_write(rows, last, valid, feats.gather(1, src[:, :, None].expand(-1, -1, feats.shape[-1])),
+                         nxt.gather(1, src))
+
+    def commit(self, step: StepResult) -> None:
+        b = step.rows
+        path = step.path
+        at = path.clamp(min=0)
+        base = self.length[:b]
+        positions = base[:, None] + torch.arange(path.shape[1], device=path.device)
+        valid = torch.arange(path.shape[1], device=path.device)[None] < step.accepted[:, None]
+        feats = step.features.gather(1, at[:, :, None].expand(-1, -1, step.features.shape[-1]))
+        self._ring_write(slice(0, b), positions, valid, feats, step.target_tokens.gather(1, at))
+        self.length[:b] += step.accepted
+
+    def _feed(self, b: int, kv: int) -> torch.Tensor:
+        """Recompute the window's known entries of every module; module 0's output at L-1 [b, 1, H]."""
+        length = self.length[:b]
+        pos = length[:, None] + self.offsets  # [b, W]: L-W .. L-1
+        ok = pos >= 0
+        pos0 = pos.clamp(min=0)
+        ring = pos % self.ring
+        hidden = self.feats[:b].gather(1, ring[:, :, None].expand(-1, -1, self.feats.shape[-1]))
+        width = kv + self._room()
+        discard = width - 1
+        cols = torch.arange(width, device=pos.device)
+        out0 = None
+        for d in range(self.modules):
+            tok = self.tokens[:b].gather(1, (pos + 1 + d) % self.ring)
+            known = ok & (pos + 1 + d <= length[:, None])
+            slots = torch.where(known, pos0, discard)
+            # earlier positions, then the entry itself; entries not known yet see only their slot
+            mask = (cols[None, None, :] < pos0[:, :, None]) & known[:, :, None]
+            mask = (mask | (cols[None, None, :] == slots[:, :, None]))[:, None]
+            hidden = self._run(d, tok, hidden, pos0, self.k[d, :b], self.v[d, :b], slots, mask)
+            if d == 0:
+                out0 = hidden[:, -1:]
+        return out0
+
+    def propose(self, ctx: DraftContext) -> Tree:
+        b, kv, roots = ctx.rows, ctx.kv, ctx.roots
+        head, k = self.head, self.topk
+        dev = roots.device
+        parent_out = self._feed(b, kv)  # [b, 1, H]
+        length = self.length[:b]
+        width = kv + self._room()
+        cols = torch.arange(width, device=dev)
+        target_ids = head.target_ids()
+        n_pool = self.pool_depth.numel()
+        pool_tok = torch.empty(b, n_pool, dtype=torch.long, device=dev)
+        pool_score = torch.empty(b, n_pool, dtype=torch.float32, device=dev)
+        pool_parent = torch.empty(b, n_pool, dtype=torch.long, device=dev)
+        logits = head.logits(head.normed(0, parent_out)).float()  # [b, 1, Vd]
+        front_tok, front_score, parent, front_pool = topk_expand(
+            logits, self.zero_score[:b], self.no_parent[:b], k, target_ids, pool_tok[:, :k], pool_score[:, :k],
+            pool_parent[:, :k], 0, None, None, kv, 0)[:4]
+        hidden = parent_out.expand(b, k, -1)
+        pos = (length - 1).clamp(min=0)[:, None].expand(b, k)
+        slots = kv + torch.arange(k, device=dev).expand(b, k)
+        off = k
+        for d in range(1, self.steps):
+            # module d on the frontier at position L-1: its known cache entries (p + 1 + d <= L), itself
+            known = cols[None, None, :] <= (length - 1 - d)[:, None, None]
+            mask = (known | (cols[None, None, :] == slots[:, :, None]))[:, None]
+            out = self._run(d, front_tok, hidden, pos, self.k[d, :b], self.v[d, :b], slots, mask)
+            n = k * k
+            front_tok, front_score, parent, front_pool = topk_expand(
+                head.logits(head.normed(d, out)).float(), front_score, front_pool, k, target_ids,
+                pool_tok[:, off: off + n], pool_score[:, off: off + n], pool_parent[:, off: off + n], off,
+                None, None, kv, 0)[:4]
+            hidden = out.gather(1, parent[:, :, None].expand(-1, -1, out.shape[-1]))
+            off += n
+        tokens, parents, depths, ranks = select_tree(roots, pool_tok, pool_score, pool_parent,
+                                                     self.pool_depth.expand(b, -1), self.num_draft)
+        return Tree(tokens, parents, depths, self.all_valid[:b], self.steps, ranks)

@@ -1,0 +1,263 @@
+"""MTP heads: D sequential multi-token-prediction modules, in the DeepSeek-V3 manner.
+
+Module d (0-based) at sequence position i takes the embedding of token i+1+d and the previous
+module's output there (module 0: the target's hidden state h_i), and predicts token i+2+d:
+
+    x   = eh_proj([enorm(embed(t[i+1+d])), hnorm(h_prev[i])])     (embedding first)
+    h_d = block_d(x)                  one pre-norm decoder layer, causal over the positions
+    logits_d = lm_head(shared_head.norm_d(h_d))
+
+Every module runs at position i (its rotary position), attends to its own keys at positions
+<= i, and has its own block and final norm; the embedding is the target's (frozen) and the
+output head is one draft-vocabulary `lm_head` shared by the modules (d2t/t2d as for EAGLE-3).
+Tensor names follow DeepSeek-V3's MTP layers (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm`
+under `layers.{d}`), which vLLM's and SGLang's DeepSeek MTP loaders read from
+`model.layers.{num_hidden_layers + d}`.
+
+h_i is the output of the target's last decoder layer (`target_layer_ids = [L - 1]`), before
+the target's final norm; `hnorm` normalizes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from specheads.heads.eagle3 import Eagle3Config
+from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
+
+TITLE = "MTP"
+
+
+@dataclass
+class MTPConfig(Eagle3Config):
+    num_modules: int = 3
+
+    @classmethod
+    def for_target(cls, target, draft_vocab_size: int, layer_ids: list[int] | None = None, **overrides):
+        last = [target.spec.num_hidden_layers - 1]
+        return super().for_target(target, draft_vocab_size, list(layer_ids) if layer_ids else last, **overrides)
+
+    def validate(self) -> "MTPConfig":
+        if len(self.target_layer_ids) != 1 or not 0 <= self.target_layer_ids[0] < self.target_num_layers:
+            raise ValueError(f"an MTP head reads one target layer (the last, {self.target_num_layers - 1}); got "
+                             f"target_layer_ids={self.target_layer_ids}")
+        if not 1 <= self.num_modules <= 16:
+            raise ValueError(f"num_modules must be in 1..16, got {self.num_modules}")
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        return self
+
+    def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
+        rope = dict(self.rope_parameters)
+        return {
+            "architectures": [ARCHITECTURE],
+            "model_type": self.target_model_type,
+            "num_nextn_predict_layers": self.num_modules,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "rope_theta": rope.get("rope_theta", 10000.0),
+            "rope_scaling": None if rope.get("rope_type", "default") == "default" else
+            {k: v for k, v in rope.items() if k != "rope_theta"},
+            "target_hidden_size": self.target_hidden_size,
+            "target_num_hidden_layers": self.target_num_layers,
+            "tie_word_embeddings": False,
+            "torch_dtype": str(dtype).replace("torch.", ""),
+            "specheads_target": target_name,
+        }
+
+    @classmethod
+    def from_hf(cls, raw: dict) -> "MTPConfig":
+        rope = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0)}
+        if raw.get("rope_scaling"):
+            rope = {**raw["rope_scaling"], "rope_theta": raw.get("rope_theta", 10000.0)}
+            rope.setdefault("rope_type", rope.pop("type", "default"))
+        n_target = raw.get("target_num_hidden_layers") or 32
+        return cls(
+            hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+            num_attention_heads=raw["num_attention_heads"],
+            num_key_value_heads=raw.get("num_key_value_heads", raw["num_attention_heads"]),
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6), max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
+            target_hidden_size=raw.get("target_hidden_size") or raw["hidden_size"], target_num_layers=n_target,
+            target_layer_ids=[n_target - 1], rope_parameters=rope,
+            target_model_type=raw.get("model_type", "llama"), num_modules=raw.get("num_nextn_predict_layers", 1),
+        )
+
+
+ARCHITECTURE = "SpecheadsMTPForCausalLM"  # our folders only: no public loader runs MTP layers for these targets
+
+
+def head_mismatches(cfg: MTPConfig, spec) -> list[str]:
+    problems = []
+    if cfg.hidden_size != spec.hidden_size:
+        problems.append(f"head hidden size {cfg.hidden_size} differs from the target's {spec.hidden_size}")
+    if cfg.vocab_size != spec.vocab_size:
+        problems.append(f"head expects vocab {cfg.vocab_size}, target has {spec.vocab_size}")
+    if cfg.target_layer_ids[0] >= spec.num_hidden_layers:
+        problems.append(f"head reads target layer {cfg.target_layer_ids[0]}, target has {spec.num_hidden_layers}")
+    return problems
+
+
+def weight_shapes(cfg: MTPConfig) -> dict[str, tuple[int, ...]]:
+    c, h = cfg, cfg.hidden_size
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    out = {}
+    for d in range(c.num_modules):
+        p = f"layers.{d}."
+        out.update({
+            p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (c.intermediate_size, h), p + "mlp.up_proj.weight": (c.intermediate_size, h),
+            p + "mlp.down_proj.weight": (h, c.intermediate_size), p + "shared_head.norm.weight": (h,),
+        })
+    out.update({"lm_head.weight": (c.draft_vocab_size, h), "d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)})
+    return out
+
+
+def native_config(head: "MTPHead", dtype: torch.dtype, target_name: str | None) -> dict:
+    """config.json of specheads' own MTP folder (the only layout that runs an MTP head on a
+    target that does not ship MTP layers)."""
+    return head.config.to_hf(dtype, target_name)
+
+
+def card_head(cfg: MTPConfig, dtype: str) -> list[str]:
+    return [
+        f"| architecture | {cfg.num_modules} MTP modules (DeepSeek-V3 layout: enorm, hnorm, eh_proj, one decoder "
+        f"layer, shared_head.norm), hidden size {cfg.hidden_size}, dtype {dtype} |",
+        f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens |",
+        f"| target feature | output of target layer {cfg.target_layer_ids[0]} (the last) |",
+        "", "vLLM and SGLang run MTP layers only for targets that ship them (DeepSeek-V3/R1, Qwen3-Next, "
+        "MiMo, GLM-4.5 and the like); this head runs with `specheads serve`.",
+    ]
+
+
+class _SharedHead(nn.Module):
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class MTPModule(nn.Module):
+    """One MTP module: the input projection, one pre-norm decoder layer, its final norm."""
+
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        h = cfg.hidden_size
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.enorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * h, h, bias=False)
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.self_attn = nn.Module()
+        a = self.self_attn
+        a.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
+        a.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        a.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        a.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(h, cfg.intermediate_size)
+        self.shared_head = _SharedHead(cfg)
+
+    def forward(self, embeds, hidden, cos, sin, attend):
+        """embeds, hidden [B, T, H] -> the module's output [B, T, H] (before shared_head.norm).
+        attend(q [B, Hq, T, D], k, v [B, KV, T, D]) -> [B, Hq, T, D]: causal in training, over
+        a cache in drafting."""
+        b, t, _ = embeds.shape
+        x = self.eh_proj(torch.cat([self.enorm(embeds.to(hidden.dtype)), self.hnorm(hidden)], -1))
+        a = self.self_attn
+        h = self.input_layernorm(x)
+        q = apply_rotary(a.q_proj(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rotary(a.k_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+        v = a.v_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        o = attend(q, k, v)
+        x = x + a.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class MTPHead(nn.Module):
+    kind = "mtp"
+
+    def __init__(self, cfg: MTPConfig):
+        super().__init__()
+        self.config = cfg.validate()
+        self.layers = nn.ModuleList(MTPModule(cfg) for _ in range(cfg.num_modules))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
+                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        inv_freq, scaling = rope_inv_freq(cfg.rope_config())
+        self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
+
+    def fuse_for_inference(self, lm_head_int8: bool = False) -> "MTPHead":
+        return self  # drafts on the torch modules (one CUDA graph per step all the same)
+
+    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise ValueError(
+                f"vocab map shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} do not match the head's "
+                f"draft_vocab_size {self.config.draft_vocab_size} and vocab_size {self.config.vocab_size}")
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def target_rows(self) -> torch.Tensor:
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def target_ids(self) -> torch.Tensor:
+        return self.target_rows()
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.target_rows()[draft_ids]
+
+    def normed(self, d: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self.layers[d].shared_head.norm(hidden)
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Draft logits of a module's normed output (`normed`)."""
+        return self.lm_head(normed)
+
+    def readout(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unroll returns normed outputs: draft logits = normed @ lm_head.T."""
+        return normed, self.lm_head.weight
+
+
+def causal_attend(q, k, v):
+    t = q.shape[2]
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()[None, None]
+    return gqa_attention(q, k, v, mask)
+
+
+def mtp_unroll(head: MTPHead, embed, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int):
+    """Teacher-forced, as drafting runs: module d at position t reads token t+1+d and module
+    d-1's output at t (module 0: the target's feature); returns each module's normed output
+    [B, T, H] (output d at t predicts token t+2+d), for min(steps, num_modules) modules."""
+    from specheads.training.ttt import shift_left
+
+    b, t = input_ids.shape
+    dtype = head.lm_head.weight.dtype
+    hidden = aux_hidden.to(dtype)
+    cos, sin = head.rotary(torch.arange(t, device=input_ids.device).clamp(max=head.rotary.max_positions - 1)
+                           .expand(b, t), dtype)
+    outputs = []
+    for d in range(min(steps, head.config.num_modules)):
+        hidden = head.layers[d](embed(shift_left(input_ids, 1 + d)), hidden, cos, sin, causal_attend)
+        outputs.append(head.normed(d, hidden))
+    return outputs
+
+
+__all__ = ["ARCHITECTURE", "MTPConfig", "MTPHead", "MTPModule", "TITLE", "card_head", "head_mismatches",
+           "mtp_unroll", "native_config", "weight_shapes"]

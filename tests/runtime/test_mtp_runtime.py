@@ -1,0 +1,95 @@
+"""MTP heads on the engine: greedy output equals plain decoding (chain and tree, batch 1
+and 4, eager torch and the Triton draft kernels under the interpreter), the sampled output
+follows the target's distribution, rows move with their MTP state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specheads.runtime.engine import EngineError, Request, SpecEngine
+from specheads.runtime.sampling import SamplingParams
+from tests.kernels.interpret import interpret_triton, needs_triton
+from tests.runtime.spec_helpers import make_target, random_head, random_prompts, train_head
+
+VOCAB = 64
+TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
+PROMPTS = TRAIN[:6]
+NEW = 30
+TREES = {"chain": dict(num_steps=3, topk=1), "tree": dict(num_steps=3, topk=3, num_draft_tokens=8)}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, vocab=VOCAB, max_positions=128)
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    return train_head(target, TRAIN, kind="mtp", num_modules=3)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    params = SamplingParams(max_new_tokens=NEW)
+    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("shape", list(TREES))
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_greedy_mtp_equals_ar(target, head, reference, shape, max_batch):
+    engine = SpecEngine(target, head, max_len=64, max_batch=max_batch, **TREES[shape])
+    assert engine.method == "mtp"
+    results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
+    assert [r.token_ids for r in results] == reference
+    steps = sum(r.steps for r in results)
+    accepted = sum(r.accepted_tokens for r in results)
+    assert accepted / steps > 1.0, "the trained head should draft well on what it was trained on"
+
+
+@needs_triton
+def test_greedy_mtp_equals_ar_on_the_triton_draft_kernels(target, head, reference, monkeypatch):
+    interpret_triton(monkeypatch)
+    engine = SpecEngine(target, head, max_len=64, max_batch=4, **TREES["tree"])
+    results = engine.generate(PROMPTS[:3], SamplingParams(max_new_tokens=12))
+    assert [r.token_ids for r in results] == [r[:12] for r in reference[:3]]
+
+
+def test_rows_move_with_their_mtp_state(target, head, reference):
+    """Requests of different lengths leave at different steps: the last row moves into the
+    freed one with its caches and rings, and the output stays exact."""
+    engine = SpecEngine(target, head, max_len=64, max_batch=3, **TREES["tree"])
+    budgets = [3, NEW, 7, NEW, 1, NEW]
+    handles = [engine.add(Request(p, SamplingParams(max_new_tokens=n))) for p, n in zip(PROMPTS[:3], budgets[:3])]
+    todo = list(zip(PROMPTS[3:], budgets[3:]))
+    got = {h: [] for h in handles}
+    order = list(handles)
+    while engine.has_work or todo:
+        while todo and engine.free_slots:
+            p, n = todo.pop(0)
+            h = engine.add(Request(p, SamplingParams(max_new_tokens=n)))
+            got[h] = []
+            order.append(h)
+        for out in engine.step():
+            got[out.handle] += out.new_tokens
+    assert [got[h] for h in order] == [ref[:n] for ref, n in zip(reference, budgets)]
+
+
+def test_seeded_sampling_is_the_same_with_and_without_the_mtp_head(target, head):
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_new_tokens=16)
+    plain = SpecEngine(target, method="ar", max_len=64, max_batch=2).generate(PROMPTS[:4], params)
+    spec = SpecEngine(target, head, max_len=64, max_batch=2, **TREES["tree"]).generate(PROMPTS[:4], params)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+
+
+def test_mtp_refuses_what_it_cannot_do(target):
+    head = random_head(target, kind="mtp", num_modules=2)
+    with pytest.raises(EngineError, match="static trees are not supported"):
+        SpecEngine(target, head, static_tree="0;1;0,0", max_len=64)
+    with pytest.raises(EngineError, match="needs a mtp head; the head given is of kind 'eagle3'"):
+        SpecEngine(target, random_head(target), method="mtp", max_len=64)
+    other = make_target(seed=1, vocab=80)
+    with pytest.raises(EngineError, match="head expects vocab 64, target has 80"):
+        SpecEngine(other, head, max_len=64)
+    # a tree deeper than the head's modules is cut to them
+    assert SpecEngine(target, head, num_steps=6, topk=1, max_len=64).num_steps == 2
