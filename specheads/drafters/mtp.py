@@ -201,7 +201,7 @@ class MTPDrafter(Drafter):
         pool_tok = torch.empty(b, n_pool, dtype=torch.long, device=dev)
         pool_score = torch.empty(b, n_pool, dtype=torch.float32, device=dev)
         pool_parent = torch.empty(b, n_pool, dtype=torch.long, device=dev)
-        logits = head.logits(head.normed(0, parent_out)).float()  # [b, 1, Vd]
+        logits = head.logits(parent_out).float()  # [b, 1, Vd]
         front_tok, front_score, parent, front_pool = topk_expand(
             logits, self.zero_score[:b], self.no_parent[:b], k, target_ids, pool_tok[:, :k], pool_score[:, :k],
             pool_parent[:, :k], 0, None, None, kv, 0)[:4]
@@ -216,7 +216,7 @@ class MTPDrafter(Drafter):
             out = self._run(d, front_tok, hidden, pos, self.k[d, :b], self.v[d, :b], slots, mask)
             n = k * k
             front_tok, front_score, parent, front_pool = topk_expand(
-                head.logits(head.normed(d, out)).float(), front_score, front_pool, k, target_ids,
+                head.logits(out).float(), front_score, front_pool, k, target_ids,
                 pool_tok[:, off: off + n], pool_score[:, off: off + n], pool_parent[:, off: off + n], off,
                 None, None, kv, 0)[:4]
             hidden = out.gather(1, parent[:, :, None].expand(-1, -1, out.shape[-1]))

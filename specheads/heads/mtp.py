@@ -4,8 +4,8 @@ Module d (0-based) at sequence position i takes the embedding of token i+1+d and
 module's output there (module 0: the target's hidden state h_i), and predicts token i+2+d:
 
     x   = eh_proj([enorm(embed(t[i+1+d])), hnorm(h_prev[i])])     (embedding first)
-    h_d = block_d(x)                  one pre-norm decoder layer, causal over the positions
-    logits_d = lm_head(shared_head.norm_d(h_d))
+    h_d = shared_head.norm_d(block_d(x))   one pre-norm decoder layer, causal over the positions
+    logits_d = lm_head(h_d)                h_d is also the next module's h_prev
 
 Every module runs at position i (its rotary position), attends to its own keys at positions
 <= i, and has its own block and final norm; the embedding is the target's (frozen) and the
@@ -14,8 +14,9 @@ Tensor names follow DeepSeek-V3's MTP layers (`enorm`, `hnorm`, `eh_proj`, `shar
 under `layers.{d}`), which vLLM's and SGLang's DeepSeek MTP loaders read from
 `model.layers.{num_hidden_layers + d}`.
 
-h_i is the output of the target's last decoder layer (`target_layer_ids = [L - 1]`), before
-the target's final norm; `hnorm` normalizes it.
+h_i is the target's final hidden state after its final norm (`target_layer_ids = [L]`, one past
+the last decoder layer), and each module hands on its output after `shared_head.norm`, as
+vLLM's and SGLang's DeepSeek MTP drafting do (docs/formats/mtp-sources.md).
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ class MTPConfig(Eagle3Config):
 
     @classmethod
     def for_target(cls, target, draft_vocab_size: int, layer_ids: list[int] | None = None, **overrides):
-        last = [target.spec.num_hidden_layers - 1]
+        last = [target.spec.num_hidden_layers]  # the final hidden state, after the target's final norm
         return super().for_target(target, draft_vocab_size, list(layer_ids) if layer_ids else last, **overrides)
 
     def validate(self) -> "MTPConfig":
-        if len(self.target_layer_ids) != 1 or not 0 <= self.target_layer_ids[0] < self.target_num_layers:
-            raise ValueError(f"an MTP head reads one target layer (the last, {self.target_num_layers - 1}); got "
-                             f"target_layer_ids={self.target_layer_ids}")
+        if len(self.target_layer_ids) != 1 or not 0 <= self.target_layer_ids[0] <= self.target_num_layers:
+            raise ValueError(f"an MTP head reads one target hidden state (default {self.target_num_layers}: the "
+                             f"final one, after the target's norm); got target_layer_ids={self.target_layer_ids}")
         if not 1 <= self.num_modules <= 16:
             raise ValueError(f"num_modules must be in 1..16, got {self.num_modules}")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
@@ -72,6 +73,7 @@ class MTPConfig(Eagle3Config):
             {k: v for k, v in rope.items() if k != "rope_theta"},
             "target_hidden_size": self.target_hidden_size,
             "target_num_hidden_layers": self.target_num_layers,
+            "specheads_feature_layer": self.target_layer_ids[0],
             "tie_word_embeddings": False,
             "torch_dtype": str(dtype).replace("torch.", ""),
             "specheads_target": target_name,
@@ -92,7 +94,7 @@ class MTPConfig(Eagle3Config):
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6), max_position_embeddings=raw.get("max_position_embeddings", 2048),
             vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
             target_hidden_size=raw.get("target_hidden_size") or raw["hidden_size"], target_num_layers=n_target,
-            target_layer_ids=[n_target - 1], rope_parameters=rope,
+            target_layer_ids=[raw.get("specheads_feature_layer", n_target)], rope_parameters=rope,
             target_model_type=raw.get("model_type", "llama"), num_modules=raw.get("num_nextn_predict_layers", 1),
         )
 
@@ -106,7 +108,7 @@ def head_mismatches(cfg: MTPConfig, spec) -> list[str]:
         problems.append(f"head hidden size {cfg.hidden_size} differs from the target's {spec.hidden_size}")
     if cfg.vocab_size != spec.vocab_size:
         problems.append(f"head expects vocab {cfg.vocab_size}, target has {spec.vocab_size}")
-    if cfg.target_layer_ids[0] >= spec.num_hidden_layers:
+    if cfg.target_layer_ids[0] > spec.num_hidden_layers:
         problems.append(f"head reads target layer {cfg.target_layer_ids[0]}, target has {spec.num_hidden_layers}")
     return problems
 
@@ -140,10 +142,21 @@ def card_head(cfg: MTPConfig, dtype: str) -> list[str]:
         f"| architecture | {cfg.num_modules} MTP modules (DeepSeek-V3 layout: enorm, hnorm, eh_proj, one decoder "
         f"layer, shared_head.norm), hidden size {cfg.hidden_size}, dtype {dtype} |",
         f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens |",
-        f"| target feature | output of target layer {cfg.target_layer_ids[0]} (the last) |",
-        "", "vLLM and SGLang run MTP layers only for targets that ship them (DeepSeek-V3/R1, Qwen3-Next, "
-        "MiMo, GLM-4.5 and the like); this head runs with `specheads serve`.",
+        f"| target feature | {_feature(cfg)} |",
+        "| layout | per module `layers.{d}.enorm`, `hnorm`, `eh_proj` (input [enorm(embedding), hnorm(hidden)], "
+        "embedding first), one decoder layer, `shared_head.norm`; one draft-vocabulary `lm_head` and d2t/t2d |",
+        "", "This head runs with `specheads generate` / `specheads serve` only. vLLM (`method: mtp`) and SGLang "
+        "(NextN) run MTP layers only for targets that ship them (DeepSeek-V3/R1, Qwen3-Next, MiMo, GLM-4.5 and "
+        "the like) and do not load MTP layers for this target; for those engines, train and export an EAGLE-3 "
+        "head. Sources and names: docs/formats/mtp-sources.md in the specheads repository.",
     ]
+
+
+def _feature(cfg: MTPConfig) -> str:
+    i = cfg.target_layer_ids[0]
+    if i == cfg.target_num_layers:
+        return "the target's final hidden state, after its final norm"
+    return f"output of target decoder layer {i}"
 
 
 class _SharedHead(nn.Module):
@@ -174,7 +187,7 @@ class MTPModule(nn.Module):
         self.shared_head = _SharedHead(cfg)
 
     def forward(self, embeds, hidden, cos, sin, attend):
-        """embeds, hidden [B, T, H] -> the module's output [B, T, H] (before shared_head.norm).
+        """embeds, hidden [B, T, H] -> the module's output [B, T, H], after shared_head.norm.
         attend(q [B, Hq, T, D], k, v [B, KV, T, D]) -> [B, Hq, T, D]: causal in training, over
         a cache in drafting."""
         b, t, _ = embeds.shape
@@ -186,7 +199,7 @@ class MTPModule(nn.Module):
         v = a.v_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         o = attend(q, k, v)
         x = x + a.o_proj(o.transpose(1, 2).reshape(b, t, -1))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.shared_head.norm(x + self.mlp(self.post_attention_layernorm(x)))
 
 
 class MTPHead(nn.Module):
@@ -223,9 +236,6 @@ class MTPHead(nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.target_rows()[draft_ids]
 
-    def normed(self, d: int, hidden: torch.Tensor) -> torch.Tensor:
-        return self.layers[d].shared_head.norm(hidden)
-
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Draft logits of a module's normed output (`normed`)."""
         return self.lm_head(normed)
@@ -255,7 +265,7 @@ def mtp_unroll(head: MTPHead, embed, input_ids: torch.Tensor, aux_hidden: torch.
     outputs = []
     for d in range(min(steps, head.config.num_modules)):
         hidden = head.layers[d](embed(shift_left(input_ids, 1 + d)), hidden, cos, sin, causal_attend)
-        outputs.append(head.normed(d, hidden))
+        outputs.append(hidden)
     return outputs
 
 

@@ -6,7 +6,9 @@ verification, so all three see the same numerics. Parameter names follow transfo
 
 Layer-capture convention: `capture_layers=[i, ...]` returns the OUTPUT of decoder layer i
 (0-based), i.e. transformers' `output_hidden_states[i + 1]`. SGLang's config ids use the
-same convention; vLLM's are one higher (the input of layer i).
+same convention; vLLM's are one higher (the input of layer i). One past the last layer
+(i = num_hidden_layers) is the final hidden state after the target's final norm (what MTP
+heads read).
 """
 
 from __future__ import annotations
@@ -296,6 +298,8 @@ class TargetModel(nn.Module):
             if i in capture:
                 captured[i] = x
         hidden = self.model.norm(x)
+        if len(self.model.layers) in capture:
+            captured[len(self.model.layers)] = hidden
         return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
 
     def _cublas_layers(self, x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
@@ -319,6 +323,8 @@ class TargetModel(nn.Module):
             if i in capture:
                 captured[i] = x + delta
         hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps, delta)
+        if len(self.model.layers) in capture:
+            captured[len(self.model.layers)] = hidden
         return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
 
     def _output(self, hidden, captured, capture_layers, return_logits, logits_positions) -> TargetOutput:
@@ -369,8 +375,10 @@ class TargetModel(nn.Module):
             x = linear(o.transpose(1, 2).reshape(b, t, h_q * d), a.o_proj.weight, a.o_proj.bias, residual=x)
             act = linear(x, m.gate_up_weight, m.gate_up_bias, norm_weight=n2.weight, eps=n2.eps, silu=True)
             x = linear(act, m.down_proj.weight, m.down_proj.bias, residual=x, out=where.get(i))
+        hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps)
+        if len(self.model.layers) in where:  # the final hidden state, after the norm
+            where[len(self.model.layers)].copy_(hidden)
         for j, layer in enumerate(capture_layers):
             if first[layer] != j:
                 aux[..., j * h: (j + 1) * h] = where[layer]
-        hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps)
         return self._output(hidden, aux, capture_layers, return_logits, logits_positions)

@@ -295,3 +295,27 @@ def test_concurrent_gguf_conversions_keep_the_first_folder(tmp_path):
     (tmp / "model.safetensors").write_text("x")
     with pytest.raises(OSError):
         _publish(tmp, stale)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_capture_one_past_the_last_layer_is_the_final_hidden(tiny_target, fused):
+    """Layer id num_hidden_layers captures the final hidden state after the norm (what MTP heads
+    read), on the plain forward, with a cache, and on the fused path (also beside a real layer)."""
+    import copy
+
+    from specheads.target.model import KVCache
+
+    model = copy.deepcopy(tiny_target[0])
+    if fused:
+        model.fuse_for_inference()
+    n = model.spec.num_hidden_layers
+    h = model.spec.hidden_size
+    ids = torch.randint(0, model.spec.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model(ids, capture_layers=[n, 1])
+        cache = KVCache(model.spec, 2, 16, torch.float32, "cpu")
+        cached = model(ids, torch.arange(9).expand(2, 9), cache=cache, kv_len=9, capture_layers=[n, 1, n])
+    torch.testing.assert_close(plain.aux_hidden[..., :h], plain.hidden)
+    torch.testing.assert_close(cached.aux_hidden[..., :h], cached.hidden)
+    torch.testing.assert_close(cached.aux_hidden[..., 2 * h:], cached.hidden)
+    torch.testing.assert_close(cached.aux_hidden[..., h: 2 * h], plain.aux_hidden[..., h:], atol=1e-4, rtol=0)
