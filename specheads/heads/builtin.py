@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specheads.heads import eagle3, mtp
+from specheads.heads import eagle3, medusa, mtp
 from specheads.heads.kind import HeadKind
 from specheads.training.ttt import ttt_loss, ttt_unroll
 
@@ -38,6 +38,19 @@ MTP = HeadKind(
     drafter="specheads.drafters.mtp:MTPDrafter",
 )
 
-BUILTIN_KINDS = (EAGLE3, MTP)
+MEDUSA = HeadKind(
+    name="medusa",
+    title=medusa.TITLE,
+    config=medusa.MedusaConfig,
+    module=medusa.MedusaHead,
+    unroll=medusa.medusa_unroll,
+    loss=ttt_loss,
+    weights=medusa.weight_shapes,
+    mismatches=medusa.head_mismatches,
+    card_head=medusa.card_head,
+    drafter="specheads.drafters.medusa:MedusaDrafter",
+)
+
+BUILTIN_KINDS = (EAGLE3, MTP, MEDUSA)
 # the kind of a run config that names none, and of head folders whose specheads.json names none
 DEFAULT_KIND = EAGLE3.name

@@ -380,7 +380,7 @@ class Eagle3Head(nn.Module):
                           tile=DRAFT_LM_TILE)
         return self.lm_head(self.norm(hidden))
 
-    def readout(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def readout(self, hidden: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(normed hidden, lm_head weight): draft logits = normed @ weight.T, for losses that
         never build the full logit matrix (training.loss)."""
         return self.norm(hidden), self.lm_head.weight

@@ -18,7 +18,8 @@ config: the config class (a dataclass is simplest).
     cfg.draft_vocab_size, cfg.hidden_size    reported by the trainer, compared by `specheads eval`
 module: the nn.Module class, built as module(cfg); its class attribute `kind` is the entry's name.
     .config, set_vocab_map(d2t, t2d), target_rows() (draft id -> target id), draft_to_target(ids),
-    readout(hidden) -> (features [N, F], weight [Vd, F]) with draft logits = features @ weight.T,
+    readout(hidden, step) -> (features [N, F], weight [Vd, F]) with draft logits = features @ weight.T
+    for the unroll's output `step` (heads with one output layer ignore it),
     logits(hidden)
 unroll(head, embed, input_ids, aux_hidden, steps) -> list of per-step hidden states
     the head over a training batch (embed: token ids -> embeddings; aux_hidden: the target's

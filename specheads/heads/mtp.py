@@ -240,7 +240,7 @@ class MTPHead(nn.Module):
         """Draft logits of a module's normed output (`normed`)."""
         return self.lm_head(normed)
 
-    def readout(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def readout(self, normed: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The unroll returns normed outputs: draft logits = normed @ lm_head.T."""
         return normed, self.lm_head.weight
 

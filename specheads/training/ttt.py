@@ -95,7 +95,7 @@ def ttt_loss(
     step_loss, step_correct, step_rows = [], [], []
     for k, hidden in enumerate(outputs):
         rows = shift_left(loss_mask, 2 + k).bool()
-        h, weight = head.readout(hidden[rows])
+        h, weight = head.readout(hidden[rows], k)
         th = shift_left(target_hidden, 1 + k)[rows]
         loss_sum, correct = soft_cross_entropy(h, weight, th.to(h.dtype), teacher_weight.to(h.dtype), chunk)
         loss_k = loss_sum / denom
@@ -142,7 +142,7 @@ def chain_acceptance(
     correct = []
     for k, hidden in enumerate(outputs):
         valid = shift_left(loss_mask, 2 + k).bool() & base
-        h, weight = head.readout(hidden[base])
+        h, weight = head.readout(hidden[base], k)
         th = shift_left(target_hidden, 1 + k)[base]
         draft_tok = torch.cat([head.draft_to_target((h[s : s + chunk] @ weight.t()).argmax(-1))
                                for s in range(0, h.shape[0], chunk)]) if h.shape[0] else h.new_zeros(0, dtype=torch.long)

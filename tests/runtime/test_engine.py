@@ -389,8 +389,8 @@ def test_chi_square_catches_a_biased_sampler(starget):
 
 # ------------------------------------------------------------------ errors
 def test_construction_errors(target):
-    with pytest.raises(EngineError, match=re.escape("method 'medusa' is not one of ar, ngram, eagle3")):
-        SpecEngine(target, method="medusa")
+    with pytest.raises(EngineError, match=re.escape("method 'hydra' is not one of ar, ngram, eagle3, mtp, medusa")):
+        SpecEngine(target, method="hydra")
     with pytest.raises(EngineError, match=r"eagle3 needs a draft head"):
         SpecEngine(target, None, method="eagle3", max_len=64)
     with pytest.raises(EngineError, match=r"max_len 129 .*the target has 128 positions"):

@@ -1,0 +1,199 @@
+"""Medusa heads: K heads on the target's final hidden state, each predicting one token further.
+
+Head k (0-based) at position i reads the target's final hidden state h_i (after its final
+norm) and predicts token i+2+k:
+
+    x_k = h_i;  x_k = x_k + SiLU(W_{k,j} x_k + b_{k,j})  for j = 1..n     (n residual blocks)
+    logits_k = lm_heads[k](x_k)                                          (draft vocabulary)
+
+The heads never read each other or earlier drafts, so a step's drafts come from one hidden
+state: the drafter builds a tree of each head's top-k tokens by joint probability (the best
+`num_draft_tokens` of the candidate paths), verified losslessly like every drafter. Tensor
+names follow vLLM's Medusa model (`blocks.{k}.layers.{j}`, `lm_heads.{k}`); the draft
+vocabulary map is `d2t`/`t2d` as for EAGLE-3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+TITLE = "Medusa"
+ARCHITECTURE = "MedusaModel"
+
+
+@dataclass
+class MedusaConfig:
+    hidden_size: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    target_hidden_size: int
+    target_num_layers: int
+    num_heads: int = 4
+    num_layers: int = 1  # residual blocks per head
+    target_layer_ids: list | None = None  # [num_layers of the target]: the final hidden state, after its norm
+    target_model_type: str = "llama"
+
+    def __post_init__(self):
+        if self.target_layer_ids is None:
+            self.target_layer_ids = [self.target_num_layers]
+
+    @classmethod
+    def for_target(cls, target, draft_vocab_size: int, layer_ids=None, **overrides):
+        spec = target.spec
+        cfg = cls(hidden_size=spec.hidden_size, vocab_size=spec.vocab_size, draft_vocab_size=draft_vocab_size,
+                  target_hidden_size=spec.hidden_size, target_num_layers=spec.num_hidden_layers,
+                  target_layer_ids=list(layer_ids) if layer_ids else [spec.num_hidden_layers],
+                  target_model_type=spec.model_type)
+        for k, v in overrides.items():
+            if v is not None and k in cfg.__dataclass_fields__:
+                setattr(cfg, k, v)
+        return cfg.validate()
+
+    def validate(self) -> "MedusaConfig":
+        if not 1 <= self.num_heads <= 16:
+            raise ValueError(f"num_heads must be in 1..16, got {self.num_heads}")
+        if not 1 <= self.num_layers <= 8:
+            raise ValueError(f"num_layers (residual blocks per head) must be in 1..8, got {self.num_layers}")
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size}")
+        if len(self.target_layer_ids) != 1 or not 0 <= self.target_layer_ids[0] <= self.target_num_layers:
+            raise ValueError(f"a Medusa head reads one target hidden state (default {self.target_num_layers}: the "
+                             f"final one); got target_layer_ids={self.target_layer_ids}")
+        if self.hidden_size != self.target_hidden_size:
+            raise ValueError("a Medusa head works at the target's hidden size")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MedusaConfig":
+        return cls(**d)
+
+    def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
+        return {
+            "architectures": [ARCHITECTURE],
+            "model_type": "medusa",
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "num_heads": self.num_heads,
+            "num_hidden_layers": self.num_layers,
+            "truncated_vocab_size": self.draft_vocab_size,
+            "target_num_hidden_layers": self.target_num_layers,
+            "specheads_feature_layer": self.target_layer_ids[0],
+            "torch_dtype": str(dtype).replace("torch.", ""),
+            "specheads_target": target_name,
+        }
+
+    @classmethod
+    def from_hf(cls, raw: dict) -> "MedusaConfig":
+        n = raw.get("target_num_hidden_layers") or 32
+        return cls(hidden_size=raw["hidden_size"], vocab_size=raw["vocab_size"],
+                   draft_vocab_size=raw.get("truncated_vocab_size") or raw["vocab_size"],
+                   target_hidden_size=raw["hidden_size"], target_num_layers=n,
+                   num_heads=raw.get("num_heads") or raw.get("medusa_num_heads", 4),
+                   num_layers=raw.get("num_hidden_layers") or raw.get("medusa_num_layers", 1),
+                   target_layer_ids=[raw.get("specheads_feature_layer", n)])
+
+
+def head_mismatches(cfg: MedusaConfig, spec) -> list[str]:
+    problems = []
+    if cfg.hidden_size != spec.hidden_size:
+        problems.append(f"head hidden size {cfg.hidden_size} differs from the target's {spec.hidden_size}")
+    if cfg.vocab_size != spec.vocab_size:
+        problems.append(f"head expects vocab {cfg.vocab_size}, target has {spec.vocab_size}")
+    if cfg.target_layer_ids[0] > spec.num_hidden_layers:
+        problems.append(f"head reads target layer {cfg.target_layer_ids[0]}, target has {spec.num_hidden_layers}")
+    return problems
+
+
+def weight_shapes(cfg: MedusaConfig) -> dict[str, tuple[int, ...]]:
+    h = cfg.hidden_size
+    out = {}
+    for k in range(cfg.num_heads):
+        for j in range(cfg.num_layers):
+            out[f"blocks.{k}.layers.{j}.weight"] = (h, h)
+            out[f"blocks.{k}.layers.{j}.bias"] = (h,)
+        out[f"lm_heads.{k}.weight"] = (cfg.draft_vocab_size, h)
+    out.update({"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)})
+    return out
+
+
+def native_config(head: "MedusaHead", dtype: torch.dtype, target_name: str | None) -> dict:
+    return head.config.to_hf(dtype, target_name)
+
+
+def card_head(cfg: MedusaConfig, dtype: str) -> list[str]:
+    return [
+        f"| architecture | {cfg.num_heads} Medusa heads of {cfg.num_layers} residual SiLU block(s) each, hidden size "
+        f"{cfg.hidden_size}, dtype {dtype} |",
+        f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens |",
+        "| target feature | the target's final hidden state, after its final norm |",
+    ]
+
+
+class _Block(nn.Module):
+    def __init__(self, cfg: MedusaConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.hidden_size) for _ in range(cfg.num_layers))
+        for layer in self.layers:  # each head starts as the identity on the hidden state (as Medusa does)
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + nn.functional.silu(layer(x))
+        return x
+
+
+class MedusaHead(nn.Module):
+    kind = "medusa"
+
+    def __init__(self, cfg: MedusaConfig):
+        super().__init__()
+        self.config = cfg.validate()
+        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.num_heads))
+        self.lm_heads = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+                                      for _ in range(cfg.num_heads))
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
+                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+
+    def fuse_for_inference(self, lm_head_int8: bool = False) -> "MedusaHead":
+        return self
+
+    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise ValueError(
+                f"vocab map shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} do not match the head's "
+                f"draft_vocab_size {self.config.draft_vocab_size} and vocab_size {self.config.vocab_size}")
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def target_rows(self) -> torch.Tensor:
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def target_ids(self) -> torch.Tensor:
+        return self.target_rows()
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.target_rows()[draft_ids]
+
+    def features(self, hidden: torch.Tensor) -> list[torch.Tensor]:
+        """Each head's features of the target's hidden state."""
+        return [block(hidden) for block in self.blocks]
+
+    def logits(self, features: torch.Tensor, step: int) -> torch.Tensor:
+        return self.lm_heads[step](features)
+
+    def readout(self, features: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        return features, self.lm_heads[step].weight
+
+
+def medusa_unroll(head: MedusaHead, embed, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int):
+    """Head k's features at every position (output k at t predicts token t+2+k)."""
+    hidden = aux_hidden.to(head.lm_heads[0].weight.dtype)
+    return [head.blocks[k](hidden) for k in range(min(steps, head.config.num_heads))]
