@@ -47,6 +47,9 @@ MEDUSA = HeadKind(
     loss=ttt_loss,
     weights=medusa.weight_shapes,
     mismatches=medusa.head_mismatches,
+    exporters={"vllm": medusa.vllm_config},
+    hub_architectures={"vllm": (medusa.ARCHITECTURE,)},
+    launch=medusa.LAUNCH,
     card_head=medusa.card_head,
     drafter="specheads.drafters.medusa:MedusaDrafter",
 )

@@ -82,7 +82,9 @@ class MedusaConfig:
             "num_heads": self.num_heads,
             "num_hidden_layers": self.num_layers,
             "truncated_vocab_size": self.draft_vocab_size,
-            "target_num_hidden_layers": self.target_num_layers,
+            "medusa_fc_bias": True,
+            # vLLM renames every key holding both "num" and "layers" to num_hidden_layers: none here
+            "specheads_target_depth": self.target_num_layers,
             "specheads_feature_layer": self.target_layer_ids[0],
             "torch_dtype": str(dtype).replace("torch.", ""),
             "specheads_target": target_name,
@@ -90,7 +92,7 @@ class MedusaConfig:
 
     @classmethod
     def from_hf(cls, raw: dict) -> "MedusaConfig":
-        n = raw.get("target_num_hidden_layers") or 32
+        n = raw.get("specheads_target_depth") or 32
         return cls(hidden_size=raw["hidden_size"], vocab_size=raw["vocab_size"],
                    draft_vocab_size=raw.get("truncated_vocab_size") or raw["vocab_size"],
                    target_hidden_size=raw["hidden_size"], target_num_layers=n,
@@ -122,8 +124,20 @@ def weight_shapes(cfg: MedusaConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def native_config(head: "MedusaHead", dtype: torch.dtype, target_name: str | None) -> dict:
-    return head.config.to_hf(dtype, target_name)
+def vllm_config(head: "MedusaHead", dtype: torch.dtype, target_name: str | None) -> dict:
+    """config.json for vLLM's Medusa model (vLLM 0.11 to 0.32; 0.33 dropped Medusa): biases on
+    (`medusa_fc_bias`), one full-vocabulary lm_head a head (docs/formats/medusa-eagle-sources.md)."""
+    cfg = head.config
+    if cfg.draft_vocab_size != cfg.vocab_size:
+        raise ValueError(f"vLLM's Medusa model loads full-vocabulary heads only; this head drafts over "
+                         f"{cfg.draft_vocab_size} of {cfg.vocab_size} tokens (train it with the full vocabulary to "
+                         f"export it for vLLM)")
+    return cfg.to_hf(dtype, target_name)
+
+
+LAUNCH = {"vllm": ("vllm serve {target} --speculative-config "
+                   "'{{\"method\": \"medusa\", \"model\": \"{folder}\", \"num_speculative_tokens\": "
+                   "<the head count>}}'  # vLLM <= 0.32")}
 
 
 def card_head(cfg: MedusaConfig, dtype: str) -> list[str]:

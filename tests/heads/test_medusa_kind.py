@@ -1,0 +1,74 @@
+"""Medusa heads: the folder round trip, validation, and the vLLM export checked against the
+names and config keys vLLM's Medusa model reads (docs/formats/medusa-eagle-sources.md,
+vllm==0.32.0 models/medusa.py and transformers_utils/configs/medusa.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specheads.heads.format import HeadFormatError, load_head, save_head
+from specheads.heads.kind import HeadKindError
+from specheads.hub import export_head
+from tests.runtime.spec_helpers import make_target, random_head
+
+K, N = 3, 2  # heads, residual blocks a head
+
+
+@pytest.fixture
+def target():
+    return make_target(seed=0, vocab=64)
+
+
+def _saved(tmp_path, head):
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn_like(p))
+    return save_head(head, tmp_path / "medusa", torch.float32, target_name="tiny/target")
+
+
+def test_round_trip_and_validation(tmp_path, target):
+    head = random_head(target, kind="medusa", num_heads=K, num_layers=N)
+    folder = _saved(tmp_path, head)
+    assert json.loads((folder / "specheads.json").read_text())["kind"] == "medusa"
+    back = load_head(folder)
+    assert type(back) is type(head) and back.config == head.config
+    for (name, a), (_, b) in zip(head.state_dict().items(), back.state_dict().items()):
+        assert torch.equal(a, b), name
+    tensors = load_file(folder / "model.safetensors")
+    tensors["blocks.1.layers.0.weight"] = torch.zeros(5, 5)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(HeadFormatError, match=r"blocks\.1\.layers\.0\.weight"):
+        load_head(folder)
+
+
+def test_vllm_export_has_the_names_and_keys_vllm_reads(tmp_path, target):
+    head = random_head(target, kind="medusa", num_heads=K, num_layers=N)
+    out = export_head(_saved(tmp_path, head), "vllm", tmp_path / "vllm")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["MedusaModel"] and cfg["model_type"] == "medusa"
+    assert (cfg["num_heads"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (K, N, 32, 64)
+    assert cfg["medusa_fc_bias"] is True and cfg["truncated_vocab_size"] == 64
+    # vLLM renames every key holding "num" with "heads" or "layers" onto num_heads / num_hidden_layers, in file
+    # order: no other key may hold them
+    clash = [k for k in cfg if "num" in k and ("heads" in k or "layers" in k)]
+    assert clash == ["num_heads", "num_hidden_layers"]
+    names = set(load_file(out / "model.safetensors"))
+    want = {f"blocks.{k}.layers.{j}.{p}" for k in range(K) for j in range(N) for p in ("weight", "bias")}
+    want |= {f"lm_heads.{k}.weight" for k in range(K)}
+    assert want <= names and names - want <= {"d2t", "t2d"}  # vLLM skips names it does not know
+    assert "num_speculative_tokens" in (out / "SERVING.md").read_text()
+
+
+def test_vllm_export_refuses_a_draft_vocabulary(tmp_path, target):
+    head = random_head(target, kind="medusa", draft_vocab=48, num_heads=2)
+    t2d = torch.zeros(64, dtype=torch.bool)
+    t2d[:48] = True  # the first 48 tokens: d2t offsets all 0
+    head.set_vocab_map(torch.zeros(48, dtype=torch.long), t2d)
+    with pytest.raises(ValueError, match="full-vocabulary heads only; this head drafts over 48 of 64"):
+        export_head(_saved(tmp_path, head), "vllm", tmp_path / "vllm")
+    with pytest.raises(HeadKindError, match="'sglang' is not one of medusa heads' formats: vllm"):
+        export_head(tmp_path / "medusa", "sglang", tmp_path / "sg")
