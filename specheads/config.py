@@ -32,6 +32,8 @@ class DataSection(_Strict):
 class HeadSection(_Strict):
     kind: str = "eagle3"  # a registered head kind (specheads.heads.registry)
     intermediate_size: int | None = None  # None: the target's
+    # modules of an MTP head (the kinds whose config has `num_modules`); None: the kind's default
+    num_modules: int | None = Field(None, ge=1, le=16)
 
     @field_validator("kind")
     @classmethod
@@ -41,6 +43,21 @@ class HeadSection(_Strict):
         if kind not in head_kinds():
             raise ValueError(f"unknown head kind {kind!r}; known kinds: {', '.join(head_kinds())}")
         return kind
+
+    @model_validator(mode="after")
+    def _options_of_the_kind(self):
+        if self.num_modules is None:
+            return self
+        from specheads.heads.registry import head_kind, head_kinds  # torch: only where the option is set
+
+        def has(kind: str, option: str) -> bool:
+            return option in getattr(head_kind(kind).config, "__dataclass_fields__", {})
+
+        if not has(self.kind, "num_modules"):
+            takers = [k for k in head_kinds() if has(k, "num_modules")]
+            raise ValueError(f"head.num_modules={self.num_modules} does not apply to {self.kind} heads; it sets the "
+                             f"modules of {', '.join(takers)} heads (drop it, or set head.kind)")
+        return self
 
 
 class TrainSection(_Strict):

@@ -60,9 +60,11 @@ def kind_of(obj) -> HeadKind:
     name = getattr(obj, "kind", None)
     if isinstance(name, str):
         return head_kind(name)
-    for kind in _KINDS.values():
-        if isinstance(obj, kind.config):
-            return kind
+    # the most derived registered config class: a kind's config may subclass another's (MTPConfig an Eagle3Config)
+    for cls in type(obj).__mro__:
+        for kind in _KINDS.values():
+            if kind.config is cls:
+                return kind
     raise HeadKindError(f"{type(obj).__name__} is neither a head nor the config of a registered head kind "
                         f"({', '.join(_KINDS)})")
 

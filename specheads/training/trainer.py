@@ -229,7 +229,8 @@ class Trainer:
             head_cfg = head.config
         else:
             head_cfg = self.kind.config.for_target(
-                self.target, int(data.d2t.numel()), cfg.target.layer_ids, intermediate_size=cfg.head.intermediate_size
+                self.target, int(data.d2t.numel()), cfg.target.layer_ids, intermediate_size=cfg.head.intermediate_size,
+                num_modules=cfg.head.num_modules,
             )
             torch.manual_seed(cfg.train.seed)
             head = self.kind.module(head_cfg)
@@ -295,6 +296,9 @@ class Trainer:
         size = getattr(hc, "intermediate_size", None)
         if cfg.head.intermediate_size is not None and cfg.head.intermediate_size != size:
             problems.append(f"head.intermediate_size={cfg.head.intermediate_size}, the head has {size}")
+        modules = getattr(hc, "num_modules", None)
+        if cfg.head.num_modules is not None and cfg.head.num_modules != modules:
+            problems.append(f"head.num_modules={cfg.head.num_modules}, the head has {modules}")
         if cfg.target.layer_ids is not None and list(cfg.target.layer_ids) != list(hc.target_layer_ids):
             problems.append(f"target.layer_ids={cfg.target.layer_ids}, the head reads {hc.target_layer_ids}")
         if problems:
@@ -384,11 +388,12 @@ class Trainer:
                 st = self.head_loss(embed, ids, mask, aux, hidden, self.teacher_weight.to(dt), outputs=unrolled)
                 cc, accept = chain_acceptance(self.head, embed, ids, mask, aux, hidden,
                                               self.target.lm_head.weight.to(dt), steps, outputs=unrolled)
-            for k in range(steps):
+            depth = len(unrolled)  # ttt_steps, or fewer for a kind of fixed depth (MTP modules, Medusa heads)
+            for k in range(depth):
                 loss[k] += float(st.step_loss[k]) * st.rows
                 correct[k] += float(st.step_correct[k])
                 counted[k] += st.step_rows[k]
-            chain_correct += cc.double().cpu()
+            chain_correct[:depth] += cc.double().cpu()
             accept_sum += float(accept.double().sum())
             accept_n += int(accept.numel())
             # accept[i] belongs to the i-th row of chain_acceptance's base (next-next token an answer's)
@@ -397,6 +402,7 @@ class Trainer:
             open_n += int(opening.sum())
         self.head.train()
         n0 = max(counted[0].item(), 1)
+        loss, correct, counted, chain_correct = loss[:depth], correct[:depth], counted[:depth], chain_correct[:depth]
         return {
             "eval/loss": [round(x, 4) for x in (loss / n0).tolist()],
             "eval/acc": [round(x, 4) for x in (correct / counted.clamp(min=1)).tolist()],
@@ -616,7 +622,8 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
             if not bad_ranks and (done % cfg.train.log_every == 0 or done == self.total_steps or done == start + 1):
                 # every rank logs at the same steps: average over ranks so curves compare across world sizes
-                k_steps = cfg.train.ttt_steps
+                # the unroll's outputs: ttt_steps, or fewer for a kind of fixed depth (MTP modules, Medusa heads)
+                k_steps = len(step_stats[0].step_correct)
                 local = torch.tensor(
                     [sum(float(s.loss.detach()) for s in step_stats) / len(step_stats), sum(s.rows for s in step_stats)]
                     + [sum(float(s.step_correct[k]) for s in step_stats) for k in range(k_steps)]
@@ -691,6 +698,7 @@ def evaluate_head(head_dir: str, data_dir: str, target: str | None = None, rows:
     cfg = load_config(None, ["train.deepspeed=null", f"train.ttt_steps={ttt_steps}"], **{
         "head.kind": head.kind, "data.path": data_dir, "data.eval_max_rows": rows, "train.batch_size": batch_size,
         "target.layer_ids": list(head.config.target_layer_ids), "output_dir": str(Path(head_dir) / ".eval"),
+        "head.num_modules": getattr(head.config, "num_modules", None),
         **({"target.path": target} if target else {})})
     t = Trainer(cfg)
     t.setup()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -57,16 +58,29 @@ def _launch(script, out, target_dir, data_dir, *overrides, ds_config="configs/ds
     return proc, proc.stdout[-4000:] + "\n" + proc.stderr[-4000:]
 
 
-@pytest.mark.parametrize("ds_config", ["configs/ds_zero1.json", "configs/ds_zero2.json"], ids=["zero1", "zero2"])
-def test_deepspeed_two_processes(tmp_path, tiny_target_dir, prepared_dir, ds_config):
+# an MTP head of 2 modules, unrolled for 3 steps: its records hold one entry per module on every rank
+MTP = ("head.kind=mtp", "head.num_modules=2", "train.ttt_steps=3")
+
+
+@pytest.mark.parametrize("ds_config, head", [("configs/ds_zero1.json", ()), ("configs/ds_zero2.json", ()),
+                                             ("configs/ds_zero2.json", MTP)], ids=["zero1", "zero2", "zero2-mtp"])
+def test_deepspeed_two_processes(tmp_path, tiny_target_dir, prepared_dir, ds_config, head):
     out = tmp_path / "run"
-    proc, log = _launch("train/train.py", out, tiny_target_dir, prepared_dir, ds_config=ds_config)
+    proc, log = _launch("train/train.py", out, tiny_target_dir, prepared_dir, *head, ds_config=ds_config)
     assert proc.returncode == 0, log
     assert "DeepSpeed " + ds_config in proc.stdout
     assert "2 procs" in proc.stdout
     assert (out / "final" / "model.safetensors").is_file(), log
     rows = train_records(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
+    if head:
+        from specheads.heads.format import load_head
+        from specheads.heads.mtp import MTPHead
+
+        assert isinstance(load_head(out / "final"), MTPHead)
+        assert load_head(out / "final").config.num_modules == 2
+        assert all(len(r["acc"]) == 2 for r in rows)
+        assert len(json.loads((out / "train_summary.json").read_text())["eval/acc"]) == 2
     ckpt = out / "checkpoints" / "step_2"
     assert (ckpt / "done").read_text() == "2"
     assert any(ckpt.iterdir())
@@ -76,7 +90,7 @@ def test_deepspeed_two_processes(tmp_path, tiny_target_dir, prepared_dir, ds_con
     from specheads.training.data import epoch_batches
     from specheads.training.trainer import Trainer
 
-    trainer = Trainer(train_config(tiny_target_dir, prepared_dir, tmp_path / "plain", *OVERRIDES))
+    trainer = Trainer(train_config(tiny_target_dir, prepared_dir, tmp_path / "plain", *OVERRIDES, *head))
     trainer.setup()
     lengths = [len(x) for x in trainer.data.train_ids]
     losses, n_rows = [], 0
