@@ -32,8 +32,10 @@ class DataSection(_Strict):
 class HeadSection(_Strict):
     kind: str = "eagle3"  # a registered head kind (specheads.heads.registry)
     intermediate_size: int | None = None  # None: the target's
-    # modules of an MTP head (the kinds whose config has `num_modules`); None: the kind's default
-    num_modules: int | None = Field(None, ge=1, le=16)
+    # shape options of the kinds that have them (None: the kind's default)
+    num_modules: int | None = Field(None, ge=1, le=16)  # MTP: sequential modules
+    num_heads: int | None = Field(None, ge=1, le=16)  # Medusa: heads, one a draft depth
+    num_layers: int | None = Field(None, ge=1, le=8)  # Medusa: residual blocks a head
 
     @field_validator("kind")
     @classmethod
@@ -46,19 +48,27 @@ class HeadSection(_Strict):
 
     @model_validator(mode="after")
     def _options_of_the_kind(self):
-        if self.num_modules is None:
+        given = {name: getattr(self, name) for name in SHAPE_OPTIONS if getattr(self, name) is not None}
+        if not given:
             return self
-        from specheads.heads.registry import head_kind, head_kinds  # torch: only where the option is set
+        from specheads.heads.registry import head_kind, head_kinds  # torch: only where an option is set
 
         def has(kind: str, option: str) -> bool:
             return option in getattr(head_kind(kind).config, "__dataclass_fields__", {})
 
-        if not has(self.kind, "num_modules"):
-            takers = [k for k in head_kinds() if has(k, "num_modules")]
-            raise ValueError(f"head.num_modules={self.num_modules} does not apply to {self.kind} heads; it sets the "
-                             f"modules of {', '.join(takers)} heads (drop it, or set head.kind)")
+        for name, value in given.items():
+            if not has(self.kind, name):
+                takers = [k for k in head_kinds() if has(k, name)]
+                raise ValueError(f"head.{name}={value} does not apply to {self.kind} heads; it sets "
+                                 f"{', '.join(takers)} heads (drop it, or set head.kind)")
         return self
 
+    def shape_options(self) -> dict:
+        """The kind's shape options that are set, for its config's for_target."""
+        return {name: getattr(self, name) for name in SHAPE_OPTIONS if getattr(self, name) is not None}
+
+
+SHAPE_OPTIONS = ("num_modules", "num_heads", "num_layers")
 
 class TrainSection(_Strict):
     mode: Literal["online", "offline"] = "online"

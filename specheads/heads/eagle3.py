@@ -90,6 +90,10 @@ class Eagle3Config:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         return self
 
+    def fixed_depth(self) -> int | None:
+        """Draft depths fixed by the head's shape (None: one layer unrolled to any depth)."""
+        return None
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -14,6 +14,8 @@ config: the config class (a dataclass is simplest).
     Config.from_hf(raw) -> cfg               a folder without specheads.json (written by another tool)
     Config.for_target(target, draft_vocab_size, layer_ids, **overrides) -> cfg
                                              a fresh head for the trainer (None overrides are ignored)
+    cfg.fixed_depth() -> int | None          draft depths fixed by the head's shape (MTP modules, Medusa
+                                             heads; None: any depth); the trainer unrolls at least these
     cfg.target_layer_ids                     the target decoder layers whose outputs the head reads
     cfg.draft_vocab_size, cfg.hidden_size    reported by the trainer, compared by `specheads eval`
 module: the nn.Module class, built as module(cfg); its class attribute `kind` is the entry's name.
@@ -84,7 +86,7 @@ class HeadKind:
                             f"export formats ({sorted(self.exporters)})")
         if self.drafter and self.drafter.count(":") != 1:
             problems.append(f"drafter {self.drafter!r} is not 'package.module:Class'")
-        for hook in ("from_dict", "to_dict", "from_hf", "to_hf", "for_target"):
+        for hook in ("from_dict", "to_dict", "from_hf", "to_hf", "for_target", "fixed_depth"):
             if not hasattr(self.config, hook):
                 problems.append(f"config {self.config.__name__} has no {hook}")
         if problems:

@@ -73,6 +73,10 @@ class MedusaConfig:
     def from_dict(cls, d: dict) -> "MedusaConfig":
         return cls(**d)
 
+    def fixed_depth(self) -> int:
+        """Draft depths the head has (the trainer unrolls every one)."""
+        return self.num_heads
+
     def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
         return {
             "architectures": [ARCHITECTURE],

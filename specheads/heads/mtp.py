@@ -53,6 +53,10 @@ class MTPConfig(Eagle3Config):
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         return self
 
+    def fixed_depth(self) -> int:
+        """Draft depths the head has (the trainer unrolls every one)."""
+        return self.num_modules
+
     def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
         rope = dict(self.rope_parameters)
         return {

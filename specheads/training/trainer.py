@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specheads.config import RunConfig
+from specheads.config import SHAPE_OPTIONS, RunConfig
 from specheads.heads.format import HeadFormatError, load_head, save_head
 from specheads.heads.registry import HeadKindError, head_kind
 from specheads.training.checkpoints import (
@@ -230,7 +230,7 @@ class Trainer:
         else:
             head_cfg = self.kind.config.for_target(
                 self.target, int(data.d2t.numel()), cfg.target.layer_ids, intermediate_size=cfg.head.intermediate_size,
-                num_modules=cfg.head.num_modules,
+                **cfg.head.shape_options(),
             )
             torch.manual_seed(cfg.train.seed)
             head = self.kind.module(head_cfg)
@@ -241,6 +241,11 @@ class Trainer:
         rows = self.head.target_rows()
         self.teacher_weight = self.target.lm_head.weight[rows].detach()
         self.layer_ids = head_cfg.target_layer_ids
+        depth = head_cfg.fixed_depth()
+        if depth is not None and cfg.train.ttt_steps < depth:
+            raise TrainingError(f"train.ttt_steps={cfg.train.ttt_steps} would train {cfg.train.ttt_steps} of this "
+                                f"{self.kind.title} head's {depth} draft depths (the others stay random): set "
+                                f"train.ttt_steps >= {depth}")
         # schedule
         n_batches = len(epoch_batches([len(x) for x in data.train_ids], cfg.train.batch_size, cfg.train.seed, 0,
                                       self.rank, self.world))
@@ -296,9 +301,9 @@ class Trainer:
         size = getattr(hc, "intermediate_size", None)
         if cfg.head.intermediate_size is not None and cfg.head.intermediate_size != size:
             problems.append(f"head.intermediate_size={cfg.head.intermediate_size}, the head has {size}")
-        modules = getattr(hc, "num_modules", None)
-        if cfg.head.num_modules is not None and cfg.head.num_modules != modules:
-            problems.append(f"head.num_modules={cfg.head.num_modules}, the head has {modules}")
+        for name, value in cfg.head.shape_options().items():
+            if value != getattr(hc, name, None):
+                problems.append(f"head.{name}={value}, the head has {getattr(hc, name, None)}")
         if cfg.target.layer_ids is not None and list(cfg.target.layer_ids) != list(hc.target_layer_ids):
             problems.append(f"target.layer_ids={cfg.target.layer_ids}, the head reads {hc.target_layer_ids}")
         if problems:
@@ -698,7 +703,7 @@ def evaluate_head(head_dir: str, data_dir: str, target: str | None = None, rows:
     cfg = load_config(None, ["train.deepspeed=null", f"train.ttt_steps={ttt_steps}"], **{
         "head.kind": head.kind, "data.path": data_dir, "data.eval_max_rows": rows, "train.batch_size": batch_size,
         "target.layer_ids": list(head.config.target_layer_ids), "output_dir": str(Path(head_dir) / ".eval"),
-        "head.num_modules": getattr(head.config, "num_modules", None),
+        **{f"head.{name}": getattr(head.config, name) for name in SHAPE_OPTIONS if hasattr(head.config, name)},
         **({"target.path": target} if target else {})})
     t = Trainer(cfg)
     t.setup()

@@ -72,3 +72,30 @@ def test_vllm_export_refuses_a_draft_vocabulary(tmp_path, target):
         export_head(_saved(tmp_path, head), "vllm", tmp_path / "vllm")
     with pytest.raises(HeadKindError, match="'sglang' is not one of medusa heads' formats: vllm"):
         export_head(tmp_path / "medusa", "sglang", tmp_path / "sg")
+
+
+def test_medusa_trains_through_the_cli(tmp_path, tiny_target_dir, prepared_dir):
+    """head.kind=medusa with its shape options; every head trained (ttt_steps below the head count
+    is refused), one metric entry per head."""
+    from specheads.cli import main
+    from specheads.heads.medusa import MedusaHead
+
+    out = tmp_path / "run"
+    common = ["train", "--target", str(tiny_target_dir), "--data", str(prepared_dir), "--output-dir", str(out),
+              "--set", "train.deepspeed=null", "--set", "head.kind=medusa", "--set", "head.num_heads=2",
+              "--set", "head.num_layers=1", "--set", "train.batch_size=2"]
+    assert main(common + ["--max-steps", "1", "--set", "train.ttt_steps=1"]) == 2
+    assert main(common + ["--max-steps", "6", "--set", "train.ttt_steps=2"]) == 0
+    head = load_head(out / "final")
+    assert isinstance(head, MedusaHead) and head.config.num_heads == 2
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert len(summary["eval/acc"]) == 2
+
+
+def test_shape_options_must_fit_the_kind():
+    from specheads.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"head.num_heads=2 does not apply to mtp heads; it sets medusa heads"):
+        load_config(None, ["head.kind=mtp", "head.num_heads=2"])
+    with pytest.raises(ConfigError, match=r"head.num_modules=2 does not apply to eagle3 heads; it sets mtp heads"):
+        load_config(None, ["head.num_modules=2"])

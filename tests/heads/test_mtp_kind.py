@@ -56,7 +56,8 @@ def test_cli_trains_an_mtp_head(run):
     meta = json.loads((run / "final" / "specheads.json").read_text())
     assert meta["kind"] == "mtp" and meta["config"]["num_modules"] == MODULES
     assert meta["config"]["target_layer_ids"] == [TINY_LAYERS]  # the final hidden state, after the target's norm
-    assert meta["run_config"]["head"] == {"kind": "mtp", "intermediate_size": None, "num_modules": MODULES}
+    assert meta["run_config"]["head"] == {"kind": "mtp", "intermediate_size": None, "num_modules": MODULES,
+                                          "num_heads": None, "num_layers": None}
     assert _summary(run)["steps"] == STEPS
 
 
@@ -233,7 +234,8 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path, tiny_target_dir, 
             assert r["loss"] == pytest.approx(ref_rows[r["step"]], abs=1e-4)
     # a checkpoint of 2 modules does not half-load into a head of 3
     with pytest.raises(TrainingError, match=r"another head/target.*num_modules: checkpoint 2 vs now 3"):
-        train(train_config(tiny_target_dir, prepared_dir, run, *args, "head.num_modules=3", "train.max_steps=6"))
+        train(train_config(tiny_target_dir, prepared_dir, run, *args, "head.num_modules=3", "train.ttt_steps=3",
+                           "train.max_steps=6"))
 
 
 # ------------------------------------------------------------------ the run config's head.num_modules
@@ -241,8 +243,7 @@ def test_num_modules_is_a_head_option_of_mtp_only(tiny_target_dir, small_prepare
     assert load_config(None, list(MTP)).head.num_modules == MODULES
     assert load_config(None, ["head.kind=mtp"]).head.num_modules is None  # the kind's default
     assert load_config(None).head.num_modules is None
-    with pytest.raises(ConfigError, match=r"head.num_modules=2 does not apply to eagle3 heads; it sets the modules "
-                                          r"of mtp heads"):
+    with pytest.raises(ConfigError, match=r"head.num_modules=2 does not apply to eagle3 heads; it sets mtp heads"):
         load_config(None, [f"head.num_modules={MODULES}"])
     for bad in ("0", "17", "two"):
         with pytest.raises(ConfigError, match=r"head.num_modules: "):

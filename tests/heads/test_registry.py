@@ -37,6 +37,9 @@ class ToyConfig:
                    target_hidden_size=spec.hidden_size,
                    target_layer_ids=list(layer_ids or [spec.num_hidden_layers - 1]))
 
+    def fixed_depth(self):
+        return None
+
     def to_dict(self) -> dict:
         return asdict(self)
 
