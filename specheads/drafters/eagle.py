@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from specheads.drafters import DrafterError, DraftSetup
+from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.heads.registry import head_kind
+from specheads.drafters.common import check_head_setup
 from specheads.kernels.draft import feed_inputs, select_tree, topk_expand
 from specheads.kernels.fused import embedding
 from specheads.kernels.path import take_path
@@ -48,12 +48,7 @@ class Eagle3Drafter(Drafter):
 
     @classmethod
     def from_setup(cls, setup: DraftSetup) -> "Eagle3Drafter":
-        problems = head_kind(setup.head.kind).mismatches(setup.head.config, setup.target.spec)
-        if problems:
-            raise DrafterError("draft head does not match the target: " + "; ".join(problems))
-        unknown = set(setup.options) - {"lm_head_int8"}
-        if unknown:
-            raise DrafterError(f"unknown {setup.head.kind} drafter options {sorted(unknown)}; known: ['lm_head_int8']")
+        check_head_setup(setup, static_trees=True)
         return cls(setup.head, setup.target.embed_tokens, setup.num_steps, setup.topk, setup.num_draft_tokens,
                    setup.static_tree, **setup.options)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from specheads.drafters import DrafterError, DraftSetup
+from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.heads.registry import head_kind
-from specheads.kernels.draft import select_tree, topk_expand
+from specheads.drafters.common import CandidatePool, check_head_setup
+from specheads.kernels.draft import topk_expand
 from specheads.runtime.tree import Tree
 
 
@@ -26,19 +26,13 @@ class MedusaDrafter(Drafter):
         self.head = head
         self.depth = self.steps = min(num_steps, head.config.num_heads)
         self.topk = topk
-        n_pool = topk + (self.steps - 1) * topk * topk
-        self.num_draft = self.steps if topk == 1 else min(num_draft_tokens or n_pool, n_pool)
+        self.pool = CandidatePool(self.steps, topk, num_draft_tokens)
+        self.num_draft = self.pool.num_draft
         self.needs = Needs(capture_layers=tuple(head.config.target_layer_ids))
 
     @classmethod
     def from_setup(cls, setup: DraftSetup) -> "MedusaDrafter":
-        problems = head_kind(setup.head.kind).mismatches(setup.head.config, setup.target.spec)
-        if problems:
-            raise DrafterError("draft head does not match the target: " + "; ".join(problems))
-        if setup.static_tree:
-            raise DrafterError("Medusa heads draft dynamic trees or chains (topk 1); static trees are not supported")
-        if set(setup.options) - {"lm_head_int8"}:
-            raise DrafterError(f"unknown medusa drafter options {sorted(set(setup.options) - {'lm_head_int8'})}")
+        check_head_setup(setup)
         return cls(setup.head, setup.num_steps, setup.topk, setup.num_draft_tokens)
 
     def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
@@ -46,12 +40,7 @@ class MedusaDrafter(Drafter):
 
     def allocate(self, rows: int, cap: int, device, dtype) -> None:
         self.feature = torch.zeros(rows, 1, self.head.config.target_hidden_size, device=device, dtype=dtype)
-        k = self.topk
-        self.pool_depth = torch.tensor([1] * k + [d for d in range(2, self.steps + 1) for _ in range(k * k)],
-                                       device=device)
-        self.zero_score = torch.zeros(rows, 1, dtype=torch.float32, device=device)
-        self.no_parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
-        self.all_valid = torch.ones(rows, self.num_draft + 1, dtype=torch.bool, device=device)
+        self.pool.allocate(rows, device)
 
     def state(self) -> list[torch.Tensor]:
         return [self.feature]
@@ -78,11 +67,8 @@ class MedusaDrafter(Drafter):
         dev = roots.device
         feats = head.features(self.feature[:b])  # per head [b, 1, H]
         target_ids = head.target_ids()
-        n_pool = self.pool_depth.numel()
-        pool_tok = torch.empty(b, n_pool, dtype=torch.long, device=dev)
-        pool_score = torch.empty(b, n_pool, dtype=torch.float32, device=dev)
-        pool_parent = torch.empty(b, n_pool, dtype=torch.long, device=dev)
-        front_score, front_pool = self.zero_score[:b], self.no_parent[:b]
+        pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)
+        front_score, front_pool = self.pool.zero_score[:b], self.pool.no_parent[:b]
         off, width = 0, 1
         for d in range(self.steps):
             # the same logits under every frontier node
@@ -92,6 +78,4 @@ class MedusaDrafter(Drafter):
                 logits, front_score, front_pool, k, target_ids, pool_tok[:, off: off + n], pool_score[:, off: off + n],
                 pool_parent[:, off: off + n], off, None, None, ctx.kv, 0)[:4]
             off, width = off + n, k
-        tokens, parents, depths, ranks = select_tree(roots, pool_tok, pool_score, pool_parent,
-                                                     self.pool_depth.expand(b, -1), self.num_draft)
-        return Tree(tokens, parents, depths, self.all_valid[:b], self.steps, ranks)
+        return self.pool.tree(roots, pool)

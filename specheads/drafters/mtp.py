@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from specheads.drafters import DrafterError, DraftSetup
+from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.heads.registry import head_kind
-from specheads.kernels.draft import select_tree, topk_expand
+from specheads.drafters.common import CandidatePool, check_head_setup
+from specheads.kernels.draft import topk_expand
 from specheads.modules import gqa_attention
 from specheads.runtime.tree import Tree
 
@@ -38,8 +38,8 @@ class MTPDrafter(Drafter):
         self.modules = cfg.num_modules
         self.depth = self.steps = min(num_steps, self.modules)
         self.topk = topk
-        n_pool = topk + (self.steps - 1) * topk * topk
-        self.num_draft = self.steps if topk == 1 else min(num_draft_tokens or n_pool, n_pool)
+        self.pool = CandidatePool(self.steps, topk, num_draft_tokens)
+        self.num_draft = self.pool.num_draft
         self.needs = Needs(capture_layers=tuple(cfg.target_layer_ids))
         self.window = 2 * self.modules + 2  # a step accepts at most depth + 1 tokens; module d lags d
         self.ring = self.window + 2
@@ -47,13 +47,7 @@ class MTPDrafter(Drafter):
 
     @classmethod
     def from_setup(cls, setup: DraftSetup) -> "MTPDrafter":
-        problems = head_kind(setup.head.kind).mismatches(setup.head.config, setup.target.spec)
-        if problems:
-            raise DrafterError("draft head does not match the target: " + "; ".join(problems))
-        if setup.static_tree:
-            raise DrafterError("MTP heads draft dynamic trees or chains (topk 1); static trees are not supported")
-        if set(setup.options) - {"lm_head_int8"}:
-            raise DrafterError(f"unknown mtp drafter options {sorted(set(setup.options) - {'lm_head_int8'})}")
+        check_head_setup(setup)
         return cls(setup.head, setup.target.embed_tokens, setup.num_steps, setup.topk, setup.num_draft_tokens)
 
     def prepare(self, device) -> None:
@@ -77,12 +71,7 @@ class MTPDrafter(Drafter):
         self.feats = torch.zeros(rows, self.ring + 1, feat, device=device, dtype=dtype)  # last index: discard
         self.tokens = torch.zeros(rows, self.ring + 1, dtype=torch.long, device=device)
         self.offsets = torch.arange(self.window, device=device) - self.window  # window positions - L
-        k = self.topk
-        self.pool_depth = torch.tensor([1] * k + [d for d in range(2, self.steps + 1) for _ in range(k * k)],
-                                       device=device)
-        self.zero_score = torch.zeros(rows, 1, dtype=torch.float32, device=device)
-        self.no_parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
-        self.all_valid = torch.ones(rows, self.num_draft + 1, dtype=torch.bool, device=device)
+        self.pool.allocate(rows, device)
 
     def state(self) -> list[torch.Tensor]:
         return [self.length, self.feats, self.tokens]
@@ -197,13 +186,10 @@ class MTPDrafter(Drafter):
         width = kv + self._room()
         cols = torch.arange(width, device=dev)
         target_ids = head.target_ids()
-        n_pool = self.pool_depth.numel()
-        pool_tok = torch.empty(b, n_pool, dtype=torch.long, device=dev)
-        pool_score = torch.empty(b, n_pool, dtype=torch.float32, device=dev)
-        pool_parent = torch.empty(b, n_pool, dtype=torch.long, device=dev)
+        pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)
         logits = head.logits(parent_out).float()  # [b, 1, Vd]
         front_tok, front_score, parent, front_pool = topk_expand(
-            logits, self.zero_score[:b], self.no_parent[:b], k, target_ids, pool_tok[:, :k], pool_score[:, :k],
+            logits, self.pool.zero_score[:b], self.pool.no_parent[:b], k, target_ids, pool_tok[:, :k], pool_score[:, :k],
             pool_parent[:, :k], 0, None, None, kv, 0)[:4]
         hidden = parent_out.expand(b, k, -1)
         pos = (length - 1).clamp(min=0)[:, None].expand(b, k)
@@ -221,6 +207,4 @@ class MTPDrafter(Drafter):
                 None, None, kv, 0)[:4]
             hidden = out.gather(1, parent[:, :, None].expand(-1, -1, out.shape[-1]))
             off += n
-        tokens, parents, depths, ranks = select_tree(roots, pool_tok, pool_score, pool_parent,
-                                                     self.pool_depth.expand(b, -1), self.num_draft)
-        return Tree(tokens, parents, depths, self.all_valid[:b], self.steps, ranks)
+        return self.pool.tree(roots, pool)

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from specheads.heads.draft_vocab import DraftVocab
+
 TITLE = "Medusa"
 ARCHITECTURE = "MedusaModel"
 
@@ -167,7 +169,7 @@ class _Block(nn.Module):
         return x
 
 
-class MedusaHead(nn.Module):
+class MedusaHead(DraftVocab, nn.Module):
     kind = "medusa"
 
     def __init__(self, cfg: MedusaConfig):
@@ -176,29 +178,10 @@ class MedusaHead(nn.Module):
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.num_heads))
         self.lm_heads = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
                                       for _ in range(cfg.num_heads))
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
-        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
-                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self._init_draft_vocab(cfg)
 
     def fuse_for_inference(self, lm_head_int8: bool = False) -> "MedusaHead":
         return self
-
-    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
-            raise ValueError(
-                f"vocab map shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} do not match the head's "
-                f"draft_vocab_size {self.config.draft_vocab_size} and vocab_size {self.config.vocab_size}")
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    def target_rows(self) -> torch.Tensor:
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
-
-    def target_ids(self) -> torch.Tensor:
-        return self.target_rows()
-
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.target_rows()[draft_ids]
 
     def features(self, hidden: torch.Tensor) -> list[torch.Tensor]:
         """Each head's features of the target's hidden state."""

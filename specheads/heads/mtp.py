@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specheads.heads.draft_vocab import DraftVocab
+
 from specheads.heads.eagle3 import Eagle3Config
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
 
@@ -206,7 +208,7 @@ class MTPModule(nn.Module):
         return self.shared_head.norm(x + self.mlp(self.post_attention_layernorm(x)))
 
 
-class MTPHead(nn.Module):
+class MTPHead(DraftVocab, nn.Module):
     kind = "mtp"
 
     def __init__(self, cfg: MTPConfig):
@@ -214,31 +216,12 @@ class MTPHead(nn.Module):
         self.config = cfg.validate()
         self.layers = nn.ModuleList(MTPModule(cfg) for _ in range(cfg.num_modules))
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
-        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
-                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self._init_draft_vocab(cfg)
         inv_freq, scaling = rope_inv_freq(cfg.rope_config())
         self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
 
     def fuse_for_inference(self, lm_head_int8: bool = False) -> "MTPHead":
         return self  # drafts on the torch modules (one CUDA graph per step all the same)
-
-    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
-            raise ValueError(
-                f"vocab map shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} do not match the head's "
-                f"draft_vocab_size {self.config.draft_vocab_size} and vocab_size {self.config.vocab_size}")
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    def target_rows(self) -> torch.Tensor:
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
-
-    def target_ids(self) -> torch.Tensor:
-        return self.target_rows()
-
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.target_rows()[draft_ids]
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Draft logits of a module's normed output (`normed`)."""

@@ -1,0 +1,53 @@
+"""What the head drafters share: checking a head against the target and the options given,
+and the candidate pool of a dynamic (EAGLE-2-style) tree."""
+
+from __future__ import annotations
+
+import torch
+
+from specheads.drafters import DrafterError, DraftSetup
+from specheads.heads.registry import head_kind
+from specheads.kernels.draft import select_tree
+from specheads.runtime.tree import Tree
+
+
+def check_head_setup(setup: DraftSetup, options=("lm_head_int8",), static_trees: bool = False) -> None:
+    """The head fits the target, and the setup asks only for what its drafter does."""
+    kind = head_kind(setup.head.kind)
+    problems = kind.mismatches(setup.head.config, setup.target.spec)
+    if problems:
+        raise DrafterError("draft head does not match the target: " + "; ".join(problems))
+    if setup.static_tree and not static_trees:
+        raise DrafterError(f"{kind.title} heads draft dynamic trees or chains (topk 1); static trees are not supported")
+    unknown = set(setup.options) - set(options)
+    if unknown:
+        raise DrafterError(f"unknown {kind.name} drafter options {sorted(unknown)}; known: {sorted(options)}")
+
+
+class CandidatePool:
+    """A dynamic tree's candidates: the root's k children, then k * k children of a depth's k
+    frontier nodes per deeper depth; the tree keeps the `num_draft` best by summed
+    log-probability (kernels.draft.topk_expand fills the pool, select_tree picks)."""
+
+    def __init__(self, steps: int, topk: int, num_draft_tokens: int | None):
+        self.steps, self.topk = steps, topk
+        self.size = topk + (steps - 1) * topk * topk
+        self.num_draft = steps if topk == 1 else min(num_draft_tokens or self.size, self.size)
+
+    def allocate(self, rows: int, device) -> None:
+        k = self.topk
+        self.depth = torch.tensor([1] * k + [d for d in range(2, self.steps + 1) for _ in range(k * k)], device=device)
+        self.zero_score = torch.zeros(rows, 1, dtype=torch.float32, device=device)
+        self.no_parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
+        self.all_valid = torch.ones(rows, self.num_draft + 1, dtype=torch.bool, device=device)
+
+    def buffers(self, b: int, device):
+        """(tokens, scores, parents) of the pool for b rows, to be filled depth by depth."""
+        return (torch.empty(b, self.size, dtype=torch.long, device=device),
+                torch.empty(b, self.size, dtype=torch.float32, device=device),
+                torch.empty(b, self.size, dtype=torch.long, device=device))
+
+    def tree(self, roots: torch.Tensor, pool) -> Tree:
+        b = roots.shape[0]
+        tokens, parents, depths, ranks = select_tree(roots, *pool, self.depth.expand(b, -1), self.num_draft)
+        return Tree(tokens, parents, depths, self.all_valid[:b], self.steps, ranks)
