@@ -384,3 +384,36 @@ def test_best_of_returns_the_candidates_of_highest_mean_logprob(served, client):
     assert [c.text for c in two] == [cands[i].text for i in sorted(range(3), key=lambda i: -mean[i])[:2]]
     with pytest.raises(openai.BadRequestError, match="best_of"):
         client.completions.create(n=2, best_of=1, **kw)
+
+
+# ------------------------------------------------------------------ other head kinds
+@pytest.mark.parametrize("kind, size", [("mtp", {"num_modules": 3}), ("medusa", {"num_heads": 3, "steps": 80})])
+def test_a_server_with_an_mtp_or_medusa_head_answers_with_the_targets_text(served, kind, size):
+    """The head's kind picks its drafter: concurrent chat requests, streamed and not, give the
+    target's own greedy text, with drafts accepted."""
+    _, model, tok, _ = served
+    head = train_head(model, [chat_ids(tok, q) for q in QUESTIONS], new_tokens=NEW + 4,
+                      draft_vocab=min(200, len(tok)), kind=kind, **size)
+    engine = SpecEngine(model, head, num_steps=3, topk=2, num_draft_tokens=6, max_len=MAX_LEN, max_batch=4)
+    assert engine.method == kind
+    app = create_app(engine, tok, ServerConfig(MODEL, api_key=KEY, max_queue=64, request_timeout=120))
+    with running_server(app) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+        questions = QUESTIONS[:4]
+        results = [None] * len(questions)
+
+        def ask(i):
+            results[i] = chat(client, questions[i])
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(questions))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        accepted = 0
+        for q, full in zip(questions, results):
+            text, n, _ = greedy(served, chat_ids(tok, q))
+            assert full.choices[0].message.content == text and full.usage.completion_tokens == n
+            accepted += full.model_extra["speculation"]["accepted_tokens"]
+        assert streamed_chat(client, questions[0])[0] == greedy(served, chat_ids(tok, questions[0]))[0]
+        assert accepted > 0
