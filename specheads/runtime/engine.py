@@ -62,11 +62,29 @@ class EngineError(ValueError):
 
 @dataclass
 class SpecControl:
-    """Per-request speculation: off, or a shallower / smaller tree than the engine's."""
+    """Per-request speculation: off, or a shallower / smaller tree than the engine's.
 
-    enabled: bool = True
+    enabled "auto": the request drafts while its acceptance (accepted / drafted tokens, an
+    exponential average over `window` drafting steps) stays at or above `min_acceptance`;
+    below it, its row verifies only its next token (in the same step as the others) and
+    drafts again for a probe after `probe_every` such steps."""
+
+    enabled: bool | str = True
     num_steps: int | None = None
     num_draft_tokens: int | None = None
+    min_acceptance: float = 0.3
+    window: int = 8
+    probe_every: int = 32
+
+    def validate(self) -> "SpecControl":
+        if self.enabled not in (True, False, "auto"):
+            raise InvalidRequest(f"speculation.enabled must be true, false or \"auto\", got {self.enabled!r}")
+        if not 0.0 <= self.min_acceptance <= 1.0:
+            raise InvalidRequest(f"speculation.min_acceptance must be in [0, 1], got {self.min_acceptance}")
+        for name in ("window", "probe_every"):
+            if not 1 <= getattr(self, name) <= 100_000:
+                raise InvalidRequest(f"speculation.{name} must be in 1..100000, got {getattr(self, name)}")
+        return self
 
 
 @dataclass
@@ -89,6 +107,9 @@ class StepOutput:
     accept_length: int = 0  # tokens this step produced (accepted drafts + the bonus); 1 for the prefill
     draft_depth: int = 0  # tree depth offered this step (0: no drafts)
     prefill: bool = False  # the first token, from the prompt's forward
+    # why the step verified no drafts for this request: "request" (speculation off), "auto"
+    # (its acceptance fell below min_acceptance); None while it drafts
+    no_draft_reason: str | None = None
     # per new token (requests that asked): (its log-probability, [(token, log-probability)] of the
     # top_logprobs most likely), from the target's raw distribution (before temperature / top-p)
     logprobs: list | None = None
@@ -115,8 +136,11 @@ class _Row:
     history: list[int]  # prompt + emitted tokens (host drafters read it)
     budget: int
     committed: int  # tokens in the target cache
-    speculate: bool = False  # the request wants drafts (and the engine has a drafter)
+    speculate: bool = False  # the row drafts (the request wants drafts, the engine has a drafter, auto-off is not on)
     emitted: int = 0
+    accept_ema: float | None = None  # enabled "auto": acceptance averaged over drafting steps
+    drafting_steps: int = 0  # steps that drafted since the last switch on
+    plain_steps: int = 0  # steps decoded without drafts since auto-off switched drafts off
     finished: bool = False  # left the engine (steps launched before that are dropped)
 
 
@@ -242,7 +266,7 @@ class SpecEngine:
                 f"{self.max_len} tokens")
         if request.top_logprobs is not None and not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {request.top_logprobs}")
-        spec = request.spec
+        spec = request.spec.validate()
         for name, value, cap in (("num_steps", spec.num_steps, self.num_steps),
                                  ("num_draft_tokens", spec.num_draft_tokens, self.num_draft_tokens)):
             if value is not None and not 1 <= value <= max(cap, 1):
@@ -251,7 +275,7 @@ class SpecEngine:
             raise EngineError(f"all {self.max_batch} rows are busy")
         self._allocate()
         row = _Row(self._next_handle, request, list(request.prompt), request.params.max_new_tokens, n,
-                   speculate=spec.enabled and self.drafter is not None)
+                   speculate=spec.enabled is not False and self.drafter is not None)
         self._next_handle += 1
         self.waiting.append(row)
         return row.handle
@@ -344,6 +368,10 @@ class SpecEngine:
             row.committed += n_acc
             new, reason = self._emit(row, res[5: 4 + n_acc] + [bonus])
             out = StepOutput(row.handle, new, reason, drafted, n_acc - 1, n_acc, res[3])
+            if not row.speculate:
+                out.no_draft_reason = "auto" if row.request.spec.enabled == "auto" else "request"
+            if row.request.spec.enabled == "auto" and self.drafter is not None and reason is None:
+                self._auto(row, drafted, n_acc - 1)
             if lp is not None and row.request.top_logprobs is not None:
                 out.logprobs = self._logprobs(row, lp[0][i], lp[1][i], lp[2][i], len(new))
             outputs.append(out)
@@ -351,6 +379,34 @@ class SpecEngine:
                 done.append(row)
         self._remove([self.rows.index(r) for r in done])
         return outputs
+
+    def _set_limits(self, index: int, row: _Row) -> None:
+        """Row `index`'s tree limits on the device: the request's (capped by the engine's), or no drafts."""
+        spec, n_draft = row.request.spec, self.tree_nodes - 1
+        on = row.speculate
+        self.depth_limit[index] = min(spec.num_steps or self.depth, self.depth) if on else 0
+        self.draft_limit[index] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
+
+    def _auto(self, row: _Row, drafted: int, accepted: int) -> None:
+        """enabled "auto": average the row's acceptance; switch drafting off below the threshold
+        (after a full window) and back on for a probe after probe_every plain steps. A step
+        already in flight keeps the limits it was launched with."""
+        spec = row.request.spec
+        if row.speculate:
+            if drafted == 0:
+                return
+            rate = accepted / drafted
+            a = 2.0 / (spec.window + 1)
+            row.accept_ema = rate if row.accept_ema is None else row.accept_ema + a * (rate - row.accept_ema)
+            row.drafting_steps += 1
+            if row.drafting_steps >= spec.window and row.accept_ema < spec.min_acceptance:
+                row.speculate, row.plain_steps = False, 0
+                self._set_limits(self.rows.index(row), row)
+        else:
+            row.plain_steps += 1
+            if row.plain_steps >= spec.probe_every:
+                row.speculate, row.accept_ema, row.drafting_steps = True, None, 0
+                self._set_limits(self.rows.index(row), row)
 
     @staticmethod
     def _logprobs(row: _Row, chosen: list, top_val: list, top_idx: list, n: int) -> list:
@@ -523,14 +579,11 @@ class SpecEngine:
         for i, r in enumerate(new):
             ids[i, : lengths[i]] = torch.as_tensor(r.request.prompt)
         lens = torch.tensor(lengths)
-        n_draft = self.tree_nodes - 1
         for i, r in enumerate(new):
-            p, spec = r.request.params, r.request.spec
+            p = r.request.params
             seed = p.seed if p.seed is not None else random.getrandbits(32)
             self.row_params.set_row(row0 + i, p, seed)
-            on = r.speculate
-            self.depth_limit[row0 + i] = min(spec.num_steps or self.depth, self.depth) if on else 0
-            self.draft_limit[row0 + i] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
+            self._set_limits(row0 + i, r)
         sampled = any(r.request.params.temperature > 0 for r in new)
         logprobs = any(r.request.top_logprobs is not None for r in new)
         if staged and self.use_graphs:

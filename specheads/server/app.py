@@ -182,7 +182,8 @@ def create_app(engine, tokenizer, config: ServerConfig) -> FastAPI:
             if value is not None and value > limit:
                 raise APIError(400, f"speculation.{name} {value} is above the server's limit {limit}",
                                param=f"speculation.{name}")
-        return SpecControl(enabled=spec.enabled, num_steps=spec.num_steps, num_draft_tokens=spec.num_draft_tokens)
+        return SpecControl(enabled=spec.enabled, num_steps=spec.num_steps, num_draft_tokens=spec.num_draft_tokens,
+                           min_acceptance=spec.min_acceptance, window=spec.window, probe_every=spec.probe_every)
 
     # ------------------------------------------------------------------ generation
     async def deltas(job: Job, stats: RequestStats, stops: list[str], arrival: float):

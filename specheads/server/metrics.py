@@ -32,6 +32,9 @@ class Metrics:
                                         ["position"], registry=r)
         self.position_accepted = Counter(p + "draft_position_accepted",
                                          "steps that accepted a draft token at this depth", ["position"], registry=r)
+        self.plain_steps = Counter(p + "steps_without_drafts", "per-request decode steps that verified no drafts, by "
+                                   "reason (request: speculation off; auto: acceptance below min_acceptance)",
+                                   ["reason"], registry=r)
         self.spec_steps = Counter(p + "spec_steps", "per-request speculative steps", registry=r)
         self.step_tokens = Counter(p + "spec_step_tokens", "tokens emitted by those steps (bonus included)",
                                    registry=r)
@@ -39,8 +42,11 @@ class Metrics:
                                         "tokens per step per request, since start", registry=r)
         self._steps = self._step_tokens = 0
 
-    def record_step(self, drafted: int, accepted: int, accept_length: int, draft_depth: int) -> None:
+    def record_step(self, drafted: int, accepted: int, accept_length: int, draft_depth: int,
+                    no_draft_reason: str | None = None) -> None:
         """One request's share of one engine step."""
+        if no_draft_reason is not None:
+            self.plain_steps.labels(reason=no_draft_reason).inc()
         self.drafted.inc(drafted)
         self.accepted.inc(accepted)
         for k in range(1, draft_depth + 1):

@@ -34,10 +34,16 @@ Float = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
 
 class SpeculationRequest(BaseModel):
-    """Extension: `"speculation": {"enabled": false}` or lower tree knobs than the server's."""
+    """Extension: `"speculation": {"enabled": false}` or lower tree knobs than the server's;
+    `"enabled": "auto"` drafts while the request's acceptance (accepted / drafted, averaged over
+    `window` steps) stays at or above `min_acceptance`, and probes again every `probe_every`
+    steps without drafts."""
 
     model_config = ConfigDict(extra="forbid")
-    enabled: StrictBool = True
+    enabled: StrictBool | Literal["auto"] = True
+    min_acceptance: Float = Field(default=0.3, ge=0.0, le=1.0)
+    window: Int = Field(default=8, ge=1, le=100_000)
+    probe_every: Int = Field(default=32, ge=1, le=100_000)
     method: StrictStr | None = None  # the server's method, or "off" / "ar" (= enabled false)
     num_steps: Int | None = Field(default=None, ge=1, le=1024)
     num_draft_tokens: Int | None = Field(default=None, ge=1, le=1 << 20)

@@ -417,3 +417,21 @@ def test_a_server_with_an_mtp_or_medusa_head_answers_with_the_targets_text(serve
             accepted += full.model_extra["speculation"]["accepted_tokens"]
         assert streamed_chat(client, questions[0])[0] == greedy(served, chat_ids(tok, questions[0]))[0]
         assert accepted > 0
+
+
+def test_auto_speculation_over_http(served, client):
+    """"enabled": "auto" with a threshold no draft can reach: the text is the target's, the
+    request soon decodes without drafts, and the metric counts those steps by reason."""
+    url, _, tok, _ = served
+    q = QUESTIONS[5]
+    text, n, _ = greedy(served, chat_ids(tok, q))
+    key = "specheads_steps_without_drafts_total" + json.dumps({"reason": "auto"})
+    before = metrics(url).get(key, 0)
+    body = {"speculation": {"enabled": "auto", "min_acceptance": 1.0, "window": 1, "probe_every": 100}}
+    full = chat(client, q, extra_body=body)
+    assert full.choices[0].message.content == text
+    assert metrics(url)[key] > before
+    for bad in ({"enabled": "sometimes"}, {"enabled": "auto", "min_acceptance": 2}, {"window": 0}):
+        r = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                       json={"model": MODEL, "messages": [{"role": "user", "content": q}], "speculation": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("speculation."), r.text
