@@ -20,12 +20,11 @@ from pathlib import Path
 
 import torch
 
-from specheads.heads.fetch import HEAD_FILES, REPO_ID, HubError, check_repo_id, resolve_head  # noqa: F401 (re-exported)
-from specheads.heads.format import CONFIG_FILE, META_FILE, load_head, save_head
+from specheads.heads.fetch import (DEFAULT_TARGET_HUB_ID, HEAD_FILES, REPO_ID, HubError, base_model_id,  # noqa: F401
+                                   check_repo_id, resolve_head)  # (re-exported)
+from specheads.heads.format import CONFIG_FILE, META_FILE, WEIGHTS_FILE, load_head, save_head
 from specheads.heads.registry import HeadKind, HeadKindError, head_kind, head_kinds, kind_of
-from specheads.target.loader import DEFAULT_TARGET, SMOLLM2_GGUF
 
-DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded GGUF's source
 # stands for the target in a launch command when its hub id is not known
 TARGET_PLACEHOLDER = "<path or hub id of the target>"
 
@@ -34,17 +33,6 @@ def export_formats(kind: str | None = None) -> tuple[str, ...]:
     """The export formats of one head kind, or of every registered kind."""
     kinds = [kind] if kind is not None else head_kinds()
     return tuple(dict.fromkeys(fmt for k in kinds for fmt in head_kind(k).exporters))
-
-
-def base_model_id(target: str | None) -> str | None:
-    """The target as a hub id, or None where it is a local path (or not recorded)."""
-    # the embedded default, by name or as its GGUF file staged elsewhere (e.g. on a GPU box)
-    if target == DEFAULT_TARGET or (target and Path(target).name == SMOLLM2_GGUF):
-        return DEFAULT_TARGET_HUB_ID
-    if (target and not Path(target).exists() and not target.startswith((".", "/", "~"))
-            and REPO_ID.fullmatch(target) and "--" not in target and ".." not in target):
-        return target
-    return None
 
 
 def _exporter(kind: HeadKind, fmt: str):
@@ -94,6 +82,12 @@ def export_head(src: str | Path, fmt: str, out: str | Path, dtype: torch.dtype |
     save_head(head, out, dtype, {k: v for k, v in meta.items() if k not in ("kind", "config", "layer_id_convention")},
               target_name=target_name)
     (out / CONFIG_FILE).write_text(json.dumps(engine_config(head, fmt, dtype, target_name), indent=2) + "\n")
+    if fmt in kind.tensor_exporters:  # that engine's own tensor names: the folder is no longer ours to load
+        from safetensors.torch import load_file, save_file
+
+        tensors = kind.tensor_exporters[fmt](load_file(out / WEIGHTS_FILE), head.config)
+        save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+        (out / META_FILE).unlink()
     if fmt in kind.launch:
         (out / "SERVING.md").write_text(serving_md(fmt, target_name, out.resolve(), kind.launch[fmt]))
     return out

@@ -131,3 +131,35 @@ def test_export_cli_prints_what_to_fill_in(tmp_path, head_folder, capsys):
     out = capsys.readouterr().out
     assert f"Replace `{TARGET_PLACEHOLDER}`" in out and f"--model-path {TARGET_PLACEHOLDER}" in out
     assert out.strip().splitlines()[-1] == (tmp_path / "s" / "SERVING.md").read_text().strip().splitlines()[-1].strip()
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 48])
+def test_speculators_export_has_the_keys_and_names_vllm_reads(tmp_path, draft_vocab):
+    """vLLM's speculators format (speculators 0.9.0 read by vLLM 0.33.0; docs/formats/
+    speculators-eagle3.md): no top-level model_type, layer ids as inputs of layers, every norm
+    flag false (this head's math; vLLM's missing-key default for norm_before_residual is true),
+    the layer as layers.0, d2t/t2d only with a smaller draft vocabulary."""
+    target = TargetModel(tiny_llama_config(64)).eval()
+    cfg = Eagle3Config.for_target(target, draft_vocab_size=draft_vocab or 64)
+    head = Eagle3Head(cfg).eval()
+    if draft_vocab:
+        t2d = torch.zeros(64, dtype=torch.bool)
+        t2d[:draft_vocab] = True
+        head.set_vocab_map(torch.zeros(draft_vocab, dtype=torch.long), t2d)
+    folder = save_head(head, tmp_path / "final", torch.float32, target_name="HuggingFaceTB/SmolLM2-135M-Instruct")
+    out = export_head(folder, "speculators", tmp_path / "spec")
+    got = json.loads((out / "config.json").read_text())
+    assert "model_type" not in got and got["speculators_model_type"] == "eagle3"
+    assert got["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in cfg.target_layer_ids]
+    assert all(got[k] is False for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
+    assert got["draft_vocab_size"] == (draft_vocab or 64) and got["transformer_layer_config"]["vocab_size"] == 64
+    assert got["transformer_layer_config"]["model_type"] == "llama"
+    spec = got["speculators_config"]
+    assert spec["algorithm"] == "eagle3" and spec["proposal_methods"][0]["proposal_type"] == "greedy"
+    assert spec["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    names = set(load_file(out / "model.safetensors"))
+    assert not any(n.startswith("midlayer.") for n in names)
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "layers.0.hidden_norm.weight",
+            "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight"} <= names
+    assert ({"d2t", "t2d"} <= names) == bool(draft_vocab) and not (names & {"d2t", "t2d"}) == bool(draft_vocab)
+    assert not (out / "specheads.json").exists() and "eagle3" in (out / "SERVING.md").read_text()

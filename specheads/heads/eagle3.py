@@ -237,6 +237,63 @@ def vllm_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str | None)
     return cfg
 
 
+# vLLM's speculators format (speculators 0.9.0, read by vLLM 0.33.0): docs/formats/speculators-eagle3.md
+SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
+_VERIFIER_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                           "qwen3": "Qwen3ForCausalLM"}
+
+
+def speculators_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str | None) -> dict:
+    """config.json in the speculators layout: no top-level model_type (how vLLM tells the format
+    apart), layer ids as inputs of layers (ours + 1), every norm flag written out (vLLM's default
+    for norm_before_residual differs from this head's), the layer's own Llama config."""
+    from specheads.heads.fetch import base_model_id
+
+    c = head.config
+    return {
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.9.0",
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": c.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in c.target_layer_ids],
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "embed_requires_grad": False,
+        "tie_word_embeddings": False,
+        "dtype": str(dtype).replace("torch.", ""),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1,
+                                  "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": base_model_id(target_name),
+                         "architectures": [_VERIFIER_ARCHITECTURES.get(c.target_model_type, "LlamaForCausalLM")]},
+        },
+        "transformer_layer_config": {
+            "model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
+            "max_position_embeddings": c.max_position_embeddings, "rope_parameters": dict(c.rope_parameters),
+            "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+        },
+        "specheads_target": target_name,
+    }
+
+
+def speculators_tensors(tensors: dict, cfg: Eagle3Config) -> dict:
+    """The head's tensors under speculators' names: the layer as `layers.0`; d2t/t2d only with a
+    draft vocabulary smaller than the target's (vLLM refuses a d2t over the full vocabulary)."""
+    out = {}
+    for name, t in tensors.items():
+        if name in ("d2t", "t2d") and cfg.draft_vocab_size == cfg.vocab_size:
+            continue
+        out["layers.0." + name[len("midlayer."):] if name.startswith("midlayer.") else name] = t
+    return out
+
+
 LAUNCH = {  # the command that serves a head folder in each engine
     "sglang": ("python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
                "--speculative-draft-model-path {folder} --speculative-num-steps 5 --speculative-eagle-topk 4 "

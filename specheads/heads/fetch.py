@@ -48,3 +48,19 @@ def resolve_head(spec: str | os.PathLike) -> Path:
                        f"download it once with network access") from None
     except HfHubHTTPError as e:
         raise HubError(f"{where} {repo_id} could not be fetched: {str(e).splitlines()[0]}") from None
+
+
+DEFAULT_TARGET_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded GGUF's source
+
+
+def base_model_id(target: str | None) -> str | None:
+    """The target as a hub id, or None where it is a local path (or not recorded)."""
+    # the embedded default, by name or as its GGUF file staged elsewhere (e.g. on a GPU box)
+    from specheads.target.loader import DEFAULT_TARGET, SMOLLM2_GGUF
+
+    if target == DEFAULT_TARGET or (target and Path(target).name == SMOLLM2_GGUF):
+        return DEFAULT_TARGET_HUB_ID
+    if (target and not Path(target).exists() and not target.startswith((".", "/", "~"))
+            and REPO_ID.fullmatch(target) and "--" not in target and ".." not in target):
+        return target
+    return None

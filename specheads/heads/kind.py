@@ -58,6 +58,9 @@ class HeadKind:
     # export format -> the `architectures` of its config.json; a folder without specheads.json is
     # recognized by these names
     hub_architectures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # export format -> fn(tensors {name: tensor}, cfg) -> the tensors that engine's folder holds, for
+    # formats whose names differ from the head's own (the folder then carries no specheads.json)
+    tensor_exporters: Mapping[str, Callable] = field(default_factory=dict)
     # export format -> the command that serves a head folder in that engine ({target}, {folder})
     launch: Mapping[str, str] = field(default_factory=dict)
     # (cfg, dtype name) -> the model card's lines about the head, after the target row of its
@@ -81,6 +84,9 @@ class HeadKind:
         if set(self.exporters) != set(self.hub_architectures):
             problems.append(f"export formats {sorted(self.exporters)} and hub_architectures' formats "
                             f"{sorted(self.hub_architectures)} differ")
+        if set(self.tensor_exporters) - set(self.exporters):
+            problems.append(f"tensor exporters for {sorted(set(self.tensor_exporters) - set(self.exporters))}, which "
+                            f"are not export formats ({sorted(self.exporters)})")
         if set(self.launch) - set(self.exporters):
             problems.append(f"launch commands for {sorted(set(self.launch) - set(self.exporters))}, which are not "
                             f"export formats ({sorted(self.exporters)})")

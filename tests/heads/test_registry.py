@@ -160,7 +160,7 @@ def test_cli_kind_and_format_choices_come_from_the_registry(toy, capsys):
     assert "invalid choice: 'eagle4' (choose from 'eagle3', 'mtp', 'medusa', 'toy')" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["export", "x", "--format", "onnx", "--output", "y"])
-    assert "(choose from 'sglang', 'vllm', 'plain')" in capsys.readouterr().err
+    assert "(choose from 'sglang', 'vllm', 'speculators', 'plain')" in capsys.readouterr().err
 
 
 def test_eagle3_entry_matches_its_module():
@@ -175,7 +175,7 @@ def test_eagle3_entry_matches_its_module():
     # the validation table names exactly the tensors the module saves, at their shapes
     assert kind.weights(cfg) == {k: tuple(v.shape) for k, v in head.state_dict().items()}
     assert kind_of(head) is kind and kind_of(cfg) is kind
-    assert kind.architectures() == ("LlamaForCausalLMEagle3",)
+    assert kind.architectures() == ("LlamaForCausalLMEagle3", "Eagle3DraftModel")
     assert isinstance(kind.drafter, str)  # resolved only when a drafter is built
 
 
