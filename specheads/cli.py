@@ -318,16 +318,21 @@ def cmd_evaluate(args) -> int:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    methods = parse_methods(args.methods or (["eagle3"] if args.draft else ["ngram"]),
-                            (args.num_steps, args.topk, args.num_draft_tokens))
-    if any(m.method == "eagle3" for m in methods) and not args.draft:
-        raise SuiteError("the eagle3 and chain methods need a draft head (--draft)")
+    head = load_head(args.draft, device=device, dtype=dtype) if args.draft else None
+    kind = head.kind if head is not None else "eagle3"
+    methods = parse_methods(args.methods or ([kind] if head is not None else ["ngram"]),
+                            (args.num_steps, args.topk, args.num_draft_tokens), kind)
+    drafting = [m.name for m in methods if m.method not in ("ar", "ngram")]
+    if drafting and head is None:
+        raise SuiteError(f"methods {', '.join(drafting)} need a draft head (--draft)")
+    wrong = [m.name for m in methods if m.method not in ("ar", "ngram", kind)]
+    if wrong:
+        raise SuiteError(f"methods {', '.join(wrong)} need a head of their kind; --draft is a {kind} head")
     prompts = load_suite(args.split, args.categories)
     if args.limit:
         prompts = [p for c in dict.fromkeys(p.category for p in prompts)
                    for p in [q for q in prompts if q.category == c][: args.limit]]
     model, tok, _ = load_target(args.target, dtype=dtype, device=device)
-    head = load_head(args.draft, device=device, dtype=dtype) if args.draft else None
     report = {**environment(model), "target": args.target or "SmolLM2-135M-Instruct (embedded)", "draft": args.draft,
               "split": args.split}
     report.update(evaluate(model, tok, head, prompts, methods, batch_size=args.batch_size,

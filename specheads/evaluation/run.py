@@ -48,25 +48,33 @@ class Method:
                           max_len=max_len, max_batch=max_batch)
 
 
-def parse_methods(specs: list[str], tree: tuple[int, int, int]) -> list[Method]:
-    """'eagle3' (the tree given), 'eagle3@S,K,N', 'chain' (eagle3, top-1, S steps), 'ngram', 'ngram@N'; `ar`
-    always comes first (it is the reference)."""
+def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str = "eagle3") -> list[Method]:
+    """'KIND' (a head kind: eagle3, mtp, medusa, ... with the tree given), 'KIND@S,K,N', 'chain' (the
+    head given, top-1, S steps; `head_kind` names its kind), 'ngram', 'ngram@N'; `ar` always comes
+    first (it is the reference)."""
+    from specheads.heads.registry import head_kinds
+
+    kinds = head_kinds()
     out = [Method("ar")]
     for spec in specs:
         name, _, arg = spec.partition("@")
-        if name == "ar":
-            continue
-        if name == "eagle3":
-            s, k, n = (int(x) for x in arg.split(",")) if arg else tree
-            out.append(Method(spec if arg else f"eagle3@{s},{k},{n}", "eagle3", s, k, n))
-        elif name == "chain":
-            s = int(arg) if arg else tree[0]
-            out.append(Method(f"chain@{s}", "eagle3", s, 1, s))
-        elif name == "ngram":
-            n = int(arg) if arg else 8
-            out.append(Method(f"ngram@{n}", "ngram", 0, 0, n))
-        else:
-            raise SuiteError(f"method {spec!r}: expected ar, eagle3[@S,K,N], chain[@S] or ngram[@N]")
+        try:
+            if name == "ar":
+                continue
+            if name in kinds:
+                s, k, n = (int(x) for x in arg.split(",")) if arg else tree
+                out.append(Method(spec if arg else f"{name}@{s},{k},{n}", name, s, k, n))
+            elif name == "chain":
+                s = int(arg) if arg else tree[0]
+                out.append(Method(f"chain@{s}", head_kind, s, 1, s))
+            elif name == "ngram":
+                n = int(arg) if arg else 8
+                out.append(Method(f"ngram@{n}", "ngram", 0, 0, n))
+            else:
+                raise ValueError
+        except ValueError:
+            raise SuiteError(f"method {spec!r}: expected ar, ngram[@N], chain[@S] or a head kind ({', '.join(kinds)}) "
+                             f"[@S,K,N]") from None
     return out
 
 

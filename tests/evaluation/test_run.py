@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from specheads.cli import main
 from specheads.evaluation.run import Method, contexts, evaluate, parse_methods, save
@@ -25,8 +26,12 @@ def test_parse_methods():
     ms = parse_methods(["eagle3", "chain@3", "ngram@5", "eagle3@2,2,3"], (6, 4, 15))
     assert [m.name for m in ms] == ["ar", "eagle3@6,4,15", "chain@3", "ngram@5", "eagle3@2,2,3"]
     assert ms[2] == Method("chain@3", "eagle3", 3, 1, 3)
-    with pytest.raises(SuiteError, match="expected ar, eagle3"):
-        parse_methods(["medusa"], (6, 4, 15))
+    with pytest.raises(SuiteError, match=r"expected ar, ngram\[@N\], chain\[@S\] or a head kind \(eagle3, mtp, medusa\)"):
+        parse_methods(["hydra"], (6, 4, 15))
+    with pytest.raises(SuiteError, match="method 'mtp@2,x,3'"):
+        parse_methods(["mtp@2,x,3"], (6, 4, 15))
+    ms = parse_methods(["mtp", "chain@2"], (3, 2, 6), "mtp")
+    assert ms[1] == Method("mtp@3,2,6", "mtp", 3, 2, 6) and ms[2] == Method("chain@2", "mtp", 2, 1, 2)
 
 
 def test_multi_turn_context_holds_the_targets_own_first_answer(tiny_target):
@@ -87,3 +92,22 @@ def test_evaluate_command(capsys, tiny_target_dir, tmp_path):
 def test_evaluate_command_eagle3_without_head_is_a_user_error(capsys, tiny_target_dir, tmp_path):
     code = main(["evaluate", "--target", str(tiny_target_dir), "--methods", "chain", "--out", str(tmp_path / "r")])
     assert code == 2 and "need a draft head (--draft)" in capsys.readouterr().err
+
+
+def test_evaluate_command_runs_the_heads_own_kind(capsys, tiny_target, tiny_target_dir, tmp_path):
+    """With an MTP head and no --methods, the suite runs that head's kind (and chain under it);
+    a method of another kind is refused by name."""
+    from specheads.heads.format import save_head
+    from tests.runtime.spec_helpers import random_head
+
+    model, _ = tiny_target
+    folder = save_head(random_head(model, kind="mtp", num_modules=2), tmp_path / "mtp", torch.float32)
+    args = ["evaluate", "--target", str(tiny_target_dir), "--draft", str(folder), "--categories", "math", "--limit",
+            "1", "--max-new-tokens", "4", "--split", "validation"]
+    code = main(args + ["--out", str(tmp_path / "r")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert "mtp@6,4,15" in report["categories"]["math"]
+    assert main(args + ["--methods", "eagle3@2,2,3", "--out", str(tmp_path / "s")]) == 2
+    assert "need a head of their kind; --draft is a mtp head" in capsys.readouterr().err
