@@ -65,7 +65,7 @@ class MedusaDrafter(Drafter):
         b, roots = ctx.rows, ctx.roots
         head, k = self.head, self.topk
         dev = roots.device
-        feats = head.features(self.feature[:b])  # per head [b, 1, H]
+        feats = head.features(self.feature[:b], self.steps)  # per drafted depth [b, 1, H]
         target_ids = head.target_ids()
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)
         front_score, front_pool = self.pool.zero_score[:b], self.pool.no_parent[:b]

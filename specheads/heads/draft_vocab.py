@@ -1,5 +1,6 @@
-"""The draft vocabulary of a head: d2t (draft id -> offset to its target id) and t2d (target id
--> in the draft vocabulary), the buffers and lookups every head kind with a draft vocabulary shares."""
+"""What head kinds share: the draft vocabulary (d2t: draft id -> offset to its target id; t2d:
+target id -> in the draft vocabulary), its buffers and lookups; and the fit check of heads that
+read one target hidden state at the target's width."""
 
 from __future__ import annotations
 
@@ -31,3 +32,16 @@ class DraftVocab:
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.target_rows()[draft_ids]
+
+
+def one_feature_mismatches(cfg, spec) -> list[str]:
+    """What keeps a head that reads one target hidden state (cfg.target_layer_ids[0], at the
+    target's width) from running on a target of spec `spec` (empty: it fits)."""
+    problems = []
+    if cfg.hidden_size != spec.hidden_size:
+        problems.append(f"head hidden size {cfg.hidden_size} differs from the target's {spec.hidden_size}")
+    if cfg.vocab_size != spec.vocab_size:
+        problems.append(f"head expects vocab {cfg.vocab_size}, target has {spec.vocab_size}")
+    if cfg.target_layer_ids[0] > spec.num_hidden_layers:
+        problems.append(f"head reads target layer {cfg.target_layer_ids[0]}, target has {spec.num_hidden_layers}")
+    return problems

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from specheads.heads.draft_vocab import DraftVocab
+from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches
 
 TITLE = "Medusa"
 ARCHITECTURE = "MedusaModel"
@@ -107,15 +107,7 @@ class MedusaConfig:
                    target_layer_ids=[raw.get("specheads_feature_layer", n)])
 
 
-def head_mismatches(cfg: MedusaConfig, spec) -> list[str]:
-    problems = []
-    if cfg.hidden_size != spec.hidden_size:
-        problems.append(f"head hidden size {cfg.hidden_size} differs from the target's {spec.hidden_size}")
-    if cfg.vocab_size != spec.vocab_size:
-        problems.append(f"head expects vocab {cfg.vocab_size}, target has {spec.vocab_size}")
-    if cfg.target_layer_ids[0] > spec.num_hidden_layers:
-        problems.append(f"head reads target layer {cfg.target_layer_ids[0]}, target has {spec.num_hidden_layers}")
-    return problems
+head_mismatches = one_feature_mismatches
 
 
 def weight_shapes(cfg: MedusaConfig) -> dict[str, tuple[int, ...]]:
@@ -183,9 +175,9 @@ class MedusaHead(DraftVocab, nn.Module):
     def fuse_for_inference(self, lm_head_int8: bool = False) -> "MedusaHead":
         return self
 
-    def features(self, hidden: torch.Tensor) -> list[torch.Tensor]:
-        """Each head's features of the target's hidden state."""
-        return [block(hidden) for block in self.blocks]
+    def features(self, hidden: torch.Tensor, heads: int | None = None) -> list[torch.Tensor]:
+        """The first `heads` heads' features of the target's hidden state (None: every head)."""
+        return [block(hidden) for block in self.blocks[:heads]]
 
     def logits(self, features: torch.Tensor, step: int) -> torch.Tensor:
         return self.lm_heads[step](features)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specheads.heads.draft_vocab import DraftVocab
+from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches
 
 from specheads.heads.eagle3 import Eagle3Config
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
@@ -108,15 +108,7 @@ class MTPConfig(Eagle3Config):
 ARCHITECTURE = "SpecheadsMTPForCausalLM"  # our folders only: no public loader runs MTP layers for these targets
 
 
-def head_mismatches(cfg: MTPConfig, spec) -> list[str]:
-    problems = []
-    if cfg.hidden_size != spec.hidden_size:
-        problems.append(f"head hidden size {cfg.hidden_size} differs from the target's {spec.hidden_size}")
-    if cfg.vocab_size != spec.vocab_size:
-        problems.append(f"head expects vocab {cfg.vocab_size}, target has {spec.vocab_size}")
-    if cfg.target_layer_ids[0] > spec.num_hidden_layers:
-        problems.append(f"head reads target layer {cfg.target_layer_ids[0]}, target has {spec.num_hidden_layers}")
-    return problems
+head_mismatches = one_feature_mismatches
 
 
 def weight_shapes(cfg: MTPConfig) -> dict[str, tuple[int, ...]]:
