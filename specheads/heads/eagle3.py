@@ -24,7 +24,7 @@ from torch import nn
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
 from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
-from specheads.kernels.linear import fits, layer_shapes, linear, quantize_rows
+from specheads.kernels.linear import linear, quantize_rows
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, repeat_kv,
                                rope_inv_freq)
 
@@ -531,13 +531,6 @@ class Eagle3Head(nn.Module):
         layer = self.midlayer
         b, _, t, _ = attn_out.shape
         ln = layer.post_attention_layernorm
-        cfg = self.config
-        shapes = layer_shapes(cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size)
-        if not fits(b * t, *shapes):
-            # cuBLAS (many rows, wide heads): the residual add rides in the norm, as eager rounds it
-            o = layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
-            normed, h = rmsnorm(o, ln.weight, ln.eps, residual)
-            return h + layer.mlp.down_proj(silu_mul(F.linear(normed, layer.mlp.gate_up_weight)))
         o_in = attn_out.transpose(1, 2).reshape(b, t, -1)
         h = linear(o_in, layer.self_attn.o_proj.weight, residual=residual, tile=_draft_tile(o_in))
         act = linear(h, layer.mlp.gate_up_weight, norm_weight=ln.weight, eps=ln.eps, silu=True)

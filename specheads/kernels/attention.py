@@ -215,3 +215,254 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
         **pdl_options(q, "attention"))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Causal attention for the target: the same sums for a token wherever its keys sit
+#
+# The target's attention takes no mask: a query at position p sees the keys of positions 0..p
+# (inside the layer's window), and the kernel sums them in position order, in blocks of
+# BLOCK_N keys from position 0 and chunks of Numerics.attention_chunk keys, each chunk's softmax
+# folded into the row's running one in chunk order. Where a key sits in the cache only decides
+# where it is loaded from:
+#   contiguous  (a prefill, plain decode) position c at slot c;
+#   tree        (a verify step) positions below `base` (the committed tokens) at their slots;
+#               position base + j at the slot of the query's ancestor of depth j, node n of the
+#               tree sitting at slot base + n (anc [B, T, T] ancestor-or-self, depth [B, T]).
+# So a tree node's attention is computed with the keys in the same places, the same blocks and
+# the same order as the plain decode of its path (the cache then holding the path at
+# base..base+d): bit for bit the same output. Rows of other tokens in a program change nothing
+# for a row (its masked keys contribute exact zeros, a block it cannot see is an exact no-op),
+# and neither do the number of rows, the cache bucket, or whether a program takes one chunk
+# (split-K, merged in chunk order by the last to finish) or all of them in turn: the fold is
+# the same arithmetic (tests/kernels/test_causal_attention.py; gpu_runs/bit_check.py on GPU).
+# ---------------------------------------------------------------------------------------------
+
+CAUSAL_BLOCK_N = 64  # keys per block: the unit of the online softmax (a Numerics constant)
+
+
+def causal_mask(positions: torch.Tensor, n_keys: int, window: int | None = None, tree=None) -> torch.Tensor:
+    """The bool [B, 1, T, n_keys] mask that causal_attention's key layout means (its reference)."""
+    slots = torch.arange(n_keys, device=positions.device)
+    pos = positions[:, None, :, None]
+    if tree is None:
+        mask = slots <= pos
+        if window:
+            mask = mask & (slots > pos - window)
+        return mask
+    base, anc, depth = tree
+    b, t = positions.shape
+    prefix = slots < base[:, None, None, None]
+    if window:
+        prefix = prefix & (slots > pos - window)
+    # node n at slot base + n, seen by the nodes it is an ancestor-or-self of
+    node_at = slots[None, :] - base[:, None]  # [B, S]
+    in_tree = (node_at >= 0) & (node_at < t)
+    seen = anc.gather(2, node_at.clamp(0, t - 1)[:, None, :].expand(b, t, n_keys)) & in_tree[:, None, :]
+    if window:
+        node_pos = base[:, None] + depth.gather(1, node_at.clamp(0, t - 1))  # [B, S]
+        seen = seen & (node_pos[:, None, :] > positions[:, :, None] - window)
+    return prefix | seen[:, None]
+
+
+def causal_attention_reference(q, k, v, positions, window=None, tree=None):
+    return gqa_attention(q, k, v, causal_mask(positions, k.shape[2], window, tree))
+
+
+def causal_tiles(n_heads: int, n_kv: int, tree: bool) -> tuple[int, int]:
+    """(rows a program takes, tokens among them): a token's query heads of one KV group share a
+    program's 16 rows (or the next power of two), with as many other tokens as fit in a
+    contiguous call, and Speed.attention_tree_tokens in a tree (where the blocks that hold tree
+    positions cost a pass per token). The tokens sharing a program never change a row's bits."""
+    rep = n_heads // n_kv
+    block_m = max(16, 1 << (rep - 1).bit_length())
+    fit = block_m // rep
+    return block_m, min(fit, active().speed.attention_tree_tokens) if tree else fit
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                     window: int | None = None, tree=None, split: bool | None = None) -> torch.Tensor:
+    """q [B, H, T, D] at positions [B, T] over the cache k, v [B, KV, S, D] (see the section's
+    comment); tree = (base [B], anc [B, T, T] bool, depth [B, T]) or None (contiguous).
+    split: one chunk per program (split-K) or each program all of its tokens' chunks (None:
+    by the number of programs; never changes a bit). -> [B, H, T, D] in q's dtype."""
+    b, h, t, d = q.shape
+    n_kv, n_keys = k.shape[1], k.shape[2]
+    tuning = active()
+    if not use_triton(q) or d & (d - 1) or d < 16 or tuning.numerics.attention == "sdpa":
+        return causal_attention_reference(q, k, v, positions, window, tree)
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and k.stride() == v.stride()
+    rep = h // n_kv
+    block_m, per_tile = causal_tiles(h, n_kv, tree is not None)
+    n_tiles = triton.cdiv(t, per_tile)
+    chunk = tuning.numerics.attention_chunk
+    n_chunks = triton.cdiv(n_keys, chunk)
+    if split is None:  # split-K while the tiles alone leave SMs idle
+        split = n_chunks > 1 and b * n_kv * n_tiles < tuning.speed.attention_split_below
+    out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    positions = positions.contiguous()
+    if tree is not None:
+        base, anc, depth = tree
+        base, depth = base.contiguous(), depth.contiguous()
+        if anc.dtype != torch.bool or anc.shape != (b, t, t):
+            raise TypeError(f"causal_attention: anc must be bool [{b}, {t}, {t}], got {anc.dtype} {tuple(anc.shape)}")
+        anc = anc.contiguous()
+    else:
+        base, anc, depth = positions, positions, positions  # unused
+    n_prog = n_chunks if split else 1
+    if split:
+        part = torch.empty(b * n_kv * n_chunks * n_tiles * block_m, d, dtype=torch.float32, device=q.device)
+        stat = torch.empty(b * n_kv * n_chunks * n_tiles * block_m, 2, dtype=torch.float32, device=q.device)
+        counters = split_counters(q.device, b * n_kv * n_tiles)
+    else:
+        part = stat = counters = out  # unused
+    _kernel(_causal_kernel)[(b * n_kv, n_prog, n_tiles)](
+        q, k, v, positions, base, anc, depth, out, part, stat, counters,
+        n_kv, t, n_tiles, n_chunks, 1.0 / math.sqrt(d), window or 0,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        positions.stride(0), anc.stride(0) if tree is not None else 0, anc.stride(1) if tree is not None else 0,
+        depth.stride(0) if tree is not None else 0, out.stride(0), out.stride(1), out.stride(2),
+        REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=CAUSAL_BLOCK_N, PER_TILE=per_tile,
+        TREE=tree is not None, NP=triton.next_power_of_2(t) if tree is not None else 1, WINDOWED=bool(window), SPLIT=split,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl_options(q, "attention"))
+    return out
+
+
+if triton is not None:
+
+    def _causal_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, base_ptr, anc_ptr, dep_ptr, o_ptr, part_ptr, stat_ptr, cnt_ptr,
+                       n_kv, n_tok, n_tiles, n_chunks, scale, window,
+                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_pb, s_ab, s_at, s_db, s_ob, s_oh, s_ot,
+                       REP: tl.constexpr, D: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, PER_TILE: tl.constexpr, TREE: tl.constexpr, NP: tl.constexpr,
+                       WINDOWED: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
+        bh = tl.program_id(0)  # (batch row, kv head)
+        prog = tl.program_id(1)
+        tile = tl.program_id(2)
+        b = (bh // n_kv).to(tl.int64)
+        g = bh % n_kv
+        r = tl.arange(0, BLOCK_M)
+        local = r // REP  # the row's token within the tile
+        tok = tile * PER_TILE + local
+        row_ok = (local < PER_TILE) & (tok < n_tok)
+        tok = tl.where(row_ok, tok, 0)
+        head = g * REP + r % REP
+        d = tl.arange(0, D)
+        pos = tl.load(pos_ptr + b * s_pb + tok, mask=row_ok, other=-1)
+        q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + tok[:, None] * s_qt + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        hi = tl.max(pos, 0)  # the tile's last position
+        lo = 0
+        if WINDOWED:
+            lo = tl.maximum(tl.min(tl.where(row_ok, pos - window + 1, hi), 0), 0)
+        base = 1 << 40  # contiguous: no block holds tree positions
+        nodes = tl.arange(0, NP)
+        on = nodes < n_tok
+        dep = nodes
+        if TREE:
+            base = tl.load(base_ptr + b)
+            dep = tl.load(dep_ptr + b * s_db + nodes, mask=on, other=-1)
+        kv_off = b * s_kb + g * s_kh
+        # the running softmax over the chunks folded so far
+        m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_run = tl.zeros([BLOCK_M], tl.float32)
+        acc_run = tl.zeros([BLOCK_M, D], tl.float32)
+        first = prog
+        last = prog + 1
+        if not SPLIT:
+            first = 0
+            last = (hi + CHUNK_N) // CHUNK_N  # the chunks up to the last position
+        for c in range(first, last):
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            start = tl.maximum(c * CHUNK_N, (lo // BLOCK_N) * BLOCK_N)
+            stop = tl.minimum((c + 1) * CHUNK_N, hi + 1)
+            for k0 in range(start, stop, BLOCK_N):
+                cols = k0 + tl.arange(0, BLOCK_N)
+                near = cols <= hi
+                allowed = (cols[None, :] <= pos[:, None]) & row_ok[:, None]
+                if WINDOWED:
+                    allowed = allowed & (cols[None, :] > pos[:, None] - window)
+                if k0 + BLOCK_N > base:  # the block holds tree positions: each token its own keys
+                    m_out, l_out, acc_out = m_i, l_i, acc
+                    for j in tl.static_range(PER_TILE):
+                        # position base + i is the slot of the token's ancestor at depth i
+                        tj = tile * PER_TILE + j
+                        if tj < n_tok:
+                            a = tl.load(anc_ptr + b * s_ab + tj * s_at + nodes, mask=on, other=0) != 0
+                            hit = a[None, :] & (dep[None, :] == (cols - base)[:, None])
+                            slots = tl.where(cols < base, cols, base + tl.sum(tl.where(hit, nodes[None, :], 0), 1))
+                            kj = tl.load(k_ptr + kv_off + slots[:, None] * s_ks + d[None, :], mask=near[:, None],
+                                         other=0.0)
+                            vj = tl.load(v_ptr + kv_off + slots[:, None] * s_ks + d[None, :], mask=near[:, None],
+                                         other=0.0)
+                            s = tl.dot(q, tl.trans(kj), input_precision=PRECISION) * scale
+                            s = tl.where(allowed, s, float("-inf"))
+                            m_new = tl.maximum(m_i, tl.max(s, 1))
+                            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                            p = tl.exp(s - m_safe[:, None])
+                            alpha = tl.exp(m_i - m_safe)
+                            mine = local == j  # the rows of this token take its sums
+                            pv = tl.dot(p.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
+                            acc_out = tl.where(mine[:, None], pv, acc_out)
+                            l_out = tl.where(mine, l_i * alpha + tl.sum(p, 1), l_out)
+                            m_out = tl.where(mine, m_new, m_out)
+                    m_i, l_i, acc = m_out, l_out, acc_out
+                else:  # keys at their positions' slots, the same arithmetic
+                    kb = tl.load(k_ptr + kv_off + cols[:, None] * s_ks + d[None, :], mask=near[:, None], other=0.0)
+                    vb = tl.load(v_ptr + kv_off + cols[:, None] * s_ks + d[None, :], mask=near[:, None], other=0.0)
+                    s = tl.dot(q, tl.trans(kb), input_precision=PRECISION) * scale
+                    s = tl.where(allowed, s, float("-inf"))
+                    m_new = tl.maximum(m_i, tl.max(s, 1))
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    p = tl.exp(s - m_safe[:, None])
+                    alpha = tl.exp(m_i - m_safe)
+                    acc = tl.dot(p.to(vb.dtype), vb, acc * alpha[:, None], input_precision=PRECISION)
+                    l_i = l_i * alpha + tl.sum(p, 1)
+                    m_i = m_new
+            if SPLIT:
+                m_run, l_run, acc_run = m_i, l_i, acc
+            else:  # fold this chunk in (the merge below, in the same order)
+                m_new = tl.maximum(m_run, m_i)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_run - m_safe)
+                beta = tl.exp(m_i - m_safe)
+                acc_run = acc_run * alpha[:, None] + acc * beta[:, None]
+                l_run = l_run * alpha + l_i * beta
+                m_run = m_new
+        dst = o_ptr + b * s_ob + head[:, None] * s_oh + tok[:, None] * s_ot + d[None, :]
+        if SPLIT:
+            slot = bh * n_tiles + tile
+            base_s = (slot * n_chunks + prog) * BLOCK_M + r
+            tl.store(part_ptr + base_s[:, None] * D + d[None, :], acc_run)
+            tl.store(stat_ptr + base_s * 2, m_run)
+            tl.store(stat_ptr + base_s * 2 + 1, l_run)
+            tl.debug_barrier()  # see _split_kernel: stores before the one-thread atomic
+            cnt = cnt_ptr + slot
+            done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if done == n_chunks - 1:
+                m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                l_sum = tl.zeros([BLOCK_M], tl.float32)
+                acc_m = tl.zeros([BLOCK_M, D], tl.float32)
+                for ci in range(0, n_chunks):
+                    at = (slot * n_chunks + ci) * BLOCK_M + r
+                    ms = tl.load(stat_ptr + at * 2, cache_modifier=".cg")
+                    ls = tl.load(stat_ptr + at * 2 + 1, cache_modifier=".cg")
+                    part = tl.load(part_ptr + at[:, None] * D + d[None, :], cache_modifier=".cg")
+                    m_new = tl.maximum(m, ms)
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.exp(m - m_safe)
+                    beta = tl.exp(ms - m_safe)
+                    acc_m = acc_m * alpha[:, None] + part * beta[:, None]
+                    l_sum = l_sum * alpha + ls * beta
+                    m = m_new
+                tl.store(dst, (acc_m / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]).to(o_ptr.dtype.element_ty),
+                         mask=row_ok[:, None])
+                tl.store(cnt, 0)
+        else:
+            tl.store(dst, (acc_run / tl.where(l_run == 0.0, 1.0, l_run)[:, None]).to(o_ptr.dtype.element_ty),
+                     mask=row_ok[:, None])

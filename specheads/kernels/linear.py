@@ -6,20 +6,19 @@
   silu         W is a fused gate_up [2I, K]: y = silu(gate) * up, [.., I]
   residual     added after the projection (the decoder's residual stream)
 
-Why our own GEMM for the decode / verify shapes (1 to 64 rows):
+Why our own GEMM, at every number of rows:
 - launches: a layer of a small model is bound by kernel launches, not arithmetic; the norm,
   the activation and the residual add ride in the GEMM (a target layer: 10 kernels -> 6,
   with the one-launch attention).
 - lossless in bf16, not only in float32: cuBLAS picks a different algorithm for 1 row than
-  for a 33-token tree, so a token's logits round differently when verified than when
-  decoded, and near-ties flip. Here a row's value never depends on how many rows are in
-  the call: the K steps and column blocks come from the weight's shape only (`_config`);
-  the row block (16 or 64) varies, and the tensor cores give a row the same bits in either
-  (gpu_runs/linear_check.py, on the H100). Attention still orders a tree node's keys
-  differently from a decode (docs/history/2026-11-benchmark-log.md).
-Where it runs (kernels/tuning.py, Numerics): calls of up to linear_max_rows rows over inputs of
-up to linear_max_k, wider weights with an entry in linear_shapes at up to linear_wide_rows
-rows, and a wide model's lm_head at up to 16 rows; elsewhere the reference (cuBLAS) serves.
+  for a 33-token tree or a prefill, so a token's logits round differently when verified than
+  when decoded, and near-ties flip. Here a row's value never depends on how many rows are in
+  the call: the K steps, warps and column blocks come from the weight's shape only (`_config`);
+  the row block (16 or 64) and the column-block scale vary, and the tensor cores give a row
+  the same bits in either (gpu_runs/bit_check.py checks it on the card).
+Where it runs (kernels/tuning.py, Numerics): every weight shape over inputs of up to
+linear_max_k (by default every width), wider ones with an entry in linear_shapes; a shape set to
+null there takes the reference (cuBLAS) at every row count.
 Every step rounds where the eager modules round (to the activation dtype after the norm,
 after the projection, after silu, after the add), so the reference is the eager forward.
 """
@@ -35,50 +34,18 @@ from specheads.kernels.tuning import active
 if triton is not None:
     import triton.language as tl
 
-# Widest input K that counts as narrow: wider weights take our kernel at decode only, up to
-# Numerics.linear_wide_rows rows. Where our kernel runs at all, and with which K steps, is
-# kernel tuning (kernels/tuning.py: Numerics.linear_max_rows, linear_max_k, linear_shapes; the
-# tiles of measured wide weights in tuning.WIDE_TILES).
-WIDE_K = 2048
 SMEM_BYTES = 200 * 1024  # pipelined tiles a program may hold in shared memory (stages are cut to fit)
 
 
 def serves(n: int, k: int) -> bool:
-    """Whether a weight of n rows over k inputs runs on this kernel (else cuBLAS)."""
+    """Whether a weight of n rows over k inputs runs on this kernel (else cuBLAS), at every
+    number of rows: the weight's shape decides, never the call."""
     if k <= 0 or k % 16:
         return False
     numerics = active().numerics
     if (n, k) in numerics.linear_shapes:
         return numerics.linear_shapes[(n, k)] is not None
     return k <= numerics.linear_max_k
-
-
-def layer_shapes(hidden: int, attn_width: int, intermediate: int) -> tuple[tuple[int, int], ...]:
-    """The weights [N, K] of a decoder layer that carry a fused residual add or silu: o_proj,
-    gate_up, down_proj. A layer runs on this kernel when all three do; its qkv projection may
-    still take cuBLAS (its norm is a kernel of its own on either path)."""
-    return (hidden, attn_width), (2 * intermediate, hidden), (hidden, intermediate)
-
-
-def fits(rows: int, *shapes: tuple[int, int]) -> bool:
-    """Whether a call of this many rows runs here for every weight shape (N, K) given: callers
-    that would otherwise pay separate residual-add kernels on the cuBLAS path keep their own
-    fused structure when it does not (TargetModel, Eagle3Head)."""
-    numerics = active().numerics
-    limit = numerics.linear_max_rows
-    if any(k > WIDE_K for _, k in shapes):
-        limit = min(limit, numerics.linear_wide_rows)
-    return 0 < rows <= limit and all(serves(n, k) for n, k in shapes)
-
-
-def _runs_here(rows: int, n: int, k: int) -> bool:
-    # a wide model's lm_head at decode: one pass over 250+ MB, where ours streams faster than
-    # cuBLAS's 1-row GEMV (Llama-3.1-8B shape, H100: 343 vs 375 us, linear_check.py), unless
-    # its shape is set to null (cuBLAS)
-    shapes = active().numerics.linear_shapes
-    if (n, k) in shapes and shapes[(n, k)] is None:
-        return False
-    return fits(rows, (n, k)) or (0 < rows <= 16 and n >= 32768 and k % 16 == 0)
 
 
 def linear_reference(x, weight, bias=None, norm_weight=None, eps=0.0, residual=None, silu=False, weight_scale=None):
@@ -246,7 +213,7 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     if given is not None and (given.shape != (*x.shape[:-1], n) or given.stride(-1) != 1):
         raise ValueError(f"out {tuple(given.shape)} (strides {given.stride()}) must be [..., {n}] with unit "
                          f"column stride for x {tuple(x.shape)}")
-    if not use_triton(x) or not _runs_here(rows, weight.shape[0], k) or weight.stride(-1) != 1:
+    if not use_triton(x) or not serves(weight.shape[0], k) or weight.stride(-1) != 1:
         y = linear_reference(x, weight, bias, norm_weight, eps, residual, silu, weight_scale)
         return y if given is None else given.copy_(y)
     x2 = _rows(x, k)
@@ -265,7 +232,8 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     block_m = 16 if rows <= 16 else 64 if n >= 8192 else speed.linear_row_block
     if rows > 16 and n < 8192:
         block_n *= speed.linear_tree_n_scale
-        warps = t.numerics.linear_tree_warps or warps
+    if rows > speed.linear_many_rows and n < 8192:  # batched trees, prefills: larger tiles
+        block_m, block_n = 64, max(block_n, 64)
     stages = fit_stages(stages, block_m, block_n * (2 if silu else 1), block_k, x.element_size())
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()

@@ -16,11 +16,11 @@ Two groups of fields:
             programmatic dependent launch. (draft_warps may round the drafter's own sums
             differently: that changes what is drafted at most, never a token of the output.)
   Numerics  what orders a reduction, picks the kernel that serves an op, or was measured to
-            change bf16 bits: the projection's K step and warps per weight shape, which calls
-            our projection kernel takes (rows, widths), the attention's keys per program and
-            its row block. Fixed per weight shape and shared by every path (decode, tree
-            verify, prefill), so a token's logits do not depend on how many tokens were
-            verified with it.
+            change bf16 bits: the projection's K step and warps per weight shape, which weight
+            shapes our projection kernel takes, the attention's keys per chunk. Fixed per
+            weight shape and shared by every call (decode, tree verify, prefill, any number of
+            rows), so a token's logits do not depend on how many tokens or rows were computed
+            with it.
 
 Which group a field is in was checked on an H200 (gpu_runs/tuning_check.py, results in
 docs/results/tuning-check-h200: random SmolLM2-135M- and Llama-3.1-8B-shaped targets, a 1-, 8-
@@ -116,18 +116,29 @@ class Speed:
     # linear._config (the K step and warps are Numerics.linear_shapes)
     linear_tiles: Mapping[Shape, tuple[int, int]] = field(
         default_factory=lambda: {s: (bn, st) for s, (bn, _, _, st) in WIDE_TILES.items()})
-    # a call over 17-64 rows of a narrow weight (N < 8192, a tree verify) takes linear_row_block
-    # rows and linear_tree_n_scale x BLOCK_N columns a program. SmolLM2's graphed 41-token
+    # a call over more than 16 rows of a narrow weight (N < 8192: a tree verify, a prefill) takes
+    # linear_row_block rows and linear_tree_n_scale x BLOCK_N columns a program. SmolLM2's graphed 41-token
     # forward, H200, (row block, n scale): (16, 1) 0.830 ms, (16, 2) 0.808, (16, 4) 0.880,
     # (32, 1) 0.960, (64, 1) 0.998
     linear_row_block: int = 16
     linear_tree_n_scale: int = 2
+    # calls of more rows than this over a narrow weight (batched tree verifies, prefills) take
+    # 64-row, at least 64-column tiles
+    linear_many_rows: int = 64
     # before its PDL wait a projection program asks L2 for the first columns of its weight
     # slice: up to this many bytes of the whole weight (0: none)
     linear_prefetch_bytes: int = 8 * 2**20
     # inputs the fused norm's first pass loads at once (in K steps; the sum keeps its order);
     # 0 or one K step: one at a time
     linear_norm_keys: int = 1024
+    # the target's causal attention splits a token's keys over programs, one chunk each (split-K,
+    # merged in chunk order), while a call has fewer than this many (row, kv head, token tile)
+    # programs; from there each program folds its chunks in turn. The same bits either way
+    attention_split_below: int = 512
+    # tokens of a draft tree a causal-attention program takes (at most what fits its 16 rows):
+    # the blocks that hold tree positions cost one pass per token, so fewer tokens a program
+    # shorten the step's slowest program; more read the shared keys fewer times
+    attention_tree_tokens: int = 1
     # warps of the one-program-per-row drafting kernels (topk_expand, select_tree). The
     # SmolLM2 head's draft at batch 1 (H200): 1 warp 0.48 ms, 2 0.46, 4 0.379, 8 0.375. The
     # expansion's sums may round differently (2, 16 and 32 warps did against 8 on the H200):
@@ -155,10 +166,16 @@ class Speed:
         _check(g, "linear_row_block", v, _pow2(v) and 16 <= v <= 64, "16, 32 or 64")
         v = _int(g, "linear_tree_n_scale", self.linear_tree_n_scale)
         _check(g, "linear_tree_n_scale", v, _pow2(v) and v <= 16, "a power of two from 1 to 16")
+        v = _int(g, "linear_many_rows", self.linear_many_rows)
+        _check(g, "linear_many_rows", v, v >= 16, "an integer >= 16")
         v = _int(g, "linear_prefetch_bytes", self.linear_prefetch_bytes)
         _check(g, "linear_prefetch_bytes", v, v >= 0, "an integer >= 0 (0: no prefetch)")
         v = _int(g, "linear_norm_keys", self.linear_norm_keys)
         _check(g, "linear_norm_keys", v, v >= 0, "an integer >= 0")
+        v = _int(g, "attention_split_below", self.attention_split_below)
+        _check(g, "attention_split_below", v, v >= 0, "an integer >= 0 (0: never split)")
+        v = _int(g, "attention_tree_tokens", self.attention_tree_tokens)
+        _check(g, "attention_tree_tokens", v, v >= 1, "an integer >= 1")
         v = _int(g, "draft_warps", self.draft_warps)
         _check(g, "draft_warps", v, v in WARPS, f"one of {WARPS}")
         names = self.pdl_kernels
@@ -177,44 +194,29 @@ class Numerics:
     """What decides the output bits (see the module docstring); change it only knowing that
     bf16 outputs then round differently (float32 ones to within float32 rounding)."""
 
-    # calls of up to this many rows take our projection kernel; above, cuBLAS (at 264 rows its
-    # large tiles beat ours 2x on the 135M shapes, H100)
-    linear_max_rows: int = 64
-    # widest input K our kernel serves by its tile rule: over K = 4096 (an 8B layer) cuBLAS's
-    # 1-row GEMV streams the weight faster than the rule's tiles. Wider weights run here only
-    # with an entry in linear_shapes
-    linear_max_k: int = 2048
-    # rows up to which weights wider than 2048 inputs take our kernel (decode; at 33 rows over
-    # K = 4096 cuBLAS's tiles are 2-3x faster than ours, H100)
-    linear_wide_rows: int = 8
+    # widest input K our projection kernel serves by its tile rule; wider weights take cuBLAS
+    # (whose bits depend on the number of rows: speculation is then not bit-exact) unless
+    # linear_shapes has an entry for their shape. The default serves every width
+    linear_max_k: int = 65536
     # our projection by weight shape [N, K]: (BLOCK_K, num_warps), the K step and warps over the
     # rule in linear._config (the rest of the tile is Speed.linear_tiles); None: cuBLAS serves
     # that shape
     linear_shapes: Mapping[Shape, tuple[int, int] | None] = field(
         default_factory=lambda: {s: (bk, w) for s, (_, bk, w, _) in WIDE_TILES.items()})
-    # warps of a call over 17-64 rows of a narrow weight (a tree verify; 0: the tile's). Another
-    # value may give a tree's rows other bits than a decode's, and bf16 speculation would then
-    # match plain decoding less often (8 warps instead of 4 changed a 41-row tree's bits on the
-    # H200; 2 did not)
-    linear_tree_warps: int = 0
     # keys per split-K attention program, one size for every call: chunk boundaries then sit at
     # the same keys in a 1-token decode and in a tree, so a token's attention sums in the same
     # order in both (per-shape sizes time up to ~1 us better a call, but cut identical bf16
     # outputs of chain and ngram from 6/6 to 4/6-5/6 on the H100)
     attention_chunk: int = 128
-    # stacked query rows an attention program takes, the same for every call
+    # stacked query rows a draft head's attention program takes, the same for every call
     attention_row_block: int = 16
     # "triton": our attention kernel where it serves; "sdpa": the torch reference everywhere
     attention: str = "triton"
 
     def __post_init__(self):
         g = "numerics"
-        v = _int(g, "linear_max_rows", self.linear_max_rows)
-        _check(g, "linear_max_rows", v, v >= 0, "an integer >= 0 (0: cuBLAS always)")
         v = _int(g, "linear_max_k", self.linear_max_k)
         _check(g, "linear_max_k", v, v >= 0, "an integer >= 0")
-        v = _int(g, "linear_wide_rows", self.linear_wide_rows)
-        _check(g, "linear_wide_rows", v, v >= 0, "an integer >= 0")
         shapes = {}
         allowed = f"[BLOCK_K, num_warps]: BLOCK_K a power of two >= 16, num_warps one of {WARPS}; or null (cuBLAS)"
         for key, entry in dict(self.linear_shapes).items():
@@ -229,8 +231,6 @@ class Numerics:
                 entry = (block_k, warps)
             shapes[shape] = entry
         object.__setattr__(self, "linear_shapes", _frozen_map(shapes))
-        v = _int(g, "linear_tree_warps", self.linear_tree_warps)
-        _check(g, "linear_tree_warps", v, v == 0 or v in WARPS, f"0 (the tile's) or one of {WARPS}")
         v = _int(g, "attention_chunk", self.attention_chunk)
         _check(g, "attention_chunk", v, _pow2(v) and v >= 64, "a power of two >= 64")
         v = _int(g, "attention_row_block", self.attention_row_block)

@@ -675,7 +675,7 @@ class SpecEngine:
         k, width = ids.shape
         rows = slice(start, start + k)
         out = self.target(ids, torch.arange(width, device=ids.device).expand(k, width), cache=self.cache.rows(rows),
-                          kv_len=width, prefill=True, capture_layers=self.layer_ids,
+                          kv_len=width, capture_layers=self.layer_ids,
                           logits_positions=(lens - 1)[:, None])
         first = sample_rows(out.logits, self.row_params.rows(rows), lens[:, None], sampled)[:, 0]
         if logprobs:
@@ -798,8 +798,11 @@ class SpecEngine:
         returns the ancestor matrix, the target's token at every node and its outputs."""
         tree.valid, anc, mask, positions, slots = step_inputs(tree, self.committed[:b], kv, self.depth_limit[:b],
                                                               self.draft_limit[:b])
-        out = self.target(tree.tokens, positions, cache=self.cache, kv_len=kv, attn_mask=mask[:, None],
-                          cache_slots=slots, capture_layers=self.layer_ids)
+        # node n at slot committed + n, attending as the plain decode of its path would (a lone
+        # root sits at the slot of its position: the same sums, without the tree's lookups)
+        keys = (self.committed[:b], anc, tree.depth) if tree.max_depth else None
+        out = self.target(tree.tokens, positions, cache=self.cache, kv_len=kv, tree=keys, cache_slots=slots,
+                          capture_layers=self.layer_ids)
         # the target's own token at every node (the token at sequence position `positions + 1`)
         y = sample_rows(out.logits, self.row_params.rows(slice(0, b)), positions + 1 if sampled else None, sampled)
         return anc, y, out

@@ -16,14 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from specheads.kernels.attention import tree_attention
-from specheads.kernels.fused import embedding, rmsnorm, rope_cache, silu_mul
-from specheads.kernels.linear import fits, layer_shapes, linear, serves
-from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, gqa_attention, repeat_kv,
-                               rope_inv_freq)
+from specheads.kernels.attention import causal_attention, tree_attention
+from specheads.kernels.fused import embedding, rmsnorm, rope_cache
+from specheads.kernels.linear import linear
+from specheads.modules import GatedMLP, RMSNorm, RotaryTable, fuse_linears, rope_inv_freq
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -127,16 +125,6 @@ class KVCache:
         return self.k.shape[3]
 
 
-def causal_cache_mask(position_ids: torch.Tensor, kv_len: int, window: int | None = None) -> torch.Tensor:
-    """Bool [B, 1, T, kv_len]: query at position p sees cache slots j <= p (and j > p - window)."""
-    slots = torch.arange(kv_len, device=position_ids.device)
-    pos = position_ids[:, None, :, None]
-    mask = slots <= pos
-    if window:
-        mask = mask & (slots > pos - window)
-    return mask
-
-
 class Attention(nn.Module):
     def __init__(self, spec: TargetSpec, layer_idx: int):
         super().__init__()
@@ -157,40 +145,6 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, cos, sin, attn_mask=None, cache: KVCache | None = None, position_ids=None, kv_len=None,
-                fresh: bool = False, cache_slots=None):
-        """fresh: the tokens start at position 0 in every row (a prefill), so causal attention
-        over the new keys alone is exact and the flash kernel can run."""
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q.transpose(1, 2), cos, sin)
-        k = apply_rotary(k.transpose(1, 2), cos, sin)
-        if cache is not None:
-            # write this step's keys at their slots (tree tokens share positions, not slots)
-            slots = position_ids if cache_slots is None else cache_slots
-            idx = slots[:, None, :, None].expand(b, self.n_kv, t, self.head_dim)
-            cache.k[self.layer_idx].scatter_(2, idx, k)
-            cache.v[self.layer_idx].scatter_(2, idx, v)
-        if (cache is None or fresh) and attn_mask is None and self.window is None:
-            rep = self.n_heads // self.n_kv
-            out = F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), is_causal=True)
-        else:
-            if cache is not None and not fresh:
-                k = cache.k[self.layer_idx, :b, :, :kv_len]
-                v = cache.v[self.layer_idx, :b, :, :kv_len]
-            if attn_mask is None:
-                attn_mask = causal_cache_mask(position_ids, k.shape[2], self.window)
-            elif self.window is not None:
-                # a caller's mask (e.g. a tree) decides causality; the window only cuts old slots
-                slots = torch.arange(k.shape[2], device=x.device)
-                attn_mask = attn_mask & (slots > position_ids[:, None, :, None] - self.window)
-            out = gqa_attention(q, k, v, attn_mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-
 
 class DecoderLayer(nn.Module):
     def __init__(self, spec: TargetSpec, layer_idx: int):
@@ -199,10 +153,6 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, bias=spec.mlp_bias)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-
-    def forward(self, x, cos, sin, **attn_kwargs):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, **attn_kwargs)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 @dataclass
@@ -227,14 +177,13 @@ class TargetModel(nn.Module):
         inv_freq, scaling = rope_inv_freq(hf_config)
         self.rotary = RotaryTable(inv_freq, scaling, max_positions or spec.max_position_embeddings)
         self.fused = False
-        self._own_gemm = False  # set by fuse_for_inference: our GEMM kernel serves this layer's shapes
 
     @torch.no_grad()
     def fuse_for_inference(self) -> "TargetModel":
         """Concatenate each layer's q/k/v and gate/up weights (one matmul each); the separate
         weights become views of the fused ones, so no memory is added and state_dict is
-        unchanged. Decode and verify forwards (with a cache) then run the fused kernels.
-        Call after the model is on its device and dtype."""
+        unchanged; the forward concatenates them itself before (for training's hidden-state
+        capture). Call after the model is on its device and dtype."""
         if self.fused:
             return self
         for layer in self.model.layers:
@@ -242,9 +191,6 @@ class TargetModel(nn.Module):
             a.qkv_weight, a.qkv_bias = fuse_linears([a.q_proj, a.k_proj, a.v_proj])
             m.gate_up_weight, m.gate_up_bias = fuse_linears([m.gate_proj, m.up_proj])
         self.fused = True
-        spec = self.spec
-        self._shapes = layer_shapes(spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.intermediate_size)
-        self._own_gemm = all(serves(n, k) for n, k in self._shapes)
         return self
 
     @property
@@ -265,120 +211,93 @@ class TargetModel(nn.Module):
         return_logits: bool = True,
         cache: KVCache | None = None,
         kv_len: int | None = None,
+        tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
         attn_mask: torch.Tensor | None = None,
         logits_positions: torch.Tensor | None = None,
-        prefill: bool = False,
         cache_slots: torch.Tensor | None = None,
     ) -> TargetOutput:
-        """input_ids [B, T]. Without a cache: causal attention over the batch (right padding is
-        harmless). With a cache: tokens are written at `position_ids` and attend to slots
-        < kv_len under `attn_mask` (default: causal by position)."""
+        """input_ids [B, T] at position_ids [B, T] (default 0..T-1).
+
+        Without a cache the tokens attend causally to each other (a training batch: right padding
+        is harmless). With a cache each token's keys and values are written at its slot
+        (cache_slots, default its position) and it attends to slots < kv_len:
+          tree       (base [B], anc [B, T, T], depth [B, T]): token n of a draft tree sits at slot
+                     base + n and sees the committed slots below base and its ancestors;
+          neither    causal by position, position p at slot p (a prefill, plain decode);
+          attn_mask  bool [B, 1, T, kv_len], any pattern (not bit-exact with a decode).
+        Every call runs the same ops, whatever the number of rows (kernels/linear.py,
+        kernels/attention.py causal_attention): a token's outputs are the same bits in a prefill
+        group, a decode and a tree verify at any batch size."""
+        spec = self.spec
         b, t = input_ids.shape
+        dev = input_ids.device
         if position_ids is None:
-            position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
-        if cache is not None and kv_len is None:
+            position_ids = torch.arange(t, device=dev).expand(b, t)
+        if cache is None:  # the step's keys in a scratch cache of T slots, position p at slot p
+            if cache_slots is not None or tree is not None or attn_mask is not None:
+                raise ValueError("cache_slots, tree and attn_mask need a cache")
+            cache_slots = torch.arange(t, device=dev).expand(b, t)
+            kv_len = t
+        elif kv_len is None:
             kv_len = cache.max_len
-        # the fused kernels serve prefills too: ~10 launches a layer instead of ~40 eager ops,
-        # whose host-side dispatch cost a 30-layer prompt forward ~25 ms
-        if self.fused and cache is not None and not self.spec.qk_norm and not any(self.spec.sliding_windows):
-            return self._fused_forward(input_ids, position_ids, cache, kv_len, attn_mask, cache_slots, capture_layers,
-                                       return_logits, logits_positions)
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary(position_ids, x.dtype)
-        captured = {}
-        capture = set(capture_layers)
-        # a prefill (every row at positions 0..T-1) attends to its own keys only: flash-eligible
-        fresh = prefill and cache is not None and attn_mask is None
-        if cache is not None and attn_mask is None and not fresh and not any(self.spec.sliding_windows):
-            attn_mask = causal_cache_mask(position_ids, kv_len)  # built once, shared by all layers
-        attn_kwargs = dict(attn_mask=attn_mask, cache=cache, position_ids=position_ids, kv_len=kv_len, fresh=fresh,
-                           cache_slots=cache_slots)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, **attn_kwargs)
-            if i in capture:
-                captured[i] = x
-        hidden = self.model.norm(x)
-        if len(self.model.layers) in capture:
-            captured[len(self.model.layers)] = hidden
-        return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
-
-    def _cublas_layers(self, x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
-                       logits_positions) -> TargetOutput:
-        """`_fused_forward`'s layers where our GEMM does not run (wide layers without a
-        measured tile, calls of more than Numerics.linear_max_rows rows: batched trees, prefills):
-        cuBLAS projections, the residual add in the next RMSNorm."""
-        spec = self.spec
-        b, t = position_ids.shape
-        h_q, h_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
-        capture, captured, delta = set(capture_layers), {}, None
-        for i, layer in enumerate(self.model.layers):
-            a, m = layer.self_attn, layer.mlp
-            h, x = rmsnorm(x, layer.input_layernorm.weight, layer.input_layernorm.eps, delta)
-            q = rope_cache(F.linear(h, a.qkv_weight, a.qkv_bias), self.rotary.cos, self.rotary.sin, position_ids,
-                           cache.k[i], cache.v[i], slots, h_q, h_kv, d)
-            o = tree_attention(q, cache.k[i, :b, :, :kv_len], cache.v[i, :b, :, :kv_len], attn_mask)
-            o = a.o_proj(o.transpose(1, 2).reshape(b, t, h_q * d))
-            h, x = rmsnorm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, o)
-            delta = m.down_proj(silu_mul(F.linear(h, m.gate_up_weight, m.gate_up_bias)))
-            if i in capture:
-                captured[i] = x + delta
-        hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps, delta)
-        if len(self.model.layers) in capture:
-            captured[len(self.model.layers)] = hidden
-        return self._output(hidden, captured, capture_layers, return_logits, logits_positions)
-
-    def _output(self, hidden, captured, capture_layers, return_logits, logits_positions) -> TargetOutput:
-        logits = None
-        if return_logits:
-            h = hidden if logits_positions is None else hidden.gather(
-                1, logits_positions[..., None].expand(-1, -1, hidden.shape[-1])
-            )
-            # fused: the same row-independent GEMM as the layers (a token's logits equal in a
-            # decode and in a tree verify); `linear` keeps cuBLAS where that is faster
-            logits = linear(h, self.lm_head.weight) if self.fused else self.lm_head(h)
-        if isinstance(captured, dict):  # layer -> output, or the features made in place (a tensor)
-            captured = torch.cat([captured[i] for i in capture_layers], dim=-1) if captured else None
-        return TargetOutput(hidden=hidden, aux_hidden=captured, logits=logits)
-
-    def _fused_forward(self, input_ids, position_ids, cache, kv_len, attn_mask, cache_slots, capture_layers,
-                       return_logits, logits_positions) -> TargetOutput:
-        """The same layers as `forward` with a cache, on the fused kernels: each projection
-        carries its norm, activation or residual add (kernels/linear.py), rotary and the cache
-        write are one kernel."""
-        spec = self.spec
-        b, t = input_ids.shape
-        h_q, h_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
         slots = position_ids if cache_slots is None else cache_slots
-        if attn_mask is None:
-            attn_mask = causal_cache_mask(position_ids, kv_len)
+        h_q, h_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
         x = embedding(input_ids, self.model.embed_tokens.weight)
-        # wide layers without measured tiles, or many rows: cuBLAS, the residual add in the next norm
-        if not fits(b * t, *self._shapes):
-            return self._cublas_layers(x, position_ids, slots, cache, kv_len, attn_mask, capture_layers, return_logits,
-                                       logits_positions)
         # a captured layer's down_proj writes its slice of the features in place (no concatenation
-        # after the last layer); the next layer reads its input from there (rows 3H apart)
-        aux = torch.empty(b, t, len(capture_layers) * spec.hidden_size, dtype=x.dtype, device=x.device) \
-            if capture_layers else None
-        h = spec.hidden_size
+        # after the last layer); the next layer reads its input from there (rows n * H apart)
+        width = spec.hidden_size
+        aux = torch.empty(b, t, len(capture_layers) * width, dtype=x.dtype, device=dev) if capture_layers else None
         first = {}  # a layer listed twice (tiny models) writes its first slice, copied to the others after
         for j, layer in enumerate(capture_layers):
             first.setdefault(layer, j)
-        where = {layer: aux[..., j * h: (j + 1) * h] for layer, j in first.items()}
+        where = {layer: aux[..., j * width: (j + 1) * width] for layer, j in first.items()}
         for i, layer in enumerate(self.model.layers):
             a, m = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
-            qkv = linear(x, a.qkv_weight, a.qkv_bias, norm_weight=n1.weight, eps=n1.eps)
-            q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, cache.k[i], cache.v[i], slots,
-                           h_q, h_kv, d)
-            o = tree_attention(q, cache.k[i, :b, :, :kv_len], cache.v[i, :b, :, :kv_len], attn_mask)
+            qkv = linear(x, *self._fused(i, "qkv"), norm_weight=n1.weight, eps=n1.eps)
+            if a.q_norm is not None:  # Qwen3: each head's q and k normed before rotary
+                heads = qkv.view(b, t, h_q + 2 * h_kv, d)
+                qn = rmsnorm(heads[:, :, :h_q], a.q_norm.weight, a.q_norm.eps)[0]
+                kn = rmsnorm(heads[:, :, h_q: h_q + h_kv], a.k_norm.weight, a.k_norm.eps)[0]
+                qkv = torch.cat([qn, kn, heads[:, :, h_q + h_kv:]], 2).view(b, t, -1)
+            if cache is not None:
+                k_cache, v_cache = cache.k[i], cache.v[i]
+            else:
+                k_cache, v_cache = torch.empty(2, b, h_kv, t, d, dtype=x.dtype, device=dev)
+            q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache, slots, h_q, h_kv, d)
+            keys, values = k_cache[:b, :, :kv_len], v_cache[:b, :, :kv_len]
+            if attn_mask is not None and tree is None:
+                mask = attn_mask
+                if a.window is not None:  # the caller's mask decides causality; the window cuts old slots
+                    pos = position_ids[:, None, :, None]
+                    mask = mask & (torch.arange(kv_len, device=dev) > pos - a.window)
+                o = tree_attention(q, keys, values, mask)
+            else:
+                o = causal_attention(q, keys, values, position_ids, a.window, tree)
             x = linear(o.transpose(1, 2).reshape(b, t, h_q * d), a.o_proj.weight, a.o_proj.bias, residual=x)
-            act = linear(x, m.gate_up_weight, m.gate_up_bias, norm_weight=n2.weight, eps=n2.eps, silu=True)
+            act = linear(x, *self._fused(i, "gate_up"), norm_weight=n2.weight, eps=n2.eps, silu=True)
             x = linear(act, m.down_proj.weight, m.down_proj.bias, residual=x, out=where.get(i))
         hidden, _ = rmsnorm(x, self.model.norm.weight, self.model.norm.eps)
         if len(self.model.layers) in where:  # the final hidden state, after the norm
             where[len(self.model.layers)].copy_(hidden)
         for j, layer in enumerate(capture_layers):
             if first[layer] != j:
-                aux[..., j * h: (j + 1) * h] = where[layer]
-        return self._output(hidden, aux, capture_layers, return_logits, logits_positions)
+                aux[..., j * width: (j + 1) * width] = where[layer]
+        logits = None
+        if return_logits:
+            h = hidden if logits_positions is None else hidden.gather(
+                1, logits_positions[..., None].expand(-1, -1, hidden.shape[-1]))
+            logits = linear(h, self.lm_head.weight)
+        return TargetOutput(hidden=hidden, aux_hidden=aux, logits=logits)
+
+    def _fused(self, i: int, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Layer i's qkv or gate_up weight and bias: the fused tensors, or (before
+        fuse_for_inference) their parts concatenated."""
+        layer = self.model.layers[i]
+        if self.fused:
+            owner = layer.self_attn if name == "qkv" else layer.mlp
+            return getattr(owner, f"{name}_weight"), getattr(owner, f"{name}_bias")
+        a, m = layer.self_attn, layer.mlp
+        parts = [a.q_proj, a.k_proj, a.v_proj] if name == "qkv" else [m.gate_proj, m.up_proj]
+        bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
+        return torch.cat([p.weight for p in parts]), bias

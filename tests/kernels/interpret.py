@@ -58,3 +58,18 @@ def interpreted_commit_kernel(monkeypatch) -> list:
 
     monkeypatch.setattr(kv_commit, "commit_kv_triton", recording)
     return calls
+
+
+def row_independent_dots(monkeypatch) -> None:
+    """tl.dot under the interpreter computed a row at a time. numpy's matmul may round a row
+    differently by where it sits in the block (its BLAS blocks rows); a GPU MMA gives a row the
+    same bits wherever it sits (checked on the card by gpu_runs/bit_check.py). Tests of which
+    bits a kernel's arithmetic gives a row need the GPU's behaviour."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        rows = np.stack([np.matmul(a.data[i], b.data, dtype=d.data.dtype) for i in range(a.data.shape[0])])
+        return interpreter.TensorHandle(rows + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)

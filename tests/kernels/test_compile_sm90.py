@@ -37,6 +37,17 @@ def step_launches():
                 engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=3, topk=3,
                                     num_draft_tokens=6, max_batch=2, max_len=128)
                 engine.generate([list(range(1, 20)), list(range(5, 12))], SamplingParams(max_new_tokens=6))
+            # the target attention's other variants: split-K over a long cache, a tree, a window
+            from specheads.kernels import attention
+            from specheads.kernels.verify import ancestors_reference
+
+            q, k = torch.randn(2, 4, 3, 16), torch.randn(2, 2, 300, 16)
+            parents = torch.tensor([[-1, 0, 0], [-1, 0, 1]])
+            depth = torch.tensor([[0, 1, 1], [0, 1, 2]])
+            tree = (torch.tensor([250, 260]), ancestors_reference(parents, 2), depth)
+            for split in (True, False):
+                attention.causal_attention(q, k, k, tree[0][:, None] + depth, tree=tree, split=split)
+                attention.causal_attention(q, k, k, torch.tensor([[5, 6, 7], [280, 281, 282]]), window=64, split=split)
     finally:
         mp.undo()
     unique = {}
@@ -51,7 +62,8 @@ def test_the_step_covers_the_kernels(step_launches):
     names = {desc["name"] for desc in step_launches}
     assert any(d["name"] == "_linear_kernel" and d["constexprs"]["SCALED"] for d in step_launches)
     assert any(d["name"] == "_topk_kernel" and d["constexprs"]["NODE_ROW"] for d in step_launches)
-    assert {"_linear_kernel", "_split_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",
+    assert sum(d["name"] == "_causal_kernel" for d in step_launches) >= 5
+    assert {"_linear_kernel", "_split_kernel", "_causal_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",
             "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel"} <= names, names
 
 

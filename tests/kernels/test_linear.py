@@ -1,8 +1,9 @@
 """The fused projection kernel (Triton, through the CPU interpreter) against its torch
-reference. The property it exists for, a row's bits not depending on the other rows of the
-call, holds on the GPU's tensor cores (gpu_runs/linear_check.py: 1 row against 8, 16, 33
-and 64, and 264 earlier); the interpreter's numpy matmul rounds by row position, so here only the part
-that decides it is tested: the tile configuration comes from the weight's shape alone."""
+reference, and the property it exists for: a row's bits do not depend on the other rows of the
+call or their number. On the GPU the tensor cores give a row the same bits wherever it sits
+(gpu_runs/bit_check.py); the interpreter's numpy matmul rounds by row position, so that test
+computes the interpreter's dots a row at a time (interpret.row_independent_dots) and checks
+the rest: tiles, K steps and warps from the weight's shape alone."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from specheads.kernels import linear as lin
-from tests.kernels.interpret import interpret_triton, needs_triton
+from tests.kernels.interpret import interpret_triton, needs_triton, row_independent_dots
 
 
 @pytest.fixture
@@ -59,9 +60,24 @@ def test_strided_input_rows(interpret):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_large_calls_take_the_reference(tune):
-    """Above linear_max_rows (long prefills) cuBLAS serves: the reference path, same numbers."""
-    tune(linear_max_rows=4)
+@needs_triton
+@pytest.mark.parametrize("silu", [False, True])
+def test_a_rows_bits_do_not_depend_on_the_call(interpret, monkeypatch, silu):
+    """Row 0 alone, among 7, 40 (a tree: the tree row block) and 130 others (a prefill)."""
+    row_independent_dots(monkeypatch)
+    g, x, w = _inputs(131, 64, 40, seed=8, silu=silu)
+    x, w = x.bfloat16(), w.bfloat16()
+    kw = dict(norm_weight=torch.rand(64, generator=g).bfloat16() + 0.5, eps=1e-5, silu=silu,
+              residual=torch.randn(131, 40, generator=g).bfloat16())
+    alone = lin.linear(x[:1], w, **{**kw, "residual": kw["residual"][:1]})
+    for rows in (8, 41, 131):
+        crowd = lin.linear(x[:rows], w, **{**kw, "residual": kw["residual"][:rows]})
+        assert torch.equal(crowd[:1], alone), rows
+
+
+def test_null_shapes_take_the_reference(tune):
+    """A shape set to null in linear_shapes takes cuBLAS at every row count: the reference path."""
+    tune(linear_shapes={(16, 32): None})
     _, x, w = _inputs(6, 32, 16, seed=4)
     torch.testing.assert_close(lin.linear(x, w), x @ w.t())
 
@@ -73,20 +89,13 @@ def test_config_depends_on_the_weight_only():
         assert k % block_k == 0 and block_n in (16, 32, 64, 128)
 
 
-def test_serves_small_widths_and_measured_wide_tiles_only():
-    assert all(lin.serves(n, k) for n, k in lin.layer_shapes(576, 576, 1536))  # SmolLM2-135M
+def test_the_weight_shape_decides_where_a_call_runs():
+    """Every width is served by default (a Qwen2.5-7B layer as much as SmolLM2's), at any number
+    of rows; only a shape set to null, or K not a multiple of 16, takes cuBLAS."""
+    for n, k in ((960, 576), (3072, 576), (576, 1536), (49152, 576), (6144, 4096), (3584, 3584), (3584, 18944),
+                 (128256, 4096)):
+        assert lin.serves(n, k)
     assert not lin.serves(100, 100)  # not a multiple of 16
-    # an 8B layer: every projection has a measured tile
-    assert all(lin.serves(n, k) for n, k in lin.layer_shapes(4096, 4096, 14336)) and lin.serves(6144, 4096)
-    assert not lin.serves(3584, 3584)  # a wide shape nobody measured (Qwen2.5-7B): cuBLAS
-
-
-def test_wide_lm_head_runs_here_at_decode_only():
-    assert lin._runs_here(1, 128256, 4096)  # an 8B lm_head, one row
-    assert not lin._runs_here(33, 128256, 4096)  # its tree verify: cuBLAS
-    assert lin._runs_here(1, 6144, 4096) and not lin._runs_here(9, 6144, 4096)  # an 8B qkv
-    assert lin._runs_here(1, 4096, 14336) and not lin._runs_here(9, 4096, 14336)  # an 8B down_proj
-    assert lin._runs_here(33, 960, 576) and not lin._runs_here(65, 960, 576)
 
 
 def test_tile_overrides_for_tuning(tune):
@@ -100,25 +109,18 @@ def test_tile_overrides_for_tuning(tune):
     tune(linear_tiles={})
     assert lin._config(6144, 4096)[1:3] == (256, 8)  # without a tile: the rule's column block and stages
     tune(linear_shapes={(128256, 4096): None})
-    assert not lin._runs_here(1, 128256, 4096)  # null holds for a wide lm_head too
+    assert not lin.serves(128256, 4096)  # null holds for a wide lm_head too
 
 
 @needs_triton
 def test_raised_width_limit_and_a_tile_longer_than_k(interpret, tune):
-    """With linear_max_k raised (an 8B layer on a card where ours wins) the kernel serves wide
-    inputs; a K step longer than K is masked."""
-    tune(linear_max_k=8192, linear_shapes={(2 * 24, 4096): (8192, 4)}, linear_tiles={(2 * 24, 4096): (16, 2)})
-    assert lin.serves(2 * 24, 4096) and lin.serves(5000, 4096)
+    """With linear_max_k lowered, a listed wide shape is still served; a K step longer than K is
+    masked."""
+    tune(linear_max_k=2048, linear_shapes={(2 * 24, 4096): (8192, 4)}, linear_tiles={(2 * 24, 4096): (16, 2)})
+    assert lin.serves(2 * 24, 4096) and not lin.serves(5000, 4096)  # wider than linear_max_k: listed shapes only
     g, x, w = _inputs(2, 4096, 24, seed=5, silu=True)
     kw = dict(norm_weight=torch.randn(4096, generator=g), eps=1e-5, silu=True)
     torch.testing.assert_close(lin.linear(x, w, **kw), lin.linear_reference(x, w, **kw), rtol=1e-4, atol=1e-4)
-
-
-def test_wide_inputs_are_served_at_decode_only(monkeypatch):
-    eight_b = lin.layer_shapes(4096, 4096, 14336)
-    assert lin.fits(8, *eight_b) and not lin.fits(9, *eight_b)  # a tree verify keeps cuBLAS
-    assert lin.fits(64, *lin.layer_shapes(576, 576, 1536))  # narrow layers: up to linear_max_rows
-    assert not lin.fits(1, *lin.layer_shapes(3584, 3584, 18944))  # no measured tiles: cuBLAS
 
 
 @needs_triton
@@ -134,12 +136,12 @@ def test_norm_pass_unrolled_over_a_ragged_k(interpret, tune, norm_keys):
 
 
 @needs_triton
-@pytest.mark.parametrize("tile, scale, block, warps", [(None, 2, 16, 0), ((32, 16, 4, 2), 1, 16, 0), (None, 4, 16, 0),
-                                                       (None, 1, 32, 8), (None, 2, 64, 2)])
-def test_tree_rows_and_a_caller_tile(interpret, tune, tile, scale, block, warps):
-    """A 41-row call (a tree verify: linear_row_block rows, linear_tree_n_scale x wider columns,
-    linear_tree_warps) and a caller's own tile (the draft head's lm_head) compute the reference."""
-    tune(linear_tree_n_scale=scale, linear_row_block=block, linear_tree_warps=warps)
+@pytest.mark.parametrize("tile, scale, block", [(None, 2, 16), ((32, 16, 4, 2), 1, 16), (None, 4, 16), (None, 1, 32),
+                                                (None, 2, 64)])
+def test_tree_rows_and_a_caller_tile(interpret, tune, tile, scale, block):
+    """A 41-row call (a tree verify: linear_row_block rows, linear_tree_n_scale x wider columns)
+    and a caller's own tile (the draft head's lm_head) compute the reference."""
+    tune(linear_tree_n_scale=scale, linear_row_block=block)
     g, x, w = _inputs(41, 48, 72, seed=5, silu=True)
     kw = dict(norm_weight=torch.randn(48, generator=g), eps=1e-5, silu=True,
               residual=torch.randn(41, 72, generator=g))

@@ -15,9 +15,9 @@ from tests.kernels.interpret import interpret_triton, needs_triton
 
 def test_defaults():
     t = KernelTuning()
-    assert t.numerics.linear_max_rows == 64 and t.numerics.linear_max_k == 2048 and t.numerics.linear_wide_rows == 8
+    assert t.numerics.linear_max_k == 65536  # every width: no call's bits depend on its rows
     assert t.numerics.attention_chunk == 128 and t.numerics.attention == "triton"
-    assert t.numerics.linear_tree_warps == 0 and t.numerics.attention_row_block == 16
+    assert t.numerics.attention_row_block == 16 and t.speed.attention_split_below == 512
     assert t.speed.linear_row_block == 16 and t.speed.linear_tree_n_scale == 2 and t.speed.draft_warps == 8
     assert t.speed.pdl_kernels == tuning.PDL_DEFAULT
     # the measured wide tiles, split into K step and warps (numerics) and the rest (speed)
@@ -45,8 +45,9 @@ def test_frozen():
     (dict(attention_chunk=96), r"numerics.attention_chunk = 96: expected a power of two >= 64"),
     (dict(attention_chunk=32), r"numerics.attention_chunk = 32: expected a power of two >= 64"),
     (dict(attention="flash"), r"numerics.attention = 'flash': expected 'triton' or 'sdpa'"),
-    (dict(linear_max_rows=-1), r"numerics.linear_max_rows = -1"),
-    (dict(linear_max_rows=8.0), r"numerics.linear_max_rows = 8.0: expected an integer"),
+    (dict(linear_max_k=-1), r"numerics.linear_max_k = -1"),
+    (dict(linear_max_k=8.0), r"numerics.linear_max_k = 8.0: expected an integer"),
+    (dict(attention_split_below=-2), r"speed.attention_split_below = -2"),
     (dict(linear_shapes={(96, 64): (24, 4)}), r"numerics.linear_shapes\[\(96, 64\)\] = \(24, 4\): expected "
                                               r"\[BLOCK_K, num_warps\]: BLOCK_K a power of two >= 16"),
     (dict(linear_shapes={(96, 64): (64, 3)}), r"numerics.linear_shapes\[\(96, 64\)\] = \(64, 3\): expected"),
@@ -56,7 +57,6 @@ def test_frozen():
     (dict(linear_tiles={(96, 64): (16, 4, 2)}), r"speed.linear_tiles\[\(96, 64\)\] = \(16, 4, 2\): expected \[BLOCK_N"),
     (dict(draft_warps=3), r"speed.draft_warps = 3: expected one of \(1, 2, 4, 8, 16, 32\)"),
     (dict(linear_row_block=128), r"speed.linear_row_block = 128: expected 16, 32 or 64"),
-    (dict(linear_tree_warps=6), r"numerics.linear_tree_warps = 6"),
     (dict(attention_row_block=8), r"numerics.attention_row_block = 8"),
     (dict(pdl_kernels={"linear", "gemm"}), r"speed.pdl_kernels: unknown kernel 'gemm'; expected names from accept"),
     (dict(chunk=64), r"unknown kernel tuning field 'chunk'; expected one of linear_tiles, .*attention_chunk"),
@@ -69,7 +69,7 @@ def test_validation_names_the_field_and_what_is_allowed(fields, message):
 def test_replace_changes_one_group_and_keeps_the_rest():
     t = KernelTuning().replace(attention_chunk=64, draft_warps=4)
     assert t.numerics.attention_chunk == 64 and t.speed.draft_warps == 4
-    assert t.numerics.linear_max_rows == 64 and t.speed.linear_row_block == 16
+    assert t.numerics.linear_max_k == 65536 and t.speed.linear_row_block == 16
     assert KernelTuning().numerics.attention_chunk == 128  # the original is unchanged
 
 
@@ -98,7 +98,7 @@ def test_from_dict_overrides_the_base():
 
 @pytest.mark.parametrize("data, message", [
     ({"numerics": {"attention_chunk": 100}}, r"numerics.attention_chunk = 100: expected a power of two >= 64"),
-    ({"numerics": {"chunk": 64}}, r"unknown kernel tuning field numerics.chunk; expected one of linear_max_rows"),
+    ({"numerics": {"chunk": 64}}, r"unknown kernel tuning field numerics.chunk; expected one of linear_max_k"),
     ({"speed": {"attention_chunk": 64}}, r"unknown kernel tuning field speed.attention_chunk"),
     ({"linear": {}}, r"unknown kernel tuning group 'linear'; expected 'speed' or 'numerics'"),
     ({"speed": {"pdl_kernels": "some"}}, r"speed.pdl_kernels = 'some': expected a list of kernel names"),
@@ -123,7 +123,7 @@ def test_parse_text_or_file(tmp_path):
 
 def test_use_and_using_restore():
     before = tuning.active()
-    t = before.replace(linear_max_rows=4)
+    t = before.replace(linear_max_k=4)
     with tuning.using(t) as got:
         assert got is t and tuning.active() is t
         with tuning.using(before.replace(attention_chunk=64)):
@@ -138,15 +138,13 @@ def test_use_and_using_restore():
 
 
 def test_using_changes_the_gemm_route():
-    """Numerics.linear_max_rows decides which calls take our projection; restored after."""
-    narrow = linear.layer_shapes(576, 576, 1536)
-    assert linear.fits(33, *narrow) and linear._runs_here(33, 960, 576)
-    with tuning.using(tuning.active().replace(linear_max_rows=16)):
-        assert not linear.fits(33, *narrow) and not linear._runs_here(33, 960, 576)
-        assert linear.fits(16, *narrow)
+    """Numerics decides which weight shapes take our projection; restored after."""
+    assert linear.serves(960, 576) and linear.serves(576, 1536)
+    with tuning.using(tuning.active().replace(linear_max_k=1024)):
+        assert linear.serves(960, 576) and not linear.serves(576, 1536)
     with tuning.using(tuning.active().replace(linear_shapes={(960, 576): None})):
         assert not linear.serves(960, 576) and linear.serves(576, 1536)
-    assert linear.fits(33, *narrow) and linear.serves(960, 576)
+    assert linear.serves(960, 576) and linear.serves(576, 1536)
 
 
 @needs_triton
@@ -170,7 +168,7 @@ def test_using_decides_which_kernel_serves(monkeypatch):
         return list(launched)
 
     assert run() == ["_linear_kernel", "_split_kernel"]
-    with tuning.using(tuning.active().replace(linear_max_rows=4, attention="sdpa")):
+    with tuning.using(tuning.active().replace(linear_max_k=16, attention="sdpa")):
         assert run() == []
     assert run() == ["_linear_kernel", "_split_kernel"]
 

@@ -77,7 +77,7 @@ def test_generate_kernel_tuning(capsys, monkeypatch, tiny_target_dir, head_dir):
     tuned = _json(capsys, tiny_target_dir, "--draft", str(head_dir), "--max-len", "256", "--kernel-tuning",
                   '{"speed": {"draft_warps": 4}, "numerics": {"attention_chunk": 64}}')
     assert tuning.active().speed.draft_warps == 4 and tuning.active().numerics.attention_chunk == 64
-    assert tuning.active().numerics.linear_max_rows == tuning.KernelTuning.for_device().numerics.linear_max_rows
+    assert tuning.active().numerics.linear_max_k == tuning.KernelTuning.for_device().numerics.linear_max_k
     assert [o["token_ids"] for o in tuned["outputs"]] == [o["token_ids"] for o in plain["outputs"]]
 
 

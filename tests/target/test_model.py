@@ -115,7 +115,7 @@ def test_right_padding_does_not_change_real_positions(pair):
 
 
 def test_kv_cache_prefill_then_decode_equals_full_forward(pair):
-    """prefill=True over the first tokens, then one token at a time through the cache."""
+    """A prefill over the first tokens, then one token at a time through the cache."""
     from specheads.target.model import KVCache
 
     _, _, ours = pair
@@ -125,7 +125,7 @@ def test_kv_cache_prefill_then_decode_equals_full_forward(pair):
         full = ours(ids, capture_layers=CAPTURE)
         cache = KVCache(ours.spec, b, t, torch.float32, "cpu")
         pos = torch.arange(n_prefill).expand(b, n_prefill)
-        pre = ours(ids[:, :n_prefill], pos, cache=cache, kv_len=n_prefill, prefill=True, capture_layers=CAPTURE)
+        pre = ours(ids[:, :n_prefill], pos, cache=cache, kv_len=n_prefill, capture_layers=CAPTURE)
         torch.testing.assert_close(pre.logits, full.logits[:, :n_prefill], atol=1e-4, rtol=0)
         torch.testing.assert_close(pre.aux_hidden, full.aux_hidden[:, :n_prefill], atol=1e-4, rtol=0)
         for p in range(n_prefill, t):

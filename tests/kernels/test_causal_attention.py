@@ -1,0 +1,119 @@
+"""The target's causal attention (Triton, through the CPU interpreter): equal to its reference,
+and a token's output bits independent of where its keys sit (a tree node and the plain decode
+of its path), of the other rows and tokens of the call, of the cache bucket, and of split-K."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specheads.kernels import attention
+from specheads.kernels.verify import ancestors_reference
+from tests.kernels.interpret import interpret_triton, needs_triton, row_independent_dots
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    interpret_triton(monkeypatch)
+    row_independent_dots(monkeypatch)
+
+
+def _tree(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random parents (each before its child) and depths of an n-node tree, node 0 the root."""
+    g = torch.Generator().manual_seed(seed)
+    parents, depth = [-1], [0]
+    for i in range(1, n):
+        p = int(torch.randint(0, i, (1,), generator=g))
+        parents.append(p)
+        depth.append(depth[p] + 1)
+    return torch.tensor(parents), torch.tensor(depth)
+
+
+def _tree_inputs(b, n, base, seed):
+    parents, depth = zip(*(_tree(n, seed + i) for i in range(b)))
+    parents, depth = torch.stack(parents), torch.stack(depth)
+    anc = ancestors_reference(parents, int(depth.max()))
+    return parents, depth, anc, base[:, None] + depth
+
+
+@needs_triton
+@pytest.mark.parametrize("h, kv, t, s, window, split", [
+    (3, 3, 1, 40, None, None),
+    (6, 2, 5, 300, None, True),  # 3 chunks of 128 keys, one program each
+    (6, 2, 5, 300, None, False),  # the same chunks folded by one program
+    (9, 3, 17, 200, 50, None),  # a sliding window
+    (4, 1, 7, 150, None, None),  # 4 heads of one KV group: 4 tokens a program
+])
+def test_contiguous_equals_the_reference(interpret, h, kv, t, s, window, split):
+    g = torch.Generator().manual_seed(t)
+    b, d = 2, 16
+    q = torch.randn(b, t, h, d, generator=g).transpose(1, 2)
+    k, v = torch.randn(b, kv, s, d, generator=g), torch.randn(b, kv, s, d, generator=g)
+    positions = torch.stack([torch.arange(s - t - 3, s - 3), torch.arange(10, 10 + t)])
+    out = attention.causal_attention(q, k, v, positions, window, split=split)
+    ref = attention.causal_attention_reference(q, k, v, positions, window)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("window", [None, 20])
+def test_tree_equals_the_reference(interpret, window):
+    g = torch.Generator().manual_seed(5)
+    b, h, kv, n, s, d = 3, 6, 2, 11, 260, 16
+    base = torch.tensor([100, 128 - 3, 200])  # a tree across a block and a chunk boundary
+    _, depth, anc, positions = _tree_inputs(b, n, base, seed=1)
+    q = torch.randn(b, h, n, d, generator=g)
+    k, v = torch.randn(b, kv, s, d, generator=g), torch.randn(b, kv, s, d, generator=g)
+    tree = (base, anc, depth)
+    out = attention.causal_attention(q, k, v, positions, window, tree=tree)
+    ref = attention.causal_attention_reference(q, k, v, positions, window, tree=tree)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype, tree_tokens", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 3)])
+def test_a_tree_node_matches_the_decode_of_its_path_bit_for_bit(interpret, tune, dtype, tree_tokens):
+    """Each node of a tree verified at slots base + n gives the bits of its path decoded alone:
+    the path committed at base..base+d, the node the one query (batch 1, its own cache), with
+    one or three tree tokens a program."""
+    tune(attention_tree_tokens=tree_tokens)
+    g = torch.Generator().manual_seed(7)
+    b, h, kv, n, s, d = 2, 6, 2, 13, 300, 16
+    base = torch.tensor([60, 250])  # the second tree runs past a 128-key chunk boundary
+    parents, depth, anc, positions = _tree_inputs(b, n, base, seed=3)
+    q = torch.randn(b, h, n, d, generator=g).to(dtype)
+    k, v = torch.randn(b, kv, s, d, generator=g).to(dtype), torch.randn(b, kv, s, d, generator=g).to(dtype)
+    out = attention.causal_attention(q, k, v, positions, tree=(base, anc, depth))
+    for row in range(b):
+        L = int(base[row])
+        for node in range(n):
+            path = [node]
+            while parents[row, path[-1]] >= 0:
+                path.append(int(parents[row, path[-1]]))
+            path.reverse()
+            ks = torch.randn(1, kv, s + 64, d, generator=g).to(dtype)  # other contents elsewhere
+            vs = torch.randn(1, kv, s + 64, d, generator=g).to(dtype)
+            ks[0, :, :L], vs[0, :, :L] = k[row, :, :L], v[row, :, :L]
+            for j, p in enumerate(path):
+                ks[0, :, L + j], vs[0, :, L + j] = k[row, :, L + p], v[row, :, L + p]
+            pos = torch.tensor([[L + len(path) - 1]])
+            lone = (torch.tensor([L + len(path) - 1]), torch.ones(1, 1, 1, dtype=torch.bool), torch.zeros(1, 1,
+                    dtype=torch.long))
+            for decoded in (attention.causal_attention(q[row:row + 1, :, node:node + 1], ks, vs, pos),
+                            attention.causal_attention(q[row:row + 1, :, node:node + 1], ks, vs, pos, tree=lone)):
+                assert torch.equal(decoded[0, :, 0], out[row, :, node]), (row, node)
+
+
+@needs_triton
+def test_a_rows_bits_do_not_depend_on_the_call(interpret):
+    """Row 0's output at batch 1 equals its output among other rows, in a longer cache bucket,
+    with more tokens in the call, split or not."""
+    g = torch.Generator().manual_seed(11)
+    h, kv, t, s, d = 6, 2, 5, 300, 16
+    q = torch.randn(4, h, t + 4, d, generator=g).bfloat16()
+    k, v = torch.randn(4, kv, s + 200, d, generator=g).bfloat16(), torch.randn(4, kv, s + 200, d, generator=g).bfloat16()
+    positions = torch.arange(200, 200 + t + 4).expand(4, t + 4).clone()
+    alone = attention.causal_attention(q[:1, :, :t], k[:1, :, :s], v[:1, :, :s], positions[:1, :t], split=False)
+    for split in (True, False):
+        crowd = attention.causal_attention(q, k, v, positions, split=split)
+        assert torch.equal(crowd[0, :, :t], alone[0])
