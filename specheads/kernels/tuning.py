@@ -124,7 +124,7 @@ class Speed:
     linear_tree_n_scale: int = 2
     # calls of more rows than this over a narrow weight (batched tree verifies, prefills) take
     # 64-row, at least 64-column tiles
-    linear_many_rows: int = 64
+    linear_many_rows: int = 256
     # before its PDL wait a projection program asks L2 for the first columns of its weight
     # slice: up to this many bytes of the whole weight (0: none)
     linear_prefetch_bytes: int = 8 * 2**20
