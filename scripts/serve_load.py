@@ -10,8 +10,9 @@ server with --method ar on the same target. Modes: `spec` (server default), `off
 `"speculation": {"enabled": false}`: plain decoding inside the speculative engine's batch),
 `ar` (a server without a drafter). Each cell runs at most --requests requests and
 --max-seconds seconds, after a warm-up of the same concurrency. Prints a table (requests/s,
-output tokens/s, p50/p99 latency, TTFT p50, mean acceptance length), writes <out>.json and
-<out>.png. Nothing here asserts speed.
+output tokens/s, p50/p99 latency, TTFT p50, mean acceptance length, and the share of answers
+identical to the `ar` server's answer to the same prompt with one client: greedy speculation is
+lossless only if that is 100%), writes <out>.json and <out>.png. Nothing here asserts speed.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 async def one_request(client: httpx.AsyncClient, body: dict) -> dict:
     t0 = time.perf_counter()
-    ttft, last = None, None
+    ttft, last, text = None, None, []
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             return {"error": f"{r.status_code} {(await r.aread())[:200]!r}"}
@@ -50,13 +51,16 @@ async def one_request(client: httpx.AsyncClient, body: dict) -> dict:
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 return {"error": chunk["error"]["message"]}
-            if ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                ttft = time.perf_counter() - t0
+            content = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+            if content:
+                text.append(content)
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
             last = chunk
     spec = last.get("speculation", {})
     return {"latency": time.perf_counter() - t0, "ttft": ttft if ttft is not None else time.perf_counter() - t0,
             "tokens": last["usage"]["completion_tokens"], "steps": spec.get("steps", 0),
-            "accepted": spec.get("accepted_tokens", 0)}
+            "accepted": spec.get("accepted_tokens", 0), "text": "".join(text)}
 
 
 async def run_cell(url: str, headers: dict, model: str, prompts: list[str], clients: int, requests: int,
@@ -81,7 +85,7 @@ async def run_cell(url: str, headers: dict, model: str, prompts: list[str], clie
             while issued < requests and time.perf_counter() < deadline:
                 i = issued
                 issued += 1
-                results.append(await one_request(client, body(i)))
+                results.append({**await one_request(client, body(i)), "prompt": i % len(prompts)})
 
         await asyncio.gather(*[worker() for _ in range(clients)])
         wall = time.perf_counter() - t0
@@ -95,6 +99,7 @@ async def run_cell(url: str, headers: dict, model: str, prompts: list[str], clie
         "latency_p99_s": round(percentile([r["latency"] for r in ok], 99), 4),
         "ttft_p50_s": round(percentile([r["ttft"] for r in ok], 50), 4),
         "mean_acceptance_length": round(1 + sum(r["accepted"] for r in ok) / steps, 3) if steps else None,
+        "answers": {r["prompt"]: r["text"] for r in ok},  # compared with the ar server's, then dropped
     }
 
 
@@ -182,7 +187,7 @@ def main() -> None:
                                      args.max_tokens, spec))
             r["mode"] = mode
             rows.append(r)
-            print(json.dumps(r), flush=True)
+            print(json.dumps({k: v for k, v in r.items() if k != "answers"}), flush=True)
 
     if args.url:
         for mode in [m for m in args.modes if m != "ar"]:
@@ -195,6 +200,7 @@ def main() -> None:
         if "ar" in args.modes:
             with server_process(args, "ar") as url:
                 cells(url, "target", "ar")
+    identical_answers(rows)
     report_table(rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -202,6 +208,16 @@ def main() -> None:
                                                    indent=1))
     plot(rows, out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+
+
+def identical_answers(rows: list[dict]) -> None:
+    """Each cell's share of answers equal to the ar server's with one client for the same prompt
+    (None without that cell); the answers themselves are dropped from the rows."""
+    ref = next((r["answers"] for r in rows if r["mode"] == "ar" and r["clients"] == 1), None)
+    for r in rows:
+        answers = r.pop("answers")
+        common = [i for i in answers if ref is not None and i in ref]
+        r["identical_to_ar1"] = round(sum(answers[i] == ref[i] for i in common) / len(common), 4) if common else None
 
 
 def speedups(rows: list[dict]) -> dict:
@@ -223,12 +239,13 @@ def report_table(rows: list[dict]) -> None:
 
     t = Table(title="specheads serve: streaming chat clients on loopback")
     for col in ("mode", "clients", "requests", "req/s", "out tok/s", "p50 s", "p99 s", "TTFT p50 s", "accept len",
-                "errors"):
+                "= ar@1", "errors"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(r["mode"], str(r["clients"]), str(r["requests"]), f"{r['requests_per_s']:.2f}",
                   f"{r['output_tokens_per_s']:.0f}", f"{r['latency_p50_s']:.3f}", f"{r['latency_p99_s']:.3f}",
-                  f"{r['ttft_p50_s']:.3f}", str(r["mean_acceptance_length"] or "-"), str(len(r["errors"])))
+                  f"{r['ttft_p50_s']:.3f}", str(r["mean_acceptance_length"] or "-"),
+                  "-" if r["identical_to_ar1"] is None else f"{r['identical_to_ar1']:.0%}", str(len(r["errors"])))
     console = Console(width=150)
     console.print(t)
     for k, v in speedups(rows).items():

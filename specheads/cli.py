@@ -240,7 +240,7 @@ def cmd_generate(args) -> int:
 
     from specheads.target.chat import render, stop_token_ids
     from specheads.drafters import method_needs_head
-    from specheads.heads.format import load_head
+    from specheads.drafters.draft_model import load_draft
     from specheads.runtime.engine import SpecEngine, pooled
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.loader import load_target
@@ -251,7 +251,8 @@ def cmd_generate(args) -> int:
                             max_new_tokens=args.max_new_tokens).validate()
     _use_kernel_tuning(args)
     model, tok, _ = load_target(args.target, dtype=dtype, device=device)
-    head = load_head(args.draft, device=device, dtype=dtype) if args.draft and method_needs_head(args.method) else None
+    head = load_draft(args.draft, tok, device=device, dtype=dtype) if args.draft and method_needs_head(args.method) \
+        else None
     # only a change from the drafter's default is passed (a head kind without the option is not handed it)
     drafter_options = {"lm_head_int8": False} if head is not None and args.draft_lm_head == "bf16" else {}
     engine = SpecEngine(model, head, method=args.method, num_steps=args.num_steps, topk=args.topk,
@@ -409,7 +410,8 @@ def _use_kernel_tuning(args) -> None:
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="HF folder, hub id or .gguf (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", default=None, help="head folder or hub id (without it: --method ar or ngram)")
+    p.add_argument("--draft", default=None, help="head folder or hub id, or a small LM of the target's family with "
+                   "the same tokenizer (folder or .gguf: method draft_model); without it: --method ar or ngram")
     p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' (default: env SPECHEADS_API_KEY)")
@@ -462,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("generate", help="generate with target + draft head (speculative, lossless)")
     p.add_argument("--target", default=None)
-    p.add_argument("--draft", default=None, help="head folder written by specheads (final/) or hub id org/name[@rev]")
+    p.add_argument("--draft", default=None, help="head folder written by specheads (final/) or hub id org/name[@rev], "
+                   "or a small LM of the target's family with the same tokenizer (folder or .gguf: method draft_model)")
     p.add_argument("--method", default=None, help=METHOD_HELP)
     p.add_argument("--prompt", required=True, action="append", help="repeat for a batch")
     p.add_argument("--raw", action="store_true", help="no chat template")

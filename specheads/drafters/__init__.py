@@ -113,3 +113,12 @@ def _ngram(setup: DraftSetup) -> Drafter:
 
 
 register_method("ngram", _ngram, about="prompt lookup: the tokens after the latest earlier match of the history's suffix")
+
+
+def _draft_model(setup: DraftSetup) -> Drafter:
+    # resolved by name when used, as head kinds' drafters are (the module imports this package)
+    return importlib.import_module("specheads.drafters.draft_model").DraftModelDrafter.from_setup(setup)
+
+
+register_method("draft_model", _draft_model, needs_head=True,
+                about="a standalone small LM of the target's family (same tokenizer), with its own KV cache")

@@ -24,14 +24,14 @@ def load_engine(target: str | None, draft: str | None, method: str | None = None
     import torch
 
     from specheads.drafters import method_needs_head
-    from specheads.heads.format import load_head
+    from specheads.drafters.draft_model import load_draft
     from specheads.runtime.engine import SpecEngine
     from specheads.target.loader import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model, tok, folder = load_target(target, dtype=dtype, device=device)
-    head = load_head(draft, device=device, dtype=dtype) if draft and method_needs_head(method) else None
+    head = load_draft(draft, tok, device=device, dtype=dtype) if draft and method_needs_head(method) else None
     engine = SpecEngine(model, head, method=method, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
                         max_len=max_len, max_batch=max_batch,
                         drafter_options=_drafter_options(head, draft_lm_head_int8))
