@@ -37,6 +37,13 @@ def step_launches():
                 engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=3, topk=3,
                                     num_draft_tokens=6, max_batch=2, max_len=128)
                 engine.generate([list(range(1, 20)), list(range(5, 12))], SamplingParams(max_new_tokens=6))
+            # a standalone draft model (its window feed, masked frontier, plain top-k expansion)
+            from specheads.drafters.draft_model import DraftLM
+
+            draft = TargetModel(cfg).eval().requires_grad_(False).fuse_for_inference()
+            engine = SpecEngine(target, DraftLM(draft), num_steps=3, topk=2, num_draft_tokens=4, max_batch=2,
+                                max_len=128)
+            engine.generate([list(range(1, 20)), list(range(5, 12))], SamplingParams(max_new_tokens=6))
             # the target attention's other variants: split-K over a long cache, a tree, a window
             from specheads.kernels import attention
             from specheads.kernels.verify import ancestors_reference

@@ -208,3 +208,29 @@ def test_embedding_kernel_equals_reference(monkeypatch, shape):
     ids = torch.randint(0, 50, shape, generator=g)
     out = fused.embedding(ids, table)
     assert out.shape == (*shape, 20) and torch.equal(out, torch.nn.functional.embedding(ids, table))
+
+
+@needs_triton
+def test_a_rows_bits_do_not_depend_on_the_call(interpret):
+    """RMSNorm (with its residual add), the embedding and rotary + cache write give row 0 the
+    same bits alone and among other rows (a program per row; bf16)."""
+    g = torch.Generator().manual_seed(9)
+    x, r = torch.randn(40, 96, generator=g).bfloat16(), torch.randn(40, 96, generator=g).bfloat16()
+    w = (torch.rand(96, generator=g) + 0.5).bfloat16()
+    table, ids = torch.randn(50, 96, generator=g).bfloat16(), torch.randint(0, 50, (40,), generator=g)
+    h, kv, d = 4, 2, 16
+    qkv = torch.randn(40, 1, (h + 2 * kv) * d, generator=g).bfloat16()
+    cos, sin = torch.randn(64, d, generator=g), torch.randn(64, d, generator=g)
+    pos = torch.randint(0, 60, (40, 1), generator=g)
+
+    def rope(m):
+        kc, vc = torch.zeros(m, kv, 64, d).bfloat16(), torch.zeros(m, kv, 64, d).bfloat16()
+        q = fused.rope_cache(qkv[:m].contiguous(), cos, sin, pos[:m], kc, vc, pos[:m], h, kv, d)
+        return q[:1], kc[:1]
+
+    alone = (fused.rmsnorm(x[:1], w, 1e-5, r[:1]), fused.embedding(ids[:1], table), rope(1))
+    for m in (7, 40):
+        norm, emb, rot = fused.rmsnorm(x[:m], w, 1e-5, r[:m]), fused.embedding(ids[:m], table), rope(m)
+        assert torch.equal(norm[0][:1], alone[0][0]) and torch.equal(norm[1][:1], alone[0][1])
+        assert torch.equal(emb[:1], alone[1])
+        assert torch.equal(rot[0], alone[2][0]) and torch.equal(rot[1], alone[2][1])
