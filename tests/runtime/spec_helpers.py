@@ -110,6 +110,24 @@ class _DrafterBase(Drafter):
     needs = Needs(history=True)
 
 
+def run_joining(engine, prompts: list[list[int]], budgets: list[int]) -> list[list[int]]:
+    """Greedy requests added while rows are free and stepped until all finish (rows leave at
+    different steps and the last row moves into the freed one); each request's tokens, in order."""
+    from specheads.runtime.engine import Request
+    from specheads.runtime.sampling import SamplingParams
+
+    todo, got, order = list(zip(prompts, budgets)), {}, []
+    while engine.has_work or todo:
+        while todo and engine.free_slots:
+            p, n = todo.pop(0)
+            h = engine.add(Request(p, SamplingParams(max_new_tokens=n)))
+            got[h] = []
+            order.append(h)
+        for out in engine.step():
+            got[out.handle] += out.new_tokens
+    return [got[h] for h in order]
+
+
 def tree_from_nodes(rows: list[list[tuple[int, int]]], roots: torch.Tensor) -> Tree:
     """rows[b] = [(parent index, token), ...] for nodes 1..N (node 0 is the root)."""
     tokens, parents, depth = [], [], []

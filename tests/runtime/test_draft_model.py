@@ -14,10 +14,10 @@ import torch
 
 from specheads.drafters import DrafterError
 from specheads.drafters.draft_model import DraftLM, check_same_tokenizer, is_language_model, load_draft
-from specheads.runtime.engine import EngineError, Request, SpecEngine
+from specheads.runtime.engine import EngineError, SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
-from tests.runtime.spec_helpers import make_target, random_prompts
+from tests.runtime.spec_helpers import make_target, random_prompts, run_joining
 
 VOCAB = 64
 PROMPTS = random_prompts(6, VOCAB, [3, 7, 1, 12, 5, 9], seed=11)
@@ -76,17 +76,7 @@ def test_rows_joining_and_leaving(target, reference):
     """Requests of different lengths leave mid-run; the rows that move keep their draft state."""
     engine = SpecEngine(target, DraftLM(copy.deepcopy(target)), max_len=64, max_batch=3, **TREES["chain"])
     budgets = [5, NEW, 9, NEW, 3, 14]
-    todo = list(zip(PROMPTS, budgets))
-    got, order = {}, []
-    while engine.has_work or todo:
-        while todo and engine.free_slots:
-            p, n = todo.pop(0)
-            h = engine.add(Request(p, SamplingParams(max_new_tokens=n)))
-            got[h] = []
-            order.append(h)
-        for out in engine.step():
-            got[out.handle] += out.new_tokens
-    assert [got[h] for h in order] == [ref[:n] for ref, n in zip(reference, budgets)]
+    assert run_joining(engine, PROMPTS, budgets) == [ref[:n] for ref, n in zip(reference, budgets)]
 
 
 def test_seeded_sampling_is_the_same_with_and_without_the_draft(target, small):
