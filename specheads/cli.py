@@ -306,6 +306,9 @@ def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0])
     p.add_argument("--topk", type=int, default=DEFAULT_TREE[1])
     p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2])
+    p.add_argument("--estimate", action="store_true",
+                   help="also estimate each method's acceptance without the decode loop (teacher-forced drafts on "
+                        "ar's answers), beside the measured one")
     p.add_argument("--out", default="bench/suite", help="path prefix for .json and .png")
 
 
@@ -337,7 +340,8 @@ def cmd_evaluate(args) -> int:
     report = {**environment(model), "target": args.target or "SmolLM2-135M-Instruct (embedded)", "draft": args.draft,
               "split": args.split}
     report.update(evaluate(model, tok, head, prompts, methods, batch_size=args.batch_size,
-                           max_new_tokens=args.max_new_tokens, progress=lambda s: print(s, file=sys.stderr, flush=True)))
+                           max_new_tokens=args.max_new_tokens, progress=lambda s: print(s, file=sys.stderr, flush=True),
+                           estimate=args.estimate))
     js, png = save(report, Path(args.out))
     print_table(report)
     print(f"wrote {js} and {png}")

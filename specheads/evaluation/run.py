@@ -103,8 +103,10 @@ def contexts(target, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int, 
 
 
 def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[Method], batch_size: int = 1,
-             max_new_tokens: int = 256, max_prompt_tokens: int = 3072, progress=print) -> dict:
-    """Every method over every prompt, category by category; returns the report (see module doc)."""
+             max_new_tokens: int = 256, max_prompt_tokens: int = 3072, progress=print, estimate: bool = False) -> dict:
+    """Every method over every prompt, category by category; returns the report (see module doc).
+    estimate: also each drafting method's acceptance estimated without the decode loop
+    (evaluation/estimate.py) from `ar`'s answers, beside the measured one."""
     from specheads.runtime.engine import pooled
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.chat import stop_token_ids
@@ -120,6 +122,14 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
     cuda = next(target.parameters()).device.type == "cuda"
     per_prompt = [{"id": p.id, "category": p.category, "source": p.source, "prompt_tokens": len(c), "methods": {}}
                   for p, c in zip(prompts, ctx)]
+    lookahead = {}  # ar's answers a tree's depth past max_new_tokens: how the last step of each scores
+    if estimate:
+        from specheads.runtime.engine import decode
+
+        depth = max((m.num_steps or 8) for m in methods) + 1
+        longer = decode(target, ctx, SamplingParams(max_new_tokens=max_new_tokens + depth), stops,
+                        max_batch=max(batch_size, 8))
+        lookahead = dict(enumerate(longer))
     cells: dict = {c: {} for c in cats}
     outputs: dict = {}
     for m in methods:
@@ -151,19 +161,42 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
                 "mean_accept_length": totals["mean_accept_length"] or 1.0,
                 "loop_share": looped / tokens if tokens else 0.0, "identical_to_ar": same}
             c = cells[cat][m.name]
+            if estimate and m.name != "ar":
+                c["estimated_accept_length"] = _estimate(target, head, m, [ctx[i] for i in idx],
+                                                         [outputs[("ar", i)] for i in idx],
+                                                         [lookahead[i] for i in idx])
             ar = cells[cat].get("ar")
             c["speedup_vs_ar"] = c["tokens_per_s"] / ar["tokens_per_s"] if ar else 1.0
-            progress(f"{m.name:>16} {cat:>11}: {c['tokens_per_s']:8.1f} tok/s, accept {c['mean_accept_length']:.2f}, "
+            est = f" (estimated {c['estimated_accept_length']:.2f})" if "estimated_accept_length" in c else ""
+            progress(f"{m.name:>16} {cat:>11}: {c['tokens_per_s']:8.1f} tok/s, accept {c['mean_accept_length']:.2f}{est}, "
                      f"{c['speedup_vs_ar']:.2f}x ar, looping {c['loop_share']:.1%}")
         del engine
     chat = {}
     for m in methods:
         in_chat = [cells[c][m.name] for c in cats if c in CHAT_CATEGORIES]
         if in_chat:
-            chat[m.name] = {key: sum(x[key] for x in in_chat) / len(in_chat)
-                            for key in ("mean_accept_length", "speedup_vs_ar", "loop_share")}
+            keys = ("mean_accept_length", "speedup_vs_ar", "loop_share") + (
+                ("estimated_accept_length",) if all("estimated_accept_length" in x for x in in_chat) else ())
+            chat[m.name] = {key: sum(x[key] for x in in_chat) / len(in_chat) for key in keys}
     return {"categories": cells, "chat_macro_average": chat, "prompts": per_prompt,
             "methods": [asdict(m) for m in methods], "batch_size": batch_size, "max_new_tokens": max_new_tokens}
+
+
+def _estimate(target, head, m: Method, prompts: list[list[int]], answers: list[list[int]],
+              longer: list[list[int]]) -> float:
+    """The method's acceptance over these prompts estimated from ar's answers (pooled as the engine
+    pools it); `longer`: the same answers decoded a tree's depth further, where they agree."""
+    from specheads.drafters import method_needs_head
+    from specheads.evaluation.estimate import served_acceptance
+
+    tree = {"num_draft_tokens": m.num_draft_tokens}
+    if m.num_steps:
+        tree.update(num_steps=m.num_steps, topk=m.topk)
+    longer = [x if x[: len(a)] == a else a for x, a in zip(longer, answers)]
+    est = served_acceptance(target, head if method_needs_head(m.method) else None, m.method, tree, prompts, longer,
+                            [len(a) for a in answers])
+    steps = sum(e["steps"] for e in est)
+    return 1 + sum(e["accepted_tokens"] for e in est) / steps if steps else 1.0
 
 
 def environment(target) -> dict:
@@ -192,8 +225,10 @@ def print_table(report: dict, out=print) -> None:
     for n in spec:
         c = report["chat_macro_average"].get(n)
         if c:
+            est = f" (estimated without decoding {c['estimated_accept_length']:.2f})" \
+                if "estimated_accept_length" in c else ""
             out(f"chat (macro-average over {n_chat} non-coding categories), {n}: accept "
-                f"{c['mean_accept_length']:.2f}, {c['speedup_vs_ar']:.2f}x ar")
+                f"{c['mean_accept_length']:.2f}{est}, {c['speedup_vs_ar']:.2f}x ar")
 
 
 def save(report: dict, out: Path) -> tuple[Path, Path]:

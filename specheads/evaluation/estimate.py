@@ -1,0 +1,101 @@
+"""The acceptance a served request would see, estimated without the decode loop.
+
+Greedy speculative decoding emits the target's own greedy continuation, so which steps it takes
+is decided by the continuation alone: a step rooted at position L (the last emitted token)
+drafts a tree from the drafter's state after the tokens up to L, and accepts the longest path of
+the tree that spells the continuation's next tokens. Here that state is made teacher-forced:
+one target forward over prompt + continuation gives the features at every position, and the
+drafter is prefilled once per root position (a row each, the sequence cut at L, the root as the
+first generated token) and proposes once; the tree is scored against the continuation with
+the engine's accept walk. Walking from the end of the prompt, a step at L emits its accepted
+drafts and the bonus token (never past the continuation's end) and the next step is rooted
+where it stopped: the mean acceptance length is what the engine reports for the same prompts,
+up to where the drafter's own arithmetic would round a near-tie differently in a step than in
+its prefill.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specheads.drafters import DraftContext, DraftSetup, PrefillBatch, build_drafter
+from specheads.kernels.verify import accept, ancestors_reference
+
+
+def accepted_per_position(drafter, target, sequence: list[int], start: int, rows: int = 64) -> list[int]:
+    """Accepted drafts of a step rooted at each position L in [start, len(sequence) - 1): the
+    length of the tree's path that spells sequence[L + 1:], minus the root."""
+    dev = next(target.parameters()).device
+    seq = torch.tensor(sequence, device=dev)
+    n = len(sequence)
+    with torch.no_grad():
+        out = target(seq[None], capture_layers=drafter.needs.capture_layers, return_logits=False)
+    roots = list(range(start, n - 1))
+    result: list[int] = []
+    for lo in range(0, len(roots), rows):
+        chunk = torch.tensor(roots[lo: lo + rows], device=dev)
+        k = len(chunk)
+        width = int(chunk.max())
+        ids = seq[None, :width].expand(k, width).contiguous()
+        feats = out.aux_hidden[:, :width].expand(k, -1, -1) if out.aux_hidden is not None else None
+        with torch.no_grad():
+            drafter.prefill(PrefillBatch(0, ids, chunk, seq[chunk], feats, out.hidden[:, :width].expand(k, -1, -1)))
+            tree = drafter.propose(DraftContext(k, drafter_kv(drafter, n), seq[chunk],
+                                                [sequence[: int(r) + 1] for r in chunk] if drafter.needs.history
+                                                else None))
+        tokens, parents, valid, depth = (t.to(dev).contiguous() for t in (tree.tokens, tree.parents, tree.valid,
+                                                                           tree.depth))
+        # the target's token after each node, as far as the continuation goes (-1: nothing matches)
+        after = chunk[:, None] + depth + 1
+        y = torch.where(after < n, seq[after.clamp(max=n - 1)], torch.full_like(after, -1))
+        anc = ancestors_reference(parents, tree.max_depth).contiguous()
+        _, length, _, _ = accept(tokens, parents, valid, depth, anc, y.contiguous(), tree.max_depth)
+        result += (length - 1).tolist()
+        for r in range(k):
+            drafter.clear_row(r)
+    return result
+
+
+def drafter_kv(drafter, n: int) -> int:
+    """The context bucket a step over a sequence of n tokens reads (its tree past the end)."""
+    return n + drafter.depth + 1
+
+
+def walk(accepted: list[int], new_tokens: int) -> tuple[int, int]:
+    """(verify steps, accepted drafts) of serving `new_tokens` tokens, the first from the prefill,
+    with `accepted[i]` drafts accepted at a step rooted i tokens into the continuation. As in the
+    engine, the last step keeps every draft it accepts (the output is cut after it), so a
+    continuation a tree's depth longer than `new_tokens` scores that step as served."""
+    emitted, steps, total = 1, 0, 0
+    while emitted < new_tokens:
+        a = accepted[emitted - 1]
+        steps += 1
+        total += a
+        emitted += a + 1
+    return steps, total
+
+
+def served_acceptance(target, head, method: str, tree: dict, prompts: list[list[int]],
+                      continuations: list[list[int]], new_tokens: list[int] | None = None,
+                      rows: int = 64) -> list[dict]:
+    """Per prompt: {"steps", "accepted_tokens", "mean_accept_length"} estimated for greedy serving
+    of the first `new_tokens[i]` tokens (default: all) of `continuations[i]` (the target's own,
+    best a tree's depth longer) with a drafter of `method` and tree options {num_steps, topk,
+    num_draft_tokens}."""
+    dev = next(target.parameters()).device
+    drafter = build_drafter(method, DraftSetup(target, head, options={}, **tree))
+    if dev.type == "cuda":
+        drafter.prepare(dev)
+    longest = max(len(p) + len(c) for p, c in zip(prompts, continuations))
+    dtype = next(target.parameters()).dtype
+    drafter.allocate(rows, drafter_kv(drafter, longest) + 1, dev, dtype)
+    out = []
+    for i, (prompt, cont) in enumerate(zip(prompts, continuations)):
+        n = len(cont) if new_tokens is None else min(new_tokens[i], len(cont))
+        if n < 2:
+            out.append({"steps": 0, "accepted_tokens": 0, "mean_accept_length": None})
+            continue
+        accepted = accepted_per_position(drafter, target, prompt + cont, len(prompt), rows)
+        steps, total = walk(accepted, n)
+        out.append({"steps": steps, "accepted_tokens": total, "mean_accept_length": 1 + total / steps})
+    return out

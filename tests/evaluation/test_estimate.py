@@ -1,0 +1,65 @@
+"""The served-acceptance estimate without the decode loop equals what the engine measures
+(greedy, batch 1, float32 on CPU) for each head kind, n-gram lookup and a standalone draft
+model, prompt by prompt; and it rides along in `evaluate`."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from specheads.drafters.draft_model import DraftLM
+from specheads.evaluation.estimate import served_acceptance, walk
+from specheads.runtime.engine import SpecEngine
+from specheads.runtime.sampling import SamplingParams
+from tests.runtime.spec_helpers import make_target, random_prompts, train_head
+
+VOCAB = 64
+TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
+NEW = 30
+TREE = dict(num_steps=3, topk=3, num_draft_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, vocab=VOCAB, max_positions=128)
+
+
+def test_walk():
+    # roots at 0, 3 (0 + 2 + 1), 4: 2 + 0 accepted, then a step past the end keeps its drafts
+    assert walk([2, 9, 9, 0, 5, 9], 6) == (3, 7)
+    assert walk([0] * 5, 5) == (4, 0)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp", "medusa", "ngram", "draft_model"])
+def test_the_estimate_equals_the_engines_acceptance(target, kind):
+    if kind == "ngram":
+        head = None
+    elif kind == "draft_model":
+        head = DraftLM(copy.deepcopy(target))
+    else:
+        head = train_head(target, TRAIN, kind=kind, **({"num_modules": 3} if kind == "mtp" else
+                                                      {"num_heads": 3, "steps": 100} if kind == "medusa" else {}))
+    prompts = TRAIN[:6]
+    engine = SpecEngine(target, head, method=kind, max_len=80, max_batch=1, **TREE)
+    served = engine.generate(prompts, SamplingParams(max_new_tokens=NEW))
+    # ar's answers a tree's depth longer: the last step scores its drafts past the budget, as served
+    longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=80).generate(
+        prompts, SamplingParams(max_new_tokens=NEW + TREE["num_steps"] + 1))]
+    est = served_acceptance(target, head, kind, TREE, prompts, longer, [NEW] * len(prompts))
+    assert [(e["steps"], e["accepted_tokens"]) for e in est] == [(r.steps, r.accepted_tokens) for r in served]
+    assert sum(r.accepted_tokens for r in served) > 5, "the drafts should be accepted at times"
+
+
+def test_evaluate_sets_the_estimate_beside_the_measure(tiny_target):
+    from specheads.evaluation.run import evaluate, parse_methods
+    from tests.evaluation.test_run import _prompts
+
+    model, tok = tiny_target
+    methods = parse_methods(["ngram@4"], (6, 4, 15))
+    report = evaluate(model, tok, None, _prompts(), methods, max_new_tokens=10, progress=lambda s: None,
+                      estimate=True)
+    for cell in report["categories"].values():
+        x = cell["ngram@4"]
+        assert x["estimated_accept_length"] == pytest.approx(x["mean_accept_length"])
+    assert "estimated_accept_length" in report["chat_macro_average"]["ngram@4"]
