@@ -35,8 +35,18 @@ def export_formats(kind: str | None = None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(fmt for k in kinds for fmt in head_kind(k).exporters))
 
 
+# why a kind has no speculators layout: what the pinned speculators release defines
+# (docs/formats/medusa-eagle-sources.md section 4, docs/formats/mtp-sources.md section 3)
+SPECULATORS_KINDS = ("speculators 0.9.0 defines EAGLE-3 among specheads' kinds; its mtp type takes only Qwen3-family "
+                     "verifiers that ship MTP weights (and vLLM 0.33 does not load it), it has no medusa type, and "
+                     "its eagle (EAGLE-1) type was removed after v0.4.0")
+
+
 def _exporter(kind: HeadKind, fmt: str):
     if fmt not in kind.exporters:
+        if fmt == "speculators":
+            raise HeadKindError(f"{kind.title} heads have no speculators layout: {SPECULATORS_KINDS}; "
+                                f"{kind.name} heads export to: {', '.join(kind.exporters) or 'nothing'}")
         if not kind.exporters:
             raise HeadKindError(f"{kind.title} heads have no export format: no public engine loads this kind for a "
                                 f"target that does not ship it; the head folder itself runs with `specheads serve`")

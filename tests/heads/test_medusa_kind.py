@@ -72,6 +72,10 @@ def test_vllm_export_refuses_a_draft_vocabulary(tmp_path, target):
         export_head(_saved(tmp_path, head), "vllm", tmp_path / "vllm")
     with pytest.raises(HeadKindError, match="'sglang' is not one of medusa heads' formats: vllm"):
         export_head(tmp_path / "medusa", "sglang", tmp_path / "sg")
+    # the pinned speculators release has no medusa type: said, with what it does define
+    with pytest.raises(HeadKindError, match="Medusa heads have no speculators layout: speculators 0.9.0 defines "
+                                            "EAGLE-3 .* no medusa type"):
+        export_head(tmp_path / "medusa", "speculators", tmp_path / "sp")
 
 
 def test_medusa_trains_through_the_cli(tmp_path, tiny_target_dir, prepared_dir):
