@@ -216,7 +216,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--methods", nargs="+", default=["ar", "eagle3-chain", "eagle3-tree", "ngram"],
-                    help="also eagle3-tree@STEPS,TOPK,TOKENS for other trees (a sweep)")
+                    help="ar, ngram, and the draft's method (its head kind, or draft_model for a small LM) as "
+                         "METHOD-chain, METHOD-tree or METHOD-tree@STEPS,TOPK,TOKENS (e.g. eagle3-tree@8,10,60)")
     ap.add_argument("--peers", nargs="*", default=["hf", "hf-static-compile"])
     ap.add_argument("--peer-batch-sizes", type=int, nargs="*", default=[1], help="batch sizes the peers run at")
     ap.add_argument("--tree", default=",".join(map(str, DEFAULT_TREE)), help="num_steps,topk,num_draft_tokens of eagle3-tree")
@@ -226,30 +227,37 @@ def main() -> None:
     ap.add_argument("--out", default="bench/result")
     args = ap.parse_args()
 
-    from specheads.target.chat import render, stop_token_ids
-    from specheads.heads.format import load_head
+    from specheads.drafters.draft_model import load_draft
     from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
+    from specheads.target.chat import render, stop_token_ids
     from specheads.target.loader import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     target, tok, target_dir = load_target(args.target, dtype=dtype, device=device)
-    head = load_head(args.draft, device=device, dtype=dtype) if args.draft else None
+    head = load_draft(args.draft, tok, device=device, dtype=dtype) if args.draft else None
     stops = stop_token_ids(tok)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    steps, topk, n_draft = (int(x) for x in args.tree.split(","))
-    engines = {
-        "ar": lambda b: SpecEngine(target, method="ar", max_len=args.max_len, max_batch=b),
-        # without overlap: the host reads each step before the next is launched
-        "ar-sync": lambda b: SpecEngine(target, method="ar", max_len=args.max_len, max_batch=b, overlap=False),
-        "eagle3-chain": lambda b: SpecEngine(target, head, "eagle3", num_steps=args.chain_steps, topk=1,
-                                             max_len=args.max_len, max_batch=b),
-        "eagle3-tree": lambda b: SpecEngine(target, head, "eagle3", num_steps=steps, topk=topk, num_draft_tokens=n_draft,
-                                            max_len=args.max_len, max_batch=b),
-        "ngram": lambda b: SpecEngine(target, method="ngram", num_draft_tokens=8, max_len=args.max_len, max_batch=b),
-    }
+    tree = tuple(int(x) for x in args.tree.split(","))
+
+    def engine_for(method: str, b: int):
+        """ar, ar-sync (the host reads each step before launching the next), ngram, or
+        KIND-chain / KIND-tree[@S,K,N] with the draft given."""
+        if method in ("ar", "ar-sync"):
+            return SpecEngine(target, method="ar", max_len=args.max_len, max_batch=b, overlap=method == "ar")
+        if method == "ngram":
+            return SpecEngine(target, method="ngram", num_draft_tokens=8, max_len=args.max_len, max_batch=b)
+        name, _, shape = method.partition("@")
+        kind, _, form = name.rpartition("-")
+        if form == "chain":
+            steps, topk, n = args.chain_steps, 1, args.chain_steps
+        else:
+            steps, topk, n = (int(x) for x in shape.split(",")) if shape else tree
+        return SpecEngine(target, head, kind, num_steps=steps, topk=topk, num_draft_tokens=n, max_len=args.max_len,
+                          max_batch=b)
+
     rows = []
     report = {"card": card, "dtype": str(dtype), "target": str(target_dir), "draft": args.draft,
               "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": rows,
@@ -282,15 +290,10 @@ def main() -> None:
     for source, prompt_ids in sources.items():
         for batch in args.batch_sizes:
             for method in args.methods:
-                if method.startswith("eagle3") and head is None:
+                if method not in ("ar", "ar-sync", "ngram") and head is None:
                     continue
                 print(f"running {method} on {source} prompts at batch {batch}", flush=True)
-                if method.startswith("eagle3-tree@"):  # a tree of its own: eagle3-tree@steps,topk,tokens
-                    s_, k_, n_ = (int(x) for x in method.split("@")[1].split(","))
-                    engine = SpecEngine(target, head, "eagle3", num_steps=s_, topk=k_, num_draft_tokens=n_,
-                                        max_len=args.max_len, max_batch=batch)
-                else:
-                    engine = engines[method](batch)
+                engine = engine_for(method, batch)
                 run_ours(engine, prompt_ids, params, stops)  # warm-up: captures every graph the run needs
                 res, outs = run_ours(engine, prompt_ids, params, stops)
                 del engine

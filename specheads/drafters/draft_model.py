@@ -138,7 +138,9 @@ class DraftModelDrafter(Drafter):
         return 2 * s.num_hidden_layers * rows * s.num_key_value_heads * (cap + self._room()) * s.head_dim * elem
 
     def allocate(self, rows: int, cap: int, device, dtype) -> None:
-        need = cap + self.steps
+        # the engine's cache holds max_len + 1 + num_draft + 2 slots; a root sits below max_len and
+        # its drafts reach `steps` positions past it
+        need = cap - (self.num_draft + 3) + self.steps
         if need > self.lm.rotary.max_positions:
             raise DrafterError(f"the draft model has {self.lm.rotary.max_positions} positions; the engine needs {need} "
                                f"(lower max_len)")
