@@ -82,7 +82,8 @@ def is_language_model(path: str | Path) -> bool:
         cfg = json.loads(config.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return cfg.get("model_type") in SUPPORTED_MODEL_TYPES and "speculators_config" not in cfg
+    # an exported head (SGLang/vLLM layout) is a Llama config too: it names its kind
+    return cfg.get("model_type") in SUPPORTED_MODEL_TYPES and not {"speculators_config", "specheads_kind"} & set(cfg)
 
 
 def load_draft(path: str, target_tokenizer, device="cpu", dtype=None):

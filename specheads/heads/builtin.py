@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specheads.heads import eagle3, medusa, mtp
+from specheads.heads import eagle, eagle3, medusa, mtp
 from specheads.heads.kind import HeadKind
 from specheads.training.ttt import ttt_loss, ttt_unroll
 
@@ -56,6 +56,24 @@ MEDUSA = HeadKind(
     drafter="specheads.drafters.medusa:MedusaDrafter",
 )
 
-BUILTIN_KINDS = (EAGLE3, MTP, MEDUSA)
+EAGLE = HeadKind(
+    name="eagle",
+    title=eagle.TITLE,
+    config=eagle.EagleConfig,
+    module=eagle.EagleHead,
+    unroll=eagle.eagle_unroll,
+    loss=eagle.eagle_loss,
+    weights=eagle.weight_shapes,
+    mismatches=eagle.head_mismatches,
+    exporters={"sglang": eagle.sglang_config, "vllm": eagle.vllm_config},
+    hub_architectures={"sglang": (eagle.SGLANG_ARCHITECTURE,), "vllm": (eagle.VLLM_ARCHITECTURE,)},
+    # SGLang's fc has a bias (zeros: the head trains without one); vLLM's folder is the head's own
+    tensor_exporters={"sglang": eagle.sglang_tensors},
+    launch=eagle.LAUNCH,
+    card_head=eagle.card_head,
+    drafter="specheads.drafters.eagle1:Eagle1Drafter",
+)
+
+BUILTIN_KINDS = (EAGLE3, MTP, MEDUSA, EAGLE)
 # the kind of a run config that names none, and of head folders whose specheads.json names none
 DEFAULT_KIND = EAGLE3.name

@@ -23,6 +23,8 @@ module: the nn.Module class, built as module(cfg); its class attribute `kind` is
     readout(hidden, step) -> (features [N, F], weight [Vd, F]) with draft logits = features @ weight.T
     for the unroll's output `step` (heads with one output layer ignore it),
     logits(hidden)
+    optional attach_target(target): a head that reads more of the target than its embeddings (EAGLE-1
+    reads out through the target's lm_head) gets the target from the trainer and its drafter
 unroll(head, embed, input_ids, aux_hidden, steps) -> list of per-step hidden states
     the head over a training batch (embed: token ids -> embeddings; aux_hidden: the target's
     captured layers); what `loss` and the evaluation read.

@@ -14,12 +14,15 @@ import torch
 class _ChunkedSoftCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, teacher_hidden, teacher_weight, chunk: int):
-        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        # a frozen weight (a head that reads out through the target's own lm_head) gets no gradient:
+        # nothing vocabulary-by-hidden is accumulated for it
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_grad = need_hidden or need_weight
         n = hidden.shape[0]
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         correct = torch.zeros((), dtype=torch.int64, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if need_grad else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         for s in range(0, n, chunk):
             h = hidden[s : s + chunk]
             logits = (h @ weight.t()).float()
@@ -30,17 +33,20 @@ class _ChunkedSoftCE(torch.autograd.Function):
             correct += (logits.argmax(-1) == t_logits.argmax(-1)).sum()
             if need_grad:
                 g = (logq.exp() - p).to(h.dtype)  # d(sum loss)/d(logits)
-                grad_hidden[s : s + chunk] = g @ weight
-                grad_weight += (g.t() @ h).float()
+                if need_hidden:
+                    grad_hidden[s : s + chunk] = g @ weight
+                if need_weight:
+                    grad_weight += (g.t() @ h).float()
         if need_grad:
-            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if need_weight else None)
         ctx.mark_non_differentiable(correct)
         return loss, correct
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_correct):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype), None, None, None
+        return (None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype),
+                None if grad_weight is None else grad_weight * grad_loss.to(grad_weight.dtype), None, None, None)
 
 
 def soft_cross_entropy(hidden, weight, teacher_hidden, teacher_weight, chunk: int = 1024):

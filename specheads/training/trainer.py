@@ -237,6 +237,8 @@ class Trainer:
             head.set_vocab_map(data.d2t, data.t2d)
         param_dtype = torch.float32
         self.head = head.to(self.device, param_dtype)
+        if hasattr(self.head, "attach_target"):  # a head that reads out through the target's lm_head (EAGLE-1)
+            self.head.attach_target(self.target)
         self.embed = self.target.embed_tokens
         rows = self.head.target_rows()
         self.teacher_weight = self.target.lm_head.weight[rows].detach()

@@ -31,7 +31,7 @@ def test_walk():
     assert walk([0] * 5, 5) == (4, 0)
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "mtp", "medusa", "ngram", "draft_model"])
+@pytest.mark.parametrize("kind", ["eagle3", "eagle", "mtp", "medusa", "ngram", "draft_model"])
 def test_the_estimate_equals_the_engines_acceptance(target, kind):
     if kind == "ngram":
         head = None

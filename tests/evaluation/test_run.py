@@ -26,7 +26,7 @@ def test_parse_methods():
     ms = parse_methods(["eagle3", "chain@3", "ngram@5", "eagle3@2,2,3"], (6, 4, 15))
     assert [m.name for m in ms] == ["ar", "eagle3@6,4,15", "chain@3", "ngram@5", "eagle3@2,2,3"]
     assert ms[2] == Method("chain@3", "eagle3", 3, 1, 3)
-    with pytest.raises(SuiteError, match=r"expected ar, ngram\[@N\], chain\[@S\] or a head kind \(eagle3, mtp, medusa\)"):
+    with pytest.raises(SuiteError, match=r"expected ar, ngram\[@N\], chain\[@S\] or a head kind \(eagle3, mtp, medusa, eagle\)"):
         parse_methods(["hydra"], (6, 4, 15))
     with pytest.raises(SuiteError, match="method 'mtp@2,x,3'"):
         parse_methods(["mtp@2,x,3"], (6, 4, 15))

@@ -157,7 +157,7 @@ def test_cli_kind_and_format_choices_come_from_the_registry(toy, capsys):
 
     with pytest.raises(SystemExit):
         main(["train", "--kind", "eagle4"])
-    assert "invalid choice: 'eagle4' (choose from 'eagle3', 'mtp', 'medusa', 'toy')" in capsys.readouterr().err
+    assert "invalid choice: 'eagle4' (choose from 'eagle3', 'mtp', 'medusa', 'eagle', 'toy')" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["export", "x", "--format", "onnx", "--output", "y"])
     assert "(choose from 'sglang', 'vllm', 'speculators', 'plain')" in capsys.readouterr().err
@@ -182,7 +182,7 @@ def test_eagle3_entry_matches_its_module():
 def test_importing_the_registry_imports_no_drafter():
     code = "import sys, specheads.heads.registry as r; print(r.head_kinds(), 'specheads.drafters' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "('eagle3', 'mtp', 'medusa') False"
+    assert out.strip() == "('eagle3', 'mtp', 'medusa', 'eagle') False"
 
 
 def test_drafter_class_is_resolved_when_asked(toy):
@@ -233,7 +233,7 @@ def test_a_folder_of_an_unknown_kind_is_refused(toy, tmp_path):
     folder = save_head(toy_head(), tmp_path / "toy", torch.float32)
     unregister_head_kind("toy")
     with pytest.raises(HeadFormatError, match=r"specheads.json names head kind 'toy', which this specheads does not "
-                                              r"know \(known kinds: eagle3, mtp, medusa\)"):
+                                              r"know \(known kinds: eagle3, mtp, medusa, eagle\)"):
         load_head(folder)
     (folder / "specheads.json").unlink()
     with pytest.raises(HeadFormatError, match=r"config.json names head kind 'toy'"):

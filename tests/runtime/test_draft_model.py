@@ -114,6 +114,10 @@ def test_draft_tells_a_language_model_from_a_head(tmp_path, tokenizer, tiny_targ
     (head_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (head_dir / "specheads.json").write_text("{}")
     assert not is_language_model(head_dir)
+    exported = tmp_path / "exported"  # a head exported for SGLang: a Llama config that names its kind
+    exported.mkdir()
+    (exported / "config.json").write_text(json.dumps({"model_type": "llama", "specheads_kind": "eagle"}))
+    assert not is_language_model(exported)
     draft = load_draft(str(tiny_target_dir), tokenizer)
     assert isinstance(draft, DraftLM) and draft.spec.vocab_size == len(tokenizer)
     other = tmp_path / "other"

@@ -389,7 +389,7 @@ def test_chi_square_catches_a_biased_sampler(starget):
 
 # ------------------------------------------------------------------ errors
 def test_construction_errors(target):
-    with pytest.raises(EngineError, match=re.escape("method 'hydra' is not one of ar, ngram, draft_model, eagle3, mtp, medusa")):
+    with pytest.raises(EngineError, match=re.escape("method 'hydra' is not one of ar, ngram, draft_model, eagle3, mtp, medusa, eagle")):
         SpecEngine(target, method="hydra")
     with pytest.raises(EngineError, match=r"eagle3 needs a draft head"):
         SpecEngine(target, None, method="eagle3", max_len=64)

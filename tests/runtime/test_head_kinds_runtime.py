@@ -1,6 +1,6 @@
-"""The MTP and Medusa heads on the engine: greedy output equals plain decoding (chain and tree,
-batch 1 and 4, eager torch and the Triton draft kernels under the interpreter), seeded sampling
-gives the target's own tokens, rows move with their drafter state. (EAGLE-3: test_engine.py.)"""
+"""The MTP, Medusa and EAGLE-1 heads on the engine: greedy output equals plain decoding (chain and
+tree, batch 1 and 4, eager torch and the Triton draft kernels under the interpreter), seeded
+sampling gives the target's own tokens, rows move with their drafter state. (EAGLE-3: test_engine.py.)"""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def target():
     return make_target(seed=0, vocab=VOCAB, max_positions=128)
 
 
-KINDS = {"mtp": dict(num_modules=3), "medusa": dict(num_heads=3, steps=100)}
+KINDS = {"mtp": dict(num_modules=3), "medusa": dict(num_heads=3, steps=100), "eagle": dict()}
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
@@ -85,8 +85,9 @@ def test_seeded_sampling_is_the_same_with_and_without_the_head(target, head):
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
 
 
-@pytest.mark.parametrize("kind, size", [("mtp", {"num_modules": 2}), ("medusa", {"num_heads": 2})])
-def test_what_a_head_cannot_do_is_refused(target, kind, size):
+@pytest.mark.parametrize("kind, size, depth", [("mtp", {"num_modules": 2}, 2), ("medusa", {"num_heads": 2}, 2),
+                                               ("eagle", {}, 6)])
+def test_what_a_head_cannot_do_is_refused(target, kind, size, depth):
     head = random_head(target, kind=kind, **size)
     with pytest.raises(EngineError, match="static trees are not supported"):
         SpecEngine(target, head, static_tree="0;1;0,0", max_len=64)
@@ -95,5 +96,5 @@ def test_what_a_head_cannot_do_is_refused(target, kind, size):
     other = make_target(seed=1, vocab=80)
     with pytest.raises(EngineError, match="head expects vocab 64, target has 80"):
         SpecEngine(other, head, max_len=64)
-    # a tree deeper than the head's modules is cut to them
-    assert SpecEngine(target, head, num_steps=6, topk=1, max_len=64).num_steps == 2
+    # a tree deeper than the head's modules is cut to them (EAGLE-1: one layer, any depth)
+    assert SpecEngine(target, head, num_steps=6, topk=1, max_len=64).num_steps == depth
