@@ -37,6 +37,14 @@ def step_launches():
                 engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=3, topk=3,
                                     num_draft_tokens=6, max_batch=2, max_len=128)
                 engine.generate([list(range(1, 20)), list(range(5, 12))], SamplingParams(max_new_tokens=6))
+            # the feature-head kinds on the final hidden state (their drafters' own kernel variants)
+            from specheads.heads.registry import head_kind
+
+            for kind, size in (("eagle", {}), ("mtp", {"num_modules": 2})):
+                entry = head_kind(kind)
+                head = entry.module(entry.config.for_target(target, draft_vocab_size=256, **size)).eval()
+                engine = SpecEngine(target, head, num_steps=2, topk=2, num_draft_tokens=4, max_batch=2, max_len=128)
+                engine.generate([list(range(1, 20)), list(range(5, 12))], SamplingParams(max_new_tokens=6))
             # a standalone draft model (its window feed, masked frontier, plain top-k expansion)
             from specheads.drafters.draft_model import DraftLM
 
