@@ -51,3 +51,29 @@ class CandidatePool:
         b = roots.shape[0]
         tokens, parents, depths, ranks = select_tree(roots, *pool, self.depth.expand(b, -1), self.num_draft)
         return Tree(tokens, parents, depths, self.all_valid[:b], self.steps, ranks)
+
+
+class HeadCacheRows:
+    """Row state of a drafter that keeps its head's own KV cache (k, v [rows, kv heads, slots, d]),
+    the number of committed entries, and the last step's pending entries (features, tokens, how
+    many), fed at the start of the next step (the EAGLE-3 and EAGLE-1 drafters)."""
+
+    def state(self) -> list[torch.Tensor]:
+        """The small per-row tensors a step changes (the engine snapshots them around graph warm-up)."""
+        return [self.committed, self.pending_aux, self.pending_tok, self.pending_n]
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        self.k[dst, :, :length] = self.k[src, :, :length]
+        self.v[dst, :, :length] = self.v[src, :, :length]
+        for t in self.state():
+            t[dst] = t[src]
+
+    def park_rows(self, start: int, stop: int) -> None:
+        self.committed[start:stop] = 0
+
+    def clear_row(self, row: int) -> None:
+        # an idle row computes harmlessly inside a padded batch: one entry of its own to attend to
+        self.committed[row] = 0
+        self.pending_aux[row] = 0
+        self.pending_tok[row] = 0
+        self.pending_n[row] = 1

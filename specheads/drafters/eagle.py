@@ -6,14 +6,14 @@ import torch
 
 from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import check_head_setup
+from specheads.drafters.common import HeadCacheRows, check_head_setup
 from specheads.kernels.draft import feed_inputs, select_tree, topk_expand
 from specheads.kernels.fused import embedding
 from specheads.kernels.path import take_path
 from specheads.runtime.tree import Tree, parse_static_tree
 
 
-class Eagle3Drafter(Drafter):
+class Eagle3Drafter(HeadCacheRows, Drafter):
     """The EAGLE-3 head, drafting on the device at fixed shapes: the engine captures the draft
     and the verify of one step in a single CUDA graph.
 
@@ -88,26 +88,6 @@ class Eagle3Drafter(Drafter):
             self.all_valid = torch.ones(rows, self.num_draft + 1, dtype=torch.bool, device=device)
             # the tree-attention mask rows of the frontier, two buffers (read one, write the other)
             self.masks = torch.zeros(2, rows, k, cap + self.tree_room, dtype=torch.bool, device=device)
-
-    def state(self) -> list[torch.Tensor]:
-        """The small per-row tensors a step changes (the engine snapshots them around graph warm-up)."""
-        return [self.committed, self.pending_aux, self.pending_tok, self.pending_n]
-
-    def move_row(self, src: int, dst: int, length: int) -> None:
-        self.k[dst, :, :length] = self.k[src, :, :length]
-        self.v[dst, :, :length] = self.v[src, :, :length]
-        for t in self.state():
-            t[dst] = t[src]
-
-    def park_rows(self, start: int, stop: int) -> None:
-        self.committed[start:stop] = 0
-
-    def clear_row(self, row: int) -> None:
-        # an idle row computes harmlessly inside a padded batch: one real entry to attend to
-        self.committed[row] = 0
-        self.pending_aux[row] = 0
-        self.pending_tok[row] = 0
-        self.pending_n[row] = 1
 
     def prefill(self, batch: PrefillBatch) -> None:
         """Rows start.. get a prompt each: captured features [k, W, 3H] and the token after each

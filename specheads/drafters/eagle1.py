@@ -27,14 +27,14 @@ import torch
 
 from specheads.drafters import DrafterError, DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import CandidatePool, check_head_setup
+from specheads.drafters.common import CandidatePool, HeadCacheRows, check_head_setup
 from specheads.kernels.draft import feed_inputs, topk_expand
 from specheads.kernels.path import take_path
 from specheads.modules import gqa_attention
 from specheads.runtime.tree import Tree
 
 
-class Eagle1Drafter(Drafter):
+class Eagle1Drafter(HeadCacheRows, Drafter):
     abilities = Abilities(on_device=True, trees=True)
 
     def __init__(self, head, embed, num_steps: int = 5, topk: int = 4, num_draft_tokens: int | None = 16):
@@ -71,7 +71,7 @@ class Eagle1Drafter(Drafter):
         self.k = torch.zeros(rows, self.n_kv, cap + self.tree_room, self.head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.committed = torch.zeros(rows, dtype=torch.long, device=device)  # entries in the cache
-        self.pending_feat = torch.zeros(rows, self.width, cfg.target_hidden_size, device=device, dtype=dtype)
+        self.pending_aux = torch.zeros(rows, self.width, cfg.target_hidden_size, device=device, dtype=dtype)
         self.pending_tok = torch.zeros(rows, self.width, dtype=torch.long, device=device)
         self.pending_n = torch.ones(rows, dtype=torch.long, device=device)
         # constants a step reads (made here: a captured step launches nothing to make them)
@@ -79,25 +79,6 @@ class Eagle1Drafter(Drafter):
         self.target_ids = torch.arange(cfg.vocab_size, device=device)  # draft id == target id
         self.masks = torch.zeros(2, rows, self.topk, cap + self.tree_room, dtype=torch.bool, device=device)
         self.pool.allocate(rows, device)
-
-    def state(self) -> list[torch.Tensor]:
-        return [self.committed, self.pending_feat, self.pending_tok, self.pending_n]
-
-    def move_row(self, src: int, dst: int, length: int) -> None:
-        self.k[dst, :, :length] = self.k[src, :, :length]
-        self.v[dst, :, :length] = self.v[src, :, :length]
-        for t in self.state():
-            t[dst] = t[src]
-
-    def park_rows(self, start: int, stop: int) -> None:
-        self.committed[start:stop] = 0
-
-    def clear_row(self, row: int) -> None:
-        # an idle row computes harmlessly inside a padded batch: one entry of its own to attend to
-        self.committed[row] = 0
-        self.pending_feat[row] = 0
-        self.pending_tok[row] = 0
-        self.pending_n[row] = 1
 
     # ................................................................. the head over the cache
     def _run(self, tokens, features, positions, slots, mask):
@@ -137,9 +118,9 @@ class Eagle1Drafter(Drafter):
         self.head(self.embed(nxt), feats.to(self.k.dtype), ar.expand(k_rows, w), attend)
         self.committed[rows] = lens - 1
         last = (lens - 1)[:, None]
-        self.pending_feat[rows] = 0
-        self.pending_feat[rows, 0] = feats.gather(1, last[:, :, None].expand(-1, 1, feats.shape[-1]))[:, 0].to(
-            self.pending_feat.dtype)
+        self.pending_aux[rows] = 0
+        self.pending_aux[rows, 0] = feats.gather(1, last[:, :, None].expand(-1, 1, feats.shape[-1]))[:, 0].to(
+            self.pending_aux.dtype)
         self.pending_tok[rows] = 0
         self.pending_tok[rows, 0] = nxt.gather(1, last)[:, 0]
         self.pending_n[rows] = 1
@@ -148,7 +129,7 @@ class Eagle1Drafter(Drafter):
         """The next feed: the path's target features, and after each path node the target's token
         there (the next path node's, the bonus token after the last)."""
         b = step.rows
-        take_path(step.path, step.accepted, step.features, step.target_tokens, self.pending_feat[:b],
+        take_path(step.path, step.accepted, step.features, step.target_tokens, self.pending_aux[:b],
                   self.pending_tok[:b], self.pending_n[:b])
 
     def propose(self, ctx: DraftContext) -> Tree:
@@ -160,7 +141,7 @@ class Eagle1Drafter(Drafter):
         both = self.masks[:, :b, :, :width] if self.steps > 1 else None
         positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], self.width, kv,
                                                              both, self.steps)
-        fed = self._run(self.pending_tok[:b], self.pending_feat[:b], positions, positions, mask[:, None])
+        fed = self._run(self.pending_tok[:b], self.pending_aux[:b], positions, positions, mask[:, None])
         hidden = fed.gather(1, last[:, None, None].expand(b, 1, fed.shape[-1]))  # the predicted f_L [b, 1, H]
         masks = [both[0], both[1]] if both is not None else [None, None]
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)

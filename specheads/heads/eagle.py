@@ -79,7 +79,6 @@ class EagleConfig(Eagle3Config):
     def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
         """config.json: a plain Llama config of one layer, as both engines read it (the vLLM
         layout: this folder's tensors are exactly vLLM's)."""
-        rope = dict(self.rope_parameters)
         return {
             "architectures": [VLLM_ARCHITECTURE],
             "model_type": "llama",
@@ -92,9 +91,7 @@ class EagleConfig(Eagle3Config):
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings,
-            "rope_theta": rope.get("rope_theta", 10000.0),
-            "rope_scaling": None if rope.get("rope_type", "default") == "default" else
-            {k: v for k, v in rope.items() if k != "rope_theta"},
+            **self.hf_rope(),
             "attention_bias": False,
             "mlp_bias": False,
             "tie_word_embeddings": False,
@@ -109,17 +106,10 @@ class EagleConfig(Eagle3Config):
 
     @classmethod
     def from_hf(cls, raw: dict) -> "EagleConfig":
-        rope = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0)}
-        if raw.get("rope_scaling"):
-            rope = {**raw["rope_scaling"], "rope_theta": raw.get("rope_theta", 10000.0)}
-            rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope = cls.rope_from_hf(raw)
         n_target = raw.get("specheads_target_depth") or 32
         return cls(
-            hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
-            num_attention_heads=raw["num_attention_heads"],
-            num_key_value_heads=raw.get("num_key_value_heads", raw["num_attention_heads"]),
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6), max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            **cls.layer_from_hf(raw),
             vocab_size=raw["vocab_size"], draft_vocab_size=raw["vocab_size"], target_hidden_size=raw["hidden_size"],
             target_num_layers=n_target, target_layer_ids=[raw.get("specheads_feature_layer", n_target)],
             rope_parameters=rope, target_model_type=raw.get("specheads_target_model_type", "llama"),

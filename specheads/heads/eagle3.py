@@ -23,7 +23,7 @@ from torch import nn
 
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
-from specheads.kernels.fused import rmsnorm, rope_cache, silu_mul
+from specheads.kernels.fused import rmsnorm, rope_cache
 from specheads.kernels.linear import linear, quantize_rows
 from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, repeat_kv,
                                rope_inv_freq)
@@ -109,11 +109,6 @@ class Eagle3Config:
         get the layer whose input it captures); vLLM reads the top-level
         `eagle_aux_hidden_state_layer_ids` as the layer whose INPUT it captures, i.e. ours + 1.
         Writing both makes one folder load in either engine."""
-        rope = dict(self.rope_parameters)
-        rope_theta = rope.get("rope_theta", 10000.0)
-        rope_scaling = None if rope.get("rope_type", "default") == "default" else {
-            k: v for k, v in rope.items() if k != "rope_theta"
-        }
         return {
             "architectures": [ARCHITECTURE],
             "model_type": "llama",
@@ -126,8 +121,7 @@ class Eagle3Config:
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings,
-            "rope_theta": rope_theta,
-            "rope_scaling": rope_scaling,
+            **self.hf_rope(),
             "attention_bias": False,
             "mlp_bias": False,
             "tie_word_embeddings": False,
@@ -146,16 +140,39 @@ class Eagle3Config:
             "specheads_target": target_name,
         }
 
+    def hf_rope(self) -> dict:
+        """rope_theta and rope_scaling (None for the default rope) as HF configs write them."""
+        rope = dict(self.rope_parameters)
+        return {"rope_theta": rope.get("rope_theta", 10000.0),
+                "rope_scaling": None if rope.get("rope_type", "default") == "default" else
+                {k: v for k, v in rope.items() if k != "rope_theta"}}
+
+    @staticmethod
+    def rope_from_hf(raw: dict) -> dict:
+        """rope_parameters from an HF config's rope_theta and rope_scaling."""
+        rope = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0)}
+        if raw.get("rope_scaling"):
+            rope = {**raw["rope_scaling"], "rope_theta": raw.get("rope_theta", 10000.0)}
+            rope.setdefault("rope_type", rope.pop("type", "default"))
+        return rope
+
+    @staticmethod
+    def layer_from_hf(raw: dict) -> dict:
+        """The decoder layer's fields from an HF config (sizes, heads, norm eps, positions)."""
+        return dict(hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+                    num_attention_heads=raw["num_attention_heads"],
+                    num_key_value_heads=raw.get("num_key_value_heads", raw["num_attention_heads"]),
+                    head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
+                    rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+                    max_position_embeddings=raw.get("max_position_embeddings", 2048))
+
     @classmethod
     def from_hf(cls, raw: dict) -> "Eagle3Config":
         """The config of a head folder written by another tool, from its config.json keys."""
         ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if ids is None and raw.get("eagle_aux_hidden_state_layer_ids"):
             ids = [i - 1 for i in raw["eagle_aux_hidden_state_layer_ids"]]
-        rope = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0)}
-        if raw.get("rope_scaling"):
-            rope = {**raw["rope_scaling"], "rope_theta": raw.get("rope_theta", 10000.0)}
-            rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope = cls.rope_from_hf(raw)
         n_target = raw.get("target_num_hidden_layers") or (max(ids) + 4 if ids else 32)
         return cls(
             hidden_size=raw["hidden_size"],

@@ -60,7 +60,6 @@ class MTPConfig(Eagle3Config):
         return self.num_modules
 
     def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
-        rope = dict(self.rope_parameters)
         return {
             "architectures": [ARCHITECTURE],
             "model_type": self.target_model_type,
@@ -74,9 +73,7 @@ class MTPConfig(Eagle3Config):
             "max_position_embeddings": self.max_position_embeddings,
             "vocab_size": self.vocab_size,
             "draft_vocab_size": self.draft_vocab_size,
-            "rope_theta": rope.get("rope_theta", 10000.0),
-            "rope_scaling": None if rope.get("rope_type", "default") == "default" else
-            {k: v for k, v in rope.items() if k != "rope_theta"},
+            **self.hf_rope(),
             "target_hidden_size": self.target_hidden_size,
             "target_num_hidden_layers": self.target_num_layers,
             "specheads_feature_layer": self.target_layer_ids[0],
@@ -87,17 +84,10 @@ class MTPConfig(Eagle3Config):
 
     @classmethod
     def from_hf(cls, raw: dict) -> "MTPConfig":
-        rope = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 10000.0)}
-        if raw.get("rope_scaling"):
-            rope = {**raw["rope_scaling"], "rope_theta": raw.get("rope_theta", 10000.0)}
-            rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope = cls.rope_from_hf(raw)
         n_target = raw.get("target_num_hidden_layers") or 32
         return cls(
-            hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
-            num_attention_heads=raw["num_attention_heads"],
-            num_key_value_heads=raw.get("num_key_value_heads", raw["num_attention_heads"]),
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6), max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            **cls.layer_from_hf(raw),
             vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
             target_hidden_size=raw.get("target_hidden_size") or raw["hidden_size"], target_num_layers=n_target,
             target_layer_ids=[raw.get("specheads_feature_layer", n_target)], rope_parameters=rope,

@@ -5,12 +5,11 @@ sampling gives the target's own tokens, rows move with their drafter state. (EAG
 from __future__ import annotations
 
 import pytest
-import torch
 
-from specheads.runtime.engine import EngineError, Request, SpecEngine
+from specheads.runtime.engine import EngineError, SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
-from tests.runtime.spec_helpers import make_target, random_head, random_prompts, train_head
+from tests.runtime.spec_helpers import make_target, random_head, random_prompts, run_joining, train_head
 
 VOCAB = 64
 TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
@@ -63,19 +62,7 @@ def test_rows_move_with_their_drafter_state(target, head, reference):
     freed one with its caches and rings, and the output stays exact."""
     engine = SpecEngine(target, head, max_len=64, max_batch=3, **TREES["tree"])
     budgets = [3, NEW, 7, NEW, 1, NEW]
-    handles = [engine.add(Request(p, SamplingParams(max_new_tokens=n))) for p, n in zip(PROMPTS[:3], budgets[:3])]
-    todo = list(zip(PROMPTS[3:], budgets[3:]))
-    got = {h: [] for h in handles}
-    order = list(handles)
-    while engine.has_work or todo:
-        while todo and engine.free_slots:
-            p, n = todo.pop(0)
-            h = engine.add(Request(p, SamplingParams(max_new_tokens=n)))
-            got[h] = []
-            order.append(h)
-        for out in engine.step():
-            got[out.handle] += out.new_tokens
-    assert [got[h] for h in order] == [ref[:n] for ref, n in zip(reference, budgets)]
+    assert run_joining(engine, PROMPTS, budgets) == [ref[:n] for ref, n in zip(reference, budgets)]
 
 
 def test_seeded_sampling_is_the_same_with_and_without_the_head(target, head):
