@@ -13,6 +13,9 @@ level (each level climbs one parent); the kernel walks each node's parents itsel
   committed [B]
   -> anc [B, N, N] bool (ancestor-or-self), mask [B, N, kv] bool
 
+step_inputs is the same launch for a verify step without the cache mask (the target's causal
+attention reads the tree from anc and the depths), with each node's validity, position and slot.
+
 accept_path: given the target's token y at every node, the longest path from the root whose
 every node is a valid draft equal to y at its parent (the first such sibling when tokens
 repeat), its length, last node and the bonus token y[last]; ~25 launches in torch.
@@ -77,7 +80,7 @@ if triton is not None:
                           valid_ptr, depth_ptr, rank_ptr, dlim_ptr, rlim_ptr, vout_ptr, pos_ptr, slot_ptr,
                           s_vb, s_vn, s_db, s_dn, s_rb, s_rn,
                           DEPTH: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr, PREP: tl.constexpr,
-                          HAS_RANK: tl.constexpr, PDL: tl.constexpr):
+                          HAS_RANK: tl.constexpr, MASK: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
@@ -103,14 +106,15 @@ if triton is not None:
             row = row | (j == cur)
         anc_row = anc_ptr + (b * n + i) * n
         tl.store(anc_row + j, row.to(tl.int1), mask=j < n)
-        tl.debug_barrier()  # the row is read back below by other threads of this program
-        base = tl.load(com_ptr + b)
-        for start in range(0, kv, BLOCK):
-            c = start + tl.arange(0, BLOCK)
-            t = c - base
-            in_tree = (t >= 0) & (t < n)
-            bit = tl.load(anc_row + t, mask=in_tree, other=0) != 0
-            tl.store(mask_ptr + (b * n + i) * kv + c, ((c < base) | bit).to(tl.int1), mask=c < kv)
+        if MASK:  # the node's row of the cache mask (the prefix, then its ancestors' tree slots)
+            tl.debug_barrier()  # the row is read back below by other threads of this program
+            base = tl.load(com_ptr + b)
+            for start in range(0, kv, BLOCK):
+                c = start + tl.arange(0, BLOCK)
+                t = c - base
+                in_tree = (t >= 0) & (t < n)
+                bit = tl.load(anc_row + t, mask=in_tree, other=0) != 0
+                tl.store(mask_ptr + (b * n + i) * kv + c, ((c < base) | bit).to(tl.int1), mask=c < kv)
 
     def _accept_kernel(tok_ptr, par_ptr, valid_ptr, depth_ptr, anc_ptr, y_ptr, path_ptr, nacc_ptr, last_ptr,
                        bonus_ptr, n, s_tb, s_pb, s_vb, s_db, s_yb,
@@ -163,13 +167,14 @@ if triton is not None:
             tl.store(o + 4 + d, tl.load(tok_ptr + b * s_tb + at, mask=d_ok, other=0), mask=d_ok)
 
 
-def _launch_masks(parents, committed, kv: int, max_depth: int, prep=None):
-    """The mask kernel over trees [B, N]: anc and mask, and with prep = (valid, depth, rank or
-    None, depth_limit, draft_limit) also (valid under the limits, positions, slots)."""
+def _launch_masks(parents, committed, kv: int | None, max_depth: int, prep=None):
+    """The mask kernel over trees [B, N]: anc, the mask over kv cache slots (kv None: no mask),
+    and with prep = (valid, depth, rank or None, depth_limit, draft_limit) also (valid under the
+    limits, positions, slots)."""
     b, n = parents.shape
     dev = parents.device
     anc = torch.empty(b, n, n, dtype=torch.bool, device=dev)
-    mask = torch.empty(b, n, kv, dtype=torch.bool, device=dev)
+    mask = torch.empty(b, n, kv, dtype=torch.bool, device=dev) if kv is not None else anc  # (unused)
     committed = committed.contiguous()
     if prep is not None:
         v, d, rank, dlim, rlim = prep
@@ -182,11 +187,11 @@ def _launch_masks(parents, committed, kv: int, max_depth: int, prep=None):
     else:
         has_rank, out = False, ()
         args = (committed,) * 8 + (0,) * 6  # unused
-    _kernel(_tree_mask_kernel)[(b, n)](parents, committed, anc, mask, n, kv, parents.stride(0), parents.stride(1),
-                                       *args, DEPTH=max_depth, NP=triton.next_power_of_2(n),
-                                       BLOCK=min(1024, triton.next_power_of_2(kv)), PREP=prep is not None,
-                                       HAS_RANK=has_rank, **pdl_options(parents, "tree_mask"))
-    return (anc, mask, *out)
+    _kernel(_tree_mask_kernel)[(b, n)](parents, committed, anc, mask, n, kv or 0, parents.stride(0),
+                                       parents.stride(1), *args, DEPTH=max_depth, NP=triton.next_power_of_2(n),
+                                       BLOCK=min(1024, triton.next_power_of_2(kv or 1)), PREP=prep is not None,
+                                       HAS_RANK=has_rank, MASK=kv is not None, **pdl_options(parents, "tree_mask"))
+    return (anc,) + ((mask,) if kv is not None else ()) + out
 
 
 def tree_masks(parents: torch.Tensor, committed: torch.Tensor, kv: int, max_depth: int):
@@ -195,26 +200,27 @@ def tree_masks(parents: torch.Tensor, committed: torch.Tensor, kv: int, max_dept
     return _launch_masks(parents, committed, kv, max_depth)
 
 
-def step_inputs_reference(tree, committed, kv: int, depth_limit, draft_limit):
+def step_inputs_reference(tree, committed, depth_limit, draft_limit):
     """A verify step's inputs for trees [B, N] (a runtime.tree.Tree): each node's validity
-    under its row's limits (depth <= depth_limit, rank < draft_limit; the root always),
-    positions committed + depth, cache slots committed + node, and tree_masks' anc and mask."""
+    under its row's limits (depth <= depth_limit, rank < draft_limit; the root always), the
+    ancestor matrix, positions committed + depth and cache slots committed + node (the target's
+    attention reads the tree from these: no cache mask)."""
     n = tree.size
     valid = tree.valid & (tree.depth <= depth_limit[:, None]) & (tree.ranks() < draft_limit[:, None])
     valid[:, 0] = True
     positions = committed[:, None] + tree.depth
     slots = committed[:, None] + torch.arange(n, device=committed.device)
-    anc, mask = tree_masks_reference(tree.parents, committed, kv, tree.max_depth)
-    return valid, anc, mask, positions, slots
+    return valid, ancestors_reference(tree.parents, tree.max_depth), positions, slots
 
 
-def step_inputs(tree, committed, kv: int, depth_limit, draft_limit):
-    """See step_inputs_reference: one launch (the mask kernel), where torch takes a dozen."""
+def step_inputs(tree, committed, depth_limit, draft_limit):
+    """See step_inputs_reference: one launch (the mask kernel without its cache mask), where torch
+    takes a dozen."""
     if not use_triton(committed):
-        return step_inputs_reference(tree, committed, kv, depth_limit, draft_limit)
-    anc, mask, valid, positions, slots = _launch_masks(tree.parents, committed, kv, tree.max_depth,
-                                                       (tree.valid, tree.depth, tree.rank, depth_limit, draft_limit))
-    return valid, anc, mask, positions, slots
+        return step_inputs_reference(tree, committed, depth_limit, draft_limit)
+    anc, valid, positions, slots = _launch_masks(tree.parents, committed, None, tree.max_depth,
+                                                 (tree.valid, tree.depth, tree.rank, depth_limit, draft_limit))
+    return valid, anc, positions, slots
 
 
 def _launch_accept(tokens, parents, valid, depth, anc, y, max_depth: int, finish=None):

@@ -796,8 +796,8 @@ class SpecEngine:
     def _verify(self, tree: Tree, b: int, kv: int, sampled: bool):
         """The target over the tree (its validity under each row's limits set on `tree`):
         returns the ancestor matrix, the target's token at every node and its outputs."""
-        tree.valid, anc, mask, positions, slots = step_inputs(tree, self.committed[:b], kv, self.depth_limit[:b],
-                                                              self.draft_limit[:b])
+        tree.valid, anc, positions, slots = step_inputs(tree, self.committed[:b], self.depth_limit[:b],
+                                                        self.draft_limit[:b])
         # node n at slot committed + n, attending as the plain decode of its path would (a lone
         # root sits at the slot of its position: the same sums, without the tree's lookups)
         keys = (self.committed[:b], anc, tree.depth) if tree.max_depth else None

@@ -35,7 +35,7 @@ class Tree:
         return torch.arange(self.size, device=self.tokens.device).expand_as(self.tokens)
 
     def ancestors(self) -> torch.Tensor:
-        """[B, N+1, N+1] ancestor-or-self (the verify step builds it with its mask: tree_masks)."""
+        """[B, N+1, N+1] ancestor-or-self (the verify step builds it in its step_inputs launch)."""
         return ancestors_reference(self.parents, self.max_depth)
 
 

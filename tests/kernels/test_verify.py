@@ -64,17 +64,17 @@ def _random_tree(b, n, seed, ranked):
 @pytest.mark.parametrize("b, n, kv, ranked, seed", [(1, 1, 16, False, 0), (3, 9, 40, True, 1), (2, 17, 300, False, 2),
                                                      (4, 33, 1100, True, 3)])
 def test_step_inputs_kernel_equals_reference(monkeypatch, b, n, kv, ranked, seed):
-    """Validity under each row's depth and rank limits (the root always valid), positions,
-    slots and the masks, from one launch."""
+    """Validity under each row's depth and rank limits (the root always valid), the ancestor
+    matrix, positions and slots, from one launch."""
     interpret_triton(monkeypatch)
     tree = _random_tree(b, n, seed, ranked)
     g = torch.Generator().manual_seed(seed + 10)
     committed = torch.randint(0, kv - n + 1, (b,), generator=g)
     depth_limit = torch.randint(0, tree.max_depth + 2, (b,), generator=g)
     draft_limit = torch.randint(1, n + 2, (b,), generator=g)
-    got = tree_mask.step_inputs(tree, committed, kv, depth_limit, draft_limit)
-    want = tree_mask.step_inputs_reference(tree, committed, kv, depth_limit, draft_limit)
-    for name, x, y in zip(("valid", "anc", "mask", "positions", "slots"), got, want):
+    got = tree_mask.step_inputs(tree, committed, depth_limit, draft_limit)
+    want = tree_mask.step_inputs_reference(tree, committed, depth_limit, draft_limit)
+    for name, x, y in zip(("valid", "anc", "positions", "slots"), got, want):
         assert x.dtype == y.dtype and torch.equal(x, y), name
     assert got[0][:, 0].all()
     if n > 1:  # the limits cut something in these draws
