@@ -209,6 +209,9 @@ class Trainer:
         self.compute_dtype = dtype
         target_spec = cfg.target.path or data.report.get("target_dir") or None
         self.target, self.tokenizer, self.target_dir = load_target(target_spec, dtype=dtype, device=self.device)
+        # q/k/v and gate/up as one weight each (views: no memory added), so that every capture
+        # forward does not concatenate them again
+        self.target.fuse_for_inference()
         prepared_tok = data.report.get("tokenizer_size", data.report.get("vocab_size"))
         if prepared_tok is not None and prepared_tok != len(self.tokenizer):
             raise TrainingError(
