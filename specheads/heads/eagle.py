@@ -81,21 +81,7 @@ class EagleConfig(Eagle3Config):
         layout: this folder's tensors are exactly vLLM's)."""
         return {
             "architectures": [VLLM_ARCHITECTURE],
-            "model_type": "llama",
-            "num_hidden_layers": 1,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "max_position_embeddings": self.max_position_embeddings,
-            **self.hf_rope(),
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
-            "vocab_size": self.vocab_size,
+            **self.llama_layer_hf(),
             "torch_dtype": str(dtype).replace("torch.", ""),
             # specheads' own keys (no "num" next to "layers" or "heads": see the Medusa key-renaming trap)
             "specheads_target_depth": self.target_num_layers,

@@ -111,21 +111,7 @@ class Eagle3Config:
         Writing both makes one folder load in either engine."""
         return {
             "architectures": [ARCHITECTURE],
-            "model_type": "llama",
-            "num_hidden_layers": 1,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "max_position_embeddings": self.max_position_embeddings,
-            **self.hf_rope(),
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
-            "vocab_size": self.vocab_size,
+            **self.llama_layer_hf(),
             "draft_vocab_size": self.draft_vocab_size,
             "target_hidden_size": self.target_hidden_size,
             "norm_before_residual": False,
@@ -139,6 +125,15 @@ class Eagle3Config:
             "torch_dtype": str(dtype).replace("torch.", ""),
             "specheads_target": target_name,
         }
+
+    def llama_layer_hf(self) -> dict:
+        """The head's one decoder layer as a one-layer Llama config (the keys both engines read)."""
+        return {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim, "hidden_act": "silu",
+                "rms_norm_eps": self.rms_norm_eps, "max_position_embeddings": self.max_position_embeddings,
+                **self.hf_rope(), "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+                "vocab_size": self.vocab_size}
 
     def hf_rope(self) -> dict:
         """rope_theta and rope_scaling (None for the default rope) as HF configs write them."""
