@@ -1,0 +1,127 @@
+"""On the GPU: where a steady decoding step's time goes, kernel by kernel, at several batch
+sizes, for whichever checkout is first on PYTHONPATH (so an older commit's archive runs it too:
+it uses only the engine's public API, SpecEngine / Request / add / step).
+
+    python3 gpu_runs/kernel_profile.py HEAD --out DIR [--label L] [--batch-sizes 1 8 32]
+        [--methods ar eagle3-tree] [--set FIELD=VALUE ...]      (TARGET in the environment)
+
+For each method and batch size: the rows fill with held-out prompts (.dev/prompts/sharegpt.json),
+run 12 steps (graphs captured, buckets warm), then 12 steps timed on the host (ms a step, tokens
+a step) and 6 steps under the CUDA profiler; kernels are summed by name (and by a coarse family:
+projection, attention, norm, draft, ...) per step. --set changes kernel tuning fields (newer
+checkouts: specheads.kernels.tuning) for a what-if. Prints a table; writes DIR/LABEL.json."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+FAMILIES = [("linear", "projection"), ("gemm", "cublas"), ("cutlass", "cublas"), ("sm90", "cublas"),
+            ("causal", "attention"), ("split_kernel", "attention"), ("attention", "attention"), ("flash", "attention"),
+            ("fmha", "attention"), ("rms", "norm"), ("norm", "norm"), ("rope", "rope"), ("rotary", "rope"),
+            ("topk", "draft"), ("select", "draft"), ("draft", "draft"), ("expand", "draft"), ("path", "accept"),
+            ("accept", "accept"), ("verify", "accept"), ("commit", "kv"), ("kv", "kv"), ("mask", "mask"),
+            ("step_inputs", "mask"), ("embed", "embed"), ("argmax", "accept")]
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    return next((f for key, f in FAMILIES if key in low), "other")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("head")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--label", default="run")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--methods", nargs="+", default=["ar", "eagle3-tree"])
+    ap.add_argument("--set", nargs="*", default=[])
+    ap.add_argument("--new-tokens", type=int, default=400)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+
+    from specheads.heads.format import load_head
+    from specheads.runtime.engine import Request, SpecEngine
+    from specheads.runtime.sampling import SamplingParams
+    from specheads.target.loader import load_target
+    try:
+        from specheads.target.chat import render
+    except ImportError:
+        from specheads.data.chat import render
+    if args.set:
+        from specheads.kernels import tuning
+        changes = {}
+        for item in args.set:
+            k, v = item.split("=")
+            changes[k] = int(v) if v.lstrip("-").isdigit() else v
+        tuning.use(tuning.active().replace(**changes))
+
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    target, tok, _ = load_target(os.environ["TARGET"], dtype=dtype, device=args.device)
+    head = load_head(args.head, device=args.device, dtype=dtype)
+    texts = json.load(open(".dev/prompts/sharegpt.json"))
+    prompts = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
+                   add_special_tokens=False)["input_ids"] for t in texts]
+    report = {"label": args.label, "card": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "set": args.set, "cells": []}
+    for method in args.methods:
+        for b in args.batch_sizes:
+            if method == "ar":
+                engine = SpecEngine(target, method="ar", max_batch=b)
+            else:
+                engine = SpecEngine(target, head, "eagle3", num_steps=6, topk=4, num_draft_tokens=15, max_batch=b)
+            params = SamplingParams(max_new_tokens=args.new_tokens)
+            for i in range(b):
+                engine.add(Request(prompts[i % len(prompts)], params, frozenset()))
+
+            def steps(n):
+                toks = 0
+                for _ in range(n):
+                    toks += sum(len(o.new_tokens) for o in engine.step())
+                return toks
+
+            steps(12)
+            sync()
+            t0 = time.perf_counter()
+            toks = steps(12)
+            sync()
+            ms = (time.perf_counter() - t0) * 1000 / 12
+            with profile(activities=[ProfilerActivity.CUDA if args.device == "cuda" else ProfilerActivity.CPU]) as prof:
+                steps(6)
+                sync()
+            by_name = defaultdict(float)
+            for e in prof.key_averages():
+                t = getattr(e, "self_device_time_total", None)
+                if t is None:
+                    t = e.self_cuda_time_total
+                if t > 0:
+                    by_name[e.key] += t / 6
+            by_family = defaultdict(float)
+            for n, t in by_name.items():
+                by_family[family(n)] += t
+            top = sorted(by_name.items(), key=lambda kv: -kv[1])[:14]
+            cell = {"method": method, "batch": b, "step_ms": ms, "tokens_per_step": toks / 12,
+                    "tokens_per_s": toks / 12 / ms * 1000, "kernel_us_per_step": sum(by_name.values()),
+                    "families_us": dict(sorted(by_family.items(), key=lambda kv: -kv[1])),
+                    "top_kernels_us": [[n[:90], t] for n, t in top]}
+            report["cells"].append(cell)
+            print(f"{args.label:10s} {method:12s} b{b:<3d} step {ms:7.3f} ms  tok/step {toks / 12:6.2f}  "
+                  f"tok/s {cell['tokens_per_s']:8.0f}  kernels {cell['kernel_us_per_step']:8.1f} us  "
+                  + "  ".join(f"{f} {t:.0f}" for f, t in list(cell["families_us"].items())[:6]), flush=True)
+            for n, t in top[:8]:
+                print(f"      {t:8.1f} us  {n[:100]}")
+            del engine
+            torch.cuda.empty_cache()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / f"{args.label}.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
