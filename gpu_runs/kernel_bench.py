@@ -1,0 +1,175 @@
+"""On the GPU: the target's projection and causal-attention kernels at a verify step's shapes,
+under launch settings (kernels/tuning.py Speed fields: none changes an output bit), beside
+cuBLAS and the mask-based attention the engine used before the bit-exact kernels.
+
+    python3 gpu_runs/kernel_bench.py --out DIR [--model smollm2] [--quick]
+
+Each op is captured 20 times in a CUDA graph and replayed (PDL as in the engine); prints the
+microseconds a call and the best settings per shape and row count; writes DIR/kernel_bench.json.
+  linear:    every projection of a layer (qkv + norm, o + residual, gate_up + norm + silu,
+             down + residual, lm_head + norm) at 1..1312 rows: (row block, column block,
+             stages) against F.linear alone (cuBLAS, no fused norm / silu / add)
+  attention: a tree of T tokens per row (random parents) over L committed tokens at batch B:
+             causal_attention's tokens a program (Speed.attention_tree_tokens) and split-K
+             threshold, against tree_attention under the equivalent mask
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specheads.kernels import tuning
+from specheads.kernels.attention import causal_attention, causal_mask, tree_attention
+from specheads.kernels.linear import linear
+
+MODELS = {  # hidden, heads, kv heads, head dim, intermediate, vocab
+    "smollm2": (576, 9, 3, 64, 1536, 49152),
+    "qwen05": (896, 14, 2, 64, 4864, 151936),
+}
+
+
+def graph_us(fn, reps=20, replays=10) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / (reps * replays)
+
+
+def bench_linear(model, rows_list, quick) -> list[dict]:
+    h, nh, nkv, hd, inter, vocab = MODELS[model]
+    dev, dt = "cuda", torch.bfloat16
+    w = {"qkv": torch.randn((nh + 2 * nkv) * hd, h, device=dev, dtype=dt) * 0.05,
+         "o": torch.randn(h, nh * hd, device=dev, dtype=dt) * 0.05,
+         "gate_up": torch.randn(2 * inter, h, device=dev, dtype=dt) * 0.05,
+         "down": torch.randn(h, inter, device=dev, dtype=dt) * 0.05,
+         "lm_head": torch.randn(vocab, h, device=dev, dtype=dt) * 0.05}
+    nw = torch.ones(h, device=dev, dtype=dt)
+    out = []
+    base = tuning.active()
+    for rows in rows_list:
+        for name, weight in w.items():
+            k = weight.shape[1]
+            x = torch.randn(rows, k, device=dev, dtype=dt)
+            n_out = weight.shape[0] // 2 if name == "gate_up" else weight.shape[0]
+            res = torch.randn(rows, n_out, device=dev, dtype=dt)
+            kw = dict(norm_weight=nw, eps=1e-5) if name in ("qkv", "gate_up", "lm_head") else dict(residual=res)
+            if name == "gate_up":
+                kw["silu"] = True
+            call = lambda: linear(x, weight, **kw)  # noqa: E731
+            cell = {"model": model, "op": name, "rows": rows, "cublas_us": graph_us(lambda: F.linear(x, weight))}
+            cell["default_us"] = graph_us(call)
+            tried = {}
+            if name != "lm_head" and rows > 16:
+                shape = tuple(weight.shape)
+                grid = itertools.product((16, 32, 64, 128), (16, 32, 64, 128) if not quick else (32, 64, 128),
+                                         (2, 3, 4) if not quick else (3,))
+                for bm, bn, st in grid:
+                    if bm > max(16, rows) * 2:
+                        continue
+                    t = base.replace(linear_row_block=bm, linear_tree_n_scale=1, linear_many_rows=1 << 30,
+                                     linear_tiles={**base.speed.linear_tiles, shape: (bn, st)})
+                    with tuning.using(t):
+                        try:
+                            tried[f"{bm}x{bn}s{st}"] = graph_us(call)
+                        except Exception as e:  # out of shared memory, say
+                            tried[f"{bm}x{bn}s{st}"] = None
+                            print("  skip", name, rows, bm, bn, st, type(e).__name__)
+            ok = {k_: v for k_, v in tried.items() if v is not None}
+            if ok:
+                best = min(ok, key=ok.get)
+                cell.update(best=best, best_us=ok[best], tried=ok)
+            out.append(cell)
+            print(f"linear {model:8s} {name:8s} rows {rows:5d}  cublas {cell['cublas_us']:7.2f}  ours {cell['default_us']:7.2f}"
+                  + (f"  best {cell['best']:>10s} {cell['best_us']:7.2f}" if ok else ""), flush=True)
+    return out
+
+
+def random_tree(b, t, gen):
+    parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
+    anc = torch.zeros(t, t, dtype=torch.bool)
+    depth = torch.zeros(t, dtype=torch.long)
+    for n in range(t):
+        a = n
+        while a >= 0:
+            anc[n, a] = True
+            a = parent[a]
+        depth[n] = int(anc[n].sum()) - 1
+    return anc.expand(b, t, t).contiguous(), depth.expand(b, t).contiguous()
+
+
+def bench_attention(model, quick) -> list[dict]:
+    h, nh, nkv, hd, *_ = MODELS[model]
+    dev, dt = "cuda", torch.bfloat16
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    base = tuning.active()
+    t = 16
+    for b, L in itertools.product((1, 8, 32), (300, 700) if quick else (300, 700, 1500)):
+        s = L + t + 64
+        k = torch.randn(b, nkv, s, hd, device=dev, dtype=dt)
+        v = torch.randn(b, nkv, s, hd, device=dev, dtype=dt)
+        q = torch.randn(b, t, nh, hd, device=dev, dtype=dt).transpose(1, 2)
+        anc, depth = random_tree(b, t, gen)
+        anc, depth = anc.to(dev), depth.to(dev)
+        committed = torch.full((b,), L, device=dev, dtype=torch.long)
+        positions = committed[:, None] + depth
+        tree = (committed, anc, depth)
+        mask = causal_mask(positions, s, None, tree)
+        cell = {"model": model, "batch": b, "context": L, "tokens": t,
+                "mask_kernel_us": graph_us(lambda: tree_attention(q, k, v, mask))}
+        tried = {}
+        for tokens, split_below in itertools.product((1, 2, 3, 5), (0, 512, 1 << 20)):
+            tt = base.replace(attention_tree_tokens=tokens, attention_split_below=split_below)
+            with tuning.using(tt):
+                tried[f"tok{tokens}_split{split_below}"] = graph_us(
+                    lambda: causal_attention(q, k, v, positions, tree=tree))
+        best = min(tried, key=tried.get)
+        with tuning.using(base):
+            cell["default_us"] = graph_us(lambda: causal_attention(q, k, v, positions, tree=tree))
+        cell.update(best=best, best_us=tried[best], tried=tried)
+        out.append(cell)
+        print(f"attention {model:8s} b{b:<3d} L{L:<5d} mask-kernel {cell['mask_kernel_us']:7.2f}  causal {cell['default_us']:7.2f}"
+              f"  best {best} {tried[best]:7.2f}   " + " ".join(f"{k_}:{v_:.1f}" for k_, v_ in tried.items()), flush=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="smollm2", choices=sorted(MODELS))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 41, 128, 256, 328, 512, 656, 1312])
+    ap.add_argument("--only", choices=["linear", "attention"], default=None)
+    args = ap.parse_args()
+    report = {"card": torch.cuda.get_device_name()}
+    if args.only != "linear":
+        report["attention"] = bench_attention(args.model, args.quick)
+    if args.only != "attention":
+        report["linear"] = bench_linear(args.model, args.rows, args.quick)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "kernel_bench.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
