@@ -16,6 +16,9 @@ Life of a drafter inside an engine (rows are cache rows; active rows are packed 
                                          padding rows return to an idle state
     state()                              the small per-row tensors a step changes: the engine
                                          snapshots and restores them around CUDA-graph warm-up
+    tier(TreeShape) -> Drafter           (abilities.tiers) after allocate: a drafter of a smaller
+                                         tree over the same weights and per-row state, for the
+                                         speculation policy's tiers (runtime.policy)
 
 A device drafter (`abilities.on_device`) proposes and commits inside the step, at fixed
 shapes and without host syncs, so the engine captures draft + verify + commit as one CUDA
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specheads.runtime.policy import TreeShape
 from specheads.runtime.tree import Tree
 
 
@@ -57,6 +61,8 @@ class Abilities:
     on_device: bool = False
     # proposes branching trees; False: a chain (a path) under each root
     trees: bool = False
+    # drafts smaller trees over the same per-row state (`tier`), so a policy can pick a tree per step
+    tiers: bool = False
 
 
 @dataclass
@@ -106,6 +112,7 @@ class Drafter:
     abilities: Abilities = Abilities()
     depth: int = 0  # the deepest node a proposed tree may hold (its root at depth 0)
     num_draft: int = 0  # draft nodes per tree (the verify's fixed shape is 1 + num_draft)
+    topk: int = 1  # a dynamic tree's branching (1: a chain)
 
     # ................................................................ state
     def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
@@ -130,6 +137,13 @@ class Drafter:
 
     def prepare(self, device) -> None:
         """Called once on a CUDA engine before allocation (e.g. fuse weights for inference)."""
+
+    def tier(self, shape: TreeShape) -> "Drafter":
+        """(abilities.tiers) A drafter of a tree of `shape` (at most this one's depth, topk and
+        num_draft), called after `allocate`: it shares this drafter's weights and per-row state
+        (the engine calls the row hooks on this drafter only) and keeps its own step scratch, so
+        the engine can verify a smaller tree at a step and the full one at the next."""
+        raise NotImplementedError(f"{type(self).__name__} drafts one tree shape only")
 
     # ................................................................ the step
     def prefill(self, batch: PrefillBatch) -> None:

@@ -3,6 +3,8 @@ and the candidate pool of a dynamic (EAGLE-2-style) tree."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from specheads.drafters import DrafterError, DraftSetup
@@ -24,6 +26,16 @@ def check_head_setup(setup: DraftSetup, options=("lm_head_int8",), static_trees:
         raise DrafterError(f"unknown {kind.name} drafter options {sorted(unknown)}; known: {sorted(options)}")
 
 
+def tier_copy(drafter, shape):
+    """A shallow copy of a drafter (the same weights and per-row state tensors) drafting a tree of
+    `shape` (a runtime.policy.TreeShape); the caller gives it its own step scratch."""
+    tier = copy.copy(drafter)
+    tier.steps = tier.depth = shape.steps
+    tier.topk = shape.topk
+    tier.num_draft = shape.num_draft
+    return tier
+
+
 class CandidatePool:
     """A dynamic tree's candidates: the root's k children, then k * k children of a depth's k
     frontier nodes per deeper depth; the tree keeps the `num_draft` best by summed
@@ -33,6 +45,12 @@ class CandidatePool:
         self.steps, self.topk = steps, topk
         self.size = topk + (steps - 1) * topk * topk
         self.num_draft = steps if topk == 1 else min(num_draft_tokens or self.size, self.size)
+
+    def tier(self, shape, rows: int, device) -> "CandidatePool":
+        """The pool of a smaller tree (a drafter's tier), allocated for the same rows."""
+        pool = CandidatePool(shape.steps, shape.topk, shape.num_draft)
+        pool.allocate(rows, device)
+        return pool
 
     def allocate(self, rows: int, device) -> None:
         k = self.topk

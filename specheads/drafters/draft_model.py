@@ -29,7 +29,7 @@ import torch
 
 from specheads.drafters import DrafterError, DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, PrefillBatch, StepResult
-from specheads.drafters.common import CandidatePool
+from specheads.drafters.common import CandidatePool, tier_copy
 from specheads.kernels.draft import topk_expand
 from specheads.runtime.tree import Tree
 from specheads.target.model import SUPPORTED_MODEL_TYPES, KVCache
@@ -101,7 +101,7 @@ def load_draft(path: str, target_tokenizer, device="cpu", dtype=None):
 
 
 class DraftModelDrafter(Drafter):
-    abilities = Abilities(on_device=True, trees=True)
+    abilities = Abilities(on_device=True, trees=True, tiers=True)
 
     def __init__(self, draft: DraftLM, target_vocab: int, num_steps: int = 4, topk: int = 1,
                  num_draft_tokens: int | None = None):
@@ -152,6 +152,13 @@ class DraftModelDrafter(Drafter):
         self.offsets = torch.arange(self.window, device=device) - (self.window - 1)  # window positions - L
         self.target_ids = torch.arange(self.vocab, device=device)
         self.pool.allocate(rows, device)
+
+    def tier(self, shape) -> "DraftModelDrafter":
+        """A shallower or narrower tree over the same cache and token ring (the window stays the
+        full tree's: a step may follow one that accepted more); its own pool and scratch slots."""
+        tier = tier_copy(self, shape)
+        tier.pool = self.pool.tier(shape, self.length.shape[0], self.length.device)
+        return tier
 
     def state(self) -> list[torch.Tensor]:
         return [self.length, self.tokens]

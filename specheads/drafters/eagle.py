@@ -6,7 +6,7 @@ import torch
 
 from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import HeadCacheRows, check_head_setup
+from specheads.drafters.common import HeadCacheRows, check_head_setup, tier_copy
 from specheads.kernels.draft import feed_inputs, select_tree, topk_expand
 from specheads.kernels.fused import embedding
 from specheads.kernels.path import take_path
@@ -24,7 +24,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
     Options: lm_head_int8 (default True) drafts with an int8 copy of the head's lm_head on
     CUDA: it changes which tokens are drafted, never the output (the target verifies)."""
 
-    abilities = Abilities(on_device=True, trees=True)
+    abilities = Abilities(on_device=True, trees=True, tiers=True)
 
     def __init__(self, head, embed, num_steps: int = 5, topk: int = 4, num_draft_tokens: int = 16,
                  static_tree=None, lm_head_int8: bool = True):
@@ -37,6 +37,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         if self.static:
             self.steps = max(len(p) for p in self.static)
             self.num_draft = len(self.static)
+            self.abilities = Abilities(on_device=True, trees=True, tiers=False)  # one fixed shape
         else:
             self.num_draft = min(num_draft_tokens, topk + (num_steps - 1) * topk * topk)
             if topk == 1:
@@ -78,16 +79,29 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         self.cols = torch.arange(cap + self.tree_room, device=device)  # cache columns; also 0, 1, 2, ...
         if self.static:
             self._static_plan = _StaticPlan(self.static, device)
-        else:  # the candidate pool: the root's k children, then k * k children per deeper depth
-            k = self.topk
-            self.pool_depth = torch.tensor([1] * k + [d for d in range(2, self.steps + 1) for _ in range(k * k)],
-                                           device=device)
-            self.zero_score = torch.zeros(rows, 1, dtype=torch.float32, device=device)
-            self.no_parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
-            self.root_rows = torch.zeros(rows, k, dtype=torch.long, device=device)  # depth 1 reads the root's hidden
-            self.all_valid = torch.ones(rows, self.num_draft + 1, dtype=torch.bool, device=device)
-            # the tree-attention mask rows of the frontier, two buffers (read one, write the other)
-            self.masks = torch.zeros(2, rows, k, cap + self.tree_room, dtype=torch.bool, device=device)
+        else:
+            self._allocate_scratch(rows, device)
+
+    def _allocate_scratch(self, rows: int, device) -> None:
+        """What one tree size's step reads besides the row state (each tier has its own)."""
+        k = self.topk
+        # the candidate pool: the root's k children, then k * k children per deeper depth
+        self.pool_depth = torch.tensor([1] * k + [d for d in range(2, self.steps + 1) for _ in range(k * k)],
+                                       device=device)
+        self.zero_score = torch.zeros(rows, 1, dtype=torch.float32, device=device)
+        self.no_parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
+        self.root_rows = torch.zeros(rows, k, dtype=torch.long, device=device)  # depth 1 reads the root's hidden
+        self.all_valid = torch.ones(rows, self.num_draft + 1, dtype=torch.bool, device=device)
+        # the tree-attention mask rows of the frontier, two buffers (read one, write the other)
+        self.masks = torch.zeros(2, rows, k, self.cols.numel(), dtype=torch.bool, device=device)
+
+    def tier(self, shape) -> "Eagle3Drafter":
+        """A smaller dynamic tree over the same head cache and pending entries (its own scratch);
+        its frontier's entries use the first (steps - 1) * topk slots of the room after the context."""
+        tier = tier_copy(self, shape)
+        tier.tree_room = (shape.steps - 1) * shape.topk
+        tier._allocate_scratch(self.committed.shape[0], self.committed.device)
+        return tier
 
     def prefill(self, batch: PrefillBatch) -> None:
         """Rows start.. get a prompt each: captured features [k, W, 3H] and the token after each
@@ -138,9 +152,9 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
     def commit(self, step: StepResult) -> None:
         """The next feed: the path's features, and after each path node the target's choice there
         (the next node's token along the path, the bonus after its last)."""
-        b = step.rows
-        take_path(step.path, step.accepted, step.features, step.target_tokens, self.pending_aux[:b],
-                  self.pending_tok[:b], self.pending_n[:b])
+        b, cols = step.rows, step.path.shape[1]  # a smaller tier's path fills the first entries
+        take_path(step.path, step.accepted, step.features, step.target_tokens, self.pending_aux[:b, :cols],
+                  self.pending_tok[:b, :cols], self.pending_n[:b])
 
     def propose(self, ctx: DraftContext) -> Tree:
         """Rows [:b]: feed the pending entries, then expand the tree under each root.

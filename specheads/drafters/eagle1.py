@@ -27,7 +27,7 @@ import torch
 
 from specheads.drafters import DrafterError, DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import CandidatePool, HeadCacheRows, check_head_setup
+from specheads.drafters.common import CandidatePool, HeadCacheRows, check_head_setup, tier_copy
 from specheads.kernels.draft import feed_inputs, topk_expand
 from specheads.kernels.path import take_path
 from specheads.modules import gqa_attention
@@ -35,7 +35,7 @@ from specheads.runtime.tree import Tree
 
 
 class Eagle1Drafter(HeadCacheRows, Drafter):
-    abilities = Abilities(on_device=True, trees=True)
+    abilities = Abilities(on_device=True, trees=True, tiers=True)
 
     def __init__(self, head, embed, num_steps: int = 5, topk: int = 4, num_draft_tokens: int | None = 16):
         if num_steps < 1 or topk < 1:
@@ -79,6 +79,15 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         self.target_ids = torch.arange(cfg.vocab_size, device=device)  # draft id == target id
         self.masks = torch.zeros(2, rows, self.topk, cap + self.tree_room, dtype=torch.bool, device=device)
         self.pool.allocate(rows, device)
+
+    def tier(self, shape) -> "Eagle1Drafter":
+        """A smaller tree over the same head cache and pending entries, with its own pool and masks."""
+        tier = tier_copy(self, shape)
+        rows, device = self.committed.shape[0], self.committed.device
+        tier.pool = self.pool.tier(shape, rows, device)
+        tier.tree_room = (shape.steps - 1) * shape.topk
+        tier.masks = torch.zeros(2, rows, shape.topk, self.masks.shape[-1], dtype=torch.bool, device=device)
+        return tier
 
     # ................................................................. the head over the cache
     def _run(self, tokens, features, positions, slots, mask):
@@ -128,9 +137,9 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
     def commit(self, step: StepResult) -> None:
         """The next feed: the path's target features, and after each path node the target's token
         there (the next path node's, the bonus token after the last)."""
-        b = step.rows
-        take_path(step.path, step.accepted, step.features, step.target_tokens, self.pending_aux[:b],
-                  self.pending_tok[:b], self.pending_n[:b])
+        b, cols = step.rows, step.path.shape[1]  # a smaller tier's path fills the first entries
+        take_path(step.path, step.accepted, step.features, step.target_tokens, self.pending_aux[:b, :cols],
+                  self.pending_tok[:b, :cols], self.pending_n[:b])
 
     def propose(self, ctx: DraftContext) -> Tree:
         b, kv, roots = ctx.rows, ctx.kv, ctx.roots

@@ -14,13 +14,13 @@ import torch
 
 from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import CandidatePool, check_head_setup
+from specheads.drafters.common import CandidatePool, check_head_setup, tier_copy
 from specheads.kernels.draft import topk_expand
 from specheads.runtime.tree import Tree
 
 
 class MedusaDrafter(Drafter):
-    abilities = Abilities(on_device=True, trees=True)
+    abilities = Abilities(on_device=True, trees=True, tiers=True)
 
     def __init__(self, head, num_steps: int = 4, topk: int = 1, num_draft_tokens: int | None = None):
         self.head = head
@@ -41,6 +41,12 @@ class MedusaDrafter(Drafter):
     def allocate(self, rows: int, cap: int, device, dtype) -> None:
         self.feature = torch.zeros(rows, 1, self.head.config.target_hidden_size, device=device, dtype=dtype)
         self.pool.allocate(rows, device)
+
+    def tier(self, shape) -> "MedusaDrafter":
+        """Fewer heads deep or a narrower tree from the same feature (its own pool)."""
+        tier = tier_copy(self, shape)
+        tier.pool = self.pool.tier(shape, self.feature.shape[0], self.feature.device)
+        return tier
 
     def state(self) -> list[torch.Tensor]:
         return [self.feature]

@@ -23,14 +23,14 @@ import torch
 
 from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import CandidatePool, check_head_setup
+from specheads.drafters.common import CandidatePool, check_head_setup, tier_copy
 from specheads.kernels.draft import topk_expand
 from specheads.modules import gqa_attention
 from specheads.runtime.tree import Tree
 
 
 class MTPDrafter(Drafter):
-    abilities = Abilities(on_device=True, trees=True)
+    abilities = Abilities(on_device=True, trees=True, tiers=True)
 
     def __init__(self, head, embed, num_steps: int = 3, topk: int = 1, num_draft_tokens: int | None = None):
         self.head, self.embed = head, embed
@@ -72,6 +72,12 @@ class MTPDrafter(Drafter):
         self.tokens = torch.zeros(rows, self.ring + 1, dtype=torch.long, device=device)
         self.offsets = torch.arange(self.window, device=device) - self.window  # window positions - L
         self.pool.allocate(rows, device)
+
+    def tier(self, shape) -> "MTPDrafter":
+        """Fewer modules deep or a narrower tree over the same caches and rings (its own pool)."""
+        tier = tier_copy(self, shape)
+        tier.pool = self.pool.tier(shape, self.length.shape[0], self.length.device)
+        return tier
 
     def state(self) -> list[torch.Tensor]:
         return [self.length, self.feats, self.tokens]

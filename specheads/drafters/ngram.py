@@ -14,7 +14,7 @@ class NgramDrafter(Drafter):
     latest start) that grows with it, so a step costs the new tokens, not the whole history."""
 
     needs = Needs(history=True)
-    abilities = Abilities(on_device=False, trees=False)
+    abilities = Abilities(on_device=False, trees=False, tiers=True)
 
     def __init__(self, num_draft_tokens: int = 8, max_ngram: int = 3):
         if num_draft_tokens < 1 or max_ngram < 1:
@@ -24,13 +24,20 @@ class NgramDrafter(Drafter):
         self.max_ngram = max_ngram
         self._index: dict[int, _NgramIndex] = {}  # id(history) -> its index (the engine appends in place)
 
+    def tier(self, shape) -> "NgramDrafter":
+        """A shorter chain, sharing the histories' indexes."""
+        tier = NgramDrafter(shape.num_draft, self.max_ngram)
+        tier._index = self._index
+        return tier
+
     def propose(self, ctx: DraftContext) -> Tree:
         histories, roots = ctx.histories, ctx.roots
         b = len(histories)
         drafts = torch.zeros(b, self.num_draft, dtype=torch.long)
         valid = torch.zeros(b, self.num_draft, dtype=torch.bool)
         live = {id(seq) for seq in histories}
-        self._index = {k: v for k, v in self._index.items() if k in live}  # finished requests drop theirs
+        for k in [k for k in self._index if k not in live]:  # finished requests drop theirs (in place: tiers share it)
+            del self._index[k]
         for i, seq in enumerate(histories):
             cont = self._lookup(seq)
             drafts[i, : len(cont)] = torch.as_tensor(cont, dtype=torch.long)

@@ -21,7 +21,13 @@ token, the last emitted one, not yet in it):
   commit  the accepted path's KV entries move to slots L_r.. (Triton); the drafter commits
           the path with the target's outputs there (its `commit`).
 On CUDA the whole step (draft, verify, accept, commit) replays as one CUDA graph per
-(batch bucket, context bucket, greedy/sampled); one host sync per step reads the result.
+(batch bucket, context bucket, greedy/sampled, tier); one host sync per step reads the result.
+
+Tiers: a speculation policy (runtime.policy) picks the tree each step verifies: the engine's
+own (fixed), or with the adaptive policy one of several smaller trees (each tier a drafter
+sharing the full one's weights and row state, `Drafter.tier`) or none (tier 0: every row
+verifies its next token alone), by the rows' recent acceptance and each tier's measured cost.
+A tier never changes an output: the accept walk follows the target's own tokens.
 A request that joins alone prefills through a captured graph too (one per prompt-width
 bucket: it runs in a staging row, then moves to the request's row): eager, the launches of a
 30-layer prompt forward cost ~12 ms of host time. `capture_common` captures the graphs of
@@ -38,8 +44,11 @@ token budget are not run ahead, so no step writes past the cache.
 from __future__ import annotations
 
 import random
+import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -51,6 +60,7 @@ from specheads.kernels.tuning import use as use_tuning
 from specheads.kernels.verify import accept, finish_step, step_inputs
 from specheads.runtime.defaults import DEFAULT_TREE, MAX_TOP_LOGPROBS
 from specheads.runtime.graphs import capture_graph, next_pow2
+from specheads.runtime.policy import POLICIES, PolicyError, SpeculationProfile, StaticCost, TreeShape, build_policy
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, sample_rows
 from specheads.runtime.tree import Tree
 from specheads.target.model import KVCache
@@ -107,6 +117,7 @@ class StepOutput:
     accept_length: int = 0  # tokens this step produced (accepted drafts + the bonus); 1 for the prefill
     draft_depth: int = 0  # tree depth offered this step (0: no drafts)
     prefill: bool = False  # the first token, from the prompt's forward
+    draft_tree: TreeShape | None = None  # the tier the step verified for its rows (None: no drafts)
     # why the step verified no drafts for this request: "request" (speculation off), "auto"
     # (its acceptance fell below min_acceptance); None while it drafts
     no_draft_reason: str | None = None
@@ -142,6 +153,8 @@ class _Row:
     drafting_steps: int = 0  # steps that drafted since the last switch on
     plain_steps: int = 0  # steps decoded without drafts since auto-off switched drafts off
     finished: bool = False  # left the engine (steps launched before that are dropped)
+    depth_cap: int = 0  # the deepest draft the row may verify (its request's num_steps, the engine's depth)
+    acceptance: object = None  # the speculation policy's record of the row (runtime.policy)
 
 
 @dataclass
@@ -152,6 +165,10 @@ class _Launch:
     host: torch.Tensor
     event: object = None  # torch.cuda.Event on CUDA
     host_logprobs: tuple | None = None  # (chosen [n, D+1], top values [n, D+1, K], top ids) when asked
+    tier: int = 0  # the tree verified (0: none; i: the policy's tiers[i - 1])
+    drafting: list = field(default_factory=list)  # per row: it drafted (limits at launch)
+    batch: int = 0  # the batch bucket
+    host_s: float = 0.0  # host time of the launch (a host drafter's proposal included)
 
 
 def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
@@ -172,15 +189,23 @@ def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
 class SpecEngine:
     """method: a name from `specheads.drafters.method_names()` ("ar": no drafter; default: the
     head's kind when a head is given, else "ar"); or pass a built `drafter`. The tree options
-    and `drafter_options` go to the method's builder. kernel_tuning: a
-    `specheads.kernels.tuning.KernelTuning` the kernels use from here on (None: the active one,
-    by default the card's)."""
+    and `drafter_options` go to the method's builder; the tree they give is the largest a step
+    verifies. kernel_tuning: a `specheads.kernels.tuning.KernelTuning` the kernels use from here
+    on (None: the active one, by default the card's).
+
+    speculation_policy: "fixed" (that tree at every drafting step) or "adaptive" (per step, one of
+    `speculation_tiers` (S,K,N shapes as "S,K,N;..." or a list; default: chains 1, 2 and 4 deep
+    and the full tree) or none, by acceptance and cost: runtime.policy), or a policy object.
+    speculation_profile: a JSON file of measured step costs; loaded where it exists, else the
+    costs measured on this card are saved there (adaptive, CUDA graphs). Without graphs and
+    without a profile, the adaptive policy uses the static cost model."""
 
     def __init__(self, target, head=None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
                  topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], static_tree=None,
                  max_len: int | None = None, max_batch: int = 8, use_graphs: bool | None = None,
                  overlap: bool = True, prefill_tokens: int = 16384, drafter: Drafter | None = None,
-                 drafter_options: dict | None = None, kernel_tuning=None):
+                 drafter_options: dict | None = None, kernel_tuning=None, speculation_policy="fixed",
+                 speculation_tiers=None, speculation_profile=None):
         if max_batch < 1:
             raise EngineError(f"max_batch must be >= 1, got {max_batch}")
         self.target = target
@@ -225,6 +250,55 @@ class SpecEngine:
         self.waiting: list[_Row] = []  # added, prefilled at the next step
         self._next_handle = 0
         self._allocated = False
+        self._profile_path = Path(speculation_profile) if speculation_profile else None
+        self._measuring = False  # the policy's costs are timed here, as buckets are captured
+        self._host_ms: dict[int, float] = {}  # per batch bucket: host time of a host drafter's step
+        self.graph_report: dict = {}
+        try:
+            self.policy = self._build_policy(speculation_policy, speculation_tiers)
+        except PolicyError as e:
+            raise EngineError(str(e)) from None
+
+    # ------------------------------------------------------------------ policy
+    @property
+    def full_tree(self) -> TreeShape | None:
+        """The largest tree a step verifies (the drafter's), None without a drafter."""
+        d = self.drafter
+        return TreeShape(d.depth, d.topk, d.num_draft) if d is not None else None
+
+    def _fingerprint(self) -> dict:
+        """What a speculation profile's costs belong to, besides the card."""
+        s = self.target.spec
+        return {"target": f"{s.model_type}: {s.num_hidden_layers} layers, hidden {s.hidden_size}, "
+                          f"intermediate {s.intermediate_size}, vocab {s.vocab_size}",
+                "method": self.method, "max_tree": str(self.full_tree), "dtype": str(self.dtype)}
+
+    def _device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+
+    def _build_policy(self, policy, tiers):
+        if self.drafter is None:  # nothing to choose: every step is a plain decode
+            return None
+        if not isinstance(policy, str):
+            return policy  # a policy object (tests, custom policies)
+        if policy not in POLICIES:
+            raise PolicyError(f"speculation policy {policy!r} is not one of {', '.join(POLICIES)}")
+        d = self.drafter
+        if policy == "fixed":
+            if self._profile_path is not None:
+                raise PolicyError("--speculation-profile applies to --speculation-policy adaptive")
+            return build_policy("fixed", self.full_tree, tiers)
+        built = build_policy("adaptive", self.full_tree, tiers, trees=d.abilities.trees, can_tier=d.abilities.tiers)
+        path = self._profile_path
+        if path is not None and path.exists():
+            built.cost = SpeculationProfile.load(path).check(path, self._device_name(), self._fingerprint(),
+                                                              built.tiers)
+        elif self.use_graphs:  # timed as the graphs are captured
+            built.cost = SpeculationProfile(self._device_name(), self._fingerprint())
+            self._measuring = True
+        else:
+            built.cost = StaticCost()
+        return built
 
     # ------------------------------------------------------------------ limits
     @property
@@ -275,7 +349,8 @@ class SpecEngine:
             raise EngineError(f"all {self.max_batch} rows are busy")
         self._allocate()
         row = _Row(self._next_handle, request, list(request.prompt), request.params.max_new_tokens, n,
-                   speculate=spec.enabled is not False and self.drafter is not None)
+                   speculate=spec.enabled is not False and self.drafter is not None,
+                   acceptance=self.policy.new_row() if self.policy is not None else None)
         self._next_handle += 1
         self.waiting.append(row)
         return row.handle
@@ -311,8 +386,10 @@ class SpecEngine:
 
     def _may_run_ahead(self) -> bool:
         # every row keeps budget for the step in flight (depth + 1 tokens at most) and one more
-        return self.overlap and not self._host_drafts and not self.waiting and all(
-            r.emitted + self.depth + 1 < r.budget for r in self.rows)
+        if not self.overlap or self.waiting or any(r.emitted + self.depth + 1 >= r.budget for r in self.rows):
+            return False
+        # a host drafter proposes from the tokens of the step in flight: only a plain step runs ahead
+        return not self._host_drafts or self._plan(ahead=1)[3] == 0
 
     @property
     def _host_drafts(self) -> bool:
@@ -324,19 +401,37 @@ class SpecEngine:
         """The target layers whose outputs the drafter reads."""
         return tuple(self.drafter.needs.capture_layers) if self.drafter is not None else ()
 
-    def _launch(self, ahead: int) -> _Launch:
-        """Queue one step for the active rows; `ahead` steps are in flight before it."""
+    def _plan(self, ahead: int) -> tuple:
+        """The next step's shape for the active rows: (b, kv, sampled, tier, logprobs), with
+        `ahead` steps in flight before it; the policy picks the tier."""
         n = len(self.rows)
         b = self._batch_bucket(n) if self.buckets else n
         need = max(r.committed for r in self.rows) + ahead * (self.depth + 1) + self.tree_nodes + 1
         kv = self._context_bucket(need) if self.buckets else min(need, self.cap)
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
-        # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
-        draft = any(r.speculate for r in self.rows)
         logprobs = any(r.request.top_logprobs is not None for r in self.rows)
-        if draft and self._host_drafts:
-            self._host_tree(n, b)
-        out = self._run(b, kv, sampled, draft, logprobs)
+        # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
+        tier = 0
+        if any(r.speculate for r in self.rows):
+            if self._measuring and not self.policy.cost.has(b, kv, self.policy.tiers):
+                self._measure_costs(b, kv)
+            # a host drafter's step also costs the host's time (measured costs are times; static ones are not)
+            timed = getattr(self.policy.cost, "measured", False)
+            host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
+            tier = self.policy.choose([(r.acceptance, r.depth_cap) if r.speculate else None for r in self.rows],
+                                      b, kv, host_ms)
+        return b, kv, sampled, tier, logprobs
+
+    def _launch(self, ahead: int) -> _Launch:
+        """Queue one step for the active rows; `ahead` steps are in flight before it."""
+        t0 = time.perf_counter()
+        n = len(self.rows)
+        b, kv, sampled, tier, logprobs = self._plan(ahead)
+        if any(r.speculate for r in self.rows):
+            self.policy.launched(tier)
+        if tier and self._host_drafts:
+            self._host_tree(n, b, tier)
+        out = self._run(b, kv, sampled, tier, logprobs)
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
             if self.drafter is not None:
@@ -353,12 +448,15 @@ class SpecEngine:
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return _Launch(list(self.rows), host, event, host_lp)
+        return _Launch(list(self.rows), host, event, host_lp, tier, [r.speculate for r in self.rows], b,
+                       time.perf_counter() - t0)
 
     def _finish(self, launch: _Launch) -> list[StepOutput]:
         """Read a launched step's result (the one host sync of a step) and emit its tokens."""
         if launch.event is not None:
             launch.event.synchronize()
+        t0 = time.perf_counter()
+        tree = self.policy.tiers[launch.tier - 1] if launch.tier else None
         outputs, done = [], []
         lp = [t.tolist() for t in launch.host_logprobs] if launch.host_logprobs is not None else None
         for i, (row, res) in enumerate(zip(launch.rows, launch.host[:len(launch.rows)].tolist())):
@@ -370,6 +468,9 @@ class SpecEngine:
             out = StepOutput(row.handle, new, reason, drafted, n_acc - 1, n_acc, res[3])
             if not row.speculate:
                 out.no_draft_reason = "auto" if row.request.spec.enabled == "auto" else "request"
+            if tree is not None and launch.drafting[i]:
+                out.draft_tree = tree
+                self.policy.observe(row.acceptance, launch.tier, min(tree.steps, row.depth_cap), n_acc - 1)
             if row.request.spec.enabled == "auto" and self.drafter is not None and reason is None:
                 self._auto(row, drafted, n_acc - 1)
             if lp is not None and row.request.top_logprobs is not None:
@@ -378,13 +479,19 @@ class SpecEngine:
             if reason is not None:
                 done.append(row)
         self._remove([self.rows.index(r) for r in done])
+        if launch.tier and self._host_drafts and launch.event is not None:
+            # a host drafter's step cannot overlap the host's work: the card waits for it
+            ms = 1000 * (launch.host_s + time.perf_counter() - t0)
+            old = self._host_ms.get(launch.batch)
+            self._host_ms[launch.batch] = ms if old is None else old + 0.1 * (ms - old)
         return outputs
 
     def _set_limits(self, index: int, row: _Row) -> None:
         """Row `index`'s tree limits on the device: the request's (capped by the engine's), or no drafts."""
         spec, n_draft = row.request.spec, self.tree_nodes - 1
         on = row.speculate
-        self.depth_limit[index] = min(spec.num_steps or self.depth, self.depth) if on else 0
+        row.depth_cap = min(spec.num_steps or self.depth, self.depth) if on else 0
+        self.depth_limit[index] = row.depth_cap
         self.draft_limit[index] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
 
     def _auto(self, row: _Row, drafted: int, accepted: int) -> None:
@@ -489,6 +596,9 @@ class SpecEngine:
         self._flip = 0
         if self.drafter is not None:
             self.drafter.allocate(mb, self.cap, dev, self.dtype)
+        # per tier (index 0: none) the drafter of its tree; the last tier, the full tree, is the drafter itself
+        tiers = self.policy.tiers if self.policy is not None else []
+        self._drafters = [None] + [self.drafter.tier(t) for t in tiers[:-1]] + [self.drafter] * bool(tiers)
         if self._host_drafts:  # its trees are copied into these inputs
             # a well-formed tree in every row from the start (the root at depth 0, drafts invalid):
             # rows no request has used yet still step inside a padded batch and in graph capture,
@@ -639,24 +749,86 @@ class SpecEngine:
     def capture_common(self, batch_sizes=(1,)) -> int:
         """Capture now what requests of these batch sizes replay at temperature 0 (a server
         calls it at start, so no request pays a capture): the step graph of every context
-        bucket, with drafts and without, and the prefill graph of every prompt-width bucket.
-        Sampled steps are still captured on first use. Returns the number of graphs captured."""
+        bucket and tier (none, the policy's tiers), and the prefill graph of every prompt-width
+        bucket; with an adaptive policy whose costs are measured here, each bucket's steps are
+        timed too (`_measure_costs`). Sampled steps are still captured on first use. Returns the
+        number of graphs captured; `graph_report` says which, in what time and memory."""
         if self.rows or self.waiting:
             raise EngineError("capture_common() needs an idle engine")
         if not self.use_graphs:
             return 0
         self._allocate()
+        t0 = time.perf_counter()
+        cuda = self.device.type == "cuda"
+        reserved = torch.cuda.memory_reserved(self.device) if cuda else 0
         before = len(self.graphs)
-        drafts = (True, False) if self.drafter is not None else (False,)
         kvs = sorted({self._context_bucket(need) for need in range(1, self.cap + 1)})
-        for b in sorted({self._batch_bucket(n) for n in batch_sizes}):
+        batches = sorted({self._batch_bucket(n) for n in batch_sizes})
+        measure_s = 0.0
+        for b in batches:
             for kv in kvs:
-                for draft in drafts:
-                    if (b, kv, False, draft) not in self.graphs:
-                        self.graphs[(b, kv, False, draft)] = self._capture(b, kv, False, draft)
-        for width in sorted({self._width_bucket(n) for n in range(1, self.max_len + 1)}):
+                for tier in range(len(self._drafters)):
+                    if (b, kv, False, tier) not in self.graphs:
+                        self.graphs[(b, kv, False, tier)] = self._capture(b, kv, False, tier)
+                if self._measuring and not self.policy.cost.has(b, kv, self.policy.tiers):
+                    t1 = time.perf_counter()
+                    self._measure_costs(b, kv)
+                    measure_s += time.perf_counter() - t1
+        widths = sorted({self._width_bucket(n) for n in range(1, self.max_len + 1)})
+        for width in widths:
             self._prefill_graph(width, False)
-        return len(self.graphs) - before
+        n = len(self.graphs) - before
+        tiers = [str(t) for t in self.policy.tiers] if self.policy is not None else []
+        self.graph_report = {
+            "graphs": n, "policy": self.policy.name if self.policy is not None else None, "tiers": tiers,
+            "batch_buckets": batches, "context_buckets": kvs, "prefill_widths": widths,
+            "graph_memory_mib": round((torch.cuda.memory_reserved(self.device) - reserved) / 2**20, 1) if cuda else 0.0,
+            "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(measure_s, 2)}
+        return n
+
+    def graph_summary(self) -> str:
+        """One line on what `capture_common` captured (for a server's start-up log)."""
+        r = self.graph_report
+        if not r:
+            return "no CUDA graphs captured"
+        tiers = f" x {1 + len(r['tiers'])} trees (plain, {', '.join(r['tiers'])})" if r["tiers"] else ""
+        measured = f", step costs timed in {r['measure_seconds']:.1f} s" if r["measure_seconds"] else ""
+        return (f"captured {r['graphs']} CUDA graphs ({len(r['batch_buckets'])} batch x {len(r['context_buckets'])} "
+                f"context buckets{tiers}, {len(r['prefill_widths'])} prompt widths) in {r['seconds']:.1f} s"
+                f"{measured}; graph memory {r['graph_memory_mib']:.0f} MiB")
+
+    MEASURE_REPEATS = 5
+
+    def _measure_costs(self, b: int, kv: int) -> None:
+        """Time the plain step and each tier's step at batch bucket b and context bucket kv (the
+        adaptive policy's costs): each captured greedy graph replayed with rows [:b] at the longest
+        context the bucket holds, the rows' state put back after each replay as after a graph's
+        warm-up (a replay writes only cache slots past each row's context); the median of
+        MEASURE_REPEATS replays after one to warm up. Saved to the profile path if one was given."""
+        graphs = []
+        for tier in range(len(self._drafters)):
+            key = (b, kv, False, tier)
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(*key)
+            graphs.append(self.graphs[key])
+        restore = self._restorer()
+        fill = max(kv - self.tree_nodes - 1, 0)
+        timed = [[] for _ in graphs]
+        for repeat in range(1 + self.MEASURE_REPEATS):
+            for graph, pairs in zip(graphs, timed):
+                self.committed[:b] = fill
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                restore()
+                if repeat:
+                    pairs.append((start, end))
+        torch.cuda.synchronize(self.device)
+        for tier, pairs in zip([None, *self.policy.tiers], timed):
+            self.policy.cost.add(tier, b, kv, statistics.median(s.elapsed_time(e) for s, e in pairs))
+        if self._profile_path is not None:
+            self.policy.cost.save(self._profile_path)
 
     # graphs are captured per bucket: batch, context and prompt widths round up to powers of two
     def _batch_bucket(self, n: int) -> int:
@@ -728,20 +900,23 @@ class SpecEngine:
         if self.drafter is not None:
             self.drafter.clear_row(row)
 
-    def _host_tree(self, n: int, b: int) -> None:
-        histories = [r.history for r in self.rows] if self.drafter.needs.history else None
-        tree = self.drafter.propose(DraftContext(n, self.cap, self.root[:n], histories))
+    def _host_tree(self, n: int, b: int, tier: int) -> None:
+        drafter = self._drafters[tier]
+        histories = [r.history for r in self.rows] if drafter.needs.history else None
+        tree = drafter.propose(DraftContext(n, self.cap, self.root[:n], histories))
+        size = 1 + drafter.num_draft
+        if tree.size != size:
+            raise EngineError(f"drafter proposed {tree.size - 1} nodes; the engine was built for {size - 1}")
         t = self.tree_in
-        if tree.size != self.tree_nodes:
-            raise EngineError(f"drafter proposed {tree.size - 1} nodes; the engine was built for {self.tree_nodes - 1}")
         for dst, src in ((t.tokens, tree.tokens), (t.parents, tree.parents), (t.depth, tree.depth),
                          (t.valid, tree.valid), (t.rank, tree.ranks())):
-            dst[:n].copy_(src)
+            dst[:n, :size].copy_(src)
         t.valid[n:b] = False  # padding rows: the root alone
 
     # ------------------------------------------------------------------ the step
-    def _run(self, b: int, kv: int, sampled: bool, draft: bool, logprobs: bool = False) -> torch.Tensor:
-        key = (b, kv, sampled, draft) + ((True,) if logprobs else ())
+    def _run(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False) -> torch.Tensor:
+        """Step rows [:b] verifying tier `tier`'s tree (0: the roots alone); the result rows (`out`)."""
+        key = (b, kv, sampled, tier) + ((True,) if logprobs else ())
         if not self.use_graphs:
             with torch.no_grad():
                 self._step(*key)
@@ -751,23 +926,26 @@ class SpecEngine:
         self.graphs[key].replay()
         return self.out
 
-    def _capture(self, b: int, kv: int, sampled: bool, draft: bool, logprobs: bool = False) -> torch.cuda.CUDAGraph:
-        graph, _ = capture_graph(lambda: self._step(b, kv, sampled, draft, logprobs), self._pool, self._restorer())
+    def _capture(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False) -> torch.cuda.CUDAGraph:
+        graph, _ = capture_graph(lambda: self._step(b, kv, sampled, tier, logprobs), self._pool, self._restorer())
         self._pool = graph.pool()
         return graph
 
-    def _tree(self, b: int, kv: int, draft: bool) -> Tree:
-        if draft and not self._host_drafts:
-            return self.drafter.propose(DraftContext(b, kv, self.root[:b]))
-        if draft:
-            t = self.tree_in
-            return Tree(t.tokens[:b], t.parents[:b], t.depth[:b], t.valid[:b], self.depth, t.rank[:b])
+    def _tree(self, b: int, kv: int, tier: int) -> Tree:
+        drafter = self._drafters[tier]
+        if drafter is not None and not self._host_drafts:
+            return drafter.propose(DraftContext(b, kv, self.root[:b]))
+        if drafter is not None:
+            t, n = self.tree_in, 1 + drafter.num_draft
+            return Tree(t.tokens[:b, :n], t.parents[:b, :n], t.depth[:b, :n], t.valid[:b, :n], drafter.depth,
+                        t.rank[:b, :n])
         lone = self._lone
         return Tree(self.root[:b, None], lone.parents[:b], lone.depth[:b], lone.valid[:b], 0)
 
-    def _step(self, b: int, kv: int, sampled: bool, draft: bool, logprobs: bool = False) -> None:
-        """Draft, verify, accept and commit for rows [:b]; fixed shapes, no host syncs."""
-        tree = self._tree(b, kv, draft)
+    def _step(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False) -> None:
+        """Draft, verify, accept and commit for rows [:b] (tier 0: no drafts); fixed shapes, no host syncs."""
+        draft = tier > 0
+        tree = self._tree(b, kv, tier)
         anc, y, out = self._verify(tree, b, kv, sampled)
         logits = out.logits
         # accept, then the rows' state and results (out) in one launch; base keeps where the
@@ -775,7 +953,7 @@ class SpecEngine:
         path, n_acc = finish_step(tree.tokens, tree.parents, tree.valid, tree.depth, anc, y, tree.max_depth,
                                   self.committed[:b], self.base[:b], self.root[:b], self.out[:b])
         if draft:
-            self.drafter.commit(StepResult(b, tree, path, n_acc, y, out.aux_hidden, out.hidden))
+            self._drafters[tier].commit(StepResult(b, tree, path, n_acc, y, out.aux_hidden, out.hidden))
         if tree.max_depth:  # a lone root is in place
             commit_kv(self.cache.layers(slice(0, b)), self.base[:b], path, n_acc)
         if logprobs:  # the token emitted at path position j is y at path node j, drawn from its logits

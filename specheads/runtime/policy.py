@@ -1,0 +1,379 @@
+"""The speculation policy: which draft tree each step verifies (a tier), or none.
+
+An engine builds its drafter for the largest tree it may verify (the server's maximum). With the
+adaptive policy it also holds one drafter per smaller tier, sharing the weights and the per-row
+state (`Drafter.tier`), each with its own step graphs. Before each step the policy picks one
+tier for the whole batch, or none (every row verifies only its next token: a plain decode step):
+
+    tokens per second of tier t = sum over rows r of E_r(t) / cost(batch, context, t)
+    E_r(t) = 1 + sum over depths d <= depth(t) of prod over j <= d of q_r,t(j)
+
+q_r,t(j) is row r's acceptance at depth j when its step reached depth j - 1 under tier t: an
+average over its last `window` such steps, shrunk toward the average of all rows under tier t
+where the row has few observations; that one is shrunk toward all rows under every tier, and
+that toward the same at depth j - 1 (depth 1: toward `prior`), so a depth no step reached yet
+is taken to accept as the one above it. A row that drafts nothing (its request turned speculation off) counts one
+token; a request's own depth cap (SpecControl.num_steps) cuts its sum short. A depth a tier
+offered but the drafter left empty (an n-gram without a match) counts as rejected there. Plain
+steps observe nothing, so after `probe_every` plain steps in a row the best tier runs once anyway
+(a probe: acceptance may have risen).
+
+A tier never changes an output: verification is lossless, so greedy output is the target's own
+and sampled output follows the request's counter-based noise whatever tree was verified.
+
+Costs, per (batch bucket, context bucket, tier):
+- measured (`SpeculationProfile`): the time of each tier's captured step graph (draft, verify,
+  accept and commit) and of the plain decode step, timed on the card when the engine captures
+  its graphs (`SpecEngine.capture_common` at a server's start, or a bucket's first use), or
+  loaded from a saved profile (JSON). A host drafter's steps (n-gram) also pay the proposal and
+  the host's bookkeeping that a device drafter's overlapped steps hide: measured as they run.
+- static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a
+  plain decode step, verifying T tokens in all costs max(1, T / saturation_tokens) (a decode
+  streams the weights once until the batch's tokens fill the matmuls), and each draft depth
+  draft_depth_cost x max(1, rows x topk / saturation_tokens). No context term.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+POLICIES = ("fixed", "adaptive")
+PROFILE_FORMAT = "specheads-speculation-profile/1"
+PLAIN_KEY = "plain"
+
+
+class PolicyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, order=True)
+class TreeShape:
+    """A draft tree's size: depth (num_steps), branching (topk; 1 = a chain) and draft tokens."""
+
+    steps: int
+    topk: int
+    num_draft: int
+
+    def __str__(self) -> str:
+        return f"{self.steps},{self.topk},{self.num_draft}"
+
+    @property
+    def pool(self) -> int:
+        """The candidates a dynamic tree of this depth and branching chooses its nodes from."""
+        return self.topk + (self.steps - 1) * self.topk * self.topk
+
+
+TIERS_HELP = "tiers as STEPS,TOPK,DRAFT_TOKENS separated by ';', e.g. \"1,1,1;2,1,2;4,1,4;6,4,15\""
+
+
+def parse_tiers(spec, what: str = "--speculation-tiers") -> list[TreeShape]:
+    """'S,K,N;S,K,N;...' or a list of (S, K, N) / TreeShape -> tree shapes (checked for form only)."""
+    if isinstance(spec, str):
+        parts = [p for p in spec.replace(" ", "").split(";") if p]
+        if not parts:
+            raise PolicyError(f"{what} {spec!r} names no tier; expected {TIERS_HELP}")
+        items = []
+        for p in parts:
+            try:
+                items.append(tuple(int(x) for x in p.split(",")))
+            except ValueError:
+                raise PolicyError(f"{what}: tier {p!r} is not three integers; expected {TIERS_HELP}") from None
+    else:
+        items = [tuple(t) if not isinstance(t, TreeShape) else (t.steps, t.topk, t.num_draft) for t in spec]
+    shapes = []
+    for t in items:
+        if len(t) != 3 or any(x < 1 for x in t):
+            raise PolicyError(f"{what}: tier {','.join(map(str, t))} must be three integers >= 1 "
+                              f"(steps, topk, draft tokens); expected {TIERS_HELP}")
+        shapes.append(TreeShape(*t))
+    return shapes
+
+
+def check_tier(shape: TreeShape, full: TreeShape, trees: bool, what: str = "--speculation-tiers") -> TreeShape:
+    """A tier must fit inside the engine's tree (its maximum), and be a tree its drafter can draft."""
+    maximum = f"this engine's tree {full} (--num-steps {full.steps} --topk {full.topk} " \
+              f"--num-draft-tokens {full.num_draft}) is the maximum"
+    if shape.steps > full.steps or shape.topk > full.topk or shape.num_draft > full.num_draft:
+        raise PolicyError(f"{what}: tier {shape} is larger than {maximum}: each of steps, topk and draft tokens "
+                          f"must be at most its own")
+    if not trees and shape.topk != 1:
+        raise PolicyError(f"{what}: tier {shape}: this drafter drafts chains only, so topk must be 1")
+    if shape.topk == 1 and shape.num_draft != shape.steps:
+        raise PolicyError(f"{what}: tier {shape} is a chain (topk 1) of {shape.steps} steps, so it drafts "
+                          f"{shape.steps} tokens: write {shape.steps},1,{shape.steps}")
+    if shape.num_draft > shape.pool:
+        raise PolicyError(f"{what}: tier {shape}: a tree {shape.steps} deep with topk {shape.topk} has "
+                          f"{shape.pool} candidates, fewer than {shape.num_draft} draft tokens")
+    return shape
+
+
+def default_tiers(full: TreeShape) -> list[TreeShape]:
+    """Chains 1, 2 and 4 deep (below the full depth), then the full tree: a chain verifies few
+    tokens per row, what large batches can afford; the full tree is what pays at batch 1."""
+    tiers = [TreeShape(d, 1, d) for d in (1, 2, 4) if d < full.steps]
+    return sorted(set(tiers + [full]), key=lambda t: (t.num_draft, t.steps, t.topk))
+
+
+def resolve_tiers(tiers, full: TreeShape, trees: bool, can_tier: bool) -> list[TreeShape]:
+    """The tiers an adaptive engine verifies, smallest first, the full tree always last: the
+    given ones (checked) or the defaults; a drafter that cannot draft smaller trees has only its own."""
+    if tiers is None:
+        return default_tiers(full) if can_tier else [full]
+    shapes = [check_tier(t, full, trees) for t in parse_tiers(tiers)]
+    if not can_tier and set(shapes) != {full}:
+        raise PolicyError(f"--speculation-tiers: this drafter drafts one tree only ({full}); an adaptive policy "
+                          f"chooses between it and plain decoding (leave the tiers out)")
+    return sorted(set(shapes) | {full}, key=lambda t: (t.num_draft, t.steps, t.topk))
+
+
+# ---------------------------------------------------------------------------- costs
+@dataclass
+class StaticCost:
+    """Step costs in units of a plain decode step where nothing is timed (module docstring)."""
+
+    saturation_tokens: int = 128
+    draft_depth_cost: float = 0.1
+    measured = False
+
+    def step(self, batch: int, kv: int, tier: TreeShape | None) -> float:
+        if tier is None:
+            return max(1.0, batch / self.saturation_tokens)
+        verify = max(1.0, batch * (1 + tier.num_draft) / self.saturation_tokens)
+        return verify + self.draft_depth_cost * tier.steps * max(1.0, batch * tier.topk / self.saturation_tokens)
+
+
+@dataclass
+class SpeculationProfile:
+    """Measured step times (ms) per tier ("plain" or "S,K,N"), batch bucket and context bucket,
+    for one card, target shape and drafter (`fingerprint`); saved and loaded as JSON."""
+
+    device: str
+    fingerprint: dict
+    step_ms: dict = field(default_factory=dict)  # key -> {batch: {kv: ms}}
+    measured = True
+
+    @staticmethod
+    def key(tier: TreeShape | None) -> str:
+        return PLAIN_KEY if tier is None else str(tier)
+
+    def add(self, tier: TreeShape | None, batch: int, kv: int, ms: float) -> None:
+        self.step_ms.setdefault(self.key(tier), {}).setdefault(int(batch), {})[int(kv)] = float(ms)
+
+    def has(self, batch: int, kv: int, tiers) -> bool:
+        return all(kv in self.step_ms.get(self.key(t), {}).get(batch, {}) for t in [None, *tiers])
+
+    def step(self, batch: int, kv: int, tier: TreeShape | None) -> float:
+        """The measured time of the nearest bucket (log scale) where this one was not timed."""
+        table = self.step_ms[self.key(tier)]
+        b = min(table, key=lambda x: (abs(math.log2(x) - math.log2(batch)), -x))
+        row = table[b]
+        k = min(row, key=lambda x: (abs(math.log2(x) - math.log2(kv)), -x))
+        return row[k]
+
+    def to_json(self) -> dict:
+        return {"format": PROFILE_FORMAT, "device": self.device, "fingerprint": self.fingerprint,
+                "step_ms": {key: {str(b): {str(k): round(ms, 5) for k, ms in sorted(row.items())}
+                                  for b, row in sorted(table.items())} for key, table in self.step_ms.items()}}
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path) -> "SpeculationProfile":
+        path = Path(path)
+        where = f"speculation profile {str(path)!r}"
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise PolicyError(f"{where} is not JSON ({e}); write it with --speculation-profile on a new path "
+                              f"(the measured profile is saved there)") from None
+        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise PolicyError(f"{where} has format {got!r}; expected {PROFILE_FORMAT!r} (a file written by "
+                              f"specheads with --speculation-profile)")
+        missing = [k for k in ("device", "fingerprint", "step_ms") if k not in data]
+        if missing:
+            raise PolicyError(f"{where} lacks {', '.join(missing)}; expected the fields device, fingerprint, step_ms")
+        profile = cls(str(data["device"]), data["fingerprint"])
+        try:
+            for key, table in data["step_ms"].items():
+                if key != PLAIN_KEY:
+                    parse_tiers(key, f"{where}: step_ms key")
+                for b, row in table.items():
+                    for k, ms in row.items():
+                        ms = float(ms)
+                        if not (math.isfinite(ms) and ms > 0) or int(b) < 1 or int(k) < 1:
+                            raise ValueError(f"{key} batch {b} context {k}: {ms}")
+                        profile.add(None if key == PLAIN_KEY else parse_tiers(key)[0], int(b), int(k), ms)
+        except (AttributeError, TypeError, ValueError) as e:
+            if isinstance(e, PolicyError):
+                raise
+            raise PolicyError(f"{where}: step_ms must map \"plain\" or \"S,K,N\" to {{batch: {{context: ms > 0}}}} "
+                              f"({e})") from None
+        return profile
+
+    def check(self, path, device: str, fingerprint: dict, tiers) -> "SpeculationProfile":
+        """Refuse a profile of another card, model or drafter, or one missing a tier."""
+        where = f"speculation profile {str(path)!r}"
+        if self.device != device:
+            raise PolicyError(f"{where} was measured on {self.device!r}, not this {device!r}: pass a new path to "
+                              f"measure this card (the profile is saved there)")
+        if self.fingerprint != fingerprint:
+            diff = sorted(k for k in set(self.fingerprint) | set(fingerprint)
+                          if self.fingerprint.get(k) != fingerprint.get(k))
+            raise PolicyError(f"{where} belongs to another model or drafter ({', '.join(diff)}: "
+                              f"{[self.fingerprint.get(k) for k in diff]} there, {[fingerprint.get(k) for k in diff]} "
+                              f"here): pass a new path to measure this one")
+        lacking = [self.key(t) for t in [None, *tiers] if self.key(t) not in self.step_ms]
+        if lacking:
+            held = "; ".join(k for k in self.step_ms if k != PLAIN_KEY)
+            raise PolicyError(f"{where} has no times for {', '.join(lacking)} (it holds plain and {held or 'no tier'}): "
+                              f"pass --speculation-tiers among those, or a new path to measure these tiers")
+        return self
+
+
+# ---------------------------------------------------------------------------- acceptance
+class RowAcceptance:
+    """One row's recent acceptance per tier and depth: mean [T, D] and observation count [T, D]."""
+
+    __slots__ = ("mean", "count")
+
+    def __init__(self, tiers: int, depth: int):
+        self.mean = np.zeros((tiers, depth))
+        self.count = np.zeros((tiers, depth))
+
+
+def _update(mean: np.ndarray, count: np.ndarray, hits: np.ndarray, window: int) -> None:
+    """Running means over the last ~window observations (exact until the window fills)."""
+    count += 1
+    mean += (hits - mean) / np.minimum(count, window)
+    np.minimum(count, window, out=count)
+
+
+def _shrink(mean, count, toward, weight: float):
+    return (mean * count + toward * weight) / (count + weight)
+
+
+class FixedPolicy:
+    """The engine's own tree at every step where a row drafts.
+
+    A policy's interface (the engine's side): `tiers` (tree shapes, smallest first, the engine's
+    full tree last), `cost`, `new_row()` (a row's acceptance record), `observe(row, tier, offered,
+    accepted)` after each drafting step of a row, `choose(rows, batch, kv, host_ms)` -> the tier
+    of the next step (0: plain decoding; i: tiers[i - 1]) and `launched(tier)`."""
+
+    name = "fixed"
+
+    def __init__(self, full: TreeShape):
+        self.tiers = [full]
+        self.cost = None
+
+    def new_row(self):
+        return None
+
+    def observe(self, row, tier: int, offered: int, accepted: int) -> None:
+        pass
+
+    def choose(self, rows: list, batch: int, kv: int, host_ms: float = 0.0) -> int:
+        return 1
+
+    def launched(self, tier: int) -> None:
+        pass
+
+
+class AdaptivePolicy:
+    """Picks each step's tier (1..len(tiers); 0: plain decoding) for the most expected tokens per
+    unit of cost (module docstring). rows: per active row, (its RowAcceptance, its depth cap), or
+    None for a row that does not draft."""
+
+    name = "adaptive"
+
+    def __init__(self, tiers: list[TreeShape], cost, window: int = 16, prior: float = 0.7,
+                 prior_weight: float = 2.0, pooled_window: int = 64, probe_every: int = 32):
+        if not tiers:
+            raise PolicyError("an adaptive policy needs at least one tier")
+        self.tiers = list(tiers)
+        self.cost = cost
+        self.probe_every = probe_every
+        self.plain_run = 0  # plain steps launched in a row while rows wanted drafts
+        self.window, self.pooled_window = window, pooled_window
+        self.prior, self.prior_weight = prior, prior_weight
+        self.depth = max(t.steps for t in self.tiers)
+        n = len(self.tiers)
+        self.all_tiers = RowAcceptance(1, self.depth)  # every row, every tier
+        self.by_tier = RowAcceptance(n, self.depth)  # every row, per tier
+        self._reach = np.array([[d < t.steps for d in range(self.depth)] for t in self.tiers])  # [T, D]
+
+    def new_row(self) -> RowAcceptance:
+        return RowAcceptance(len(self.tiers), self.depth)
+
+    def observe(self, row: RowAcceptance, tier: int, offered: int, accepted: int) -> None:
+        """A drafting step of `row` under tier (1-based) that offered depths 1..offered (the tier's
+        depth, or less under the request's cap) and accepted `accepted` drafts."""
+        depths = min(offered, self.depth)
+        if tier < 1 or depths < 1:
+            return
+        reached = min(accepted + 1, depths)  # depths whose parent was reached: 1..accepted+1
+        hits = (np.arange(reached) < accepted).astype(float)
+        t = tier - 1
+        _update(row.mean[t, :reached], row.count[t, :reached], hits, self.window)
+        _update(self.by_tier.mean[t, :reached], self.by_tier.count[t, :reached], hits, self.pooled_window)
+        _update(self.all_tiers.mean[0, :reached], self.all_tiers.count[0, :reached], hits, self.pooled_window)
+
+    def acceptance(self, rows: list[RowAcceptance]) -> np.ndarray:
+        """q [R, T, D]: each row's estimated acceptance per tier and depth."""
+        w = self.prior_weight
+        pooled = np.empty((1, self.depth))  # every row, every tier; a depth without data: the one above
+        above = self.prior
+        for d in range(self.depth):
+            above = pooled[0, d] = _shrink(self.all_tiers.mean[0, d], self.all_tiers.count[0, d], above, w)
+        tier = _shrink(self.by_tier.mean, self.by_tier.count, pooled, w)  # [T, D]
+        mean = np.stack([r.mean for r in rows])
+        count = np.stack([r.count for r in rows])
+        return _shrink(mean, count, tier[None], w)
+
+    def expected_tokens(self, rows: list, caps: list[int]) -> np.ndarray:
+        """[R, T]: each row's expected tokens per step under each tier."""
+        q = self.acceptance(rows)
+        reach = self._reach[None] & (np.arange(self.depth)[None, None, :] < np.asarray(caps)[:, None, None])
+        return 1.0 + (np.cumprod(q, axis=2) * reach).sum(2)
+
+    def rates(self, rows: list, batch: int, kv: int, host_ms: float = 0.0) -> np.ndarray:
+        """Expected tokens per unit of cost of plain decoding (index 0) and of each tier."""
+        drafting = [r for r in rows if r is not None]
+        tokens = np.full(len(self.tiers), float(len(rows) - len(drafting)))
+        if drafting:
+            tokens += self.expected_tokens([r for r, _ in drafting], [c for _, c in drafting]).sum(0)
+        cost = np.array([self.cost.step(batch, kv, t) + host_ms for t in self.tiers])
+        return np.concatenate([[len(rows) / self.cost.step(batch, kv, None)], tokens / cost])
+
+    def choose(self, rows: list, batch: int, kv: int, host_ms: float = 0.0) -> int:
+        """The tier of the most expected tokens per unit of cost (0: plain decoding), or a probe."""
+        if all(r is None for r in rows):
+            return 0
+        rates = self.rates(rows, batch, kv, host_ms)
+        best = int(np.argmax(rates[1:])) + 1
+        if rates[best] > rates[0] or self.plain_run + 1 >= self.probe_every:
+            return best
+        return 0
+
+    def launched(self, tier: int) -> None:
+        """The engine launched a step of this tier (where some row wanted drafts)."""
+        self.plain_run = self.plain_run + 1 if tier == 0 else 0
+
+
+def build_policy(name: str, full: TreeShape, tiers=None, trees: bool = True, can_tier: bool = False, cost=None):
+    """`fixed` (the engine's tree every step) or `adaptive` (tiers as given, or the defaults)."""
+    if name == "fixed":
+        if tiers is not None:
+            raise PolicyError("--speculation-tiers applies to --speculation-policy adaptive; the fixed policy "
+                              "verifies the engine's tree (--num-steps, --topk, --num-draft-tokens) every step")
+        return FixedPolicy(full)
+    if name == "adaptive":
+        return AdaptivePolicy(resolve_tiers(tiers, full, trees, can_tier), cost or StaticCost())
+    raise PolicyError(f"speculation policy {name!r} is not one of {', '.join(POLICIES)}")
