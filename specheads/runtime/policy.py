@@ -9,10 +9,10 @@ tier for the whole batch, or none (every row verifies only its next token: a pla
     E_r(t) = 1 + sum over depths d <= depth(t) of prod over j <= d of q_r,t(j)
 
 q_r,t(j) is row r's acceptance at depth j when its step reached depth j - 1 under tier t: an
-average over its last `window` such steps, shrunk toward the average of all rows under tier t
-where the row has few observations; that one is shrunk toward all rows under every tier, and
-that toward the same at depth j - 1 (depth 1: toward `prior`), so a depth no step reached yet
-is taken to accept as the one above it. A row that drafts nothing (its request turned speculation off) counts one
+average over its last `window` such steps, shrunk (where the row has few of them) toward row r's
+average under every tier, that toward all rows' under tier t, that toward all rows' under every
+tier, and that toward the same at depth j - 1 (depth 1: toward `prior`): a tier a request has not
+run borrows its own record first, and a depth no step reached yet accepts as the one above it. A row that drafts nothing (its request turned speculation off) counts one
 token; a request's own depth cap (SpecControl.num_steps) cuts its sum short. A depth a tier
 offered but the drafter left empty (an n-gram without a match) counts as rejected there. Plain
 steps observe nothing, so after `probe_every` plain steps in a row the best tier runs once anyway
@@ -96,13 +96,12 @@ def parse_tiers(spec, what: str = "--speculation-tiers") -> list[TreeShape]:
 
 def check_tier(shape: TreeShape, full: TreeShape, trees: bool, what: str = "--speculation-tiers") -> TreeShape:
     """A tier must fit inside the engine's tree (its maximum), and be a tree its drafter can draft."""
-    maximum = f"this engine's tree {full} (--num-steps {full.steps} --topk {full.topk} " \
-              f"--num-draft-tokens {full.num_draft}) is the maximum"
-    if shape.steps > full.steps or shape.topk > full.topk or shape.num_draft > full.num_draft:
-        raise PolicyError(f"{what}: tier {shape} is larger than {maximum}: each of steps, topk and draft tokens "
-                          f"must be at most its own")
     if not trees and shape.topk != 1:
         raise PolicyError(f"{what}: tier {shape}: this drafter drafts chains only, so topk must be 1")
+    if shape.steps > full.steps or shape.topk > full.topk or shape.num_draft > full.num_draft:
+        raise PolicyError(f"{what}: tier {shape} is larger than this engine's tree {full} (--num-steps {full.steps} "
+                          f"--topk {full.topk} --num-draft-tokens {full.num_draft}), the maximum: its steps, topk "
+                          f"and draft tokens must each be at most that tree's")
     if shape.topk == 1 and shape.num_draft != shape.steps:
         raise PolicyError(f"{what}: tier {shape} is a chain (topk 1) of {shape.steps} steps, so it drafts "
                           f"{shape.steps} tokens: write {shape.steps},1,{shape.steps}")
@@ -177,7 +176,7 @@ class SpeculationProfile:
 
     def to_json(self) -> dict:
         return {"format": PROFILE_FORMAT, "device": self.device, "fingerprint": self.fingerprint,
-                "step_ms": {key: {str(b): {str(k): round(ms, 5) for k, ms in sorted(row.items())}
+                "step_ms": {key: {str(b): {str(k): ms for k, ms in sorted(row.items())}
                                   for b, row in sorted(table.items())} for key, table in self.step_ms.items()}}
 
     def save(self, path) -> None:
@@ -239,7 +238,8 @@ class SpeculationProfile:
 
 # ---------------------------------------------------------------------------- acceptance
 class RowAcceptance:
-    """One row's recent acceptance per tier and depth: mean [T, D] and observation count [T, D]."""
+    """Recent acceptance per tier and depth: mean [T, D] and observation count [T, D] (a row's
+    records carry one more line, every tier's)."""
 
     __slots__ = ("mean", "count")
 
@@ -310,7 +310,7 @@ class AdaptivePolicy:
         self._reach = np.array([[d < t.steps for d in range(self.depth)] for t in self.tiers])  # [T, D]
 
     def new_row(self) -> RowAcceptance:
-        return RowAcceptance(len(self.tiers), self.depth)
+        return RowAcceptance(len(self.tiers) + 1, self.depth)  # the last line: every tier
 
     def observe(self, row: RowAcceptance, tier: int, offered: int, accepted: int) -> None:
         """A drafting step of `row` under tier (1-based) that offered depths 1..offered (the tier's
@@ -322,6 +322,7 @@ class AdaptivePolicy:
         hits = (np.arange(reached) < accepted).astype(float)
         t = tier - 1
         _update(row.mean[t, :reached], row.count[t, :reached], hits, self.window)
+        _update(row.mean[-1, :reached], row.count[-1, :reached], hits, self.window)
         _update(self.by_tier.mean[t, :reached], self.by_tier.count[t, :reached], hits, self.pooled_window)
         _update(self.all_tiers.mean[0, :reached], self.all_tiers.count[0, :reached], hits, self.pooled_window)
 
@@ -333,9 +334,10 @@ class AdaptivePolicy:
         for d in range(self.depth):
             above = pooled[0, d] = _shrink(self.all_tiers.mean[0, d], self.all_tiers.count[0, d], above, w)
         tier = _shrink(self.by_tier.mean, self.by_tier.count, pooled, w)  # [T, D]
-        mean = np.stack([r.mean for r in rows])
+        mean = np.stack([r.mean for r in rows])  # [R, T + 1, D]
         count = np.stack([r.count for r in rows])
-        return _shrink(mean, count, tier[None], w)
+        own = _shrink(mean[:, -1:], count[:, -1:], tier[None], w)  # the row under every tier [R, T, D]
+        return _shrink(mean[:, :-1], count[:, :-1], own, w)
 
     def expected_tokens(self, rows: list, caps: list[int]) -> np.ndarray:
         """[R, T]: each row's expected tokens per step under each tier."""

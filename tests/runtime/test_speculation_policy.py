@@ -1,0 +1,218 @@
+"""The speculation policy on its own: tiers parsed and checked against the engine's tree, the
+adaptive choice following acceptance (bigger trees while drafts are accepted, smaller or none
+when they are not, a probe after a run of plain steps), the cost model choosing plain decoding
+where speculation loses, and cost profiles saved, loaded and refused with a clear reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specheads.runtime.policy import (AdaptivePolicy, FixedPolicy, PolicyError, SpeculationProfile, StaticCost,
+                                      TreeShape, build_policy, default_tiers, parse_tiers, resolve_tiers)
+
+FULL = TreeShape(6, 4, 15)
+TIERS = default_tiers(FULL)
+
+
+class TableCost:
+    """Step costs from a function of (batch, tier): what a measured profile gives, made up."""
+
+    measured = True
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def step(self, batch, kv, tier):
+        return self.fn(batch, tier)
+
+
+def gpu_like(batch, tier):
+    """A memory-bound card: a step costs 1 until the batch's tokens pass 128, then grows with them;
+    each draft depth costs 0.08 (more for wide frontiers at large batches)."""
+    tokens = batch * (1 + (tier.num_draft if tier else 0))
+    draft = 0.08 * tier.steps * max(1.0, batch * tier.topk / 128) if tier else 0.0
+    return max(1.0, tokens / 128) + draft
+
+
+def observe(policy, row, tier_index, accepted, steps=20):
+    tier = policy.tiers[tier_index - 1]
+    for _ in range(steps):
+        policy.observe(row, tier_index, tier.steps, min(accepted, tier.steps))
+
+
+def test_default_tiers_are_chains_then_the_full_tree():
+    assert [str(t) for t in TIERS] == ["1,1,1", "2,1,2", "4,1,4", "6,4,15"]
+    assert [str(t) for t in default_tiers(TreeShape(3, 1, 3))] == ["1,1,1", "2,1,2", "3,1,3"]
+    assert default_tiers(TreeShape(1, 1, 1)) == [TreeShape(1, 1, 1)]
+
+
+def test_tiers_are_parsed_sorted_and_end_with_the_full_tree():
+    tiers = resolve_tiers("4,1,4; 1,1,1;2,1,2", FULL, trees=True, can_tier=True)
+    assert [str(t) for t in tiers] == ["1,1,1", "2,1,2", "4,1,4", "6,4,15"]
+    assert resolve_tiers([(3, 2, 6), (1, 1, 1)], FULL, True, True)[-1] == FULL
+    assert resolve_tiers(None, FULL, trees=True, can_tier=False) == [FULL]  # a one-shape drafter
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "names no tier; expected tiers as STEPS,TOPK,DRAFT_TOKENS"),
+    ("1,1,x", "tier '1,1,x' is not three integers; expected tiers as STEPS,TOPK,DRAFT_TOKENS"),
+    ("1,1", "tier 1,1 must be three integers >= 1"),
+    ("0,1,0", "tier 0,1,0 must be three integers >= 1"),
+    ("8,4,15", r"tier 8,4,15 is larger than this engine's tree 6,4,15 \(--num-steps 6 --topk 4 "
+               r"--num-draft-tokens 15\), the maximum"),
+    ("2,1,5", "tier 2,1,5 is a chain .* write 2,1,2"),
+    ("2,2,9", "a tree 2 deep with topk 2 has 6 candidates, fewer than 9 draft tokens"),
+])
+def test_bad_tiers_say_what_would_be_right(spec, message):
+    with pytest.raises(PolicyError, match=message):
+        resolve_tiers(spec, FULL, trees=True, can_tier=True)
+
+
+def test_chain_drafters_take_chain_tiers_only_and_one_shape_drafters_none():
+    with pytest.raises(PolicyError, match="drafts chains only, so topk must be 1"):
+        resolve_tiers("3,2,4", TreeShape(8, 1, 8), trees=False, can_tier=True)
+    with pytest.raises(PolicyError, match=r"drafts one tree only \(6,4,15\)"):
+        resolve_tiers("1,1,1", FULL, trees=True, can_tier=False)
+
+
+def test_build_policy_names():
+    assert isinstance(build_policy("fixed", FULL), FixedPolicy)
+    assert build_policy("adaptive", FULL, can_tier=True).tiers == TIERS
+    with pytest.raises(PolicyError, match="'sometimes' is not one of fixed, adaptive"):
+        build_policy("sometimes", FULL)
+    with pytest.raises(PolicyError, match="applies to --speculation-policy adaptive"):
+        build_policy("fixed", FULL, tiers="1,1,1")
+
+
+def test_the_tier_follows_acceptance():
+    """At batch 1 (every tier verifies in one pass of the weights) the full tree pays while its
+    drafts are accepted; when only the first draft is, a short chain; when none is, plain decoding."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    row = policy.new_row()
+    assert policy.choose([(row, 6)], 1, 512) > 0  # before any observation: the prior favours drafting
+    observe(policy, row, 4, accepted=6)
+    assert policy.choose([(row, 6)], 1, 512) == 4  # 6,4,15
+    observe(policy, row, 4, accepted=1, steps=60)  # (deeper depths, no longer reached, keep their record)
+    assert policy.tiers[policy.choose([(row, 6)], 1, 512) - 1] == TreeShape(1, 1, 1)
+    observe(policy, row, 4, accepted=0, steps=60)  # the chains, never run, take the row's own record
+    assert policy.choose([(row, 6)], 1, 512) == 0
+
+
+def test_a_probe_follows_a_run_of_plain_steps():
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), probe_every=4)
+    row = policy.new_row()
+    for t in range(1, len(TIERS) + 1):
+        observe(policy, row, t, accepted=0)
+    choices = []
+    for _ in range(8):
+        tier = policy.choose([(row, 6)], 1, 512)
+        policy.launched(tier)
+        choices.append(tier)
+    assert choices[:3] == [0, 0, 0] and choices[3] > 0 and choices[4:7] == [0, 0, 0] and choices[7] > 0
+
+
+def test_a_request_cap_and_rows_without_drafts_count():
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    row = policy.new_row()
+    observe(policy, row, 4, accepted=6)
+    expected = policy.expected_tokens([row, row], [6, 1])
+    assert expected[0, -1] > 5  # six drafts accepted almost always
+    assert ((1.9 < expected[1]) & (expected[1] <= 2.0)).all()  # capped at depth 1: one draft at most
+    rates = policy.rates([(row, 6), None], 1, 512)
+    assert rates[0] == pytest.approx(2.0)  # plain: a token per row
+    assert policy.choose([None, None], 1, 512) == 0  # nobody drafts
+
+
+def test_unseen_tiers_and_depths_borrow_from_what_was_seen():
+    """A tier no step ran takes all tiers' acceptance at its depths, and a depth no step reached
+    takes the one above it: a new row of a well-drafting server starts optimistic, not at the prior."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), prior=0.1)
+    seen = policy.new_row()
+    observe(policy, seen, 2, accepted=2, steps=60)  # chain 2 only: depths 1 and 2 always accepted
+    q = policy.acceptance([policy.new_row()])[0]
+    assert (q[:, :2] > 0.9).all()  # every tier, depths 1-2
+    assert (q[3, 2:] > 0.8).all()  # the full tree's depths 3-6, never reached
+
+
+def test_the_cost_model_decodes_plainly_where_speculation_loses():
+    """The same acceptance (every draft accepted): at batch 1 the full tree, at batch 64 a short
+    chain (its few verified tokens still fit one pass), at batch 256 (every extra token costs)
+    plain decoding."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    rows = []
+    for _ in range(256):
+        r = policy.new_row()
+        observe(policy, r, 4, accepted=6, steps=4)
+        rows.append((r, 6))
+    assert policy.choose(rows[:1], 1, 512) == 4
+    assert policy.tiers[policy.choose(rows[:64], 64, 512) - 1] == TreeShape(1, 1, 1)
+    assert policy.choose(rows, 256, 512) == 0
+
+
+def test_static_costs_without_measurements():
+    cost = StaticCost()
+    assert cost.step(1, 128, None) == 1.0
+    assert cost.step(1, 128, FULL) == pytest.approx(1 + 0.1 * 6)  # 16 tokens verify in one pass
+    assert cost.step(64, 128, FULL) == pytest.approx(64 * 16 / 128 + 0.1 * 6 * 2)
+    policy = AdaptivePolicy(TIERS, cost)
+    rows = [(policy.new_row(), 6) for _ in range(64)]
+    for r, _ in rows:
+        observe(policy, r, 4, accepted=0)
+        observe(policy, r, 1, accepted=0)
+    assert policy.choose(rows, 64, 128) == 0
+
+
+# ---------------------------------------------------------------------------- profiles
+FINGERPRINT = {"target": "llama: 4 layers", "method": "eagle3", "max_tree": "6,4,15", "dtype": "torch.bfloat16"}
+
+
+def profile():
+    p = SpeculationProfile("NVIDIA H100 80GB HBM3", dict(FINGERPRINT))
+    for b in (1, 8, 64):
+        for kv in (128, 1024):
+            p.add(None, b, kv, 5.0 + b / 64 + kv / 1024)
+            for t in TIERS:
+                p.add(t, b, kv, gpu_like(b, t) * 5.0 + kv / 1024)
+    return p
+
+
+def test_profile_round_trip(tmp_path):
+    p = profile()
+    path = tmp_path / "costs.json"
+    p.save(path)
+    loaded = SpeculationProfile.load(path).check(path, p.device, FINGERPRINT, TIERS)
+    assert loaded.step_ms == p.step_ms and loaded.device == p.device and loaded.fingerprint == FINGERPRINT
+    assert loaded.has(8, 1024, TIERS) and not loaded.has(16, 1024, TIERS)
+    # a bucket not timed takes the nearest one (log scale)
+    assert loaded.step(16, 1024, FULL) == loaded.step(8, 1024, FULL)
+    assert loaded.step(48, 4096, None) == loaded.step(64, 1024, None)
+    assert json.loads(path.read_text())["format"] == "specheads-speculation-profile/1"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: "not json", "is not JSON"),
+    (lambda d: {**d, "format": "other/2"}, "has format 'other/2'; expected 'specheads-speculation-profile/1'"),
+    (lambda d: {k: v for k, v in d.items() if k != "step_ms"}, "lacks step_ms; expected the fields"),
+    (lambda d: {**d, "step_ms": {"plain": {"1": {"128": -1}}}}, "must map \"plain\" or \"S,K,N\" to"),
+    (lambda d: {**d, "step_ms": {"6,4": {"1": {"128": 1}}}}, "must be three integers"),
+])
+def test_a_bad_profile_file_is_refused(tmp_path, edit, message):
+    path = tmp_path / "costs.json"
+    data = edit(profile().to_json())
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    with pytest.raises(PolicyError, match=message) as e:
+        SpeculationProfile.load(path)
+    assert str(path) in str(e.value)
+
+
+def test_a_profile_of_another_card_model_or_tiers_is_refused(tmp_path):
+    path = tmp_path / "costs.json"
+    p = profile()
+    with pytest.raises(PolicyError, match="measured on 'NVIDIA H100 80GB HBM3', not this 'NVIDIA H200'"):
+        p.check(path, "NVIDIA H200", FINGERPRINT, TIERS)
+    with pytest.raises(PolicyError, match=r"another model or drafter \(method: \['eagle3'\] there, \['mtp'\] here\)"):
+        p.check(path, p.device, {**FINGERPRINT, "method": "mtp"}, TIERS)
+    with pytest.raises(PolicyError, match=r"no times for 3,1,3 \(it holds plain and 1,1,1; 2,1,2; 4,1,4; 6,4,15\)"):
+        p.check(path, p.device, FINGERPRINT, [TreeShape(3, 1, 3), FULL])

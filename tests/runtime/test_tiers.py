@@ -1,0 +1,249 @@
+"""Tiers on the engine: the tree verified changes from step to step (a scripted policy forces
+every change: full tree, smaller trees, none) and greedy output still equals plain decoding for
+every drafter that drafts tiers (EAGLE-3, EAGLE-1, MTP, Medusa, a standalone draft model,
+n-gram), in a batch, at the graphs' bucket shapes, with steps run ahead; seeded sampling and
+log-probabilities are unchanged; the adaptive policy itself (static or loaded costs) stays exact
+and decodes plainly where its costs say speculation loses; bad policy input is refused clearly."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from specheads.drafters.draft_model import DraftLM
+from specheads.runtime.engine import EngineError, Request, SpecEngine
+from specheads.runtime.policy import SpeculationProfile, TreeShape, default_tiers
+from specheads.runtime.sampling import SamplingParams
+from tests.kernels.interpret import interpret_triton, needs_triton
+from tests.runtime.spec_helpers import make_target, random_head, random_prompts, train_head
+
+VOCAB = 64
+TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
+PROMPTS = TRAIN[:5]
+NEW = 28
+FULL = dict(num_steps=4, topk=3, num_draft_tokens=8)
+TIERS = "1,1,1;2,1,2;3,2,5"  # + the full tree 4,3,8
+SCHEDULE = [4, 1, 0, 3, 2, 4, 4, 0, 1, 3]  # tier per step (0: none), round and round
+
+
+class ScriptedPolicy:
+    """Forces the tier of every step from a schedule (a tier change at almost every step) and
+    records what the engine reported back."""
+
+    name = "scripted"
+    cost = None
+
+    def __init__(self, tiers, schedule=SCHEDULE):
+        self.tiers, self.schedule = tiers, schedule
+        self.launches = 0
+        self.observed = []
+
+    def new_row(self):
+        return object()
+
+    def observe(self, row, tier, offered, accepted):
+        self.observed.append((tier, offered, accepted))
+
+    def choose(self, rows, batch, kv, host_ms=0.0):
+        return self.schedule[self.launches % len(self.schedule)]
+
+    def launched(self, tier):
+        self.launches += 1
+
+
+def scripted(full: TreeShape, tiers=TIERS, schedule=SCHEDULE) -> ScriptedPolicy:
+    from specheads.runtime.policy import resolve_tiers
+
+    return ScriptedPolicy(resolve_tiers(tiers, full, trees=full.topk > 1, can_tier=True), schedule)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, vocab=VOCAB, max_positions=128)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    params = SamplingParams(max_new_tokens=NEW)
+    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(PROMPTS, params)]
+
+
+HEADS = {"eagle3": {}, "eagle": {}, "mtp": dict(num_modules=4), "medusa": dict(num_heads=4, steps=100)}
+
+
+@pytest.fixture(scope="module")
+def heads(target):
+    return {kind: train_head(target, TRAIN, kind=kind, **kw) for kind, kw in HEADS.items()}
+
+
+def drafter_args(method, target, heads):
+    """(head, method, tree) of each drafter that drafts tiers."""
+    if method == "draft_model":  # the target itself as its draft: drafts accepted deep, state must follow
+        return DraftLM(copy.deepcopy(target)), None, FULL
+    if method == "ngram":
+        return None, "ngram", dict(num_draft_tokens=5)
+    return heads[method], None, FULL
+
+
+def tiers_for(method):
+    return "1,1,1;2,1,2;4,1,4" if method == "ngram" else TIERS
+
+
+def run(engine, prompts, params, max_batch):
+    """Requests joining as rows free up; each one's tokens and the tiers its steps verified."""
+    todo, got, trees, order = list(prompts), {}, {}, []
+    while todo or engine.has_work:
+        while todo and engine.free_slots:
+            h = engine.add(Request(todo.pop(0), params))
+            got[h], trees[h] = [], []
+            order.append(h)
+        for out in engine.step():
+            got[out.handle] += out.new_tokens
+            if not out.prefill:
+                trees[out.handle].append((out.draft_tree, out.accepted))
+    return [got[h] for h in order], [trees[h] for h in order]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle", "mtp", "medusa", "draft_model", "ngram"])
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_greedy_output_equals_ar_while_the_tier_changes(target, heads, reference, method, max_batch):
+    head, name, tree = drafter_args(method, target, heads)
+    engine = SpecEngine(target, head, method=name, max_len=64, max_batch=max_batch, **tree)
+    policy = engine.policy = scripted(engine.full_tree, tiers_for(method))
+    tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), max_batch)
+    assert tokens == reference
+    seen = {t for steps in trees for t, _ in steps}
+    assert seen == {None, *policy.tiers}  # every tier ran, and plain steps
+    if method != "ngram":  # drafts accepted under the smaller trees too, up to their depth
+        small = [(t, a) for steps in trees for t, a in steps if t is not None and t != policy.tiers[-1]]
+        assert any(a > 0 for _, a in small) and all(a <= t.steps for t, a in small)
+    assert policy.observed and all(offered == policy.tiers[t - 1].steps for t, offered, _ in policy.observed)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "draft_model", "ngram"])
+@pytest.mark.parametrize("buckets", [False, True], ids=["exact", "buckets"])
+def test_tiers_with_steps_run_ahead_and_at_bucket_shapes(target, heads, reference, method, buckets):
+    """The graphs' shapes (padded batches) and overlapped steps (a host drafter's plain steps run
+    ahead too): the output stays the target's."""
+    head, name, tree = drafter_args(method, target, heads)
+    engine = SpecEngine(target, head, method=name, max_len=64, max_batch=4, **tree)
+    engine.buckets = buckets
+    engine.policy = scripted(engine.full_tree, tiers_for(method), schedule=[0, 0, 3, 0, 1, 0, 0, 2])
+    ahead = []
+    launch = engine._launch
+    engine._launch = lambda ahead=0, _log=ahead: _log.append(ahead) or launch(ahead=ahead)
+    tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
+    assert tokens == reference
+    assert ahead.count(1) >= 3
+
+
+@needs_triton
+@pytest.mark.parametrize("method", ["eagle3", "draft_model"])
+def test_tier_changes_on_the_triton_kernels(target, heads, reference, method, monkeypatch):
+    """The draft loop's, verify's and commit's Triton kernels (interpreted) at every tier's shapes."""
+    interpret_triton(monkeypatch)
+    head, name, tree = drafter_args(method, target, heads)
+    engine = SpecEngine(target, head, method=name, max_len=64, max_batch=2, **tree)
+    engine.policy = scripted(engine.full_tree, schedule=[1, 0, 2, 3, 4])
+    tokens, trees = run(engine, PROMPTS[:2], SamplingParams(max_new_tokens=12), 2)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert tokens == [r[:12] for r in reference[:2]]
+    assert len({t for steps in trees for t, _ in steps}) >= 4
+
+
+@pytest.mark.parametrize("method", ["eagle3", "draft_model"])
+def test_seeded_sampling_and_logprobs_are_unchanged_by_the_tier(target, heads, method):
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=5, max_new_tokens=16)
+    plain = SpecEngine(target, method="ar", max_len=64, max_batch=2)
+    head, name, tree = drafter_args(method, target, heads)
+    engine = SpecEngine(target, head, method=name, max_len=64, max_batch=2, **tree)
+    engine.policy = scripted(engine.full_tree)
+
+    def sample(e):
+        out = {}
+        handles = [e.add(Request(p, params, top_logprobs=2)) for p in PROMPTS[:2]]
+        while e.has_work:
+            for o in e.step():
+                out.setdefault(o.handle, []).extend(zip(o.new_tokens, o.logprobs))
+        return [out[h] for h in handles]
+
+    want, got = sample(plain), sample(engine)
+    assert [[t for t, _ in r] for r in got] == [[t for t, _ in r] for r in want]
+    for g, w in zip(got, want):
+        for (_, (lp, top)), (_, (lp_w, top_w)) in zip(g, w):
+            assert lp == pytest.approx(lp_w, abs=1e-4) and [t for t, _ in top] == [t for t, _ in top_w]
+
+
+def test_the_adaptive_policy_is_exact_and_switches_tiers(target, heads, reference):
+    engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=3, speculation_policy="adaptive",
+                        speculation_tiers=TIERS, **FULL)
+    assert engine.policy.name == "adaptive" and type(engine.policy.cost).__name__ == "StaticCost"
+    tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 3)
+    assert tokens == reference
+    assert len({t for steps in trees for t, _ in steps}) >= 2
+
+
+def cpu_profile(engine, verify_ms_per_token: float) -> SpeculationProfile:
+    """A made-up profile of this engine's tiers for the cpu: plain steps cost 1 ms; a tier costs
+    verify_ms_per_token for every token it verifies per row, above the plain step."""
+    p = SpeculationProfile("cpu", engine._fingerprint())
+    for b in (1, 2, 4):
+        for kv in (64, 128):
+            p.add(None, b, kv, 1.0)
+            for t in engine.policy.tiers:
+                p.add(t, b, kv, 1.0 + verify_ms_per_token * b * t.num_draft)
+    return p
+
+
+def test_a_loaded_profile_where_speculation_loses_decodes_plainly(target, heads, reference, tmp_path):
+    probe = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=3, speculation_policy="adaptive", **FULL)
+    path = tmp_path / "costs.json"
+    cpu_profile(probe, verify_ms_per_token=5.0).save(path)
+    engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=3, speculation_policy="adaptive",
+                        speculation_profile=path, **FULL)
+    assert engine.policy.cost.measured
+    engine.policy.probe_every = 10**9
+    tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 3)
+    assert tokens == reference
+    assert all(t is None for steps in trees for t, _ in steps)  # every step a plain decode step
+    cheap = tmp_path / "cheap.json"
+    cpu_profile(probe, verify_ms_per_token=0.0).save(cheap)
+    engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=3, speculation_policy="adaptive",
+                        speculation_profile=cheap, **FULL)
+    tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 3)
+    assert tokens == reference
+    assert all(t is not None for steps in trees for t, _ in steps)  # drafting costs nothing here
+
+
+def test_policy_input_errors_name_the_input(target, heads, tmp_path):
+    head = heads["eagle3"]
+    for kwargs, message in (
+        (dict(speculation_policy="sometimes"), "speculation policy 'sometimes' is not one of fixed, adaptive"),
+        (dict(speculation_policy="adaptive", speculation_tiers="5,3,8"), "tier 5,3,8 is larger than this engine's "
+                                                                        "tree 4,3,8"),
+        (dict(speculation_tiers="1,1,1"), "applies to --speculation-policy adaptive"),
+        (dict(speculation_profile=tmp_path / "p.json"), "--speculation-profile applies to --speculation-policy "
+                                                        "adaptive"),
+    ):
+        with pytest.raises(EngineError, match=message):
+            SpecEngine(target, head, max_len=64, **FULL, **kwargs)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**SpeculationProfile("NVIDIA H200", {}).to_json()}))
+    with pytest.raises(EngineError, match=f"speculation profile '{other}' was measured on 'NVIDIA H200', not this "
+                                          "'cpu'"):
+        SpecEngine(target, head, max_len=64, speculation_policy="adaptive", speculation_profile=other, **FULL)
+    # a static tree drafts one shape: adaptive chooses between it and plain decoding
+    static = SpecEngine(target, head, static_tree="0;1;0,0", max_len=64, speculation_policy="adaptive")
+    assert static.policy.tiers == [static.full_tree]
+    with pytest.raises(EngineError, match=r"drafts one tree only \(2,4,3\)"):
+        SpecEngine(target, head, static_tree="0;1;0,0", max_len=64, speculation_policy="adaptive",
+                   speculation_tiers="1,1,1")
+
+
+def test_default_tiers_and_no_policy_without_a_drafter(target):
+    engine = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive",
+                        num_steps=6, topk=4, num_draft_tokens=15)
+    assert engine.policy.tiers == default_tiers(TreeShape(6, 4, 15))
+    assert SpecEngine(target, method="ar", max_len=64, speculation_policy="adaptive").policy is None
