@@ -247,3 +247,94 @@ def test_default_tiers_and_no_policy_without_a_drafter(target):
                         num_steps=6, topk=4, num_draft_tokens=15)
     assert engine.policy.tiers == default_tiers(TreeShape(6, 4, 15))
     assert SpecEngine(target, method="ar", max_len=64, speculation_policy="adaptive").policy is None
+
+
+class _Clock:
+    """torch.cuda.Event's timing, emulated with the host clock (CPU steps run synchronously)."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self):
+        import time
+
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end) -> float:
+        return 1000 * (end.t - self.t)
+
+
+class _EagerGraph:
+    """A 'captured graph' that runs its function again at each replay (into the captured output)."""
+
+    def __init__(self, fn, out):
+        self.fn, self.out = fn, out
+
+    def replay(self):
+        import torch
+
+        with torch.no_grad():
+            res = self.fn()
+        if isinstance(self.out, torch.Tensor):
+            self.out.copy_(res)
+
+    def pool(self):
+        return None
+
+
+def _eager_capture(fn, pool=None, after_warmup=None):
+    """capture_graph's warm-ups, then a 'capture' that (as a real one) leaves no trace in the state."""
+    import torch
+
+    with torch.no_grad():
+        for _ in range(3):
+            out = fn()
+            if after_warmup is not None:
+                after_warmup()
+    return _EagerGraph(fn, out), out
+
+
+def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, tmp_path, monkeypatch):
+    """The engine's graph path, emulated on CPU (a replay reruns the step): each bucket's plain and
+    tier steps are timed where a bucket is first used (a row's state restored after every timed
+    replay, so the output stays the target's), saved to the profile path, and loaded by the next
+    engine without timing anything; capture_common reports the graphs of every tier and bucket."""
+    import torch
+
+    import specheads.runtime.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "capture_graph", _eager_capture)
+    monkeypatch.setattr(torch.cuda, "Event", _Clock)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    path = tmp_path / "costs.json"
+    build = lambda: SpecEngine(target, heads["eagle3"], max_len=64, max_batch=4, use_graphs=True,  # noqa: E731
+                               speculation_policy="adaptive", speculation_tiers=TIERS, speculation_profile=path,
+                               **FULL)
+    engine = build()
+    assert engine._measuring and not path.exists()
+    measured = []
+    real = engine._measure_costs
+    engine._measure_costs = lambda b, kv: measured.append((b, kv)) or real(b, kv)
+    tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
+    assert tokens == reference
+    assert measured and len(set(measured)) == len(measured)  # each bucket timed once
+    saved = SpeculationProfile.load(path)
+    assert all(saved.has(b, kv, engine.policy.tiers) for b, kv in measured)
+    assert set(saved.step_ms) == {"plain", *map(str, engine.policy.tiers)}
+
+    again = build()
+    assert not again._measuring and again.policy.cost.step_ms == saved.step_ms
+    tokens, _ = run(again, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
+    assert tokens == reference
+
+    fresh = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=4, use_graphs=True,
+                       speculation_policy="adaptive", speculation_tiers=TIERS, **FULL)
+    n = fresh.capture_common((1, 2))
+    report = fresh.graph_report
+    steps = [k for k in fresh.graphs if k[0] != "prefill"]
+    assert n == len(fresh.graphs) and len(steps) == 2 * len(report["context_buckets"]) * (1 + len(TIERS.split(";")) + 1)
+    assert report["tiers"] == ["1,1,1", "2,1,2", "3,2,5", "4,3,8"] and report["batch_buckets"] == [1, 2]
+    assert fresh.policy.cost.has(2, report["context_buckets"][-1], fresh.policy.tiers)
+    assert "captured" in fresh.graph_summary() and "graph memory" in fresh.graph_summary()
+    tokens, _ = run(fresh, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
+    assert tokens == reference
