@@ -257,7 +257,7 @@ def cmd_generate(args) -> int:
     drafter_options = {"lm_head_int8": False} if head is not None and args.draft_lm_head == "bf16" else {}
     engine = SpecEngine(model, head, method=args.method, num_steps=args.num_steps, topk=args.topk,
                         num_draft_tokens=args.num_draft_tokens, static_tree=args.static_tree, max_len=args.max_len,
-                        drafter_options=drafter_options)
+                        drafter_options=drafter_options, **_policy_options(args, device == "cuda"))
     prompts = []
     for text in args.prompt:
         text = text if args.raw else render(tok, [{"role": "user", "content": text}], add_generation_prompt=True)
@@ -271,6 +271,7 @@ def cmd_generate(args) -> int:
     mean = totals["mean_accept_length"]
     stats = {
         "method": engine.method,
+        "speculation_policy": engine.policy.name if engine.policy is not None else None,
         "steps": totals["steps"],
         "accepted_tokens": totals["accepted_tokens"],
         # the engine's definition (GenerationResult.mean_accept_length), pooled over the outputs
@@ -388,8 +389,33 @@ def cmd_serve(args) -> int:
           request_timeout=args.request_timeout, shutdown_grace=args.shutdown_grace,
           max_request_bytes=args.max_request_bytes, method=args.method,
           num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens, max_batch=args.max_batch,
-          max_len=args.max_len, draft_lm_head_int8=args.draft_lm_head == "int8")
+          max_len=args.max_len, draft_lm_head_int8=args.draft_lm_head == "int8",
+          speculation_policy=args.speculation_policy, speculation_tiers=args.speculation_tiers,
+          speculation_profile=args.speculation_profile)
     return 0
+
+
+def _add_policy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculation-policy", choices=["fixed", "adaptive"], default=None,
+                   help="fixed: the tree of --num-steps/--topk/--num-draft-tokens at every step; adaptive: per step "
+                        "one of --speculation-tiers (within that tree) or none, for the most tokens/s by the rows' "
+                        "recent acceptance and the card's measured step costs (outputs are the same either way). "
+                        "Default: adaptive on a GPU, fixed on CPU")
+    p.add_argument("--speculation-tiers", default=None, metavar="S,K,N;...",
+                   help="the adaptive policy's trees as STEPS,TOPK,DRAFT_TOKENS, e.g. '1,1,1;2,1,2;4,1,4' (the "
+                        "full tree is always one); default: chains 1, 2 and 4 deep and the full tree")
+    p.add_argument("--speculation-profile", default=None, metavar="JSON",
+                   help="the adaptive policy's step costs: loaded from this file where it exists, else measured on "
+                        "this card at start-up and saved there (default: measured, not saved; CPU: a static model)")
+
+
+def _policy_options(args, cuda: bool) -> dict:
+    """The engine's speculation policy options from the command line."""
+    from specheads.runtime.policy import default_policy
+
+    return {"speculation_policy": args.speculation_policy or default_policy(cuda, args.speculation_tiers,
+                                                                             args.speculation_profile),
+            "speculation_tiers": args.speculation_tiers, "speculation_profile": args.speculation_profile}
 
 
 def _add_kernel_args(p: argparse.ArgumentParser) -> None:
@@ -431,6 +457,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on shutdown")
     p.add_argument("--max-request-bytes", type=int, default=4 * 2**20,
                    help="largest request body; a larger one is a 413 (default 4 MiB)")
+    _add_policy_args(p)
     _add_kernel_args(p)
 
 
@@ -482,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topk", type=int, default=DEFAULT_TREE[1], help="branching per node; 1 = chain")
     p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2], help="tree nodes verified per step")
     p.add_argument("--static-tree", default=None, help="fixed tree, e.g. '0;1;0,0;0,1;0,0,0'")
+    _add_policy_args(p)
     _add_kernel_args(p)
     p.add_argument("--max-len", type=int, default=None,
                    help="cache length: prompt + output (default: the target's context, at most 4096)")

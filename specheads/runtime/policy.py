@@ -369,6 +369,13 @@ class AdaptivePolicy:
         self.plain_run = self.plain_run + 1 if tier == 0 else 0
 
 
+def default_policy(cuda: bool, tiers=None, profile=None) -> str:
+    """The commands' default: adaptive on CUDA (its costs timed on the card's graphs; speculative
+    output is bit-identical to plain decoding in bf16 there, so a tier never changes an output),
+    or wherever tiers or a profile are given; fixed otherwise (CPU)."""
+    return "adaptive" if cuda or tiers or profile else "fixed"
+
+
 def build_policy(name: str, full: TreeShape, tiers=None, trees: bool = True, can_tier: bool = False, cost=None):
     """`fixed` (the engine's tree every step) or `adaptive` (tiers as given, or the defaults)."""
     if name == "fixed":

@@ -18,28 +18,33 @@ log = logging.getLogger(__name__)
 
 def load_engine(target: str | None, draft: str | None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
                 topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], max_batch: int = 8,
-                max_len: int | None = None, draft_lm_head_int8: bool = True):
+                max_len: int | None = None, draft_lm_head_int8: bool = True, speculation_policy: str | None = None,
+                speculation_tiers: str | None = None, speculation_profile: str | None = None):
     """(engine, tokenizer, target folder) on the GPU if there is one. draft_lm_head_int8: the
-    head's drafter drafts with an int8 lm_head (changes drafts only, never the output)."""
+    head's drafter drafts with an int8 lm_head (changes drafts only, never the output).
+    speculation_policy: fixed or adaptive (None: runtime.policy.default_policy)."""
     import torch
 
     from specheads.drafters import method_needs_head
     from specheads.drafters.draft_model import load_draft
     from specheads.runtime.engine import SpecEngine
+    from specheads.runtime.policy import default_policy
     from specheads.target.loader import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model, tok, folder = load_target(target, dtype=dtype, device=device)
     head = load_draft(draft, tok, device=device, dtype=dtype) if draft and method_needs_head(method) else None
+    policy = speculation_policy or default_policy(device == "cuda", speculation_tiers, speculation_profile)
     engine = SpecEngine(model, head, method=method, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
                         max_len=max_len, max_batch=max_batch,
-                        drafter_options=_drafter_options(head, draft_lm_head_int8))
-    if device == "cuda":  # the greedy graphs now, so no request waits for a capture
+                        drafter_options=_drafter_options(head, draft_lm_head_int8), speculation_policy=policy,
+                        speculation_tiers=speculation_tiers, speculation_profile=speculation_profile)
+    if device == "cuda":  # the greedy graphs now (every tier's; with their costs timed), so no request waits
         t0 = time.perf_counter()
-        n = engine.capture_common(range(1, max_batch + 1))
-        print(f"captured {n} CUDA graphs (every batch, context and prompt-width bucket) in "
-              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        engine.capture_common(range(1, max_batch + 1))
+        print(f"{engine.graph_summary()}; start-up capture {time.perf_counter() - t0:.1f} s", file=sys.stderr,
+              flush=True)
     return engine, tok, folder
 
 
@@ -115,6 +120,8 @@ def serve(target, draft, host: str = "127.0.0.1", port: int = 8000, served_model
                                                max_request_bytes))
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         log.warning("serving on %s without --api-key: anyone who reaches this port can use it", host)
-    print(f"specheads serve: model {name!r} (method {engine.method}, max_batch {engine.max_batch}, "
+    policy = engine.policy
+    speculation = f", policy {policy.name} over {'; '.join(map(str, policy.tiers))}" if policy is not None else ""
+    print(f"specheads serve: model {name!r} (method {engine.method}{speculation}, max_batch {engine.max_batch}, "
           f"max_len {engine.max_len}) on http://{host}:{port}/v1", flush=True)
     make_server(app, host, port, log_level).run()

@@ -36,6 +36,8 @@ class Metrics:
                                    "reason (request: speculation off; auto: acceptance below min_acceptance)",
                                    ["reason"], registry=r)
         self.spec_steps = Counter(p + "spec_steps", "per-request speculative steps", registry=r)
+        self.steps_by_tree = Counter(p + "steps_by_tree", "per-request decode steps by the tree the speculation "
+                                     "policy verified (STEPS,TOPK,DRAFT_TOKENS; none: no drafts)", ["tree"], registry=r)
         self.step_tokens = Counter(p + "spec_step_tokens", "tokens emitted by those steps (bonus included)",
                                    registry=r)
         self.mean_accept_length = Gauge(p + "mean_acceptance_length",
@@ -43,10 +45,11 @@ class Metrics:
         self._steps = self._step_tokens = 0
 
     def record_step(self, drafted: int, accepted: int, accept_length: int, draft_depth: int,
-                    no_draft_reason: str | None = None) -> None:
-        """One request's share of one engine step."""
+                    no_draft_reason: str | None = None, draft_tree=None) -> None:
+        """One request's share of one engine step (draft_tree: the tier it verified, None: none)."""
         if no_draft_reason is not None:
             self.plain_steps.labels(reason=no_draft_reason).inc()
+        self.steps_by_tree.labels(tree=str(draft_tree) if draft_tree is not None else "none").inc()
         self.drafted.inc(drafted)
         self.accepted.inc(accepted)
         for k in range(1, draft_depth + 1):

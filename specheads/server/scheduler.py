@@ -137,7 +137,7 @@ class Scheduler:
                 self.metrics.generation_tokens.inc(len(out.new_tokens))
                 if not out.prefill:  # the prompt's own token is no speculative step
                     self.metrics.record_step(out.drafted, out.accepted, out.accept_length, out.draft_depth,
-                                             out.no_draft_reason)
+                                             out.no_draft_reason, out.draft_tree)
                 job.send("out", out)
                 if out.finish_reason is not None:  # the engine freed its slot
                     del self.running[out.handle]
