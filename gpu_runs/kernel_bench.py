@@ -56,7 +56,7 @@ def graph_us(fn, reps=20, replays=10) -> float:
     return start.elapsed_time(end) * 1000 / (reps * replays)
 
 
-def bench_linear(model, rows_list, quick) -> list[dict]:
+def bench_linear(model, rows_list, sweep_rows) -> list[dict]:
     h, nh, nkv, hd, inter, vocab = MODELS[model]
     dev, dt = "cuda", torch.bfloat16
     w = {"qkv": torch.randn((nh + 2 * nkv) * hd, h, device=dev, dtype=dt) * 0.05,
@@ -79,29 +79,41 @@ def bench_linear(model, rows_list, quick) -> list[dict]:
             call = lambda: linear(x, weight, **kw)  # noqa: E731
             cell = {"model": model, "op": name, "rows": rows, "cublas_us": graph_us(lambda: F.linear(x, weight))}
             cell["default_us"] = graph_us(call)
-            tried = {}
-            if name != "lm_head" and rows > 16:
+            tried, same = {}, {}
+            if rows in sweep_rows:
+                ref = call().clone()
                 shape = tuple(weight.shape)
-                grid = itertools.product((16, 32, 64, 128), (16, 32, 64, 128) if not quick else (32, 64, 128),
-                                         (2, 3, 4) if not quick else (3,))
-                for bm, bn, st in grid:
-                    if bm > max(16, rows) * 2:
-                        continue
-                    t = base.replace(linear_row_block=bm, linear_tree_n_scale=1, linear_many_rows=1 << 30,
-                                     linear_tiles={**base.speed.linear_tiles, shape: (bn, st)})
+                own = base.numerics.linear_shapes.get(shape)
+                if name == "lm_head":
+                    grid = itertools.product((64, 128), (128, 256), ((64, 8), (128, 8), (64, 4)), (3, 4))
+                else:
+                    grid = itertools.product((32, 64, 128), (64, 128), (None, (128, 4), (64, 8), (128, 8)), (3,))
+                for bm, bn, kw_, st in grid:
+                    label = f"{bm}x{bn}s{st}" + (f"k{kw_[0]}w{kw_[1]}" if kw_ else "")
+                    shapes = dict(base.numerics.linear_shapes)
+                    if kw_:
+                        shapes[shape] = kw_
+                    elif own is None:
+                        shapes.pop(shape, None)
+                    t = base.replace(linear_many_rows=16, linear_many_row_block=bm, linear_many_n=16,
+                                     linear_tiles={**base.speed.linear_tiles, shape: (bn, st)}, linear_shapes=shapes)
                     with tuning.using(t):
                         try:
-                            tried[f"{bm}x{bn}s{st}"] = graph_us(call)
+                            same[label] = bool(torch.equal(call(), ref))
+                            tried[label] = graph_us(call)
                         except Exception as e:  # out of shared memory, say
-                            tried[f"{bm}x{bn}s{st}"] = None
-                            print("  skip", name, rows, bm, bn, st, type(e).__name__)
+                            print("  skip", name, rows, label, type(e).__name__, str(e)[:80])
+            cell["same_bits"] = same
             ok = {k_: v for k_, v in tried.items() if v is not None}
             if ok:
                 best = min(ok, key=ok.get)
                 cell.update(best=best, best_us=ok[best], tried=ok)
             out.append(cell)
             print(f"linear {model:8s} {name:8s} rows {rows:5d}  cublas {cell['cublas_us']:7.2f}  ours {cell['default_us']:7.2f}"
-                  + (f"  best {cell['best']:>10s} {cell['best_us']:7.2f}" if ok else ""), flush=True)
+                  + (f"  best {cell['best']:>16s} {cell['best_us']:7.2f}" if ok else "")
+                  + (f"  bits differ: {[k_ for k_, v in same.items() if not v]}" if same else ""), flush=True)
+            if ok:
+                print("      " + " ".join(f"{k_}:{v:.1f}" for k_, v in sorted(ok.items(), key=lambda kv: kv[1])[:8]))
     return out
 
 
@@ -138,19 +150,26 @@ def bench_attention(model, quick) -> list[dict]:
         mask = causal_mask(positions, s, None, tree)
         cell = {"model": model, "batch": b, "context": L, "tokens": t,
                 "mask_kernel_us": graph_us(lambda: tree_attention(q, k, v, mask))}
-        tried = {}
-        for tokens, split_below in itertools.product((1, 2, 3, 5), (0, 512, 1 << 20)):
-            tt = base.replace(attention_tree_tokens=tokens, attention_split_below=split_below)
-            with tuning.using(tt):
-                tried[f"tok{tokens}_split{split_below}"] = graph_us(
-                    lambda: causal_attention(q, k, v, positions, tree=tree))
+        tried, same = {}, {}
+        with tuning.using(base.replace(attention_tree_tokens=1, attention_tree_many_batch=1 << 20)):
+            ref = causal_attention(q, k, v, positions, tree=tree).clone()
+        variants = [(f"tok{n}_split{sb}", dict(attention_tree_tokens=n, attention_split_below=sb,
+                                               attention_tree_many_batch=1 << 20))
+                    for n, sb in itertools.product((1, 2, 3, 5), (0, 512, 1 << 20))]
+        for label, change in variants:
+            with tuning.using(base.replace(**change)):
+                same[label] = bool(torch.equal(causal_attention(q, k, v, positions, tree=tree), ref))
+                tried[label] = graph_us(lambda: causal_attention(q, k, v, positions, tree=tree))
+        cell["same_bits"] = same
         best = min(tried, key=tried.get)
         with tuning.using(base):
             cell["default_us"] = graph_us(lambda: causal_attention(q, k, v, positions, tree=tree))
         cell.update(best=best, best_us=tried[best], tried=tried)
         out.append(cell)
         print(f"attention {model:8s} b{b:<3d} L{L:<5d} mask-kernel {cell['mask_kernel_us']:7.2f}  causal {cell['default_us']:7.2f}"
-              f"  best {best} {tried[best]:7.2f}   " + " ".join(f"{k_}:{v_:.1f}" for k_, v_ in tried.items()), flush=True)
+              f"  best {best} {tried[best]:7.2f}   " + " ".join(f"{k_}:{v_:.1f}" for k_, v_ in tried.items())
+              + (f"  bits differ: {[k_ for k_, v_ in same.items() if not v_]}" if not all(same.values()) else "  bits same"),
+              flush=True)
     return out
 
 
@@ -159,14 +178,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 41, 128, 256, 328, 512, 656, 1312])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 41, 128, 256, 512, 1312])
+    ap.add_argument("--sweep-rows", type=int, nargs="*", default=[128, 512], help="row counts whose tiles are swept")
     ap.add_argument("--only", choices=["linear", "attention"], default=None)
     args = ap.parse_args()
     report = {"card": torch.cuda.get_device_name()}
     if args.only != "linear":
         report["attention"] = bench_attention(args.model, args.quick)
     if args.only != "attention":
-        report["linear"] = bench_linear(args.model, args.rows, args.quick)
+        report["linear"] = bench_linear(args.model, args.rows, set(args.sweep_rows))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "kernel_bench.json").write_text(json.dumps(report, indent=1))
 

@@ -45,6 +45,9 @@ def main():
     ap.add_argument("--set", nargs="*", default=[])
     ap.add_argument("--new-tokens", type=int, default=400)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch without programmatic dependent launch, so kernel times add up (older "
+                         "checkouts: SPECHEADS_PDL=0 in the environment)")
     args = ap.parse_args()
 
     from specheads.heads.format import load_head
@@ -55,9 +58,9 @@ def main():
         from specheads.target.chat import render
     except ImportError:
         from specheads.data.chat import render
-    if args.set:
+    if args.set or args.no_pdl:
         from specheads.kernels import tuning
-        changes = {}
+        changes = {"pdl_kernels": frozenset()} if args.no_pdl else {}
         for item in args.set:
             k, v = item.split("=")
             changes[k] = int(v) if v.lstrip("-").isdigit() else v

@@ -269,15 +269,20 @@ def causal_attention_reference(q, k, v, positions, window=None, tree=None):
     return gqa_attention(q, k, v, causal_mask(positions, k.shape[2], window, tree))
 
 
-def causal_tiles(n_heads: int, n_kv: int, tree: bool) -> tuple[int, int]:
+def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1) -> tuple[int, int]:
     """(rows a program takes, tokens among them): a token's query heads of one KV group share a
     program's 16 rows (or the next power of two), with as many other tokens as fit in a
-    contiguous call, and Speed.attention_tree_tokens in a tree (where the blocks that hold tree
-    positions cost a pass per token). The tokens sharing a program never change a row's bits."""
+    contiguous call. A tree's program takes Speed.attention_tree_tokens tokens at batches below
+    Speed.attention_tree_many_batch (the program holding the tree positions is the step's
+    slowest), and as many as fit from there (the keys below the tree read once for them all).
+    The tokens a program takes never change a row's bits."""
     rep = n_heads // n_kv
     block_m = max(16, 1 << (rep - 1).bit_length())
     fit = block_m // rep
-    return block_m, min(fit, active().speed.attention_tree_tokens) if tree else fit
+    speed = active().speed
+    if not tree or batch >= speed.attention_tree_many_batch:
+        return block_m, fit
+    return block_m, min(fit, speed.attention_tree_tokens)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -293,7 +298,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
         return causal_attention_reference(q, k, v, positions, window, tree)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and k.stride() == v.stride()
     rep = h // n_kv
-    block_m, per_tile = causal_tiles(h, n_kv, tree is not None)
+    block_m, per_tile = causal_tiles(h, n_kv, tree is not None, b)
     n_tiles = triton.cdiv(t, per_tile)
     chunk = tuning.numerics.attention_chunk
     n_chunks = triton.cdiv(n_keys, chunk)
@@ -362,9 +367,19 @@ if triton is not None:
         nodes = tl.arange(0, NP)
         on = nodes < n_tok
         dep = nodes
+        own = r  # the leaf whose path a row's token reads in the blocks that hold tree positions
         if TREE:
             base = tl.load(base_ptr + b)
             dep = tl.load(dep_ptr + b * s_db + nodes, mask=on, other=-1)
+            # a leaf is no other node's ancestor; a token takes the first leaf below it (tokens
+            # of one path share its passes: the deeper keys are ones they cannot see)
+            full = tl.load(anc_ptr + b * s_ab + nodes[:, None] * s_at + nodes[None, :],
+                           mask=on[:, None] & on[None, :], other=0) != 0
+            is_leaf = (tl.sum(full.to(tl.int32), 0) == 1) & on
+            below = tl.load(anc_ptr + b * s_ab + nodes[None, :] * s_at + tok[:, None],
+                            mask=row_ok[:, None] & on[None, :], other=0) != 0
+            own = tl.min(tl.where(below & is_leaf[None, :], nodes[None, :], NP), 1)
+            own = tl.where(row_ok, own, NP)
         kv_off = b * s_kb + g * s_kh
         # the running softmax over the chunks folded so far
         m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -387,13 +402,14 @@ if triton is not None:
                 allowed = (cols[None, :] <= pos[:, None]) & row_ok[:, None]
                 if WINDOWED:
                     allowed = allowed & (cols[None, :] > pos[:, None] - window)
-                if k0 + BLOCK_N > base:  # the block holds tree positions: each token its own keys
+                if k0 + BLOCK_N > base:  # the block holds tree positions: each path its own keys
                     m_out, l_out, acc_out = m_i, l_i, acc
                     for j in tl.static_range(PER_TILE):
-                        # position base + i is the slot of the token's ancestor at depth i
-                        tj = tile * PER_TILE + j
-                        if tj < n_tok:
-                            a = tl.load(anc_ptr + b * s_ab + tj * s_at + nodes, mask=on, other=0) != 0
+                        # token j's leaf, unless an earlier token of the tile took its path already
+                        leaf = tl.max(tl.where(local == j, own, -1), 0)
+                        mine = own == leaf  # the rows whose token takes this leaf's path
+                        if (leaf < NP) & (tl.min(tl.where(mine, local, PER_TILE), 0) == j):
+                            a = tl.load(anc_ptr + b * s_ab + leaf * s_at + nodes, mask=on, other=0) != 0
                             hit = a[None, :] & (dep[None, :] == (cols - base)[:, None])
                             slots = tl.where(cols < base, cols, base + tl.sum(tl.where(hit, nodes[None, :], 0), 1))
                             kj = tl.load(k_ptr + kv_off + slots[:, None] * s_ks + d[None, :], mask=near[:, None],
@@ -406,7 +422,6 @@ if triton is not None:
                             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                             p = tl.exp(s - m_safe[:, None])
                             alpha = tl.exp(m_i - m_safe)
-                            mine = local == j  # the rows of this token take its sums
                             pv = tl.dot(p.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
                             acc_out = tl.where(mine[:, None], pv, acc_out)
                             l_out = tl.where(mine, l_i * alpha + tl.sum(p, 1), l_out)

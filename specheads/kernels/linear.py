@@ -13,9 +13,11 @@ Why our own GEMM, at every number of rows:
 - lossless in bf16, not only in float32: cuBLAS picks a different algorithm for 1 row than
   for a 33-token tree or a prefill, so a token's logits round differently when verified than
   when decoded, and near-ties flip. Here a row's value never depends on how many rows are in
-  the call: the K steps, warps and column blocks come from the weight's shape only (`_config`);
-  the row block (16 or 64) and the column-block scale vary, and the tensor cores give a row
-  the same bits in either (gpu_runs/bit_check.py checks it on the card).
+  the call: the warps come from the weight's shape only (`_config`); the row block, the column block
+  and the K step vary with the number of rows (Speed), and the tensor cores give a row the
+  same bits in each: a K step is a run of the same k16 products accumulated in order
+  (gpu_runs/kernel_bench.py compares every swept tile's bits, gpu_runs/bit_check.py a row
+  alone against 8 to 2048 rows, on the card).
 Where it runs (kernels/tuning.py, Numerics): every weight shape over inputs of up to
 linear_max_k (by default every width), wider ones with an entry in linear_shapes; a shape set to
 null there takes the reference (cuBLAS) at every row count.
@@ -232,8 +234,12 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     block_m = 16 if rows <= 16 else 64 if n >= 8192 else speed.linear_row_block
     if rows > 16 and n < 8192:
         block_n *= speed.linear_tree_n_scale
-    if rows > speed.linear_many_rows and n < 8192:  # batched trees, prefills: larger tiles
-        block_m, block_n = 64, max(block_n, 64)
+    if n >= 8192 and rows > speed.linear_wide_many_rows:  # an lm_head over a batch of trees
+        block_m, block_n = speed.linear_wide_many_tile
+    elif rows > speed.linear_many_rows:  # batched trees, prefills: larger tiles, shorter K steps
+        block_m, block_n = speed.linear_many_row_block, max(block_n, speed.linear_many_n)
+        if tile is None:
+            block_k = min(block_k, speed.linear_many_k)
     stages = fit_stages(stages, block_m, block_n * (2 if silu else 1), block_k, x.element_size())
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()

@@ -123,8 +123,18 @@ class Speed:
     linear_row_block: int = 16
     linear_tree_n_scale: int = 2
     # calls of more rows than this over a narrow weight (batched tree verifies, prefills) take
-    # 64-row, at least 64-column tiles
+    # linear_many_row_block rows, at least linear_many_n columns and K steps of at most
+    # linear_many_k a program (a down_proj's 512-key steps leave no room for pipelining there:
+    # SmolLM2's 576 x 1536 over 512 rows 11.1 -> 8.4 us at 128, H200, the same bits)
     linear_many_rows: int = 256
+    linear_many_row_block: int = 64
+    linear_many_n: int = 64
+    linear_many_k: int = 128
+    # calls of more rows than this over a wide weight (N >= 8192: an lm_head over batched trees)
+    # take (rows, columns) tiles of linear_wide_many_tile: SmolLM2's 49152 x 576 over 128 / 512
+    # rows 40.0 / 144.8 -> 33.4 / 103.6 us at (128, 256), H200 (gpu_runs/kernel_bench.py)
+    linear_wide_many_rows: int = 64
+    linear_wide_many_tile: tuple[int, int] = (128, 256)
     # before its PDL wait a projection program asks L2 for the first columns of its weight
     # slice: up to this many bytes of the whole weight (0: none)
     linear_prefetch_bytes: int = 8 * 2**20
@@ -135,10 +145,15 @@ class Speed:
     # merged in chunk order), while a call has fewer than this many (row, kv head, token tile)
     # programs; from there each program folds its chunks in turn. The same bits either way
     attention_split_below: int = 512
-    # tokens of a draft tree a causal-attention program takes (at most what fits its 16 rows):
-    # the blocks that hold tree positions cost one pass per token, so fewer tokens a program
-    # shorten the step's slowest program; more read the shared keys fewer times
-    attention_tree_tokens: int = 1
+    # tokens of a draft tree a causal-attention program takes (at most what fits its 16 rows)
+    # at batches below attention_tree_many_batch, all that fit from there: the blocks that hold
+    # tree positions cost one pass per path of the tree among the program's tokens, so fewer
+    # tokens a program shorten the step's slowest program; more read the keys below the tree
+    # fewer times. SmolLM2's 16-token tree over 300 / 700 keys, H200 (gpu_runs/kernel_bench.py),
+    # us a layer at 1 / 2 / 5 tokens: batch 1 6.1 / 5.9 / 10.9 and 8.2 / 7.5 / 12.0; batch 8
+    # 17.5 / 11.4 / 12.0 and 35.5 / 22.8 / 25.3; batch 32 52.7 / 31.7 / 25.1 and 108 / 62 / 53
+    attention_tree_tokens: int = 2
+    attention_tree_many_batch: int = 16
     # warps of the one-program-per-row drafting kernels (topk_expand, select_tree). The
     # SmolLM2 head's draft at batch 1 (H200): 1 warp 0.48 ms, 2 0.46, 4 0.379, 8 0.375. The
     # expansion's sums may round differently (2, 16 and 32 warps did against 8 on the H200):
@@ -168,6 +183,19 @@ class Speed:
         _check(g, "linear_tree_n_scale", v, _pow2(v) and v <= 16, "a power of two from 1 to 16")
         v = _int(g, "linear_many_rows", self.linear_many_rows)
         _check(g, "linear_many_rows", v, v >= 16, "an integer >= 16")
+        v = _int(g, "linear_many_row_block", self.linear_many_row_block)
+        _check(g, "linear_many_row_block", v, _pow2(v) and 16 <= v <= 128, "16, 32, 64 or 128")
+        v = _int(g, "linear_many_n", self.linear_many_n)
+        _check(g, "linear_many_n", v, _pow2(v) and 16 <= v <= 256, "a power of two from 16 to 256")
+        v = _int(g, "linear_many_k", self.linear_many_k)
+        _check(g, "linear_many_k", v, _pow2(v) and v >= 16, "a power of two >= 16")
+        v = _int(g, "linear_wide_many_rows", self.linear_wide_many_rows)
+        _check(g, "linear_wide_many_rows", v, v >= 16, "an integer >= 16")
+        tile = self.linear_wide_many_tile
+        ok = (isinstance(tile, (tuple, list)) and len(tile) == 2 and all(isinstance(x, int) and _pow2(x) for x in tile)
+              and 16 <= tile[0] <= 256 and 16 <= tile[1] <= 512)
+        _check(g, "linear_wide_many_tile", tile, ok, "[rows, columns]: powers of two, 16..256 rows, 16..512 columns")
+        object.__setattr__(self, "linear_wide_many_tile", tuple(tile))
         v = _int(g, "linear_prefetch_bytes", self.linear_prefetch_bytes)
         _check(g, "linear_prefetch_bytes", v, v >= 0, "an integer >= 0 (0: no prefetch)")
         v = _int(g, "linear_norm_keys", self.linear_norm_keys)
@@ -176,6 +204,8 @@ class Speed:
         _check(g, "attention_split_below", v, v >= 0, "an integer >= 0 (0: never split)")
         v = _int(g, "attention_tree_tokens", self.attention_tree_tokens)
         _check(g, "attention_tree_tokens", v, v >= 1, "an integer >= 1")
+        v = _int(g, "attention_tree_many_batch", self.attention_tree_many_batch)
+        _check(g, "attention_tree_many_batch", v, v >= 1, "an integer >= 1")
         v = _int(g, "draft_warps", self.draft_warps)
         _check(g, "draft_warps", v, v in WARPS, f"one of {WARPS}")
         names = self.pdl_kernels
