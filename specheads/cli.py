@@ -405,8 +405,9 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
                    help="the adaptive policy's trees as STEPS,TOPK,DRAFT_TOKENS, e.g. '1,1,1;2,1,2;4,1,4' (the "
                         "full tree is always one); default: chains 1, 2 and 4 deep and the full tree")
     p.add_argument("--speculation-profile", default=None, metavar="JSON",
-                   help="the adaptive policy's step costs: loaded from this file where it exists, else measured on "
-                        "this card at start-up and saved there (default: measured, not saved; CPU: a static model)")
+                   help="the adaptive policy's step costs: loaded from this file where it exists; buckets it lacks "
+                        "are measured on this card and saved there (default: measured at start-up, not saved; CPU "
+                        "without a profile: a static model)")
 
 
 def _policy_options(args, cuda: bool) -> dict:

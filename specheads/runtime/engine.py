@@ -133,6 +133,7 @@ class GenerationResult:
     steps: int = 0  # verify steps (the prefill not counted)
     accepted_tokens: int = 0  # draft tokens accepted
     accept_per_position: list = field(default_factory=list)  # [k]: steps that accepted >= k drafts
+    steps_by_tree: dict = field(default_factory=dict)  # verify steps by the tree verified ("S,K,N"; "none")
 
     @property
     def mean_accept_length(self) -> float:
@@ -196,9 +197,9 @@ class SpecEngine:
     speculation_policy: "fixed" (that tree at every drafting step) or "adaptive" (per step, one of
     `speculation_tiers` (S,K,N shapes as "S,K,N;..." or a list; default: chains 1, 2 and 4 deep
     and the full tree) or none, by acceptance and cost: runtime.policy), or a policy object.
-    speculation_profile: a JSON file of measured step costs; loaded where it exists, else the
-    costs measured on this card are saved there (adaptive, CUDA graphs). Without graphs and
-    without a profile, the adaptive policy uses the static cost model."""
+    speculation_profile: a JSON file of measured step costs, loaded where it exists; with CUDA
+    graphs the buckets it lacks are timed on this card and it is saved back there. Without graphs
+    and without a profile, the adaptive policy uses the static cost model."""
 
     def __init__(self, target, head=None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
                  topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], static_tree=None,
@@ -293,11 +294,11 @@ class SpecEngine:
         if path is not None and path.exists():
             built.cost = SpeculationProfile.load(path).check(path, self._device_name(), self._fingerprint(),
                                                               built.tiers)
-        elif self.use_graphs:  # timed as the graphs are captured
+        elif self.use_graphs:
             built.cost = SpeculationProfile(self._device_name(), self._fingerprint())
-            self._measuring = True
         else:
             built.cost = StaticCost()
+        self._measuring = self.use_graphs and built.cost.measured  # buckets without times: timed as captured
         return built
 
     # ------------------------------------------------------------------ limits
@@ -552,6 +553,8 @@ class SpecEngine:
                 if not out.prefill:
                     r.steps += 1
                     r.accepted_tokens += out.accepted
+                    tree = str(out.draft_tree) if out.draft_tree is not None else "none"
+                    r.steps_by_tree[tree] = r.steps_by_tree.get(tree, 0) + 1
                     for k in range(1, out.accepted + 1):
                         r.accept_per_position[k] += 1
                 if out.finish_reason:
