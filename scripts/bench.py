@@ -6,7 +6,21 @@
 Prints a table (tokens/s, mean acceptance length, speedup over our ar, share of outputs
 identical to our ar), writes <out>.json and <out>.png. `--verify-shape llama-8b` also times
 one target forward over k = 1..128 tokens for a random-weight Llama-3.1-8B shape (GPU).
-Timings are wall clock after a warm-up, synchronized; nothing here asserts speed.
+Timings are wall clock after a warm-up, synchronized, the median of --repeats runs; nothing
+here asserts speed.
+
+Speculation policy: a drafting method runs under --speculation-policy (default: adaptive on a
+GPU, fixed on CPU) or the one its name ends with, e.g. the best fixed tree, the adaptive policy
+over the same maximum, and n-gram under both, at four batch sizes on the evaluation suite:
+
+    python scripts/bench.py --target <dir> --draft <head> --peers --repeats 3 \
+        --prompts suite:writing,roleplay,humanities,stem suite:coding --num-prompts 40 \
+        --batch-sizes 1 8 32 64 --methods ar eagle3-tree@6,4,15:fixed eagle3-tree@6,4,15:adaptive \
+        ngram:fixed ngram:adaptive --out bench/policy
+
+An adaptive engine captures its graphs and times its tiers' steps before the warm-up run
+(`SpecEngine.capture_common`); each row records the policy, its tiers, that start-up time, the
+graph memory and the share of steps by tree verified.
 """
 
 from __future__ import annotations
@@ -68,8 +82,24 @@ def run_ours(engine, prompt_ids, params, stops):
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.steps for r in results)
     accepted = sum(r.accepted_tokens for r in results)
+    trees = {}
+    for r in results:
+        for tree, n in r.steps_by_tree.items():
+            trees[tree] = trees.get(tree, 0) + n
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "mean_accept_length": 1 + accepted / steps if steps else None}, [r.token_ids for r in results]
+            "mean_accept_length": 1 + accepted / steps if steps else None,
+            "steps_by_tree": {t: round(n / steps, 4) for t, n in sorted(trees.items())} if steps else {}}, \
+        [r.token_ids for r in results]
+
+
+def run_repeats(engine, prompt_ids, params, stops, repeats: int):
+    """`repeats` timed runs after the caller's warm-up: the median run's figures, every run's tokens/s."""
+    runs = [run_ours(engine, prompt_ids, params, stops) for _ in range(repeats)]
+    order = sorted(range(repeats), key=lambda i: runs[i][0]["tokens_per_s"])
+    res, outs = runs[order[repeats // 2]]
+    res["tokens_per_s_runs"] = [r["tokens_per_s"] for r, _ in runs]
+    res["identical_across_repeats"] = all(o == runs[0][1] for _, o in runs)
+    return res, outs
 
 
 def run_hf(target_dir, prompt_ids, max_new, stops, batch: int, static_compile: bool, device, dtype):
@@ -211,13 +241,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default=None)
     ap.add_argument("--draft", default=None)
-    ap.add_argument("--prompts", nargs="+", default=["sharegpt", "coding"], help="sharegpt, coding, or a .txt file")
+    ap.add_argument("--prompts", nargs="+", default=["sharegpt", "coding"],
+                    help="sharegpt, coding, suite:CATEGORY[,CATEGORY...] (the evaluation suite's test split, "
+                         "single-turn prompts), or a .txt / .json file")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--methods", nargs="+", default=["ar", "eagle3-chain", "eagle3-tree", "ngram"],
                     help="ar, ngram, and the draft's method (its head kind, or draft_model for a small LM) as "
-                         "METHOD-chain, METHOD-tree or METHOD-tree@STEPS,TOPK,TOKENS (e.g. eagle3-tree@8,10,60)")
+                         "METHOD-chain, METHOD-tree or METHOD-tree@STEPS,TOPK,TOKENS (e.g. eagle3-tree@8,10,60); "
+                         "a drafting method may end in :fixed or :adaptive (its speculation policy)")
+    ap.add_argument("--speculation-policy", choices=["fixed", "adaptive"], default=None,
+                    help="drafting methods' policy where their name does not say (default: adaptive on a GPU, "
+                         "fixed on CPU); adaptive's maximum tree is the method's")
+    ap.add_argument("--speculation-tiers", default=None, metavar="S,K,N;...",
+                    help="the adaptive policy's tiers (default: chains 1, 2, 4 deep and the method's tree)")
+    ap.add_argument("--speculation-profile-dir", default=None,
+                    help="keep each adaptive method's measured step costs in DIR/<method>.json (loaded, completed "
+                         "and saved back; default: measured for each engine)")
+    ap.add_argument("--ngram-tokens", type=int, default=8, help="ngram's draft tokens (its longest chain)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell after the warm-up (the median)")
     ap.add_argument("--peers", nargs="*", default=["hf", "hf-static-compile"])
     ap.add_argument("--peer-batch-sizes", type=int, nargs="*", default=[1], help="batch sizes the peers run at")
     ap.add_argument("--tree", default=",".join(map(str, DEFAULT_TREE)), help="num_steps,topk,num_draft_tokens of eagle3-tree")
@@ -242,13 +285,27 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     tree = tuple(int(x) for x in args.tree.split(","))
 
+    default_policy = args.speculation_policy or ("adaptive" if device == "cuda" else "fixed")
+
+    def policy_of(method: str) -> str | None:
+        name, _, policy = method.partition(":")
+        return None if name in ("ar", "ar-sync") else policy or default_policy
+
     def engine_for(method: str, b: int):
         """ar, ar-sync (the host reads each step before launching the next), ngram, or
-        KIND-chain / KIND-tree[@S,K,N] with the draft given."""
+        KIND-chain / KIND-tree[@S,K,N] with the draft given; :fixed or :adaptive its policy."""
+        policy = policy_of(method)
+        method = method.partition(":")[0]
         if method in ("ar", "ar-sync"):
             return SpecEngine(target, method="ar", max_len=args.max_len, max_batch=b, overlap=method == "ar")
+        options = dict(speculation_policy=policy)
+        if policy == "adaptive":
+            options["speculation_tiers"] = args.speculation_tiers
+            if args.speculation_profile_dir:
+                options["speculation_profile"] = Path(args.speculation_profile_dir) / f"{method.replace('@', '_')}.json"
         if method == "ngram":
-            return SpecEngine(target, method="ngram", num_draft_tokens=8, max_len=args.max_len, max_batch=b)
+            return SpecEngine(target, method="ngram", num_draft_tokens=args.ngram_tokens, max_len=args.max_len,
+                              max_batch=b, **options)
         name, _, shape = method.partition("@")
         kind, _, form = name.rpartition("-")
         if form == "chain":
@@ -256,14 +313,17 @@ def main() -> None:
         else:
             steps, topk, n = (int(x) for x in shape.split(",")) if shape else tree
         return SpecEngine(target, head, kind, num_steps=steps, topk=topk, num_draft_tokens=n, max_len=args.max_len,
-                          max_batch=b)
+                          max_batch=b, **options)
 
     rows = []
     report = {"card": card, "dtype": str(dtype), "target": str(target_dir), "draft": args.draft,
               "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": rows,
+              "repeats": args.repeats, "speculation_policy": default_policy,
               "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1"}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.speculation_profile_dir:
+        Path(args.speculation_profile_dir).mkdir(parents=True, exist_ok=True)
 
     def save():  # after every row: a run cut short keeps what it measured
         for r in rows:
@@ -279,6 +339,12 @@ def main() -> None:
             texts = sharegpt_prompts(args.num_prompts)
         elif source == "coding":
             texts = CODING_PROMPTS[: args.num_prompts]
+        elif source.startswith("suite:"):
+            from specheads.evaluation.suite import load_suite
+
+            suite = [p for p in load_suite("test", source[len("suite:"):].split(",")) if len(p.turns) == 1]
+            texts = [p.turns[0] for p in suite][: args.num_prompts]
+            source = "suite-" + source[len("suite:"):].replace(",", "+")
         elif source.endswith(".json"):  # a list of prompt texts (e.g. held-out ShareGPT turns saved elsewhere)
             texts = json.loads(Path(source).read_text())[: args.num_prompts]
             source = Path(source).stem
@@ -290,12 +356,22 @@ def main() -> None:
     for source, prompt_ids in sources.items():
         for batch in args.batch_sizes:
             for method in args.methods:
-                if method not in ("ar", "ar-sync", "ngram") and head is None:
+                if method.partition(":")[0] not in ("ar", "ar-sync", "ngram") and head is None:
                     continue
                 print(f"running {method} on {source} prompts at batch {batch}", flush=True)
                 engine = engine_for(method, batch)
+                startup = {}
+                if engine.policy is not None and engine.policy.name == "adaptive" and engine.use_graphs:
+                    # what a server does at start: every tier's greedy graphs, their steps timed
+                    t0 = time.time()
+                    engine.capture_common([batch])
+                    startup = {"startup_s": round(time.time() - t0, 2), "graphs": engine.graph_report}
+                    print(f"  {engine.graph_summary()}", flush=True)
                 run_ours(engine, prompt_ids, params, stops)  # warm-up: captures every graph the run needs
-                res, outs = run_ours(engine, prompt_ids, params, stops)
+                res, outs = run_repeats(engine, prompt_ids, params, stops, args.repeats)
+                res.update(policy=engine.policy.name if engine.policy is not None else None,
+                           tiers=[str(t) for t in engine.policy.tiers] if engine.policy is not None else None,
+                           **startup)
                 del engine
                 if method == "ar":
                     ar_outs[(source, batch)] = outs
@@ -324,12 +400,12 @@ def main() -> None:
                 rows.append(res)
                 save()
     print(f"card {card}, {dtype}, max_new_tokens {args.max_new_tokens}")
-    print(f"{'prompts':>8} {'batch':>5} {'method':>18} {'tok/s':>9} {'accept':>7} {'speedup':>8} {'same as ar':>10} "
+    print(f"{'prompts':>8} {'batch':>5} {'method':>28} {'tok/s':>9} {'accept':>7} {'speedup':>8} {'same as ar':>10} "
           f"{'as ar b1':>8}")
     for r in rows:
         acc = f"{r['mean_accept_length']:.2f}" if r.get("mean_accept_length") else "-"
         same, same1 = (f"{r[k]:.0%}" if r.get(k) is not None else "-" for k in ("identical_to_ar", "identical_to_ar_b1"))
-        print(f"{r['prompts']:>8} {r['batch']:>5} {r['method']:>18} {r['tokens_per_s']:>9.1f} {acc:>7} "
+        print(f"{r['prompts']:>8} {r['batch']:>5} {r['method']:>28} {r['tokens_per_s']:>9.1f} {acc:>7} "
               f"{r.get('speedup_vs_ar', float('nan')):>8.2f} {same:>10} {same1:>8}")
     plot(report, out.with_suffix(".png"))
 
