@@ -36,6 +36,8 @@ given batch sizes at once (a server does at start), so no request waits for a ca
 Overlap: every input of a step (roots, committed lengths, the drafter's state) lives on
 the device, so with a device drafter (or none) the next step is launched before
 the host reads the current one's result: the GPU never waits for the host's bookkeeping.
+A host drafter's steps wait for the tokens before them, except plain decode steps (tier 0),
+which run ahead too.
 A row that finished in the step being read has run one step too many; that step's output
 is dropped, and the row's cleanup is queued behind it. Rows within one step of their
 token budget are not run ahead, so no step writes past the cache.

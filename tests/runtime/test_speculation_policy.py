@@ -10,7 +10,7 @@ import json
 import pytest
 
 from specheads.runtime.policy import (AdaptivePolicy, FixedPolicy, PolicyError, SpeculationProfile, StaticCost,
-                                      TreeShape, build_policy, default_tiers, parse_tiers, resolve_tiers)
+                                      TreeShape, build_policy, default_tiers, resolve_tiers)
 
 FULL = TreeShape(6, 4, 15)
 TIERS = default_tiers(FULL)
