@@ -359,6 +359,9 @@ class SpecEngine:
         return row.handle
 
     def abort(self, handle: int) -> None:
+        for r in self.waiting:
+            if r.handle == handle and self.policy is not None:
+                self.policy.release(r.acceptance)
         self.waiting = [r for r in self.waiting if r.handle != handle]
         for i, r in enumerate(self.rows):
             if r.handle == handle:
@@ -460,6 +463,7 @@ class SpecEngine:
             launch.event.synchronize()
         t0 = time.perf_counter()
         tree = self.policy.tiers[launch.tier - 1] if launch.tier else None
+        seen = ([], [], [])  # the policy's records of the rows that drafted, depths offered, drafts accepted
         outputs, done = [], []
         lp = [t.tolist() for t in launch.host_logprobs] if launch.host_logprobs is not None else None
         for i, (row, res) in enumerate(zip(launch.rows, launch.host[:len(launch.rows)].tolist())):
@@ -473,7 +477,8 @@ class SpecEngine:
                 out.no_draft_reason = "auto" if row.request.spec.enabled == "auto" else "request"
             if tree is not None and launch.drafting[i]:
                 out.draft_tree = tree
-                self.policy.observe(row.acceptance, launch.tier, min(tree.steps, row.depth_cap), n_acc - 1)
+                for kept, value in zip(seen, (row.acceptance, min(tree.steps, row.depth_cap), n_acc - 1)):
+                    kept.append(value)
             if row.request.spec.enabled == "auto" and self.drafter is not None and reason is None:
                 self._auto(row, drafted, n_acc - 1)
             if lp is not None and row.request.top_logprobs is not None:
@@ -481,6 +486,8 @@ class SpecEngine:
             outputs.append(out)
             if reason is not None:
                 done.append(row)
+        if tree is not None:
+            self.policy.observe(seen[0], launch.tier, seen[1], seen[2])
         self._remove([self.rows.index(r) for r in done])
         if launch.tier and self._host_drafts and launch.event is not None:
             # a host drafter's step cannot overlap the host's work: the card waits for it
@@ -881,6 +888,8 @@ class SpecEngine:
         ahead = self.depth + 1 if self._inflight is not None else 0
         for i in sorted(indices, reverse=True):
             self.rows[i].finished = True
+            if self.policy is not None:
+                self.policy.release(self.rows[i].acceptance)
             last = len(self.rows) - 1
             if i != last:
                 moving = self.rows[last]

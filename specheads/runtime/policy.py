@@ -237,22 +237,14 @@ class SpeculationProfile:
 
 
 # ---------------------------------------------------------------------------- acceptance
-class RowAcceptance:
-    """Recent acceptance per tier and depth: mean [T, D] and observation count [T, D] (a row's
-    records carry one more line, every tier's)."""
-
-    __slots__ = ("mean", "count")
-
-    def __init__(self, tiers: int, depth: int):
-        self.mean = np.zeros((tiers, depth))
-        self.count = np.zeros((tiers, depth))
-
-
-def _update(mean: np.ndarray, count: np.ndarray, hits: np.ndarray, window: int) -> None:
-    """Running means over the last ~window observations (exact until the window fills)."""
-    count += 1
-    mean += (hits - mean) / np.minimum(count, window)
-    np.minimum(count, window, out=count)
+def _running_mean(mean: np.ndarray, count: np.ndarray, trials: np.ndarray, hits: np.ndarray, window: int) -> None:
+    """Fold `trials` more observations with `hits` successes into running means (in place): the
+    exact mean until `window` observations, then each new batch weighs trials / window (a whole
+    window's worth or more replaces the mean)."""
+    seen = np.minimum(count + trials, window)
+    weight = np.divide(trials, np.maximum(seen, trials), out=np.zeros_like(mean), where=trials > 0)
+    mean += weight * (np.divide(hits, trials, out=np.zeros_like(mean), where=trials > 0) - mean)
+    count[...] = seen
 
 
 def _shrink(mean, count, toward, weight: float):
@@ -263,9 +255,10 @@ class FixedPolicy:
     """The engine's own tree at every step where a row drafts.
 
     A policy's interface (the engine's side): `tiers` (tree shapes, smallest first, the engine's
-    full tree last), `cost`, `new_row()` (a row's acceptance record), `observe(row, tier, offered,
-    accepted)` after each drafting step of a row, `choose(rows, batch, kv, host_ms)` -> the tier
-    of the next step (0: plain decoding; i: tiers[i - 1]) and `launched(tier)`."""
+    full tree last), `cost`, `new_row()` (a row's acceptance record) and `release(record)` when
+    the row leaves, `observe(records, tier, offered, accepted)` after each step of that tier (per
+    drafting row: depths offered, drafts accepted), `choose(rows, batch, kv, host_ms)` -> the
+    tier of the next step (0: plain decoding; i: tiers[i - 1]) and `launched(tier)`."""
 
     name = "fixed"
 
@@ -276,7 +269,10 @@ class FixedPolicy:
     def new_row(self):
         return None
 
-    def observe(self, row, tier: int, offered: int, accepted: int) -> None:
+    def release(self, row) -> None:
+        pass
+
+    def observe(self, rows: list, tier: int, offered: list[int], accepted: list[int]) -> None:
         pass
 
     def choose(self, rows: list, batch: int, kv: int, host_ms: float = 0.0) -> int:
@@ -288,8 +284,9 @@ class FixedPolicy:
 
 class AdaptivePolicy:
     """Picks each step's tier (1..len(tiers); 0: plain decoding) for the most expected tokens per
-    unit of cost (module docstring). rows: per active row, (its RowAcceptance, its depth cap), or
-    None for a row that does not draft."""
+    unit of cost (module docstring). A row's record is a slot of the policy's arrays (mean and
+    observation count per tier and depth, one more line for every tier); rows: per active row,
+    (its slot, its depth cap), or None for a row that does not draft."""
 
     name = "adaptive"
 
@@ -304,42 +301,62 @@ class AdaptivePolicy:
         self.window, self.pooled_window = window, pooled_window
         self.prior, self.prior_weight = prior, prior_weight
         self.depth = max(t.steps for t in self.tiers)
-        n = len(self.tiers)
-        self.all_tiers = RowAcceptance(1, self.depth)  # every row, every tier
-        self.by_tier = RowAcceptance(n, self.depth)  # every row, per tier
-        self._reach = np.array([[d < t.steps for d in range(self.depth)] for t in self.tiers])  # [T, D]
+        n, d = len(self.tiers), self.depth
+        self.mean, self.count = np.zeros((0, n + 1, d)), np.zeros((0, n + 1, d))  # per row slot
+        self._free: list[int] = []
+        self.tier_mean, self.tier_count = np.zeros((n, d)), np.zeros((n, d))  # every row, per tier
+        self.all_mean, self.all_count = np.zeros(d), np.zeros(d)  # every row, every tier
+        self._reach = np.array([[j < t.steps for j in range(d)] for t in self.tiers])  # [T, D]
 
-    def new_row(self) -> RowAcceptance:
-        return RowAcceptance(len(self.tiers) + 1, self.depth)  # the last line: every tier
+    def new_row(self) -> int:
+        if not self._free:  # twice the slots
+            old = len(self.mean)
+            grow = max(old, 8)
+            self.mean = np.concatenate([self.mean, np.zeros((grow,) + self.mean.shape[1:])])
+            self.count = np.concatenate([self.count, np.zeros((grow,) + self.count.shape[1:])])
+            self._free = list(range(old + grow - 1, old - 1, -1))
+        slot = self._free.pop()
+        self.mean[slot] = 0
+        self.count[slot] = 0
+        return slot
 
-    def observe(self, row: RowAcceptance, tier: int, offered: int, accepted: int) -> None:
-        """A drafting step of `row` under tier (1-based) that offered depths 1..offered (the tier's
-        depth, or less under the request's cap) and accepted `accepted` drafts."""
-        depths = min(offered, self.depth)
-        if tier < 1 or depths < 1:
+    def release(self, row: int) -> None:
+        self._free.append(row)
+
+    def observe(self, rows: list[int], tier: int, offered: list[int], accepted: list[int]) -> None:
+        """A step of tier (1-based): per drafting row (its slot), the depths it offered (the
+        tier's depth, or less under the request's cap) and the drafts it accepted."""
+        if tier < 1 or not rows:
             return
-        reached = min(accepted + 1, depths)  # depths whose parent was reached: 1..accepted+1
-        hits = (np.arange(reached) < accepted).astype(float)
+        slots = np.asarray(rows)
+        acc = np.asarray(accepted)[:, None]
+        depth = np.arange(self.depth)[None]
+        # a depth is a trial where its parent was reached (depth <= accepted + 1) and it was offered
+        trials = ((depth <= acc) & (depth < np.asarray(offered)[:, None])).astype(float)  # [R, D]
+        hits = trials * (depth < acc)
         t = tier - 1
-        _update(row.mean[t, :reached], row.count[t, :reached], hits, self.window)
-        _update(row.mean[-1, :reached], row.count[-1, :reached], hits, self.window)
-        _update(self.by_tier.mean[t, :reached], self.by_tier.count[t, :reached], hits, self.pooled_window)
-        _update(self.all_tiers.mean[0, :reached], self.all_tiers.count[0, :reached], hits, self.pooled_window)
+        for line in (t, -1):  # the row under this tier, and under every tier
+            mean, count = self.mean[slots, line], self.count[slots, line]
+            _running_mean(mean, count, trials, hits, self.window)
+            self.mean[slots, line], self.count[slots, line] = mean, count
+        k, h = trials.sum(0), hits.sum(0)
+        _running_mean(self.tier_mean[t], self.tier_count[t], k, h, self.pooled_window)
+        _running_mean(self.all_mean, self.all_count, k, h, self.pooled_window)
 
-    def acceptance(self, rows: list[RowAcceptance]) -> np.ndarray:
+    def acceptance(self, rows: list[int]) -> np.ndarray:
         """q [R, T, D]: each row's estimated acceptance per tier and depth."""
         w = self.prior_weight
-        pooled = np.empty((1, self.depth))  # every row, every tier; a depth without data: the one above
+        pooled = np.empty(self.depth)  # every row, every tier; a depth without data: the one above
         above = self.prior
         for d in range(self.depth):
-            above = pooled[0, d] = _shrink(self.all_tiers.mean[0, d], self.all_tiers.count[0, d], above, w)
-        tier = _shrink(self.by_tier.mean, self.by_tier.count, pooled, w)  # [T, D]
-        mean = np.stack([r.mean for r in rows])  # [R, T + 1, D]
-        count = np.stack([r.count for r in rows])
+            above = pooled[d] = _shrink(self.all_mean[d], self.all_count[d], above, w)
+        tier = _shrink(self.tier_mean, self.tier_count, pooled[None], w)  # [T, D]
+        slots = np.asarray(rows)
+        mean, count = self.mean[slots], self.count[slots]  # [R, T + 1, D]
         own = _shrink(mean[:, -1:], count[:, -1:], tier[None], w)  # the row under every tier [R, T, D]
         return _shrink(mean[:, :-1], count[:, :-1], own, w)
 
-    def expected_tokens(self, rows: list, caps: list[int]) -> np.ndarray:
+    def expected_tokens(self, rows: list[int], caps: list[int]) -> np.ndarray:
         """[R, T]: each row's expected tokens per step under each tier."""
         q = self.acceptance(rows)
         reach = self._reach[None] & (np.arange(self.depth)[None, None, :] < np.asarray(caps)[:, None, None])

@@ -39,7 +39,7 @@ def gpu_like(batch, tier):
 def observe(policy, row, tier_index, accepted, steps=20):
     tier = policy.tiers[tier_index - 1]
     for _ in range(steps):
-        policy.observe(row, tier_index, tier.steps, min(accepted, tier.steps))
+        policy.observe([row], tier_index, [tier.steps], [min(accepted, tier.steps)])
 
 
 def test_default_tiers_are_chains_then_the_full_tree():
@@ -125,6 +125,41 @@ def test_a_request_cap_and_rows_without_drafts_count():
     assert policy.choose([None, None], 1, 512) == 0  # nobody drafts
 
 
+def test_a_step_counts_each_depth_up_to_the_first_rejection():
+    """Depth d is a trial where the step reached depth d - 1 and offered d: rows offering 6 (the
+    tier's depth), 2 (a request capped at 2) and 6 accepted 2, 2 and 0 drafts."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    rows = [policy.new_row() for _ in range(3)]
+    policy.observe(rows, 4, [6, 2, 6], [2, 2, 0])
+    count, mean = policy.count[rows, 3], policy.mean[rows, 3]
+    assert count.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
+    assert mean.tolist() == [[1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]
+    assert (policy.count[rows, -1] == count).all() and not policy.count[rows, :3].any()  # every tier's line
+    assert policy.tier_count[3].tolist() == [3, 2, 1, 0, 0, 0] and policy.tier_mean[3, :3].tolist() == [2 / 3, 1, 0]
+    assert policy.all_count.tolist() == [3, 2, 1, 0, 0, 0]
+
+
+def test_running_means_forget_beyond_their_window():
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), window=4)
+    row = policy.new_row()
+    observe(policy, row, 1, accepted=1, steps=10)
+    observe(policy, row, 1, accepted=0, steps=4)
+    assert policy.count[row, 0, 0] == 4 and policy.mean[row, 0, 0] == pytest.approx((3 / 4) ** 4)
+    many = [policy.new_row() for _ in range(100)]  # one step of more rows than the pooled window: their mean
+    policy.observe(many, 1, [1] * 100, [1] * 75 + [0] * 25)
+    assert policy.tier_mean[0, 0] == pytest.approx(0.75) and policy.tier_count[0, 0] == policy.pooled_window
+
+
+def test_row_records_are_reused_fresh_and_grow():
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    rows = [policy.new_row() for _ in range(20)]
+    assert sorted(rows) == list(range(20)) and len(policy.mean) >= 20
+    observe(policy, rows[5], 4, accepted=6)
+    policy.release(rows[5])
+    again = policy.new_row()
+    assert again == rows[5] and not policy.count[again].any() and not policy.mean[again].any()
+
+
 def test_unseen_tiers_and_depths_borrow_from_what_was_seen():
     """A tier no step ran takes all tiers' acceptance at its depths, and a depth no step reached
     takes the one above it: a new row of a well-drafting server starts optimistic, not at the prior."""
@@ -141,11 +176,10 @@ def test_the_cost_model_decodes_plainly_where_speculation_loses():
     chain (its few verified tokens still fit one pass), at batch 256 (every extra token costs)
     plain decoding."""
     policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
-    rows = []
-    for _ in range(256):
-        r = policy.new_row()
-        observe(policy, r, 4, accepted=6, steps=4)
-        rows.append((r, 6))
+    slots = [policy.new_row() for _ in range(256)]
+    for _ in range(4):
+        policy.observe(slots, 4, [6] * 256, [6] * 256)  # a step of 256 rows
+    rows = [(r, 6) for r in slots]
     assert policy.choose(rows[:1], 1, 512) == 4
     assert policy.tiers[policy.choose(rows[:64], 64, 512) - 1] == TreeShape(1, 1, 1)
     assert policy.choose(rows, 256, 512) == 0

@@ -43,8 +43,11 @@ class ScriptedPolicy:
     def new_row(self):
         return object()
 
-    def observe(self, row, tier, offered, accepted):
-        self.observed.append((tier, offered, accepted))
+    def release(self, row):
+        pass
+
+    def observe(self, rows, tier, offered, accepted):
+        self.observed += [(tier, o, a) for o, a in zip(offered, accepted)]
 
     def choose(self, rows, batch, kv, host_ms=0.0):
         return self.schedule[self.launches % len(self.schedule)]
@@ -183,6 +186,13 @@ def test_the_adaptive_policy_is_exact_and_switches_tiers(target, heads, referenc
     tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 3)
     assert tokens == reference
     assert len({t for steps in trees for t, _ in steps}) >= 2
+    # every row's record went back when it left (finished, or aborted while waiting or running)
+    waiting = engine.add(Request(PROMPTS[0], SamplingParams(max_new_tokens=NEW)))
+    engine.abort(waiting)
+    running = engine.add(Request(PROMPTS[1], SamplingParams(max_new_tokens=NEW)))
+    engine.step()
+    engine.abort(running)
+    assert sorted(engine.policy._free) == list(range(len(engine.policy.mean)))
 
 
 def cpu_profile(engine, verify_ms_per_token: float) -> SpeculationProfile:
