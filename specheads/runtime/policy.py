@@ -11,22 +11,25 @@ tier for the whole batch, or none (every row verifies only its next token: a pla
 q_r,t(j) is row r's acceptance at depth j when its step reached depth j - 1 under tier t: an
 average over its last `window` such steps, shrunk (where the row has few of them) toward row r's
 average under every tier, that toward all rows' under tier t, that toward all rows' under every
-tier, and that toward the same at depth j - 1 (depth 1: toward `prior`): a tier a request has not
-run borrows its own record first, and a depth no step reached yet accepts as the one above it. A row that drafts nothing (its request turned speculation off) counts one
-token; a request's own depth cap (SpecControl.num_steps) cuts its sum short. A depth a tier
-offered but the drafter left empty (an n-gram without a match) counts as rejected there. Plain
-steps observe nothing, so after `probe_every` plain steps in a row the best tier runs once anyway
-(a probe: acceptance may have risen).
+tier, and that toward the same at depth j - 1 (depth 1: toward `prior`): a tier a request has
+not run borrows its own record first, and a depth no step reached yet accepts as the one above
+it. A row that drafts nothing (its request turned speculation off) counts one token; a
+request's own depth cap (SpecControl.num_steps) cuts its sum short. A depth a tier offered but
+the drafter left empty (an n-gram without a match) counts as rejected there. Plain steps observe
+nothing, so after `probe_every` plain steps in a row the best tier runs once anyway (a probe:
+acceptance may have risen).
 
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
 
 Costs, per (batch bucket, context bucket, tier):
-- measured (`SpeculationProfile`): the time of each tier's captured step graph (draft, verify,
-  accept and commit) and of the plain decode step, timed on the card when the engine captures
-  its graphs (`SpecEngine.capture_common` at a server's start, or a bucket's first use), or
-  loaded from a saved profile (JSON). A host drafter's steps (n-gram) also pay the proposal and
-  the host's bookkeeping that a device drafter's overlapped steps hide: measured as they run.
+- measured (`SpeculationProfile`): the time of each tier's captured step graph (its draft at
+  its depth, the verify of its tokens, accept and commit, timed together as they replay) and of
+  the plain decode step, on the card when the engine captures its graphs (`SpecEngine.
+  capture_common` at a server's start, or a bucket's first use), or loaded from a saved profile
+  (JSON; buckets it lacks are timed and added). A bucket without times takes the nearest one's.
+  A host drafter's steps (n-gram) also pay the proposal and the host's bookkeeping, which a
+  device drafter's overlapped steps hide: measured as they run.
 - static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a
   plain decode step, verifying T tokens in all costs max(1, T / saturation_tokens) (a decode
   streams the weights once until the batch's tokens fill the matmuls), and each draft depth
