@@ -239,7 +239,7 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     elif rows > speed.linear_many_rows:  # batched trees, prefills: larger tiles, shorter K steps
         block_m, block_n = speed.linear_many_row_block, max(block_n, speed.linear_many_n)
         if tile is None:
-            block_k = min(block_k, speed.linear_many_k)
+            block_k, stages = min(block_k, speed.linear_many_k), speed.linear_many_stages
     stages = fit_stages(stages, block_m, block_n * (2 if silu else 1), block_k, x.element_size())
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()

@@ -130,6 +130,9 @@ class Speed:
     linear_many_row_block: int = 64
     linear_many_n: int = 64
     linear_many_k: int = 128
+    # and this many pipeline stages (SmolLM2's fused gate_up over 512 rows 14.1 -> 11.8 us at 3
+    # instead of 4, H200)
+    linear_many_stages: int = 3
     # calls of more rows than this over a wide weight (N >= 8192: an lm_head over batched trees)
     # take (rows, columns) tiles of linear_wide_many_tile: SmolLM2's 49152 x 576 over 128 / 512
     # rows 40.0 / 144.8 -> 33.4 / 103.6 us at (128, 256), H200 (gpu_runs/kernel_bench.py)
@@ -143,8 +146,11 @@ class Speed:
     linear_norm_keys: int = 1024
     # the target's causal attention splits a token's keys over programs, one chunk each (split-K,
     # merged in chunk order), while a call has fewer than this many (row, kv head, token tile)
-    # programs; from there each program folds its chunks in turn. The same bits either way
-    attention_split_below: int = 512
+    # programs; from there each program folds its chunks in turn. The same bits either way.
+    # SmolLM2's 16-token tree, H100 (gpu_runs/kernel_bench.py), us a layer split / not: batch 1
+    # (48 programs) 6.5 / 10.3; batch 8 (192) 13.7 / 11.8 at 300 keys, 25.0 / 23.9 at 700;
+    # batch 32 (384) 30.7 / 29.2 and 62.5 / 57.5
+    attention_split_below: int = 128
     # tokens of a draft tree a causal-attention program takes (at most what fits its 16 rows)
     # at batches below attention_tree_many_batch, all that fit from there: the blocks that hold
     # tree positions cost one pass per path of the tree among the program's tokens, so fewer
@@ -189,6 +195,8 @@ class Speed:
         _check(g, "linear_many_n", v, _pow2(v) and 16 <= v <= 256, "a power of two from 16 to 256")
         v = _int(g, "linear_many_k", self.linear_many_k)
         _check(g, "linear_many_k", v, _pow2(v) and v >= 16, "a power of two >= 16")
+        v = _int(g, "linear_many_stages", self.linear_many_stages)
+        _check(g, "linear_many_stages", v, v >= 1, "an integer >= 1")
         v = _int(g, "linear_wide_many_rows", self.linear_wide_many_rows)
         _check(g, "linear_wide_many_rows", v, v >= 16, "an integer >= 16")
         tile = self.linear_wide_many_tile

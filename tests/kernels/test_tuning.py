@@ -17,7 +17,7 @@ def test_defaults():
     t = KernelTuning()
     assert t.numerics.linear_max_k == 65536  # every width: no call's bits depend on its rows
     assert t.numerics.attention_chunk == 128 and t.numerics.attention == "triton"
-    assert t.numerics.attention_row_block == 16 and t.speed.attention_split_below == 512
+    assert t.numerics.attention_row_block == 16 and t.speed.attention_split_below == 128
     assert t.speed.linear_row_block == 16 and t.speed.linear_tree_n_scale == 2 and t.speed.draft_warps == 8
     assert t.speed.pdl_kernels == tuning.PDL_DEFAULT
     # the measured wide tiles, split into K step and warps (numerics) and the rest (speed)
