@@ -281,6 +281,9 @@ class SpecEngine:
 
     def _build_policy(self, policy, tiers):
         if self.drafter is None:  # nothing to choose: every step is a plain decode
+            if tiers is not None or self._profile_path is not None:
+                raise PolicyError(f"--speculation-tiers and --speculation-profile apply to a method that drafts; "
+                                  f"method {self.method} drafts nothing")
             return None
         if not isinstance(policy, str):
             return policy  # a policy object (tests, custom policies)

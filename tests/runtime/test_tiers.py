@@ -257,6 +257,8 @@ def test_default_tiers_and_no_policy_without_a_drafter(target):
                         num_steps=6, topk=4, num_draft_tokens=15)
     assert engine.policy.tiers == default_tiers(TreeShape(6, 4, 15))
     assert SpecEngine(target, method="ar", max_len=64, speculation_policy="adaptive").policy is None
+    with pytest.raises(EngineError, match="apply to a method that drafts; method ar drafts nothing"):
+        SpecEngine(target, method="ar", max_len=64, speculation_policy="adaptive", speculation_tiers="1,1,1")
 
 
 class _Clock:
