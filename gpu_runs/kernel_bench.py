@@ -26,34 +26,12 @@ import torch.nn.functional as F
 from specheads.kernels import tuning
 from specheads.kernels.attention import causal_attention, causal_mask, tree_attention
 from specheads.kernels.linear import linear
+from timing import graph_us
 
 MODELS = {  # hidden, heads, kv heads, head dim, intermediate, vocab
     "smollm2": (576, 9, 3, 64, 1536, 49152),
     "qwen05": (896, 14, 2, 64, 4864, 151936),
 }
-
-
-def graph_us(fn, reps=20, replays=10) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / (reps * replays)
 
 
 def bench_linear(model, rows_list, sweep_rows) -> list[dict]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from specheads.kernels import linear as lin
+from timing import graph_us
 
 SHAPES = [  # name, N, K, op
     ("135m qkv", 960, 576, "norm"),
@@ -54,25 +55,7 @@ def first_rows(kw, rows):
 
 
 def graph_time(fn, reps=50):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for _ in range(5):
-        graph.replay()
-    t1.record()
-    torch.cuda.synchronize()
-    return t0.elapsed_time(t1) * 1000 / (5 * reps)  # us per call
+    return graph_us(fn, calls=reps, replays=5)  # us per call
 
 
 def main():

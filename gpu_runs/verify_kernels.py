@@ -23,6 +23,7 @@ from specheads.kernels import attention, tuning
 from specheads.kernels.fused import rope_cache
 from specheads.kernels.linear import linear as proj
 from specheads.modules import RotaryTable
+from timing import graph_us
 
 H, I, V, HEADS, KV, D = 576, 1536, 49152, 9, 3, 64
 CONTEXT, BUCKET, CALLS = 200, 256, 30
@@ -35,21 +36,7 @@ def use_pdl(on: bool) -> None:
 
 
 def per_call_us(fn, replays: int = 20) -> float:
-    fn()  # compiles
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * CALLS)
+    return graph_us(fn, calls=CALLS, replays=replays)
 
 
 def ops(rows: int) -> dict:

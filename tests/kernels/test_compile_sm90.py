@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.compile_sm90 import compile_all, describe, record_launches
+from tests.kernels.compile_sm90 import compile_all, distinct, record_launches, tiny_target
 from tests.kernels.interpret import interpret_triton, needs_triton
 
 
@@ -15,8 +15,6 @@ from tests.kernels.interpret import interpret_triton, needs_triton
 def step_launches():
     """The launches of a prefill and two speculative steps (eagle3 tree, then plain decode) of
     tiny fused models, kernels interpreted; one per distinct compiled kernel."""
-    from transformers import LlamaConfig
-
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
     from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
@@ -26,10 +24,7 @@ def step_launches():
     try:
         interpret_triton(mp)
         launches = record_launches(mp)
-        cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
-        torch.manual_seed(0)
-        target = TargetModel(cfg).eval().requires_grad_(False).fuse_for_inference()
+        cfg, target = tiny_target()
         with torch.no_grad():
             for method, int8 in (("eagle3", False), ("eagle3", True), ("ar", False)):
                 head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval()
@@ -65,11 +60,7 @@ def step_launches():
                 attention.causal_attention(q, k, k, torch.tensor([[5, 6, 7], [280, 281, 282]]), window=64, split=split)
     finally:
         mp.undo()
-    unique = {}
-    for launch in launches:
-        desc = describe(launch)
-        unique.setdefault(repr(desc), desc)
-    return list(unique.values())
+    return distinct(launches)
 
 
 @needs_triton

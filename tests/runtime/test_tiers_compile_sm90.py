@@ -8,15 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.compile_sm90 import compile_all, describe, record_launches
+from tests.kernels.compile_sm90 import compile_all, distinct, record_launches, tiny_target
 from tests.kernels.interpret import interpret_triton, needs_triton
 from tests.runtime.test_tiers import run, scripted
 
 
 @pytest.fixture(scope="module")
 def tier_launches():
-    from transformers import LlamaConfig
-
     from specheads.drafters.draft_model import DraftLM
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
     from specheads.runtime.engine import SpecEngine
@@ -27,10 +25,7 @@ def tier_launches():
     try:
         interpret_triton(mp)
         launches = record_launches(mp)
-        cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
-        torch.manual_seed(0)
-        target = TargetModel(cfg).eval().requires_grad_(False).fuse_for_inference()
+        cfg, target = tiny_target()
         head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval()
         head.fuse_for_inference(lm_head_int8=True)
         draft = DraftLM(TargetModel(cfg).eval().requires_grad_(False).fuse_for_inference())
@@ -46,11 +41,7 @@ def tier_launches():
                 run(engine, prompts, SamplingParams(max_new_tokens=6), 2)
     finally:
         mp.undo()
-    new = {}
-    for launch in launches:
-        desc = describe(launch)
-        new.setdefault(repr(desc), desc)
-    return list(new.values())
+    return distinct(launches)
 
 
 @needs_triton
