@@ -9,8 +9,8 @@ one target forward over k = 1..128 tokens for a random-weight Llama-3.1-8B shape
 Timings are wall clock after a warm-up, synchronized, the median of --repeats runs; nothing
 here asserts speed.
 
-Speculation policy: a drafting method runs under --speculation-policy (default: adaptive on a
-GPU, fixed on CPU) or the one its name ends with, e.g. the best fixed tree, the adaptive policy
+Speculation policy: a drafting method runs under --speculation-policy (default: fixed) or the
+one its name ends with, e.g. the best fixed tree, the adaptive policy
 over the same maximum, and n-gram under both, at four batch sizes on the evaluation suite:
 
     python scripts/bench.py --target <dir> --draft <head> --peers --repeats 3 \
@@ -252,8 +252,8 @@ def main() -> None:
                          "METHOD-chain, METHOD-tree or METHOD-tree@STEPS,TOPK,TOKENS (e.g. eagle3-tree@8,10,60); "
                          "a drafting method may end in :fixed or :adaptive (its speculation policy)")
     ap.add_argument("--speculation-policy", choices=["fixed", "adaptive"], default=None,
-                    help="drafting methods' policy where their name does not say (default: adaptive on a GPU, "
-                         "fixed on CPU); adaptive's maximum tree is the method's")
+                    help="drafting methods' policy where their name does not say (default: fixed); "
+                         "adaptive's maximum tree is the method's")
     ap.add_argument("--speculation-tiers", default=None, metavar="S,K,N;...",
                     help="the adaptive policy's tiers (default: chains 1, 2, 4 deep and the method's tree)")
     ap.add_argument("--speculation-profile-dir", default=None,
@@ -285,7 +285,7 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     tree = tuple(int(x) for x in args.tree.split(","))
 
-    default_policy = args.speculation_policy or ("adaptive" if device == "cuda" else "fixed")
+    default_policy = args.speculation_policy or "fixed"
 
     def policy_of(method: str) -> str | None:
         name, _, policy = method.partition(":")

@@ -400,7 +400,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
                    help="fixed: the tree of --num-steps/--topk/--num-draft-tokens at every step; adaptive: per step "
                         "one of --speculation-tiers (within that tree) or none, for the most tokens/s by the rows' "
                         "recent acceptance and the card's measured step costs (outputs are the same either way). "
-                        "Default: adaptive on a GPU, fixed on CPU")
+                        "Default: fixed (adaptive where --speculation-tiers or --speculation-profile is given)")
     p.add_argument("--speculation-tiers", default=None, metavar="S,K,N;...",
                    help="the adaptive policy's trees as STEPS,TOPK,DRAFT_TOKENS, e.g. '1,1,1;2,1,2;4,1,4' (the "
                         "full tree is always one); default: chains 1, 2 and 4 deep and the full tree")

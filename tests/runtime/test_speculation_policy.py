@@ -250,3 +250,11 @@ def test_a_profile_of_another_card_model_or_tiers_is_refused(tmp_path):
         p.check(path, p.device, {**FINGERPRINT, "method": "mtp"}, TIERS)
     with pytest.raises(PolicyError, match=r"no times for 3,1,3 \(it holds plain and 1,1,1; 2,1,2; 4,1,4; 6,4,15\)"):
         p.check(path, p.device, FINGERPRINT, [TreeShape(3, 1, 3), FULL])
+
+
+def test_the_commands_default_is_fixed_unless_tiers_or_a_profile_are_given():
+    from specheads.runtime.policy import default_policy
+
+    assert default_policy(True) == default_policy(False) == "fixed"
+    assert default_policy(True, tiers="1,1,1;2,1,2") == "adaptive"
+    assert default_policy(False, profile="costs.json") == "adaptive"
