@@ -1,0 +1,369 @@
+"""The head-kinds comparison of issues 23 and 24: one table from the files gpu_runs/kinds_pipeline.sh writes.
+
+    python3 gpu_runs/kinds_table.py prompts --out DIR [--per-category 4] [--coding 28]
+        DIR/chat.json (the suite's test split, single-turn, round-robin over the chat categories)
+        and DIR/coding.json (its first coding prompts): the prompt files scripts/bench.py reads
+    python3 gpu_runs/kinds_table.py params HEAD_DIR        # trainable parameters of a saved head (JSON)
+    python3 gpu_runs/kinds_table.py table --root ROOT --out PREFIX
+        PREFIX.json, PREFIX.md (also printed) and PREFIX.png (speedup over our ar, per kind and cell)
+    python3 gpu_runs/kinds_table.py selfcheck             # the table from fake run files (CPU, seconds)
+
+ROOT is the pipeline's folder (default /tmp/kinds); per kind it reads
+    runs/KIND/calls.jsonl        one line per device call that trained: wall_s, step_before, step_after, rc
+    runs/KIND/metrics.jsonl      the trainer's curves (loss records: step, elapsed_s since that call's start)
+    runs/KIND/train_summary.json the trainer's summary with the held-out eval/* keys (written once trained)
+    runs/KIND/params.json        `params` above
+    bench/KIND-SOURCE.json       scripts/bench.py with --methods ar KIND-tree (SOURCE: chat, coding)
+and settings.json (epochs, batch, kinds, ...) and prepare_report.json.
+
+Time per epoch is the training loop's seconds per optimizer step (metrics.jsonl, summed over the
+calls it took; target load, evaluation and checkpoints not counted) times the steps of one
+epoch; GPU-minutes are the training processes' whole wall time (calls.jsonl), one GPU each.
+Simulated acceptance is the trainer's held-out chain acceptance (eval/accept_length: a chain as
+deep as the head drafts, at most train.ttt_steps); served acceptance is scripts/bench.py's mean
+acceptance length of the KIND-tree rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+SOURCES = ("chat", "coding")
+BATCHES = (1, 8)
+# goals at batch 1 on chat (issue 23: mtp; issue 24: eagle, medusa): speedup over our ar
+GOALS = {"mtp": 2.0, "eagle": 1.8, "medusa": 1.5}
+MTP_WITHIN_EAGLE3 = 0.10  # issue 23: mtp's speedup within 10% of eagle3's
+
+
+# ------------------------------------------------------------------ prompts
+def write_prompts(out: Path, per_category: int, coding: int) -> dict:
+    from specheads.evaluation.suite import CHAT_CATEGORIES, load_suite
+
+    by_cat = {c: [p.turns[0] for p in load_suite("test", [c]) if len(p.turns) == 1] for c in CHAT_CATEGORIES}
+    chat = [by_cat[c][i] for i in range(per_category) for c in CHAT_CATEGORIES if i < len(by_cat[c])]
+    code = [p.turns[0] for p in load_suite("test", ["coding"]) if len(p.turns) == 1][:coding]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "chat.json").write_text(json.dumps(chat, indent=1))
+    (out / "coding.json").write_text(json.dumps(code, indent=1))
+    counts = {"chat": len(chat), "coding": len(code),
+              "chat_categories": [c for c in CHAT_CATEGORIES if by_cat[c]], "per_category": per_category}
+    (out / "prompts.json").write_text(json.dumps(counts, indent=1))
+    return counts
+
+
+def head_params(folder: str) -> dict:
+    from specheads.heads.format import load_head
+
+    head = load_head(folder)
+    trainable = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    return {"kind": head.kind, "trainable_params": trainable,
+            "params": sum(p.numel() for p in head.parameters()),
+            "buffers": sum(b.numel() for b in head.buffers()),
+            "shape": {k: getattr(head.config, k) for k in ("num_modules", "num_heads", "num_layers",
+                                                           "draft_vocab_size", "intermediate_size")
+                      if hasattr(head.config, k)}}
+
+
+# ------------------------------------------------------------------ reading the runs
+def read_json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def loop_seconds(metrics: list[dict]) -> tuple[float, int]:
+    """(seconds, optimizer steps) of the training loops in metrics.jsonl. Each call resumes and
+    restarts elapsed_s at 0; its first record is at its first step (start + 1)."""
+    seconds, steps = 0.0, 0
+    segment = None  # (start step, last record)
+    for r in metrics:
+        if "loss" not in r or "elapsed_s" not in r:
+            continue
+        if segment is None or r["elapsed_s"] < segment[1]["elapsed_s"] or r["step"] <= segment[1]["step"]:
+            if segment is not None:
+                seconds += segment[1]["elapsed_s"]
+                steps += segment[1]["step"] - segment[0]
+            segment = (r["step"] - 1, r)
+        else:
+            segment = (segment[0], r)
+    if segment is not None:
+        seconds += segment[1]["elapsed_s"]
+        steps += segment[1]["step"] - segment[0]
+    return seconds, steps
+
+
+def bench_rows(root: Path, kind: str) -> dict:
+    """(source, batch, 'ar'|'tree') -> bench row."""
+    cells = {}
+    for source in SOURCES:
+        report = read_json(root / "bench" / f"{kind}-{source}.json")
+        for r in (report or {}).get("rows", []):
+            method = r["method"].partition(":")[0]
+            what = "ar" if method == "ar" else "tree" if method.startswith(f"{kind}-tree") else None
+            if what:
+                cells[(source, r["batch"], what)] = {**r, "card": report.get("card")}
+    return cells
+
+
+def kind_row(root: Path, kind: str, settings: dict) -> dict:
+    run = root / "runs" / kind
+    summary = read_json(run / "train_summary.json") or {}
+    params = read_json(run / "params.json") or {}
+    calls = read_jsonl(run / "calls.jsonl")
+    metrics = read_jsonl(run / "metrics.jsonl")
+    seconds, steps = loop_seconds(metrics)
+    epochs = float(settings.get("epochs", 1))
+    total = summary.get("steps")
+    row = {
+        "kind": kind,
+        "trained": bool(summary),
+        "trainable_params": params.get("trainable_params"),
+        "shape": params.get("shape"),
+        "steps": total,
+        "epochs": epochs,
+        "train_calls": len(calls),
+        "train_device": summary.get("device") or next((c.get("device") for c in calls if c.get("device")), None),
+        "loop_s_per_step": seconds / steps if steps else None,
+        "s_per_epoch": seconds / steps * total / epochs if steps and total else None,
+        "gpu_minutes": round(sum(c.get("wall_s", 0) for c in calls) / 60, 2) if calls else None,
+        "tokens": summary.get("tokens"),
+        "heldout_acc": summary.get("eval/acc"),
+        "heldout_chain_acc": summary.get("eval/chain_acc"),
+        "sim_accept": summary.get("eval/accept_length"),
+        "sim_accept_opening": summary.get("eval/accept_length_opening"),
+        "cells": {},
+    }
+    for (source, batch, what), r in sorted(bench_rows(root, kind).items()):
+        cell = row["cells"].setdefault(f"{source}-b{batch}", {})
+        if what == "ar":
+            cell["ar_tokens_per_s"] = r["tokens_per_s"]
+        else:
+            cell.update(method=r["method"], tokens_per_s=r["tokens_per_s"], speedup_vs_ar=r.get("speedup_vs_ar"),
+                        accept=r.get("mean_accept_length"), identical_to_ar=r.get("identical_to_ar"),
+                        identical_to_ar_b1=r.get("identical_to_ar_b1"), card=r.get("card"))
+    for source in SOURCES:
+        acc = [row["cells"].get(f"{source}-b{b}", {}).get("accept") for b in BATCHES]
+        row[f"served_accept_{source}"] = next((a for a in acc if a is not None), None)
+    return row
+
+
+def goals(rows: list[dict]) -> list[dict]:
+    def speed(kind):
+        r = next((x for x in rows if x["kind"] == kind), None)
+        return (r or {}).get("cells", {}).get("chat-b1", {}).get("speedup_vs_ar")
+
+    out = []
+    for kind, want in GOALS.items():
+        got = speed(kind)
+        if any(r["kind"] == kind for r in rows):
+            out.append({"goal": f"{kind} >= {want}x our ar at batch 1 on chat", "value": got,
+                        "met": None if got is None else got >= want})
+    mtp, eagle3 = speed("mtp"), speed("eagle3")
+    if any(r["kind"] == "mtp" for r in rows) and any(r["kind"] == "eagle3" for r in rows):
+        ratio = mtp / eagle3 if mtp and eagle3 else None
+        out.append({"goal": "mtp's speedup within 10% of eagle3's (batch 1, chat)", "value": ratio,
+                    "met": None if ratio is None else ratio >= 1 - MTP_WITHIN_EAGLE3})
+    return out
+
+
+def build(root: Path) -> dict:
+    settings = read_json(root / "settings.json") or {}
+    kinds = settings.get("kinds") or sorted(p.name for p in (root / "runs").iterdir() if p.is_dir())
+    rows = [kind_row(root, k, settings) for k in kinds]
+    ar = {}
+    for cell in (f"{s}-b{b}" for s in SOURCES for b in BATCHES):
+        vals = [r["cells"][cell]["ar_tokens_per_s"] for r in rows if "ar_tokens_per_s" in r["cells"].get(cell, {})]
+        if vals:
+            ar[cell] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "runs": len(vals)}
+    prep = read_json(root / "prepare_report.json") or {}
+    prompts = read_json(root / "prompts" / "prompts.json")
+    return {"settings": settings, "prompts": prompts,
+            "data": {k: prep.get(k) for k in ("conversations", "train_tokens", "train_loss_tokens", "cut_loops",
+                                              "draft_vocab_size")},
+            "ar": ar, "rows": rows, "goals": goals(rows)}
+
+
+# ------------------------------------------------------------------ output
+def fmt(x, spec: str, none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def markdown(table: dict) -> str:
+    head = ["kind", "params (M)", "s / epoch", "GPU-min", "held-out acc per depth", "sim. accept",
+            "served accept chat / coding"]
+    head += [f"{s} b{b} tok/s (x ar)" for s in SOURCES for b in BATCHES] + ["= ar b1 (chat b1/b8, coding b1/b8)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    ar = table["ar"]
+    ar_cells = [f"{ar[c]['median']:.0f} ({ar[c]['min']:.0f}-{ar[c]['max']:.0f})" if c in ar else "-"
+                for c in (f"{s}-b{b}" for s in SOURCES for b in BATCHES)]
+    lines.append("| ar (median of the kinds' runs) | | | | | | | " + " | ".join(ar_cells) + " | |")
+    for r in table["rows"]:
+        acc = "/".join(f"{a:.2f}" for a in r["heldout_acc"]) if r["heldout_acc"] else "-"
+        cells, same = [], []
+        for s in SOURCES:
+            for b in BATCHES:
+                c = r["cells"].get(f"{s}-b{b}", {})
+                cells.append(f"{c['tokens_per_s']:.0f} ({c['speedup_vs_ar']:.2f}x)"
+                             if c.get("tokens_per_s") and c.get("speedup_vs_ar") else "-")
+                same.append(fmt(c.get("identical_to_ar_b1"), ".0%"))
+        served = f"{fmt(r['served_accept_chat'], '.2f')} / {fmt(r['served_accept_coding'], '.2f')}"
+        params = fmt(r["trainable_params"] / 1e6 if r["trainable_params"] else None, ".1f")
+        lines.append(f"| {r['kind']} | {params} | {fmt(r['s_per_epoch'], '.0f')} | {fmt(r['gpu_minutes'], '.1f')} "
+                     f"| {acc} | {fmt(r['sim_accept'], '.2f')} | {served} | " + " | ".join(cells)
+                     + f" | {'/'.join(same)} |")
+    s = table["settings"]
+    notes = [f"\n{s.get('card', '?')}, bf16, greedy; each kind trained alone on one GPU ({s.get('epochs')} epoch(s), "
+             f"batch {s.get('batch')} conversations, lr {s.get('lr', 'of the config')}, ttt_steps 7) on the same "
+             f"prepared data ({table['data'].get('train_tokens')} train tokens); `scripts/bench.py --methods ar KIND-tree "
+             f"--speculation-policy fixed --max-new-tokens {s.get('max_new_tokens', 256)}` on "
+             f"{(table['prompts'] or {}).get('chat', '?')} chat and {(table['prompts'] or {}).get('coding', '?')} "
+             "coding prompts of the evaluation suite's test split, each kind against its own ar run on its GPU."]
+    for g in table["goals"]:
+        v = fmt(g["value"], ".2f")
+        notes.append(f"- goal: {g['goal']}: {v} ({'met' if g['met'] else 'not met' if g['met'] is False else 'no value'})")
+    return "\n".join(lines + notes)
+
+
+def plot(table: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [f"{s}-b{b}" for s in SOURCES for b in BATCHES]
+    rows = table["rows"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(rows), 1)
+    for j, r in enumerate(rows):
+        vals = [r["cells"].get(c, {}).get("speedup_vs_ar") or 0 for c in cells]
+        bars = ax.bar([i + j * width for i in range(len(cells))], vals, width, label=r["kind"])
+        ax.bar_label(bars, labels=[f"{v:.2f}" if v else "" for v in vals], fontsize=6)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells))])
+    ax.set_xticklabels([c.replace("-b", "\nbatch ") for c in cells])
+    ax.set_ylabel("tokens/s over our ar")
+    ax.set_title(f"draft head kinds, tree drafting ({table['settings'].get('card', '?')})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def write_table(root: Path, prefix: Path) -> dict:
+    table = build(root)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    prefix.with_suffix(".json").write_text(json.dumps(table, indent=1))
+    md = markdown(table)
+    prefix.with_suffix(".md").write_text(md + "\n")
+    print(md)
+    plot(table, prefix.with_suffix(".png"))
+    return table
+
+
+# ------------------------------------------------------------------ self-check with fake run files
+def fake_root(root: Path) -> None:
+    import random
+
+    rng = random.Random(0)
+    kinds = ["eagle3", "mtp", "eagle", "medusa"]
+    (root / "prompts").mkdir(parents=True, exist_ok=True)
+    (root / "prompts" / "prompts.json").write_text(json.dumps({"chat": 28, "coding": 28}))
+    (root / "settings.json").write_text(json.dumps({"kinds": kinds, "epochs": 1, "batch": 16, "card": "FAKE GPU",
+                                                    "max_new_tokens": 256}))
+    (root / "prepare_report.json").write_text(json.dumps({"train_tokens": 11372416, "conversations": {"train": 5}}))
+    for i, kind in enumerate(kinds):
+        run = root / "runs" / kind
+        run.mkdir(parents=True, exist_ok=True)
+        depth = {"mtp": 3, "medusa": 4}.get(kind, 7)
+        # two calls: steps 1..500 (2 s a step), then 501..1000 (1 s a step); medusa in one call
+        recs = []
+        if kind == "medusa":
+            recs += [{"step": s, "loss": 1.0, "acc": [0.5], "elapsed_s": 1.0 * s} for s in (1, 25, 1000)]
+        else:
+            recs += [{"step": s, "loss": 1.0, "acc": [0.5], "elapsed_s": 2.0 * s} for s in (1, 25, 500)]
+            recs += [{"step": s, "loss": 1.0, "acc": [0.5], "elapsed_s": 1.0 * (s - 500)} for s in (501, 525, 1000)]
+        recs.append({"step": 1000, "eval/acc": [0.7] * depth})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (run / "calls.jsonl").write_text(json.dumps({"wall_s": 540, "step_before": 0, "step_after": 500}) + "\n"
+                                         + json.dumps({"wall_s": 60, "step_before": 500, "step_after": 1000}) + "\n")
+        if kind == "eagle":  # not trained yet, not benched: the table still builds
+            (run / "train_summary.json").unlink(missing_ok=True)
+            continue
+        (run / "train_summary.json").write_text(json.dumps({
+            "steps": 1000, "device": "FAKE GPU", "tokens": 123, "eval/acc": [round(0.8 - 0.02 * k, 4) for k in range(depth)],
+            "eval/chain_acc": [0.8] * depth, "eval/accept_length": 3.0 + i / 10}))
+        (run / "params.json").write_text(json.dumps({"trainable_params": 10_000_000 * (i + 1)}))
+        (root / "bench").mkdir(exist_ok=True)
+        for source in SOURCES:
+            rows = []
+            for b in BATCHES:
+                ar = 1500.0 * b ** 0.8 * (1 + rng.uniform(-0.02, 0.02))
+                tree = ar * (2.5 - i * 0.3) / b ** 0.2
+                rows.append({"method": "ar", "prompts": source, "batch": b, "tokens_per_s": ar,
+                             "mean_accept_length": None})
+                rows.append({"method": f"{kind}-tree", "prompts": source, "batch": b, "tokens_per_s": tree,
+                             "mean_accept_length": 3.5 - i * 0.2, "speedup_vs_ar": tree / ar,
+                             "identical_to_ar": 1.0, "identical_to_ar_b1": 1.0 if b == 1 else 0.75})
+            (root / "bench" / f"{kind}-{source}.json").write_text(json.dumps({"card": "FAKE GPU", "rows": rows}))
+
+
+def selfcheck() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "kinds"
+        fake_root(root)
+        table = write_table(root, Path(tmp) / "out" / "kinds_table")
+        rows = {r["kind"]: r for r in table["rows"]}
+        # 500 steps at 2 s + 500 at 1 s: 1.5 s a step, 1000 steps an epoch
+        assert abs(rows["eagle3"]["loop_s_per_step"] - 1.5) < 1e-9, rows["eagle3"]["loop_s_per_step"]
+        assert abs(rows["eagle3"]["s_per_epoch"] - 1500) < 1e-6
+        assert abs(rows["medusa"]["s_per_epoch"] - 1000) < 1e-6
+        assert rows["mtp"]["gpu_minutes"] == 10.0
+        assert len(rows["mtp"]["heldout_acc"]) == 3 and rows["eagle"]["heldout_acc"] is None
+        assert rows["eagle"]["cells"] == {} and not rows["eagle"]["trained"]
+        assert abs(rows["eagle3"]["cells"]["chat-b1"]["speedup_vs_ar"] - 2.5) < 1e-9
+        assert rows["medusa"]["served_accept_coding"] == 3.5 - 3 * 0.2
+        assert table["ar"]["chat-b1"]["runs"] == 3
+        got = {g["goal"].split()[0]: g["met"] for g in table["goals"]}
+        assert got["mtp"] is True and got["medusa"] is True and got["eagle"] is None, got
+        for ext in (".json", ".md", ".png"):
+            assert (Path(tmp) / "out" / f"kinds_table{ext}").stat().st_size > 0
+    print("selfcheck: ok")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prompts")
+    p.add_argument("--out", required=True)
+    p.add_argument("--per-category", type=int, default=4)
+    p.add_argument("--coding", type=int, default=28)
+    p = sub.add_parser("params")
+    p.add_argument("head")
+    p = sub.add_parser("table")
+    p.add_argument("--root", default="/tmp/kinds")
+    p.add_argument("--out", required=True, help="output prefix: PREFIX.json, .md, .png")
+    sub.add_parser("selfcheck")
+    args = ap.parse_args(argv)
+    if args.cmd == "prompts":
+        print(json.dumps(write_prompts(Path(args.out), args.per_category, args.coding)))
+    elif args.cmd == "params":
+        print(json.dumps(head_params(args.head)))
+    elif args.cmd == "table":
+        write_table(Path(args.root), Path(args.out))
+    else:
+        selfcheck()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
