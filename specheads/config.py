@@ -35,7 +35,8 @@ class HeadSection(_Strict):
     # shape options of the kinds that have them (None: the kind's default)
     num_modules: int | None = Field(None, ge=1, le=16)  # MTP: sequential modules
     num_heads: int | None = Field(None, ge=1, le=16)  # Medusa: heads, one a draft depth
-    num_layers: int | None = Field(None, ge=1, le=8)  # Medusa: residual blocks a head
+    # EAGLE-3: draft decoder layers (default 1); Medusa: residual blocks a head
+    num_layers: int | None = Field(None, ge=1, le=8)
 
     @field_validator("kind")
     @classmethod
@@ -54,7 +55,11 @@ class HeadSection(_Strict):
         from specheads.heads.registry import head_kind, head_kinds  # torch: only where an option is set
 
         def has(kind: str, option: str) -> bool:
-            return option in getattr(head_kind(kind).config, "__dataclass_fields__", {})
+            config = head_kind(kind).config
+            # a config that subclasses another kind's names its own options (MTP's and EAGLE-1's take
+            # EAGLE-3's fields but not its head.num_layers)
+            own = getattr(config, "SHAPE_OPTIONS", None)
+            return option in (own if own is not None else getattr(config, "__dataclass_fields__", {}))
 
         for name, value in given.items():
             if not has(self.kind, name):

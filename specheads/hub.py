@@ -58,6 +58,9 @@ def _exporter(kind: HeadKind, fmt: str):
 def engine_config(head, fmt: str, dtype: torch.dtype, target_name: str | None) -> dict:
     """The config.json that engine `fmt` reads for `head`: its kind's exporter and architecture names."""
     kind = kind_of(head)
+    refused = getattr(head.config, "refused_exports", dict)()  # a shape that engine's loader does not take
+    if fmt in refused:
+        raise HeadKindError(refused[fmt])
     cfg = _exporter(kind, fmt)(head, dtype, target_name)
     cfg["architectures"] = list(kind.hub_architectures[fmt])
     cfg["specheads_kind"] = kind.name
@@ -85,13 +88,13 @@ def export_head(src: str | Path, fmt: str, out: str | Path, dtype: torch.dtype |
     src, out = resolve_head(src), Path(out)
     head = load_head(src)
     kind = kind_of(head)
-    _exporter(kind, fmt)  # an unknown format fails before anything is written
     meta = json.loads((src / META_FILE).read_text()) if (src / META_FILE).is_file() else {}
     dtype = dtype or next(p.dtype for p in head.parameters())
     target_name = json.loads((src / CONFIG_FILE).read_text()).get("specheads_target")
+    config = engine_config(head, fmt, dtype, target_name)  # an unknown or refused format fails before anything is written
     save_head(head, out, dtype, {k: v for k, v in meta.items() if k not in ("kind", "config", "layer_id_convention")},
               target_name=target_name)
-    (out / CONFIG_FILE).write_text(json.dumps(engine_config(head, fmt, dtype, target_name), indent=2) + "\n")
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     if fmt in kind.tensor_exporters:  # that engine's own tensor names: the folder is no longer ours to load
         from safetensors.torch import load_file, save_file
 

@@ -184,7 +184,10 @@ def model_card(cfg, meta: dict, target: str | None, repo_id: str, dtype: str, be
         f"    specheads generate --target {serve_target} --draft {repo_id} --prompt \"Hello\"",
         f"    specheads serve --target {serve_target} --draft {repo_id}", "",
     ]
+    refused = getattr(cfg, "refused_exports", dict)()  # engines whose loader does not take this head's shape
     for fmt, command in kind.launch.items():
+        if fmt in refused:
+            continue
         lines += [f"{ENGINES.get(fmt, fmt)}:", "", "    " + command.format(target=serve_target, folder=repo_id), ""]
     return "\n".join(lines)
 

@@ -18,8 +18,9 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
     and the verify of one step in a single CUDA graph.
 
     Per cache row it keeps the head's own KV cache of committed entries (entry p: the target's
-    captured features at position p and the token at p + 1) and the pending entries of the
-    last step (the accepted path, taken in `commit`), fed at the start of the next step.
+    captured features at position p and the token at p + 1), one buffer a decoder layer
+    ([layers, rows, kv heads, slots, d]), and the pending entries of the last step (the accepted
+    path, taken in `commit`), fed at the start of the next step.
 
     Options: lm_head_int8 (default True) drafts with an int8 copy of the head's lm_head on
     CUDA: it changes which tokens are drafted, never the output (the target verifies)."""
@@ -44,6 +45,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
                 self.num_draft = num_steps
         cfg = head.config
         self.n_kv, self.head_dim = cfg.num_key_value_heads, cfg.head_dim
+        self.n_layers = cfg.num_layers
         self.depth = self.steps
         self.width = self.depth + 1  # pending entries: an accepted path is at most depth + 1 long
 
@@ -60,7 +62,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
     def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
         """What `allocate` takes for these rows (its KV cache and pending features dominate)."""
         room = (self.steps - 1) * self.topk if not self.static else len(self.static)
-        kv = 2 * rows * self.n_kv * (cap + room) * self.head_dim * elem
+        kv = 2 * self.n_layers * rows * self.n_kv * (cap + room) * self.head_dim * elem
         pending = rows * self.width * 3 * self.head.config.target_hidden_size * elem
         return kv + pending + 2 * rows * self.topk * (cap + room)
 
@@ -69,7 +71,8 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         # room after any context bucket (<= cap) for the draft tree's own entries: each depth
         # writes its keys there and attends over [:bucket + entries so far], with no copy
         self.tree_room = (self.steps - 1) * self.topk if not self.static else len(self.static)
-        self.k = torch.zeros(rows, self.n_kv, cap + self.tree_room, self.head_dim, device=device, dtype=dtype)
+        self.k = torch.zeros(self.n_layers, rows, self.n_kv, cap + self.tree_room, self.head_dim, device=device,
+                             dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.committed = torch.zeros(rows, dtype=torch.long, device=device)  # entries in the cache
         self.pending_aux = torch.zeros(rows, self.width, 3 * cfg.target_hidden_size, device=device, dtype=dtype)
@@ -103,6 +106,12 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         tier._allocate_scratch(self.committed.shape[0], self.committed.device)
         return tier
 
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+        for t in self.state():
+            t[dst] = t[src]
+
     def prefill(self, batch: PrefillBatch) -> None:
         """Rows start.. get a prompt each: captured features [k, W, 3H] and the token after each
         position [k, W] (the first generated token after the last), lengths lens [k] (on the
@@ -118,8 +127,8 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
                             ar.expand(k_rows, w),
                             attn_mask=mask[:, None])
         rows = slice(start, start + k_rows)
-        self.k[rows, :, :w] = k
-        self.v[rows, :, :w] = v
+        self.k[:, rows, :, :w] = k.view(self.n_layers, k_rows, self.n_kv, w, self.head_dim)
+        self.v[:, rows, :, :w] = v.view(self.n_layers, k_rows, self.n_kv, w, self.head_dim)
         self.committed[rows] = lens - 1
         last = (lens - 1)[:, None]
         self.pending_aux[rows] = 0
@@ -141,7 +150,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], self.width, kv,
                                                              masks, self.steps)
         out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.project(self.pending_aux[:b]), None,
-                              positions, self.k[:b], self.v[:b], positions, mask[:, None])
+                              positions, self.k[:, :b], self.v[:, :b], positions, mask[:, None])
         return out, last, depth_positions
 
     @staticmethod
@@ -198,7 +207,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         for d in range(1, self.steps):
             mask = masks[(d - 1) % 2]
             out = head.draft_step(front_tok, emb, hidden, rows, positions[:, d - 1: d].expand(b, k),
-                                  self.k[:b], self.v[:b], slots[:, (d - 1) * k: d * k].expand(b, k),
+                                  self.k[:, :b], self.v[:, :b], slots[:, (d - 1) * k: d * k].expand(b, k),
                                   mask[:, None, :, : kv + d * k], inputs=inputs)
             n = k * k
             nxt = head.input_spec(emb, out) if d + 1 < self.steps else None
@@ -231,7 +240,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
             positions = (base - 1 + d)[:, None].expand(b, m)
             slots = torch.arange(length, length + m, device=dev).expand(b, m)
             out = head.draft_step(tokens[:, lv.nodes], self.embed.weight, hidden, lv.parent_slot.expand(b, -1),
-                                  positions, self.k[:b], self.v[:b], slots, mask)
+                                  positions, self.k[:, :b], self.v[:, :b], slots, mask)
             length += m
             hidden[:, 1 + lv.nodes] = out
             ids = head.logits(out).topk(lv.ranks, dim=-1).indices  # [B, m, ranks]

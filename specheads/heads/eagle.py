@@ -52,6 +52,8 @@ class EagleConfig(Eagle3Config):
     """One Llama decoder layer at the target's width, reading the target's final hidden state
     (`target_layer_ids = [target_num_layers]`); `draft_vocab_size` is always the target's vocab."""
 
+    SHAPE_OPTIONS = ()  # no head.* shape option (EAGLE-3's num_layers is not this head's)
+
     @classmethod
     def for_target(cls, target, draft_vocab_size: int | None = None, layer_ids: list[int] | None = None,
                    **overrides):

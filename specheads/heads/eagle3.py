@@ -7,6 +7,11 @@
     logits  = lm_head(norm(h'))                                       over the draft vocab
     next step feeds on h' (pre-norm), not on fc again.
 
+With `num_layers` > 1 the layer above is the first of a stack: each later layer is a plain
+Llama decoder layer on the hidden state (h' = h + o_proj(attn(input_layernorm(h))), then the
+MLP), with its own KV cache, and the last one's output is h'. vLLM loads that stack
+(`layers.{i}.*` beside `midlayer.*`); SGLang does not (see `EXPORT_REFUSALS`).
+
 The token embedding is the target's (frozen, shared, never saved): callers pass embeddings
 (`draft_step` takes token ids and the table).
 Parameter names match the checkpoint layout SGLang and vLLM load (`fc`, `midlayer.*`,
@@ -21,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specheads.heads.kind import HeadKindError
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
 from specheads.kernels.fused import rmsnorm, rope_cache
@@ -48,6 +54,11 @@ class Eagle3Config:
     target_layer_ids: list[int] = field(default_factory=list)
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     target_model_type: str = "llama"
+    num_layers: int = 1  # draft decoder layers: the first fuses [embedding; hidden], later ones are plain Llama layers
+
+    # the run config's head.* shape options this kind takes (kinds whose configs subclass this one set their own)
+    SHAPE_OPTIONS = ("num_layers",)
+    MAX_LAYERS = 8
 
     @classmethod
     def for_target(cls, target, draft_vocab_size: int, layer_ids: list[int] | None = None, **overrides):
@@ -88,11 +99,24 @@ class Eagle3Config:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) \
+                or not 1 <= self.num_layers <= self.MAX_LAYERS:
+            raise ValueError(f"head.num_layers={self.num_layers!r}: an EAGLE-3 head has 1..{self.MAX_LAYERS} draft "
+                             "decoder layers (an integer; 1 is the published EAGLE-3 shape)")
         return self
 
     def fixed_depth(self) -> int | None:
-        """Draft depths fixed by the head's shape (None: one layer unrolled to any depth)."""
+        """Draft depths fixed by the head's shape (None: the layers unrolled to any depth)."""
         return None
+
+    def refused_exports(self) -> dict[str, str]:
+        """Export formats this head's shape cannot be loaded in, with the reason (export and the
+        model card read it)."""
+        if self.num_layers == 1:
+            return {}
+        return {fmt: f"a {self.num_layers}-layer EAGLE-3 head (head.num_layers={self.num_layers}) does not load in "
+                     f"{fmt}: {why}; export it for vllm or speculators (vLLM loads several layers), or train "
+                     "head.num_layers=1" for fmt, why in MULTI_LAYER_REFUSALS.items()}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -127,8 +151,8 @@ class Eagle3Config:
         }
 
     def llama_layer_hf(self) -> dict:
-        """The head's one decoder layer as a one-layer Llama config (the keys both engines read)."""
-        return {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": self.hidden_size,
+        """The head's decoder layers as a Llama config (the keys both engines read)."""
+        return {"model_type": "llama", "num_hidden_layers": self.num_layers, "hidden_size": self.hidden_size,
                 "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_attention_heads,
                 "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim, "hidden_act": "silu",
                 "rms_norm_eps": self.rms_norm_eps, "max_position_embeddings": self.max_position_embeddings,
@@ -183,6 +207,7 @@ class Eagle3Config:
             target_num_layers=n_target,
             target_layer_ids=ids or [1, n_target // 2 - 1, n_target - 4],
             rope_parameters=rope,
+            num_layers=raw.get("num_hidden_layers", 1),
         )
 
     def rope_config(self):
@@ -212,8 +237,25 @@ def head_mismatches(cfg: Eagle3Config, spec) -> list[str]:
 
 
 def weight_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor of a saved head, name -> shape (the names SGLang and vLLM load; no embed_tokens)."""
+    """Every tensor of a saved head, name -> shape (the names SGLang and vLLM load; no embed_tokens).
+    Layers after the first are `layers.{i}.*` (i >= 1), the names vLLM's loader gives them."""
     c = cfg
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    later = {}
+    for i in range(1, c.num_layers):
+        p = f"layers.{i}."
+        later.update({
+            p + "input_layernorm.weight": (c.hidden_size,),
+            p + "hidden_norm.weight": (c.hidden_size,),
+            p + "post_attention_layernorm.weight": (c.hidden_size,),
+            p + "self_attn.q_proj.weight": (q, c.hidden_size),
+            p + "self_attn.k_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.v_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.o_proj.weight": (c.hidden_size, q),
+            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+        })
     return {
         "fc.weight": (c.hidden_size, 3 * c.target_hidden_size),
         "midlayer.input_layernorm.weight": (c.hidden_size,),
@@ -226,6 +268,7 @@ def weight_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
         "midlayer.mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
         "midlayer.mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
         "midlayer.mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+        **later,
         "norm.weight": (c.hidden_size,),
         "lm_head.weight": (c.draft_vocab_size, c.hidden_size),
         "d2t": (c.draft_vocab_size,),
@@ -235,8 +278,30 @@ def weight_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
 
 # Exports for one engine: only the layer-id key that engine reads, in its own convention, so
 # nothing depends on which key an engine version prefers.
+# Why an engine cannot load a head of several decoder layers (read from the loaders' sources):
+# vLLM (vllm/model_executor/models/llama_eagle3.py at 00bd149) builds `layers.0..n-1` from
+# num_hidden_layers, renames `midlayer.` to `layers.0.`, gives layers after the first a qkv over
+# the hidden size and a pre-norm Llama layer (input_layernorm with the residual): it loads ours.
+# Its loader refuses a checkpoint that leaves a parameter unset, and it builds `hidden_norm` in
+# every layer, so later layers carry one (unused, like vLLM's).
+MULTI_LAYER_REFUSALS = {
+    "sglang": ("SGLang's LlamaForCausalLMEagle3 (python/sglang/srt/models/llama_eagle3.py at 03d5a77) runs "
+               "layers after the first as `additional_layers.{i-1}` of BasicDecoderLayer, which norms with "
+               "hidden_norm and drops the residual the layer before returns, so it computes another function "
+               "than this head's plain Llama layers (and its loader skips names it does not know, so "
+               "`layers.{i}.*` would be left random without an error)"),
+}
+
+
+def refuse_multi_layer(cfg: "Eagle3Config", fmt: str) -> None:
+    reason = cfg.refused_exports().get(fmt)
+    if reason:
+        raise HeadKindError(reason)
+
+
 def sglang_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str | None) -> dict:
     """config.json for SGLang: `eagle_config.eagle_aux_hidden_state_layer_ids` = outputs of layers (ours)."""
+    refuse_multi_layer(head.config, "sglang")
     cfg = head.config.to_hf(dtype, target_name)
     del cfg["eagle_aux_hidden_state_layer_ids"]
     return cfg
@@ -285,7 +350,7 @@ def speculators_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str 
         },
         "transformer_layer_config": {
             "model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
             "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
             "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
             "max_position_embeddings": c.max_position_embeddings, "rope_parameters": dict(c.rope_parameters),
@@ -296,7 +361,8 @@ def speculators_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str 
 
 
 def speculators_tensors(tensors: dict, cfg: Eagle3Config) -> dict:
-    """The head's tensors under speculators' names: the layer as `layers.0`; d2t/t2d only with a
+    """The head's tensors under speculators' names: the first layer as `layers.0` (later ones are
+    `layers.{i}` already); d2t/t2d only with a
     draft vocabulary smaller than the target's (vLLM refuses a d2t over the full vocabulary)."""
     out = {}
     for name, t in tensors.items():
@@ -318,8 +384,9 @@ LAUNCH = {  # the command that serves a head folder in each engine
 def card_head(cfg: Eagle3Config, dtype: str) -> list[str]:
     """The model card's rows about the head: shape, draft vocab, and each engine's layer ids."""
     ours = list(cfg.target_layer_ids)
-    return [
-        f"| architecture | `{ARCHITECTURE}`: one decoder layer, hidden size {cfg.hidden_size}, "
+    layers = "one decoder layer" if cfg.num_layers == 1 else f"{cfg.num_layers} decoder layers"
+    rows = [
+        f"| architecture | `{ARCHITECTURE}`: {layers}, hidden size {cfg.hidden_size}, "
         f"{cfg.num_attention_heads} heads, dtype {dtype} |",
         f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens |",
         f"| captured target layers (SGLang) | outputs of layers {ours}: "
@@ -328,13 +395,15 @@ def card_head(cfg: Eagle3Config, dtype: str) -> list[str]:
         "top-level `eagle_aux_hidden_state_layer_ids` (= SGLang ids + 1) |",
         "", "Both keys are in `config.json`; each engine reads its own, and they name the same hidden states.",
     ]
+    if cfg.num_layers > 1:
+        rows += ["", f"Several draft layers: vLLM loads this head; SGLang does not ({MULTI_LAYER_REFUSALS['sglang']})."]
+    return rows
 
 
 class Eagle3Attention(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
+    def __init__(self, cfg: Eagle3Config, d_in: int):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        d_in = 2 * cfg.hidden_size
         self.q_proj = nn.Linear(d_in, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(d_in, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(d_in, self.n_kv * self.head_dim, bias=False)
@@ -350,11 +419,13 @@ class Eagle3Attention(nn.Module):
 
 
 class Eagle3Layer(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
+    """The first draft layer: attention over [input_layernorm(embedding); hidden_norm(hidden)]."""
+
+    def __init__(self, cfg: Eagle3Config, d_in: int | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Eagle3Attention(cfg)
+        self.self_attn = Eagle3Attention(cfg, d_in or 2 * cfg.hidden_size)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
@@ -366,6 +437,18 @@ class Eagle3Layer(nn.Module):
         b, _, t, _ = attn_out.shape
         h = residual + self.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3DecoderLayer(Eagle3Layer):
+    """A draft layer after the first: a plain Llama decoder layer on the hidden state. Its
+    `hidden_norm` is unused; it is there because vLLM builds one in every layer and refuses a
+    checkpoint that leaves a parameter unset."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__(cfg, d_in=cfg.hidden_size)
+
+    def attn_input(self, embeds, hidden):
+        return self.input_layernorm(hidden)
 
 
 # Drafting's own launch settings (the head's weights meet these kernels only while drafting, at
@@ -392,6 +475,8 @@ class Eagle3Head(nn.Module):
         self.config = cfg.validate()
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(cfg)
+        # layers 1.. as `layers.{i}` (vLLM's names for them); empty for the one-layer head
+        self.layers = nn.ModuleDict({str(i): Eagle3DecoderLayer(cfg) for i in range(1, cfg.num_layers)})
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
@@ -413,13 +498,18 @@ class Eagle3Head(nn.Module):
         SmolLM2's head on an H200: draft 0.271 -> 0.234 ms a step, acceptance 4.38 -> 4.40.
         False keeps the bf16 weight."""
         if not self.fused:
-            attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
-            attn.qkv_weight, _ = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
-            mlp.gate_up_weight, _ = fuse_linears([mlp.gate_proj, mlp.up_proj])
+            for layer in self.decoder_layers():
+                attn, mlp = layer.self_attn, layer.mlp
+                attn.qkv_weight, _ = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+                mlp.gate_up_weight, _ = fuse_linears([mlp.gate_proj, mlp.up_proj])
             self.fused = True
         self._target_ids = self.target_rows()  # draft id -> target id in one lookup while drafting
         self._lm_int8 = quantize_rows(self.lm_head.weight) if lm_head_int8 else None
         return self
+
+    def decoder_layers(self) -> list[Eagle3Layer]:
+        """The draft layers in order: midlayer, then layers 1.."""
+        return [self.midlayer, *self.layers.values()]
 
     def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
@@ -476,43 +566,74 @@ class Eagle3Head(nn.Module):
         """One forward over new tokens, attending to cached keys/values plus themselves
         (training and the prompt's feed; drafting runs `draft_step`).
 
-        embeds, hidden [B, T, H]; k_cache/v_cache [B, kv_heads, S, D] from earlier tokens;
-        attn_mask bool [B, 1, T, S + T]. Returns (new hidden, k, v) with this step's k/v.
-        Without a cache or mask: causal over T."""
-        if self.fused:
-            return self._fused_step(embeds, hidden, position_ids, k_cache, v_cache, attn_mask)
-        cos, sin = self.rotary(position_ids, embeds.dtype)
-        x = self.midlayer.attn_input(embeds, hidden)
-        q, k, v = self.midlayer.self_attn.qkv(x, cos, sin)
-        return self.midlayer.finish(self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
+        embeds, hidden [B, T, H]; k_cache/v_cache [B, kv_heads, S, D] from earlier tokens
+        ([layers, B, kv_heads, S, D] with several layers); attn_mask bool [B, 1, T, S + T].
+        Returns (new hidden, k, v) with this step's k/v (stacked over the layers where there are
+        several). Without a cache or mask: causal over T."""
+        caches = _per_layer(k_cache, v_cache, self.config.num_layers)
+        ks, vs = [], []
+        for i, layer in enumerate(self.decoder_layers()):
+            kc, vc = caches[i]
+            if self.fused:
+                hidden, k, v = self._fused_step(layer, i, embeds, hidden, position_ids, kc, vc, attn_mask)
+            else:
+                cos, sin = self.rotary(position_ids, embeds.dtype)
+                q, k, v = layer.self_attn.qkv(layer.attn_input(embeds, hidden), cos, sin)
+                hidden = layer.finish(self._attend(q, k, v, kc, vc, attn_mask), hidden)
+            ks.append(k)
+            vs.append(v)
+        if len(ks) == 1:
+            return hidden, ks[0], vs[0]
+        return hidden, torch.stack(ks), torch.stack(vs)
 
     def draft_step(self, tokens, embed_weight, hidden, rows, position_ids, k_cache, v_cache, slots, attn_mask,
                    inputs=None):
         """One draft depth over a KV buffer, in place: token ids [B, T] are embedded with the
         target's table; node t's hidden input is hidden[b, rows[b, t]] (rows None: hidden is
         [B, T, H] itself); its k/v are written at `slots` [B, T] of k_cache/v_cache
-        [B, kv_heads, S, D]; it attends to entries [:W] under attn_mask bool [B, 1, T, W].
-        inputs: the layer input and gathered hidden rows (head_input's result) where the caller
-        made them already (draft.topk_expand's next_input). Returns the new hidden [B, T, H]."""
+        [B, kv_heads, S, D] ([layers, B, kv_heads, S, D] with several layers: each layer's keys at
+        the same slots of its own buffer); it attends to entries [:W] under attn_mask bool
+        [B, 1, T, W]. inputs: the first layer's input and gathered hidden rows (head_input's
+        result) where the caller made them already (draft.topk_expand's next_input). Returns the
+        new hidden [B, T, H]."""
         layer, cfg = self.midlayer, self.config
-        attn = layer.self_attn
         ln, hn = layer.input_layernorm, layer.hidden_norm
         b, t = tokens.shape
-        n_kv, d = cfg.num_key_value_heads, cfg.head_dim
-        span = attn_mask.shape[-1]
+        caches = _per_layer(k_cache, v_cache, cfg.num_layers)
         if not self.fused:  # the torch modules, op by op (the reference of the fused path)
             x, hid = head_input_reference(tokens, embed_weight, hidden, rows, ln.weight, ln.eps, hn.weight, hn.eps)
+        else:
+            x, hid = inputs or head_input(tokens, embed_weight, hidden, rows, ln.weight, ln.eps, hn.weight, hn.eps)
+        hid = self._draft_layer(layer, x, hid, position_ids, *caches[0], slots, attn_mask)
+        for i, later in enumerate(self.layers.values(), start=1):
+            x = later.input_layernorm(hid) if not self.fused else None  # fused: the norm runs inside the qkv kernel
+            hid = self._draft_layer(later, x, hid, position_ids, *caches[i], slots, attn_mask)
+        return hid
+
+    def _draft_layer(self, layer, x, residual, position_ids, k_cache, v_cache, slots, attn_mask):
+        """One layer of a draft depth over its KV buffer: x is the layer's attention input (None for a
+        later layer on the fused kernels: input_layernorm(residual) inside the qkv projection)."""
+        cfg = self.config
+        attn = layer.self_attn
+        b, t = slots.shape
+        n_kv, d = cfg.num_key_value_heads, cfg.head_dim
+        span = attn_mask.shape[-1]
+        if not self.fused:
             cos, sin = self.rotary(position_ids, x.dtype)
             q, k, v = attn.qkv(x, cos, sin)
             idx = slots[:, None, :, None].expand(b, n_kv, t, d)
             k_cache.scatter_(2, idx, k)
             v_cache.scatter_(2, idx, v)
-            return layer.finish(tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask), hid)
-        x, hid = inputs or head_input(tokens, embed_weight, hidden, rows, ln.weight, ln.eps, hn.weight, hn.eps)
-        q = rope_cache(linear(x, attn.qkv_weight, tile=_draft_tile(x)), self.rotary.cos, self.rotary.sin, position_ids,
-                       k_cache, v_cache, slots, cfg.num_attention_heads, n_kv, d)
+            return layer.finish(tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask), residual)
+        if x is None:
+            ln = layer.input_layernorm
+            qkv = linear(residual, attn.qkv_weight, norm_weight=ln.weight, eps=ln.eps, tile=_draft_tile(residual))
+        else:
+            qkv = linear(x, attn.qkv_weight, tile=_draft_tile(x))
+        q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache, slots,
+                       cfg.num_attention_heads, n_kv, d)
         out = tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask, chunk=DRAFT_ATTN_CHUNK)
-        return self._fused_finish(out, hid)
+        return self._fused_finish(layer, out, residual)
 
     def _attend(self, q, k, v, k_cache, v_cache, attn_mask):
         """This step's queries over the cached keys/values plus this step's; causal without either."""
@@ -523,27 +644,42 @@ class Eagle3Head(nn.Module):
         values = v if v_cache is None else torch.cat([v_cache, v], dim=2)
         return tree_attention(q, keys, values, attn_mask)  # the torch reference off the GPU
 
-    def _fused_step(self, embeds, hidden, position_ids, k_cache, v_cache, attn_mask):
-        """`step` on the fused kernels; the same numbers (each op rounds where the eager one does)."""
-        layer, cfg = self.midlayer, self.config
+    def _fused_step(self, layer, index, embeds, hidden, position_ids, k_cache, v_cache, attn_mask):
+        """One layer of `step` on the fused kernels; the same numbers (each op rounds where the eager
+        one does)."""
+        cfg = self.config
         b, t, _ = embeds.shape
         n_kv, d = cfg.num_key_value_heads, cfg.head_dim
-        x = torch.cat([rmsnorm(embeds, layer.input_layernorm.weight, layer.input_layernorm.eps)[0],
-                       rmsnorm(hidden, layer.hidden_norm.weight, layer.hidden_norm.eps)[0]], dim=-1)
+        if index == 0:
+            x = torch.cat([rmsnorm(embeds, layer.input_layernorm.weight, layer.input_layernorm.eps)[0],
+                           rmsnorm(hidden, layer.hidden_norm.weight, layer.hidden_norm.eps)[0]], dim=-1)
+        else:
+            x = rmsnorm(hidden, layer.input_layernorm.weight, layer.input_layernorm.eps)[0]
         k = torch.empty(b, n_kv, t, d, dtype=embeds.dtype, device=embeds.device)
         v = torch.empty_like(k)
         slots = torch.arange(t, device=embeds.device).expand(b, t)
         q = rope_cache(linear(x, layer.self_attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k, v,
                        slots, cfg.num_attention_heads, n_kv, d)
-        return self._fused_finish(self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
+        return self._fused_finish(layer, self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
 
-    def _fused_finish(self, attn_out, residual):
+    def _fused_finish(self, layer, attn_out, residual):
         """Layer.finish on the fused kernels: o_proj onto the residual, norm + gate_up + silu,
         down_proj onto the residual (kernels/linear.py)."""
-        layer = self.midlayer
         b, _, t, _ = attn_out.shape
         ln = layer.post_attention_layernorm
         o_in = attn_out.transpose(1, 2).reshape(b, t, -1)
         h = linear(o_in, layer.self_attn.o_proj.weight, residual=residual, tile=_draft_tile(o_in))
         act = linear(h, layer.mlp.gate_up_weight, norm_weight=ln.weight, eps=ln.eps, silu=True)
         return linear(act, layer.mlp.down_proj.weight, residual=h)
+
+
+def _per_layer(k_cache, v_cache, num_layers: int) -> list[tuple]:
+    """(k, v) cache of each layer: None, one layer's [B, kv, S, D], or [layers, B, kv, S, D]."""
+    if k_cache is None:
+        return [(None, None)] * num_layers
+    if k_cache.dim() == 4:
+        if num_layers != 1:
+            raise ValueError(f"a {num_layers}-layer head needs a KV cache [layers, B, kv_heads, S, D], got "
+                             f"{tuple(k_cache.shape)}")
+        return [(k_cache, v_cache)]
+    return [(k_cache[i], v_cache[i]) for i in range(num_layers)]

@@ -37,6 +37,7 @@ TITLE = "MTP"
 @dataclass
 class MTPConfig(Eagle3Config):
     num_modules: int = 3
+    SHAPE_OPTIONS = ("num_modules",)
 
     @classmethod
     def for_target(cls, target, draft_vocab_size: int, layer_ids: list[int] | None = None, **overrides):

@@ -531,6 +531,10 @@ class Trainer:
         if saved is None:
             return
         now = self.head.config.to_dict()
+        try:  # fields added since the checkpoint was written compare at their defaults
+            saved = type(self.head.config).from_dict(saved).to_dict()
+        except TypeError:  # fields removed since: compare as saved
+            pass
         diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         if diff:
             detail = ", ".join(f"{k}: checkpoint {a} vs now {b}" for k, (a, b) in diff.items())
@@ -697,6 +701,12 @@ def train(cfg: RunConfig) -> dict:
     return Trainer(cfg).run()
 
 
+def _shape_options_of(head_cfg) -> list[str]:
+    """The run config's head.* shape options a head's config takes (its own list where it names one)."""
+    own = getattr(head_cfg, "SHAPE_OPTIONS", None)
+    return [n for n in SHAPE_OPTIONS if (n in own if own is not None else hasattr(head_cfg, n))]
+
+
 def evaluate_head(head_dir: str, data_dir: str, target: str | None = None, rows: int = 256, batch_size: int = 8,
                   ttt_steps: int = 7) -> dict:
     """A trained head's held-out figures (the training report's eval/* keys) on a prepared
@@ -708,7 +718,7 @@ def evaluate_head(head_dir: str, data_dir: str, target: str | None = None, rows:
     cfg = load_config(None, ["train.deepspeed=null", f"train.ttt_steps={ttt_steps}"], **{
         "head.kind": head.kind, "data.path": data_dir, "data.eval_max_rows": rows, "train.batch_size": batch_size,
         "target.layer_ids": list(head.config.target_layer_ids), "output_dir": str(Path(head_dir) / ".eval"),
-        **{f"head.{name}": getattr(head.config, name) for name in SHAPE_OPTIONS if hasattr(head.config, name)},
+        **{f"head.{name}": getattr(head.config, name) for name in _shape_options_of(head.config)},
         **({"target.path": target} if target else {})})
     t = Trainer(cfg)
     t.setup()

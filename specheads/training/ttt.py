@@ -39,23 +39,25 @@ def ttt_mask(t: int, step: int, device) -> torch.Tensor:
 
 def ttt_unroll(head, embed, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """The EAGLE-3 head's unroll (its registry entry's `unroll`): the head's output hidden
-    (pre-norm) of each step, [B, T, H] each."""
+    (pre-norm, after its last decoder layer) of each step, [B, T, H] each. Each decoder layer
+    keeps its own keys and values over the steps, as each has its own KV cache when drafting."""
     b, t = input_ids.shape
     max_pos = head.rotary.max_positions - 1
     hidden = head.fc(aux_hidden)
-    attn = head.midlayer.self_attn
+    layers = head.decoder_layers()
     base = torch.arange(t, device=input_ids.device)
-    keys, values, outputs = [], [], []
+    keys, values = [[] for _ in layers], [[] for _ in layers]
+    outputs = []
     for k in range(steps):
-        embeds = embed(shift_left(input_ids, 1 + k))
+        embeds = embed(shift_left(input_ids, 1 + k)).to(hidden.dtype)
         cos, sin = head.rotary((base + k).clamp(max=max_pos).expand(b, t), hidden.dtype)
-        x = head.midlayer.attn_input(embeds.to(hidden.dtype), hidden)
-        q, key, value = attn.qkv(x, cos, sin)
-        keys.append(key)
-        values.append(value)
         mask = ttt_mask(t, k, input_ids.device)[None, None]
-        out = gqa_attention(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
-        hidden = head.midlayer.finish(out, hidden)
+        for i, layer in enumerate(layers):
+            q, key, value = layer.self_attn.qkv(layer.attn_input(embeds, hidden), cos, sin)
+            keys[i].append(key)
+            values[i].append(value)
+            out = gqa_attention(q, torch.cat(keys[i], 2), torch.cat(values[i], 2), mask)
+            hidden = layer.finish(out, hidden)
         outputs.append(hidden)
     return outputs
 

@@ -427,3 +427,18 @@ def test_final_head_that_overflows_the_export_dtype_is_not_saved(tmp_path, tiny_
                            "train.export_dtype=float16"))
     assert not (tmp_path / "final").exists()
     assert not (tmp_path / "checkpoints" / "step_2").exists()
+
+
+def test_a_two_layer_eagle3_head_trains_and_saves_both_layers(tmp_path, tiny_target_dir, small_prepared_dir):
+    cfg = train_config(tiny_target_dir, small_prepared_dir, tmp_path, "train.max_steps=12", "train.lr=3e-3",
+                       "train.ttt_steps=2", "head.num_layers=2")
+    train(cfg)
+    rows = train_records(tmp_path / "metrics.jsonl")
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    meta = json.loads((tmp_path / "final" / "specheads.json").read_text())
+    assert meta["config"]["num_layers"] == 2
+    assert any(k.startswith("layers.1.") for k in _final_state(tmp_path))
+    # fine-tuning it keeps its shape; asking for another one is refused
+    with pytest.raises(TrainingError, match=r"head.num_layers=1, the head has 2"):
+        train(train_config(tiny_target_dir, small_prepared_dir, tmp_path / "again", "train.max_steps=1",
+                           f"train.init_from={tmp_path / 'final'}", "head.num_layers=1"))

@@ -1,0 +1,93 @@
+"""EAGLE-3 heads of several decoder layers (head.num_layers) on the engine: greedy output equals
+plain decoding (chain, dynamic and static tree, batch 1 and 3, eager torch and the Triton draft
+kernels under the interpreter), the unroll the trainer runs is what the drafter computes, and rows
+move with every layer's cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specheads.runtime.engine import SpecEngine
+from specheads.runtime.sampling import SamplingParams
+from tests.kernels.interpret import interpret_triton, needs_triton
+from tests.runtime.spec_helpers import make_target, random_prompts, run_joining, train_head
+
+VOCAB = 64
+TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
+PROMPTS = TRAIN[:6]
+NEW = 30
+TREES = {"chain": dict(num_steps=3, topk=1), "tree": dict(num_steps=3, topk=3, num_draft_tokens=8),
+         "static": dict(static_tree="0;1;0,0;0,1;1,0;0,0,0")}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, vocab=VOCAB, max_positions=128)
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    return train_head(target, TRAIN, num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    params = SamplingParams(max_new_tokens=NEW)
+    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(PROMPTS, params)]
+
+
+def test_the_head_has_two_layers_each_with_its_own_cache(target, head):
+    assert head.config.num_layers == 2 and len(head.decoder_layers()) == 2
+    assert head.layers["1"].self_attn.q_proj.weight.shape[1] == head.config.hidden_size  # a plain Llama layer
+    engine = SpecEngine(target, head, max_len=64, max_batch=3, **TREES["tree"])
+    engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2))
+    assert engine.drafter.k.shape[0] == 2 and engine.drafter.k.shape[1] >= 3  # [layers, rows, ...]
+
+
+@pytest.mark.parametrize("shape", list(TREES))
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_greedy_output_equals_ar(target, head, reference, shape, max_batch):
+    engine = SpecEngine(target, head, max_len=64, max_batch=max_batch, **TREES[shape])
+    results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
+    assert [r.token_ids for r in results] == reference
+    steps = sum(r.steps for r in results)
+    accepted = sum(r.accepted_tokens for r in results)
+    assert accepted / steps > 0.5, "the trained head should draft well on what it was trained on"
+
+
+@needs_triton
+def test_greedy_output_equals_ar_on_the_triton_draft_kernels(target, head, reference, monkeypatch):
+    interpret_triton(monkeypatch)
+    engine = SpecEngine(target, head, max_len=64, max_batch=3, **TREES["tree"])
+    results = engine.generate(PROMPTS[:3], SamplingParams(max_new_tokens=12))
+    assert [r.token_ids for r in results] == [r[:12] for r in reference[:3]]
+
+
+def test_rows_move_with_every_layers_cache(target, head, reference):
+    engine = SpecEngine(target, head, max_len=64, max_batch=3, **TREES["tree"])
+    budgets = [3, NEW, 7, NEW, 1, NEW]
+    assert run_joining(engine, PROMPTS, budgets) == [ref[:n] for ref, n in zip(reference, budgets)]
+
+
+def test_the_unroll_is_what_the_drafter_computes(target, head):
+    """The trainer's unroll at step 0 and step 1 equals the head's `step` over the same inputs with
+    each layer attending to its own earlier keys (what the drafter's per-layer caches hold)."""
+    from specheads.training.ttt import shift_left, ttt_unroll
+
+    ids = torch.tensor([PROMPTS[3]])
+    t = ids.shape[1]
+    out = target(ids, capture_layers=head.config.target_layer_ids, return_logits=False)
+    steps = ttt_unroll(head, target.embed_tokens, ids, out.aux_hidden, 2)
+    pos = torch.arange(t)[None]
+    h0, k0, v0 = head.step(target.embed_tokens(shift_left(ids, 1)), head.project(out.aux_hidden), pos)
+    assert k0.shape[0] == 2  # one key block a layer
+    torch.testing.assert_close(h0, steps[0])
+    # step 1, row r: the step-0 keys of rows <= r (causal) plus its own step-1 key
+    for r in range(t - 2):
+        mask = torch.zeros(1, 1, 1, t + 1, dtype=torch.bool)
+        mask[..., : r + 1] = True
+        mask[..., t] = True
+        emb = target.embed_tokens(ids[:, r + 2: r + 3])
+        h1, _, _ = head.step(emb, h0[:, r: r + 1], pos[:, r: r + 1] + 1, k0, v0, mask)
+        torch.testing.assert_close(h1[0, 0], steps[1][0, r], atol=1e-4, rtol=1e-4)  # two attention orders
