@@ -208,11 +208,18 @@ def check_forward(g) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bit_check")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="kernel tuning fields to check instead of the defaults (integers), e.g. "
+                         "attention_tree_many_batch=1 attention_tree_subtiles=4")
     args = ap.parse_args()
+    if args.set:
+        from specheads.kernels import tuning
+
+        tuning.use(tuning.active().replace(**{k: int(v) for k, v in (item.split("=") for item in args.set)}))
     g = torch.Generator().manual_seed(0)
     gc = torch.Generator(device="cuda").manual_seed(0)
     rows = check_linear(gc) + check_small_kernels(gc) + check_attention(gc, g) + check_forward(g)
-    report = {"card": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows,
+    report = {"card": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "set": args.set, "rows": rows,
               "all_same": all(r["same"] for r in rows)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,11 @@ def row_independent_dots(monkeypatch) -> None:
     from triton.runtime import interpreter
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        rows = np.stack([np.matmul(a.data[i], b.data, dtype=d.data.dtype) for i in range(a.data.shape[0])])
+        if a.data.ndim == 3:  # a batch of dots, each a row at a time
+            rows = np.stack([np.stack([np.matmul(a.data[z, i], b.data[z], dtype=d.data.dtype)
+                                       for i in range(a.data.shape[1])]) for z in range(a.data.shape[0])])
+        else:
+            rows = np.stack([np.matmul(a.data[i], b.data, dtype=d.data.dtype) for i in range(a.data.shape[0])])
         return interpreter.TensorHandle(rows + d.data, d.dtype.scalar)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)

@@ -55,8 +55,13 @@ def step_launches():
             parents = torch.tensor([[-1, 0, 0], [-1, 0, 1]])
             depth = torch.tensor([[0, 1, 1], [0, 1, 2]])
             tree = (torch.tensor([250, 260]), ancestors_reference(parents, 2), depth)
+            from specheads.kernels import tuning
+
             for split in (True, False):
                 attention.causal_attention(q, k, k, tree[0][:, None] + depth, tree=tree, split=split)
+                for sub in (2, 4):  # a batch of trees in stacked dot blocks (Speed.attention_tree_subtiles)
+                    with tuning.using(tuning.active().replace(attention_tree_many_batch=1, attention_tree_subtiles=sub)):
+                        attention.causal_attention(q, k, k, tree[0][:, None] + depth, tree=tree, split=split)
                 attention.causal_attention(q, k, k, torch.tensor([[5, 6, 7], [280, 281, 282]]), window=64, split=split)
     finally:
         mp.undo()
