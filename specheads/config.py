@@ -23,8 +23,30 @@ class TargetSection(_Strict):
     layer_ids: list[int] | None = None
 
 
+class DataSource(_Strict):
+    """One source of a data mix (specheads.data.mix): sharegpt, chitchat, or jsonl with a path."""
+
+    name: str = "sharegpt"
+    ratio: float = Field(1.0, gt=0)  # the mix's ratios are normalised
+    path: str | None = None  # jsonl sources: a local .json, .jsonl or .parquet file
+
+    @model_validator(mode="after")
+    def _known(self):
+        from specheads.data.mix import SOURCES
+
+        if self.name not in SOURCES:
+            raise ValueError(f"unknown data source {self.name!r}; known: {', '.join(SOURCES)}")
+        if (self.name == "jsonl") != (self.path is not None):
+            raise ValueError("a jsonl source needs a path" if self.name == "jsonl" else
+                             f"{self.name} is a packaged source and takes no path (use name: jsonl)")
+        return self
+
+
 class DataSection(_Strict):
     path: str = "prepared/smollm2"  # a folder written by `specheads prepare`
+    # what `specheads prepare --config` draws conversations from, by ratio (the default: ShareGPT alone)
+    sources: list[DataSource] = Field(default_factory=lambda: [DataSource()], min_length=1)
+    mix_seed: int = 0  # which conversations a mix draws, and their order
     max_length: int | None = Field(None, ge=16)  # cut sequences at train time (None: as prepared)
     eval_max_rows: int = Field(256, ge=0)
 

