@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The head-kinds comparison of issues 23 and 24, across device calls (each at most 10 min): prepare
+# the data once from the saved regeneration, train every kind of KINDS on it alone on one GPU
+# (the same data, epochs and batch for all), benchmark each with scripts/bench.py (ar and
+# KIND-tree, batch 1 and 8, chat and coding prompts of the evaluation suite's test split), then
+# one table (gpu_runs/kinds_table.py). Every call does what is left and stops itself before
+# BUDGET seconds; training resumes from its last checkpoint (the trainer saves one on SIGTERM).
+#   calls 1 + 2: stage.sh a / b (gpu_runs/README.md); then, back to back, carrying .dev/regen:
+#   bash gpu_runs/kinds_pipeline.sh      (repeat until it prints "kinds: table ready")
+# Each call returns $OUT/kinds.tgz (every kind's calls, curves, summary, bench files and logs, the
+# table once made) and, at the end, $OUT/kinds_table.{json,md,png}. Everything else stays in
+# $ROOT (/tmp: lost once the machine goes cold; the next call then starts again from staging).
+# Kinds share the GPUs: kind i runs on GPU i mod NGPU, one after another where fewer GPUs.
+# Env: BUDGET (s, default 550), KINDS ("eagle3 mtp eagle medusa"), EPOCHS (1), BATCH (16 conversations
+#      an optimizer step, one process a kind), ROOT (/tmp/kinds), REGEN (.dev/regen), NGPU (all; 0 = CPU),
+#      PREPARE_ARGS (--cut-loops 32, as the current head's data), TRAIN_ARGS (extra --set ... for every
+#      kind), CHAT_PER_CATEGORY (4), CODING (28), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
+#      BENCH_NEED (s a bench of one prompt set needs to start, 200), PY (python3).
+set -uo pipefail
+_target=${TARGET:-}
+source gpu_runs/env.sh
+[ -n "$_target" ] && TARGET=$_target  # a target given outside (the CPU dry run) wins over env.sh's
+T0=$SECONDS
+BUDGET=${BUDGET:-550}
+KINDS=${KINDS:-eagle3 mtp eagle medusa}
+EPOCHS=${EPOCHS:-1}
+BATCH=${BATCH:-16}
+ROOT=${ROOT:-/tmp/kinds}
+REGEN=${REGEN:-.dev/regen}
+PY=${PY:-python3}
+PREPARE_ARGS=${PREPARE_ARGS---cut-loops 32}
+TRAIN_ARGS=${TRAIN_ARGS:-}
+BENCH_ARGS=${BENCH_ARGS:-}
+BENCH_NEED=${BENCH_NEED:-200}
+if [ -z "${NGPU:-}" ]; then NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); fi
+DATA=$ROOT/prepared
+left() { echo $(( BUDGET - (SECONDS - T0) )); }
+mkdir -p $ROOT/runs $ROOT/bench $ROOT/logs $OUT
+CARD=cpu
+[ "$NGPU" -gt 0 ] && CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "kinds: $CARD x $NGPU; kinds $KINDS; $EPOCHS epoch(s), batch $BATCH ($(left) s left)"
+
+# the carried wheels (stage.sh a copies them to /tmp/stage/whl; stage.sh c would install them)
+if ! $PY -c "import pydantic, datasets, gguf" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/stage/whl/*.whl \
+    && echo "kinds: wheels installed"
+fi
+
+# ---------------------------------------------------------------- data, once
+if [ ! -f $DATA/prepare_report.json ]; then
+  ls $REGEN/part* >/dev/null 2>&1 || { echo "kinds: no $REGEN/part* (carry .dev/regen)"; exit 1; }
+  cat $REGEN/part* > $ROOT/regenerated.jsonl.gz
+  echo "kinds: prepare from the saved regeneration ($(left) s left)"
+  timeout -s TERM -k 20 $(( $(left) - 60 )) $PY -m specheads.cli prepare --target $TARGET --output $DATA \
+    --data $ROOT/regenerated.jsonl.gz $PREPARE_ARGS > $ROOT/logs/prepare.log 2>&1
+  grep -v -E "it/s\]|conv/s\]|turn/s\]|s/turn\]|^frame #" $ROOT/logs/prepare.log | tail -15
+  [ -f $DATA/prepare_report.json ] || { echo "kinds: prepare to be continued"; exit 0; }
+  cp $DATA/prepare_report.json $ROOT/
+fi
+if [ ! -f $ROOT/prompts/prompts.json ]; then
+  $PY gpu_runs/kinds_table.py prompts --out $ROOT/prompts --per-category ${CHAT_PER_CATEGORY:-4} --coding ${CODING:-28}
+fi
+cat > $ROOT/settings.json <<EOF
+{"kinds": [$(printf '"%s",' $KINDS | sed 's/,$//')], "epochs": $EPOCHS, "batch": $BATCH, "card": "$CARD",
+ "max_new_tokens": 256, "commit": "$(git rev-parse --short HEAD 2>/dev/null || echo ?)",
+ "prepare_args": "$PREPARE_ARGS", "train_args": "$TRAIN_ARGS", "bench_args": "$BENCH_ARGS"}
+EOF
+
+last_step() {  # the newest finished checkpoint's step (0 if none)
+  ls -d $1/checkpoints/step_* 2>/dev/null | sed 's/.*step_//' | grep -E '^[0-9]+$' | sort -n | tail -1 | grep . || echo 0
+}
+
+# ---------------------------------------------------------------- one kind: train (resuming), then bench
+kind_job() {
+  local kind=$1 run=$ROOT/runs/$1 t s0 rc l src
+  if [ ! -f $run/final/model.safetensors ]; then
+    l=$(left)
+    [ $l -lt 120 ] && { echo "kinds: $kind trains next call"; return; }
+    s0=$(last_step $run); t=$SECONDS
+    echo "kinds: $kind trains from step $s0 ($l s left)"
+    # SIGTERM 45 s before the end: the trainer finishes its step, saves a checkpoint and exits
+    timeout -s TERM -k 30 $(( l - 45 )) $PY train/train.py --config configs/smollm2-135m-eagle3.yaml \
+      --target $TARGET --data $DATA --output-dir $run --set head.kind=$kind \
+      --set train.batch_size=$BATCH --set train.epochs=$EPOCHS --set train.deepspeed=null \
+      --set train.save_every=200 --set train.eval_every=100000 --set train.log_every=25 $TRAIN_ARGS \
+      >> $ROOT/logs/$kind.train.log 2>&1
+    rc=$?
+    echo "{\"wall_s\": $(( SECONDS - t )), \"step_before\": $s0, \"step_after\": $(last_step $run), \"rc\": $rc, \"finished\": $([ -f $run/final/model.safetensors ] && echo true || echo false), \"device\": \"$CARD\"}" >> $run/calls.jsonl
+    tail -1 $run/calls.jsonl | sed "s/^/kinds: $kind call: /"
+    [ -f $run/final/model.safetensors ] || { echo "kinds: $kind training to be continued (rc $rc)"; return; }
+  fi
+  [ -f $run/params.json ] || $PY gpu_runs/kinds_table.py params $run/final > $run/params.json
+  for src in chat coding; do
+    [ -f $ROOT/bench/$kind-$src.json ] && continue
+    l=$(left)
+    [ $l -lt $BENCH_NEED ] && { echo "kinds: $kind bench on $src next call"; return; }
+    echo "kinds: $kind bench on $src ($l s left)"
+    # a bench cut short leaves no file under the final name: the next call runs it again
+    timeout -s TERM -k 10 $(( l - 15 )) $PY scripts/bench.py --target $TARGET --draft $run/final \
+      --methods ar $kind-tree --batch-sizes 1 8 --speculation-policy fixed --peers --num-prompts 64 \
+      --prompts $ROOT/prompts/$src.json --out $ROOT/bench/.$kind-$src $BENCH_ARGS >> $ROOT/logs/$kind.bench.log 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then
+      mv $ROOT/bench/.$kind-$src.json $ROOT/bench/$kind-$src.json
+      mv $ROOT/bench/.$kind-$src.png $ROOT/bench/$kind-$src.png 2>/dev/null
+    else
+      echo "kinds: $kind bench on $src failed or cut (rc $rc)"; tail -5 $ROOT/logs/$kind.bench.log; return
+    fi
+  done
+  echo "kinds: $kind done"
+}
+
+slot_jobs() {  # the kinds of slot $1, one after another, on GPU $1 (or the CPU)
+  local slot=$1 i=0 kind
+  for kind in $KINDS; do
+    if [ $(( i % SLOTS )) -eq $slot ]; then
+      if [ "$NGPU" -gt 0 ]; then CUDA_VISIBLE_DEVICES=$slot kind_job $kind; else kind_job $kind; fi
+    fi
+    i=$(( i + 1 ))
+  done
+}
+
+SLOTS=$(( NGPU > 0 ? NGPU : 1 ))
+pids=()
+for slot in $(seq 0 $(( SLOTS - 1 ))); do
+  slot_jobs $slot > $ROOT/logs/slot$slot.txt 2>&1 &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait $p; done
+cat $ROOT/logs/slot*.txt
+for kind in $KINDS; do
+  echo "--- $kind: $(grep -E "Error|resumed from|stopped by signal|simulated chain acceptance|final head" \
+    $ROOT/logs/$kind.train.log 2>/dev/null | tail -3 | tr '\n' ' ' | cut -c1-500)"
+done
+
+# ---------------------------------------------------------------- the table, once every kind is benched
+all=1
+for kind in $KINDS; do
+  for src in chat coding; do [ -f $ROOT/bench/$kind-$src.json ] || all=0; done
+done
+if [ $all -eq 1 ] || [ "${TABLE_ANYWAY:-0}" = 1 ]; then
+  $PY gpu_runs/kinds_table.py table --root $ROOT --out $ROOT/kinds_table && cp $ROOT/kinds_table.{json,md,png} $OUT/
+fi
+# what comes back each call (small files only: no weights, no checkpoints)
+tar -czf $OUT/kinds.tgz -C $ROOT --exclude=checkpoints --exclude=final --exclude=prepared --exclude=regenerated.jsonl.gz \
+  --exclude='*.safetensors' --exclude='hidden_cache' .
+ls -la $OUT
+if [ $all -eq 1 ]; then echo "kinds: table ready"; else echo "kinds: to be continued"; fi
