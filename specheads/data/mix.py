@@ -7,7 +7,8 @@ conversations in all (None: as many as every source can give at its ratio), each
 by largest remainder; a source with fewer conversations than its share gives all it has, and
 the report says so. Conversation ids get the source's label in front (`name:` or `name#i:`
 where a name repeats), so ids of different sources never collide and the realised mix can be
-counted after tokenization.
+counted after tokenization. Each source is read whole to draw from it, so the prepare
+report's skip counts cover every row read, drawn or not.
 """
 
 from __future__ import annotations
