@@ -15,7 +15,9 @@
 #      an optimizer step, one process a kind), ROOT (/tmp/kinds), REGEN (.dev/regen), NGPU (all; 0 = CPU),
 #      PREPARE_ARGS (--cut-loops 32, as the current head's data), TRAIN_ARGS (extra --set ... for every
 #      kind), CHAT_PER_CATEGORY (4), CODING (28), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
-#      BENCH_NEED (s a bench of one prompt set needs to start, 200), PY (python3).
+#      BENCH_NEED (s a bench of one prompt set needs to start, 200), PY (python3), ARGS_<kind> (extra
+#      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; the default shapes otherwise:
+#      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6).
 set -uo pipefail
 _target=${TARGET:-}
 source gpu_runs/env.sh
@@ -40,10 +42,13 @@ CARD=cpu
 [ "$NGPU" -gt 0 ] && CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "kinds: $CARD x $NGPU; kinds $KINDS; $EPOCHS epoch(s), batch $BATCH ($(left) s left)"
 
-# the carried wheels (stage.sh a copies them to /tmp/stage/whl; stage.sh c would install them)
+# the wheels (pydantic, datasets, gguf, ...): carried here as .whl, or copied to /tmp/stage/whl by stage.sh a
 if ! $PY -c "import pydantic, datasets, gguf" 2>/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/stage/whl/*.whl \
-    && echo "kinds: wheels installed"
+  for w in .whl /tmp/stage/whl; do
+    ls $w/*.whl >/dev/null 2>&1 || continue
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $w/*.whl \
+      && echo "kinds: wheels of $w installed" && break
+  done
 fi
 
 # ---------------------------------------------------------------- data, once
@@ -63,7 +68,8 @@ fi
 cat > $ROOT/settings.json <<EOF
 {"kinds": [$(printf '"%s",' $KINDS | sed 's/,$//')], "epochs": $EPOCHS, "batch": $BATCH, "card": "$CARD",
  "max_new_tokens": 256, "commit": "$(git rev-parse --short HEAD 2>/dev/null || echo ?)",
- "prepare_args": "$PREPARE_ARGS", "train_args": "$TRAIN_ARGS", "bench_args": "$BENCH_ARGS"}
+ "prepare_args": "$PREPARE_ARGS", "train_args": "$TRAIN_ARGS", "bench_args": "$BENCH_ARGS",
+ "kind_args": {$(for k in $KINDS; do v=ARGS_$k; printf '"%s": "%s",' $k "${!v:-}"; done | sed 's/,$//')}}
 EOF
 
 last_step() {  # the newest finished checkpoint's step (0 if none)
@@ -72,7 +78,7 @@ last_step() {  # the newest finished checkpoint's step (0 if none)
 
 # ---------------------------------------------------------------- one kind: train (resuming), then bench
 kind_job() {
-  local kind=$1 run=$ROOT/runs/$1 t s0 rc l src
+  local kind=$1 run=$ROOT/runs/$1 t s0 rc l src extra=ARGS_$1
   if [ ! -f $run/final/model.safetensors ]; then
     l=$(left)
     [ $l -lt 120 ] && { echo "kinds: $kind trains next call"; return; }
@@ -82,7 +88,7 @@ kind_job() {
     timeout -s TERM -k 30 $(( l - 45 )) $PY train/train.py --config configs/smollm2-135m-eagle3.yaml \
       --target $TARGET --data $DATA --output-dir $run --set head.kind=$kind \
       --set train.batch_size=$BATCH --set train.epochs=$EPOCHS --set train.deepspeed=null \
-      --set train.save_every=200 --set train.eval_every=100000 --set train.log_every=25 $TRAIN_ARGS \
+      --set train.save_every=200 --set train.eval_every=100000 --set train.log_every=25 $TRAIN_ARGS ${!extra:-} \
       >> $ROOT/logs/$kind.train.log 2>&1
     rc=$?
     echo "{\"wall_s\": $(( SECONDS - t )), \"step_before\": $s0, \"step_after\": $(last_step $run), \"rc\": $rc, \"finished\": $([ -f $run/final/model.safetensors ] && echo true || echo false), \"device\": \"$CARD\"}" >> $run/calls.jsonl

@@ -216,14 +216,18 @@ def markdown(table: dict) -> str:
                 same.append(fmt(c.get("identical_to_ar_b1"), ".0%"))
         served = f"{fmt(r['served_accept_chat'], '.2f')} / {fmt(r['served_accept_coding'], '.2f')}"
         params = fmt(r["trainable_params"] / 1e6 if r["trainable_params"] else None, ".1f")
-        lines.append(f"| {r['kind']} | {params} | {fmt(r['s_per_epoch'], '.0f')} | {fmt(r['gpu_minutes'], '.1f')} "
+        shape = r.get("shape") or {}
+        label = r["kind"] + (f" ({shape['num_modules']} modules)" if r["kind"] == "mtp" and "num_modules" in shape else
+                             f" ({shape['num_heads']} heads)" if "num_heads" in shape else "")
+        lines.append(f"| {label} | {params} | {fmt(r['s_per_epoch'], '.0f')} | {fmt(r['gpu_minutes'], '.1f')} "
                      f"| {acc} | {fmt(r['sim_accept'], '.2f')} | {served} | " + " | ".join(cells)
                      + f" | {'/'.join(same)} |")
     s = table["settings"]
     notes = [f"\n{s.get('card', '?')}, bf16, greedy; each kind trained alone on one GPU ({s.get('epochs')} epoch(s), "
-             f"batch {s.get('batch')} conversations, lr {s.get('lr', 'of the config')}, ttt_steps 7) on the same "
+             f"batch {s.get('batch')} conversations, configs/smollm2-135m-eagle3.yaml's lr and ttt_steps) on the same "
              f"prepared data ({table['data'].get('train_tokens')} train tokens); `scripts/bench.py --methods ar KIND-tree "
-             f"--speculation-policy fixed --max-new-tokens {s.get('max_new_tokens', 256)}` on "
+             f"--speculation-policy fixed --max-new-tokens {s.get('max_new_tokens', 256)}` (tree 6,4,15, its depth capped "
+             f"at the head's: mtp's modules, medusa's heads) on "
              f"{(table['prompts'] or {}).get('chat', '?')} chat and {(table['prompts'] or {}).get('coding', '?')} "
              "coding prompts of the evaluation suite's test split, each kind against its own ar run on its GPU."]
     for g in table["goals"]:
@@ -300,7 +304,8 @@ def fake_root(root: Path) -> None:
         (run / "train_summary.json").write_text(json.dumps({
             "steps": 1000, "device": "FAKE GPU", "tokens": 123, "eval/acc": [round(0.8 - 0.02 * k, 4) for k in range(depth)],
             "eval/chain_acc": [0.8] * depth, "eval/accept_length": 3.0 + i / 10}))
-        (run / "params.json").write_text(json.dumps({"trainable_params": 10_000_000 * (i + 1)}))
+        (run / "params.json").write_text(json.dumps({"trainable_params": 10_000_000 * (i + 1),
+                                                     "shape": {"num_modules": 3} if kind == "mtp" else {}}))
         (root / "bench").mkdir(exist_ok=True)
         for source in SOURCES:
             rows = []
