@@ -91,3 +91,14 @@ def test_the_unroll_is_what_the_drafter_computes(target, head):
         emb = target.embed_tokens(ids[:, r + 2: r + 3])
         h1, _, _ = head.step(emb, h0[:, r: r + 1], pos[:, r: r + 1] + 1, k0, v0, mask)
         torch.testing.assert_close(h1[0, 0], steps[1][0, r], atol=1e-4, rtol=1e-4)  # two attention orders
+
+
+def test_the_tiers_of_the_adaptive_policy_share_every_layers_cache(target, head, reference):
+    """A smaller tier drafts over the full tree's per-layer caches (same buffers, its own scratch)."""
+    from tests.runtime.test_tiers import run
+
+    engine = SpecEngine(target, head, max_len=64, max_batch=3, speculation_policy="adaptive",
+                        speculation_tiers="1,1,1;2,1,2;3,2,5", num_steps=4, topk=3, num_draft_tokens=8)
+    tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 3)
+    assert tokens == reference
+    assert len({t for steps in trees for t, _ in steps}) >= 2  # more than one tree size ran
