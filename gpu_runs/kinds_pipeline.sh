@@ -127,6 +127,8 @@ slot_jobs() {  # the kinds of slot $1, one after another, on GPU $1 (or the CPU)
 }
 
 SLOTS=$(( NGPU > 0 ? NGPU : 1 ))
+# the kinds share the host's cores: a kind's bench (batch-1 timing is host-bound) beside others' training
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / SLOTS > 0 ? $(nproc) / SLOTS : 1 ))}
 pids=()
 for slot in $(seq 0 $(( SLOTS - 1 ))); do
   slot_jobs $slot > $ROOT/logs/slot$slot.txt 2>&1 &
