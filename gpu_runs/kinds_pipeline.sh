@@ -15,7 +15,7 @@
 #      an optimizer step, one process a kind), ROOT (/tmp/kinds), REGEN (.dev/regen), NGPU (all; 0 = CPU),
 #      PREPARE_ARGS (--cut-loops 32, as the current head's data), TRAIN_ARGS (extra --set ... for every
 #      kind), CHAT_PER_CATEGORY (4), CODING (28), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
-#      BENCH_NEED (s a bench of one prompt set needs to start, 200), PY (python3), ARGS_<kind> (extra
+#      BENCH_NEED (s left that a bench of one prompt set needs to start, 150), PY (python3), ARGS_<kind> (extra
 #      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; the default shapes otherwise:
 #      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6).
 set -uo pipefail
@@ -33,7 +33,7 @@ PY=${PY:-python3}
 PREPARE_ARGS=${PREPARE_ARGS---cut-loops 32}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 BENCH_ARGS=${BENCH_ARGS:-}
-BENCH_NEED=${BENCH_NEED:-200}
+BENCH_NEED=${BENCH_NEED:-150}
 if [ -z "${NGPU:-}" ]; then NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); fi
 DATA=$ROOT/prepared
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
