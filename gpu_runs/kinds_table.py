@@ -41,16 +41,16 @@ MTP_WITHIN_EAGLE3 = 0.10  # issue 23: mtp's speedup within 10% of eagle3's
 
 # ------------------------------------------------------------------ prompts
 def write_prompts(out: Path, per_category: int, coding: int) -> dict:
-    from specheads.evaluation.suite import CHAT_CATEGORIES, load_suite
+    from specheads.evaluation.suite import CHAT_CATEGORIES, single_turn_texts
 
-    by_cat = {c: [p.turns[0] for p in load_suite("test", [c]) if len(p.turns) == 1] for c in CHAT_CATEGORIES}
-    chat = [by_cat[c][i] for i in range(per_category) for c in CHAT_CATEGORIES if i < len(by_cat[c])]
-    code = [p.turns[0] for p in load_suite("test", ["coding"]) if len(p.turns) == 1][:coding]
+    chat = single_turn_texts("test", CHAT_CATEGORIES, per_category * len(CHAT_CATEGORIES))  # categories in turn
+    code = single_turn_texts("test", ["coding"], coding)
     out.mkdir(parents=True, exist_ok=True)
     (out / "chat.json").write_text(json.dumps(chat, indent=1))
     (out / "coding.json").write_text(json.dumps(code, indent=1))
     counts = {"chat": len(chat), "coding": len(code),
-              "chat_categories": [c for c in CHAT_CATEGORIES if by_cat[c]], "per_category": per_category}
+              "chat_categories": [c for c in CHAT_CATEGORIES if single_turn_texts("test", [c], 1)],
+              "per_category": per_category}
     (out / "prompts.json").write_text(json.dumps(counts, indent=1))
     return counts
 

@@ -340,10 +340,9 @@ def main() -> None:
         elif source == "coding":
             texts = CODING_PROMPTS[: args.num_prompts]
         elif source.startswith("suite:"):
-            from specheads.evaluation.suite import load_suite
+            from specheads.evaluation.suite import single_turn_texts
 
-            suite = [p for p in load_suite("test", source[len("suite:"):].split(",")) if len(p.turns) == 1]
-            texts = [p.turns[0] for p in suite][: args.num_prompts]
+            texts = single_turn_texts("test", source[len("suite:"):].split(","), args.num_prompts)
             source = "suite-" + source[len("suite:"):].replace(",", "+")
         elif source.endswith(".json"):  # a list of prompt texts (e.g. held-out ShareGPT turns saved elsewhere)
             texts = json.loads(Path(source).read_text())[: args.num_prompts]

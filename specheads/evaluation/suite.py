@@ -12,6 +12,7 @@ import gzip
 import json
 import re
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 SUITE_FILE = Path(__file__).parent / "data" / "suite.jsonl.gz"
@@ -58,6 +59,16 @@ def load_suite(split: str = "test", categories=None, path: Path | None = None) -
             out.append(EvalPrompt(r["id"], r["category"], r["split"], tuple(r["turns"]), r["source"], r["license"],
                                   {k: v for k, v in r.items() if k not in core}))
     return out
+
+
+def single_turn_texts(split: str, categories, n: int | None = None) -> list[str]:
+    """The first turns of the single-turn prompts of these categories, the categories taken in
+    turn (a cut of n is then spread over them, not the first category's alone)."""
+    cats = list(categories)
+    prompts = [p for p in load_suite(split, cats) if len(p.turns) == 1]
+    by_cat = [[p.turns[0] for p in prompts if p.category == c] for c in cats]
+    texts = [t for group in zip_longest(*by_cat) for t in group if t is not None]
+    return texts if n is None else texts[:n]
 
 
 _WORD = re.compile(r"[a-z0-9]+")

@@ -440,8 +440,10 @@ class Trainer:
         self.check_head_finite(f"the checkpoint of step {step}")
         tag = f"step_{step}"
         final = self.ckpt_dir / tag
+        wall, tokens = self._so_far()
         client_state = {"step": step, "head_config": self.head.config.to_dict(),
-                        "nonfinite_steps_skipped": self.nonfinite_skipped}
+                        "nonfinite_steps_skipped": self.nonfinite_skipped,
+                        "train_wall_s": wall, "tokens_seen": tokens}  # a resumed run's summary counts them
         if self.engine is not None:
             if self.is_main:  # a leftover folder of that step (an abandoned run) must not mix into this one
                 shutil.rmtree(final, ignore_errors=True)
@@ -476,6 +478,16 @@ class Trainer:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
+
+    def _so_far(self) -> tuple[float, int]:
+        """Training seconds and this rank's tokens over the whole run, the calls before a resume
+        included (the loop in progress up to now)."""
+        wall = getattr(self, "_wall_before", 0.0)
+        tokens = getattr(self, "_tokens_before", 0)
+        if getattr(self, "_t_start", None) is not None:
+            wall += time.time() - self._t_start
+            tokens += self._tokens_seen
+        return wall, tokens
 
     def intact_checkpoint(self) -> Path | None:
         """The newest checkpoint whose files match its manifest. Rank 0 verifies and sets aside the
@@ -513,6 +525,8 @@ class Trainer:
             _, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=ckpt.name)
             step = int(client["step"])
             self.nonfinite_skipped = int(client.get("nonfinite_steps_skipped", 0))
+            self._wall_before = float(client.get("train_wall_s", 0.0))
+            self._tokens_before = int(client.get("tokens_seen", 0))
         else:
             state = load_state(ckpt / "state.pt", map_location=self.device)
             self.check_resumable(ckpt, state.get("head_config"))
@@ -522,6 +536,8 @@ class Trainer:
             torch.set_rng_state(state["rng"].cpu())
             step = int(state["step"])
             self.nonfinite_skipped = int(state.get("nonfinite_steps_skipped", 0))
+            self._wall_before = float(state.get("train_wall_s", 0.0))
+            self._tokens_before = int(state.get("tokens_seen", 0))
         self.last_checkpoint = ckpt
         self.log(f"resumed from {ckpt} at step {step}")
         return step
@@ -574,8 +590,7 @@ class Trainer:
             self.log(f"stopped by signal {stop.signum} after step {stopped_at}/{self.total_steps}; checkpoint "
                      f"saved in {self.ckpt_dir}: run the same command again to resume")
             return {"stopped_at_step": stopped_at, "steps": self.total_steps}
-        wall = time.time() - self._t_start
-        tokens_seen = self._tokens_seen
+        wall, tokens_seen = self._so_far()  # over every call of a resumed run
         export_dtype = getattr(torch, cfg.train.export_dtype)
         self.check_head_finite(f"the final head ({self.out / 'final'})", export_dtype)
         last_eval = self.evaluate() if self.is_main else {}

@@ -73,3 +73,12 @@ def test_loop_share():
     share = loop_share(fresh + block + block)
     assert share == pytest.approx(80 / 130)
     assert loop_share([5] * 10) == 0.0  # shorter than the n-gram
+
+
+def test_single_turn_texts_take_the_categories_in_turn():
+    from specheads.evaluation.suite import load_suite, single_turn_texts
+
+    texts = single_turn_texts("test", ["writing", "coding"], 6)
+    cat = {p.turns[0]: p.category for p in load_suite("test", ["writing", "coding"])}
+    assert [cat[t] for t in texts] == ["writing", "coding"] * 3
+    assert len(single_turn_texts("test", ["coding"])) >= 64

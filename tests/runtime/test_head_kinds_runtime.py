@@ -1,6 +1,7 @@
-"""The MTP, Medusa and EAGLE-1 heads on the engine: greedy output equals plain decoding (chain and
-tree, batch 1 and 4, eager torch and the Triton draft kernels under the interpreter), seeded
-sampling gives the target's own tokens, rows move with their drafter state. (EAGLE-3: test_engine.py.)"""
+"""The MTP, Medusa and EAGLE-1 heads and a two-layer EAGLE-3 head on the engine: greedy output
+equals plain decoding (chain and tree, batch 1 and 4, eager torch and the Triton draft kernels
+under the interpreter), seeded sampling gives the target's own tokens, rows move with their
+drafter state (every layer's cache). (One-layer EAGLE-3: test_engine.py.)"""
 
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ def target():
     return make_target(seed=0, vocab=VOCAB, max_positions=128)
 
 
-KINDS = {"mtp": dict(num_modules=3), "medusa": dict(num_heads=3, steps=100), "eagle": dict()}
+KINDS = {"mtp": dict(kind="mtp", num_modules=3), "medusa": dict(kind="medusa", num_heads=3, steps=100),
+         "eagle": dict(kind="eagle"), "eagle3-2-layers": dict(kind="eagle3", num_layers=2)}
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
 def head(target, request):
-    return train_head(target, TRAIN, kind=request.param, **KINDS[request.param])
+    return train_head(target, TRAIN, **KINDS[request.param])
 
 
 @pytest.fixture(scope="module")

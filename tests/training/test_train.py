@@ -102,10 +102,12 @@ def test_sigterm_saves_a_checkpoint_and_the_same_command_resumes(tmp_path, tiny_
     assert not (run / "final").exists()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone after the run
     monkeypatch.setattr(Trainer, "micro_step", real_step)
-    train(train_config(tiny_target_dir, prepared_dir, run, *args))
+    resumed_summary = train(train_config(tiny_target_dir, prepared_dir, run, *args))
     assert "at step 2" in capsys.readouterr().out
     straight = tmp_path / "straight"
-    train(train_config(tiny_target_dir, prepared_dir, straight, *args))
+    straight_summary = train(train_config(tiny_target_dir, prepared_dir, straight, *args))
+    # the summary counts the tokens of both calls (steps 1-2 before the signal, 3-4 after)
+    assert resumed_summary["tokens"] == straight_summary["tokens"] > 0
     resumed, reference = _final_state(run), _final_state(straight)
     for k in reference:
         torch.testing.assert_close(resumed[k], reference[k], atol=1e-5, rtol=0, msg=k)
