@@ -96,6 +96,16 @@ def _layers(ours: list[torch.Tensor], hf: list[torch.Tensor]) -> list[dict]:
     return stats
 
 
+def _float32_and_64(model, run, ids, device, f64: bool):
+    """run(model, ids, device) over every prompt in float32, then (f64) with the model in float64
+    (converted in place: the caller drops it after)."""
+    out32 = [run(model, i, device) for i in ids]
+    if not f64:
+        return out32, None
+    model = model.double()
+    return out32, [run(model, i, device) for i in ids]
+
+
 @torch.no_grad()
 def _run_hf(model, ids: list[int], device) -> tuple[torch.Tensor, list[torch.Tensor]]:
     x = torch.tensor([ids], device=device)
@@ -138,11 +148,7 @@ def parity(gguf: Path, label: str, device: str, f64: bool) -> dict:
     res["hf_load_s"] = round(time.perf_counter() - t0, 1)
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
-    hf32 = [_run_hf(hf, i, device) for i in ids]
-    hf64 = None
-    if f64:
-        hf = hf.double()
-        hf64 = [_run_hf(hf, i, device) for i in ids]
+    hf32, hf64 = _float32_and_64(hf, _run_hf, ids, device, f64)
     del hf
     free()
 
@@ -155,11 +161,7 @@ def parity(gguf: Path, label: str, device: str, f64: bool) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = False  # load_target's configure_torch_backends turns it on
     ours_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     res["same_token_ids_as_transformers_tokenizer"] = ours_ids == ids
-    ours32 = [_run_ours(model, i, device) for i in ids]
-    ours64 = None
-    if f64:
-        model = model.double()
-        ours64 = [_run_ours(model, i, device) for i in ids]
+    ours32, ours64 = _float32_and_64(model, _run_ours, ids, device, f64)
     del model
     free()
 
