@@ -37,10 +37,12 @@ from specheads.runtime.tree import Tree
 class Eagle1Drafter(HeadCacheRows, Drafter):
     abilities = Abilities(on_device=True, trees=True, tiers=True)
 
-    def __init__(self, head, embed, num_steps: int = 5, topk: int = 4, num_draft_tokens: int | None = 16):
+    def __init__(self, head, embed, num_steps: int = 5, topk: int = 4, num_draft_tokens: int | None = 16,
+                 lm_head_int8: bool = True):
         if num_steps < 1 or topk < 1:
             raise DrafterError(f"an EAGLE-1 head drafts num_steps >= 1 deep with topk >= 1 (got {num_steps}, {topk})")
         self.head, self.embed = head, embed
+        self.lm_head_int8 = lm_head_int8
         cfg = head.config
         self.needs = Needs(capture_layers=tuple(cfg.target_layer_ids))
         self.depth = self.steps = num_steps
@@ -53,12 +55,15 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
 
     @classmethod
     def from_setup(cls, setup: DraftSetup) -> "Eagle1Drafter":
-        check_head_setup(setup)  # lm_head_int8 is accepted and does not apply: the lm_head is the target's
+        check_head_setup(setup)
         setup.head.attach_target(setup.target)
-        return cls(setup.head, setup.target.embed_tokens, setup.num_steps, setup.topk, setup.num_draft_tokens)
+        return cls(setup.head, setup.target.embed_tokens, setup.num_steps, setup.topk, setup.num_draft_tokens,
+                   **setup.options)
 
     def prepare(self, device) -> None:
-        self.head.fuse_for_inference()
+        """On CUDA: the fused kernels, and (lm_head_int8, default True) an int8 copy of the
+        target's lm_head for the draft logits (drafts only: the target verifies every token)."""
+        self.head.fuse_for_inference(lm_head_int8=self.lm_head_int8)
 
     # ................................................................. state
     def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
@@ -94,17 +99,8 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         """The head over entries [b, T] (token ids, features [b, T, H]) at `positions`: their keys
         written at `slots` [b, T] of rows [:b]'s cache, attention over its first S columns under
         mask [b, 1, T, S]. Returns the predicted features [b, T, H]."""
-        b, t = tokens.shape
-        k_cache, v_cache = self.k[:b], self.v[:b]
-        span = mask.shape[-1]
-
-        def attend(q, k, v):
-            idx = slots[:, None, :, None].expand(b, self.n_kv, t, self.head_dim)
-            k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-            v_cache.scatter_(2, idx, v.to(v_cache.dtype))
-            return gqa_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], mask)
-
-        return self.head(self.embed(tokens), features.to(self.k.dtype), positions, attend)
+        b = tokens.shape[0]
+        return self.head.draft(tokens, self.embed.weight, features, positions, self.k[:b], self.v[:b], slots, mask)
 
     # ................................................................. the step
     def prefill(self, batch: PrefillBatch) -> None:

@@ -25,15 +25,16 @@ from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
 from specheads.drafters.common import CandidatePool, check_head_setup, tier_copy
 from specheads.kernels.draft import topk_expand
-from specheads.modules import gqa_attention
 from specheads.runtime.tree import Tree
 
 
 class MTPDrafter(Drafter):
     abilities = Abilities(on_device=True, trees=True, tiers=True)
 
-    def __init__(self, head, embed, num_steps: int = 3, topk: int = 1, num_draft_tokens: int | None = None):
+    def __init__(self, head, embed, num_steps: int = 3, topk: int = 1, num_draft_tokens: int | None = None,
+                 lm_head_int8: bool = True):
         self.head, self.embed = head, embed
+        self.lm_head_int8 = lm_head_int8
         cfg = head.config
         self.modules = cfg.num_modules
         self.depth = self.steps = min(num_steps, self.modules)
@@ -48,10 +49,12 @@ class MTPDrafter(Drafter):
     @classmethod
     def from_setup(cls, setup: DraftSetup) -> "MTPDrafter":
         check_head_setup(setup)
-        return cls(setup.head, setup.target.embed_tokens, setup.num_steps, setup.topk, setup.num_draft_tokens)
+        return cls(setup.head, setup.target.embed_tokens, setup.num_steps, setup.topk, setup.num_draft_tokens,
+                   **setup.options)
 
     def prepare(self, device) -> None:
-        self.head.fuse_for_inference()
+        """On CUDA: the fused kernels, and (lm_head_int8, default True) the draft lm_head in int8."""
+        self.head.fuse_for_inference(lm_head_int8=self.lm_head_int8)
 
     # ................................................................. state
     def _room(self) -> int:
@@ -100,18 +103,7 @@ class MTPDrafter(Drafter):
     def _run(self, d, tokens, hidden, positions, k_cache, v_cache, slots, mask):
         """Module d over queries [b, T] at `positions`: their keys written at `slots` of the
         module's cache (first b rows), attention over the cache's columns under mask [b, 1, T, S]."""
-        head = self.head
-        b = tokens.shape[0]
-        cos, sin = head.rotary(positions, hidden.dtype)
-
-        def attend(q, k, v):
-            idx = slots[:, None, :, None].expand(b, self.n_kv, slots.shape[1], self.head_dim)
-            k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-            v_cache.scatter_(2, idx, v.to(v_cache.dtype))
-            width = mask.shape[-1]
-            return gqa_attention(q, k_cache[:, :, :width], v_cache[:, :, :width], mask)
-
-        return head.layers[d](self.embed(tokens), hidden, cos, sin, attend)
+        return self.head.draft(d, tokens, self.embed.weight, hidden, positions, k_cache, v_cache, slots, mask)
 
     def _ring_write(self, rows: slice, positions, valid, feats, tokens_next) -> None:
         """Features at `positions` [k, n] and the token after each, into the rows' rings
@@ -193,7 +185,7 @@ class MTPDrafter(Drafter):
         cols = torch.arange(width, device=dev)
         target_ids = head.target_ids()
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)
-        logits = head.logits(parent_out).float()  # [b, 1, Vd]
+        logits = head.logits(parent_out)  # [b, 1, Vd]
         front_tok, front_score, parent, front_pool = topk_expand(
             logits, self.pool.zero_score[:b], self.pool.no_parent[:b], k, target_ids, pool_tok[:, :k], pool_score[:, :k],
             pool_parent[:, :k], 0, None, None, kv, 0)[:4]
@@ -208,7 +200,7 @@ class MTPDrafter(Drafter):
             out = self._run(d, front_tok, hidden, pos, self.k[d, :b], self.v[d, :b], slots, mask)
             n = k * k
             front_tok, front_score, parent, front_pool = topk_expand(
-                head.logits(out).float(), front_score, front_pool, k, target_ids,
+                head.logits(out), front_score, front_pool, k, target_ids,
                 pool_tok[:, off: off + n], pool_score[:, off: off + n], pool_parent[:, off: off + n], off,
                 None, None, kv, 0)[:4]
             hidden = out.gather(1, parent[:, :, None].expand(-1, -1, out.shape[-1]))

@@ -38,6 +38,9 @@ from torch import nn
 
 from specheads.heads.draft_vocab import one_feature_mismatches
 from specheads.heads.eagle3 import Eagle3Config
+from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, layer_over_cache
+from specheads.kernels.fused import embedding
+from specheads.kernels.linear import linear, quantize_rows
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
 
 TITLE = "EAGLE-1"
@@ -202,6 +205,8 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList([EagleLayer(cfg)])
         inv_freq, scaling = rope_inv_freq(cfg.rope_config())
         self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
+        self.fused = False
+        self._lm_int8 = None  # (int8 rows, scales) of the target's lm_head while fused with lm_head_int8
 
     # ............................................................ the target's lm_head
     def attach_target(self, target) -> "EagleHead":
@@ -238,8 +243,36 @@ class EagleHead(nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids
 
-    def fuse_for_inference(self, lm_head_int8: bool = False) -> "EagleHead":
-        return self  # drafts on the torch modules (inside the step's CUDA graph all the same)
+    def fuse_for_inference(self, lm_head_int8: bool = True) -> "EagleHead":
+        """Drafting on the fused kernels (heads/fused_layer.py), as the EAGLE-3 head: fused q/k/v
+        and gate/up weights (views), one kernel per projection with its norm or residual inside.
+        lm_head_int8 (default True): the target's lm_head read out in an int8 copy with a float32
+        scale a row, half the bytes a draft depth streams; it changes drafts only, never the output.
+        Call after the head and the target are on their device and dtype (`attach_target` first)."""
+        fuse_layer(self.layers[0])
+        self.fused = True
+        self._lm_int8 = quantize_rows(self.lm_head_weight()) if lm_head_int8 else None
+        return self
+
+    def draft(self, tokens, embed_weight, features, positions, k_cache, v_cache, slots, attn_mask) -> torch.Tensor:
+        """Drafting entries [B, T] (token ids, features [B, T, H]) at `positions`: their keys and values
+        written at `slots` [B, T] of k_cache / v_cache [B, kv_heads, S, D], attention over columns [:W]
+        under attn_mask bool [B, 1, T, W]. Returns the predicted features [B, T, H]."""
+        b, t = tokens.shape
+        features = features.to(k_cache.dtype)
+        if not self.fused:  # the torch modules (the reference of the fused path)
+            def attend(q, k, v):
+                idx = slots[:, None, :, None].expand(b, k.shape[1], t, k.shape[-1])
+                k_cache.scatter_(2, idx, k.to(k_cache.dtype))
+                v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+                span = attn_mask.shape[-1]
+                return gqa_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask)
+
+            return self(F.embedding(tokens, embed_weight), features, positions, attend)
+        x = linear(torch.cat([embedding(tokens, embed_weight).to(features.dtype), features], -1), self.fc.weight,
+                   tile=draft_tile(features))
+        return layer_over_cache(self.layers[0], x, x, self.rotary, positions, k_cache, v_cache, slots, attn_mask,
+                                self.config.num_attention_heads)
 
     # ............................................................ the head
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor, attend) -> torch.Tensor:
@@ -250,6 +283,8 @@ class EagleHead(nn.Module):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's lm_head over predicted features (no norm: they are post-norm features already)."""
+        if self.fused:
+            return draft_logits(features, self.lm_head_weight(features.dtype), self._lm_int8)
         return F.linear(features, self.lm_head_weight(features.dtype))
 
     def readout(self, features: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

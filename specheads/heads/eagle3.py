@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.heads.kind import HeadKindError
+from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, layer_finish, layer_over_cache
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
 from specheads.kernels.fused import rmsnorm, rope_cache
 from specheads.kernels.linear import linear, quantize_rows
-from specheads.modules import (GatedMLP, RMSNorm, RotaryTable, apply_rotary, fuse_linears, repeat_kv,
-                               rope_inv_freq)
+from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, repeat_kv, rope_inv_freq
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # what SGLang and vLLM load an EAGLE-3 head folder as
 
@@ -451,22 +451,6 @@ class Eagle3DecoderLayer(Eagle3Layer):
         return self.input_layernorm(hidden)
 
 
-# Drafting's own launch settings (the head's weights meet these kernels only while drafting, at
-# a few rows, so they need not match the target's; H200, gpu_runs/verify_kernels.py):
-# the lm_head at 8 rows over a 32k x 576 weight takes 7.6 us in 256-column tiles against 9.5 us
-# with the rule's 128; the attention takes 64 keys a program (4.4 vs 5.5 us at 8 query rows).
-DRAFT_LM_TILE = (256, 64, 8, 3)
-DRAFT_ATTN_CHUNK = 64
-# qkv, o_proj and fc at a draft depth's few rows (<= 16): 128-key steps and 2 warps, 4 rows, PDL on:
-# qkv 3.43 -> 3.22 us, o_proj 2.50 -> 2.32, fc (7 rows) 4.73 -> 4.35; gate_up and down keep the
-# rule's (verify_kernels.py --head-tiles, H200). Prefills (many rows) keep the rule's tiles.
-DRAFT_TILE = (16, 128, 2, 3)
-
-
-def _draft_tile(x: torch.Tensor):
-    return DRAFT_TILE if x.numel() <= 16 * x.shape[-1] else None
-
-
 class Eagle3Head(nn.Module):
     kind = "eagle3"
 
@@ -499,9 +483,7 @@ class Eagle3Head(nn.Module):
         False keeps the bf16 weight."""
         if not self.fused:
             for layer in self.decoder_layers():
-                attn, mlp = layer.self_attn, layer.mlp
-                attn.qkv_weight, _ = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
-                mlp.gate_up_weight, _ = fuse_linears([mlp.gate_proj, mlp.up_proj])
+                fuse_layer(layer)
             self.fused = True
         self._target_ids = self.target_rows()  # draft id -> target id in one lookup while drafting
         self._lm_int8 = quantize_rows(self.lm_head.weight) if lm_head_int8 else None
@@ -535,12 +517,7 @@ class Eagle3Head(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            if self._lm_int8 is not None:
-                q, scale = self._lm_int8
-                return linear(hidden, q, norm_weight=self.norm.weight, eps=self.norm.eps, tile=DRAFT_LM_TILE,
-                              weight_scale=scale)
-            return linear(hidden, self.lm_head.weight, norm_weight=self.norm.weight, eps=self.norm.eps,
-                          tile=DRAFT_LM_TILE)
+            return draft_logits(hidden, self.lm_head.weight, self._lm_int8, self.norm)
         return self.lm_head(self.norm(hidden))
 
     def readout(self, hidden: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -559,7 +536,7 @@ class Eagle3Head(nn.Module):
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's captured features [.., 3 H_target] -> the layer's hidden input [.., H]."""
         if self.fused:
-            return linear(aux, self.fc.weight, tile=_draft_tile(aux))
+            return linear(aux, self.fc.weight, tile=draft_tile(aux))
         return self.fc(aux)
 
     def step(self, embeds, hidden, position_ids, k_cache=None, v_cache=None, attn_mask=None):
@@ -625,15 +602,8 @@ class Eagle3Head(nn.Module):
             k_cache.scatter_(2, idx, k)
             v_cache.scatter_(2, idx, v)
             return layer.finish(tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask), residual)
-        if x is None:
-            ln = layer.input_layernorm
-            qkv = linear(residual, attn.qkv_weight, norm_weight=ln.weight, eps=ln.eps, tile=_draft_tile(residual))
-        else:
-            qkv = linear(x, attn.qkv_weight, tile=_draft_tile(x))
-        q = rope_cache(qkv, self.rotary.cos, self.rotary.sin, position_ids, k_cache, v_cache, slots,
-                       cfg.num_attention_heads, n_kv, d)
-        out = tree_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask, chunk=DRAFT_ATTN_CHUNK)
-        return self._fused_finish(layer, out, residual)
+        return layer_over_cache(layer, x, residual, self.rotary, position_ids, k_cache, v_cache, slots, attn_mask,
+                                cfg.num_attention_heads, input_norm=layer.input_layernorm)
 
     def _attend(self, q, k, v, k_cache, v_cache, attn_mask):
         """This step's queries over the cached keys/values plus this step's; causal without either."""
@@ -660,17 +630,7 @@ class Eagle3Head(nn.Module):
         slots = torch.arange(t, device=embeds.device).expand(b, t)
         q = rope_cache(linear(x, layer.self_attn.qkv_weight), self.rotary.cos, self.rotary.sin, position_ids, k, v,
                        slots, cfg.num_attention_heads, n_kv, d)
-        return self._fused_finish(layer, self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
-
-    def _fused_finish(self, layer, attn_out, residual):
-        """Layer.finish on the fused kernels: o_proj onto the residual, norm + gate_up + silu,
-        down_proj onto the residual (kernels/linear.py)."""
-        b, _, t, _ = attn_out.shape
-        ln = layer.post_attention_layernorm
-        o_in = attn_out.transpose(1, 2).reshape(b, t, -1)
-        h = linear(o_in, layer.self_attn.o_proj.weight, residual=residual, tile=_draft_tile(o_in))
-        act = linear(h, layer.mlp.gate_up_weight, norm_weight=ln.weight, eps=ln.eps, silu=True)
-        return linear(act, layer.mlp.down_proj.weight, residual=h)
+        return layer_finish(layer, self._attend(q, k, v, k_cache, v_cache, attn_mask), hidden), k, v
 
 
 def _per_layer(k_cache, v_cache, num_layers: int) -> list[tuple]:

@@ -24,11 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches
 
 from specheads.heads.eagle3 import Eagle3Config
+from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, layer_over_cache
+from specheads.kernels.draft import head_input
+from specheads.kernels.fused import rmsnorm
+from specheads.kernels.linear import linear, quantize_rows
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
 
 TITLE = "MTP"
@@ -202,12 +207,51 @@ class MTPHead(DraftVocab, nn.Module):
         self._init_draft_vocab(cfg)
         inv_freq, scaling = rope_inv_freq(cfg.rope_config())
         self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
+        self.fused = False
+        self._lm_int8 = None  # (int8 rows, scales) of the lm_head while fused with lm_head_int8
 
-    def fuse_for_inference(self, lm_head_int8: bool = False) -> "MTPHead":
-        return self  # drafts on the torch modules (one CUDA graph per step all the same)
+    def fuse_for_inference(self, lm_head_int8: bool = True) -> "MTPHead":
+        """Drafting on the fused kernels (heads/fused_layer.py), as the EAGLE-3 head: fused q/k/v
+        and gate/up weights (views), the input norms and projection in two kernels, one kernel per
+        projection with its norm or residual inside. lm_head_int8 (default True): the draft lm_head
+        in an int8 copy with a float32 scale a row (drafts only: the target verifies every token).
+        Call after the head is on its device and dtype."""
+        for module in self.layers:
+            fuse_layer(module)
+        self.fused = True
+        self._lm_int8 = quantize_rows(self.lm_head.weight) if lm_head_int8 else None
+        return self
+
+    def draft(self, d: int, tokens, embed_weight, hidden, positions, k_cache, v_cache, slots, attn_mask):
+        """Module d over drafting entries [B, T]: token ids, the previous depth's output (or the
+        target's feature) hidden [B, T, H], at `positions`; their keys and values written at `slots`
+        [B, T] of the module's k_cache / v_cache [B, kv_heads, S, D], attention over columns [:W]
+        under attn_mask bool [B, 1, T, W]. Returns the module's normed output [B, T, H]."""
+        m = self.layers[d]
+        b, t = tokens.shape
+        hidden = hidden.to(k_cache.dtype)
+        if not self.fused:  # the torch modules (the reference of the fused path)
+            def attend(q, k, v):
+                idx = slots[:, None, :, None].expand(b, k.shape[1], t, k.shape[-1])
+                k_cache.scatter_(2, idx, k.to(k_cache.dtype))
+                v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+                span = attn_mask.shape[-1]
+                return gqa_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask)
+
+            cos, sin = self.rotary(positions, hidden.dtype)
+            return m(F.embedding(tokens, embed_weight), hidden, cos, sin, attend)
+        x = head_input(tokens, embed_weight, hidden, None, m.enorm.weight, m.enorm.eps, m.hnorm.weight,
+                       m.hnorm.eps)[0]
+        x = linear(x, m.eh_proj.weight, tile=draft_tile(x))
+        out = layer_over_cache(m, None, x, self.rotary, positions, k_cache, v_cache, slots, attn_mask,
+                               self.config.num_attention_heads, input_norm=m.input_layernorm)
+        norm = m.shared_head.norm
+        return rmsnorm(out, norm.weight, norm.eps)[0]
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Draft logits of a module's normed output (`normed`)."""
+        if self.fused:
+            return draft_logits(normed, self.lm_head.weight, self._lm_int8)
         return self.lm_head(normed)
 
     def readout(self, normed: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

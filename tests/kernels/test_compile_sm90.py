@@ -39,6 +39,7 @@ def step_launches():
                 entry = head_kind(kind)
                 head = entry.module(entry.config.for_target(target, draft_vocab_size=256, **size)).eval()
                 engine = SpecEngine(target, head, num_steps=2, topk=2, num_draft_tokens=4, max_batch=2, max_len=128)
+                engine.drafter.prepare(engine.device)  # the fused draft layers and int8 lm_head, as on CUDA
                 engine.generate([list(range(1, 20)), list(range(5, 12))], SamplingParams(max_new_tokens=6))
             # a standalone draft model (its window feed, masked frontier, plain top-k expansion)
             from specheads.drafters.draft_model import DraftLM

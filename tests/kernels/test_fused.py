@@ -234,3 +234,56 @@ def test_a_rows_bits_do_not_depend_on_the_call(interpret):
         assert torch.equal(norm[0][:1], alone[0][0]) and torch.equal(norm[1][:1], alone[0][1])
         assert torch.equal(emb[:1], alone[1])
         assert torch.equal(rot[0], alone[2][0]) and torch.equal(rot[1], alone[2][1])
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_feature_heads_draft_on_the_fused_kernels_as_on_their_modules(kind, kernels, monkeypatch):
+    """EAGLE-1's and the MTP modules' draft depth on the fused kernels (heads/fused_layer.py): the
+    same output and the same keys written in place at the nodes' slots as the torch modules, the
+    buffer's other columns untouched; the draft logits too (bf16 lm_head)."""
+    import copy
+
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from tests.runtime.spec_helpers import random_head
+
+    target = make_target(seed=3)
+    eager = random_head(target, seed=5, kind=kind, **({"num_modules": 2} if kind == "mtp" else {}))
+    if kind == "eagle":
+        eager.attach_target(target)
+    fused_head = copy.deepcopy(eager)
+    if kind == "eagle":
+        fused_head.attach_target(target)
+    state = {k: v.clone() for k, v in eager.state_dict().items()}
+    fused_head.fuse_for_inference(lm_head_int8=False)
+    g = torch.Generator().manual_seed(6)
+    b, t, s, h = 2, 3, 5, target.spec.hidden_size
+    n_kv, d = eager.config.num_key_value_heads, eager.config.head_dim
+    table = target.embed_tokens.weight
+    tokens = torch.randint(0, table.shape[0], (b, t), generator=g)
+    hidden = torch.randn(b, 1, h, generator=g).expand(b, t, h)  # a frontier reads its parent's row
+    pos = torch.tensor([[5, 6, 6], [3, 4, 5]])
+    slots = torch.tensor([[5, 6, 7], [7, 5, 6]])
+    mask = torch.rand(b, 1, t, s + t, generator=g) > 0.3
+    mask[..., s:] = torch.eye(t, dtype=torch.bool)
+    mask[1, ..., s:] = torch.eye(t, dtype=torch.bool)[[2, 0, 1]]  # row 1's nodes sit at slots 7, 5, 6
+    base = [torch.randn(b, n_kv, s + t + 2, d, generator=g) for _ in range(2)]
+    bufs = [[c.clone() for c in base] for _ in range(2)]
+    args = (pos, *bufs[0], slots, mask)
+    with torch.no_grad():
+        if kind == "eagle":
+            ref = eager.draft(tokens, table, hidden, *args)
+            got = fused_head.draft(tokens, table, hidden, pos, *bufs[1], slots, mask)
+        else:
+            ref = eager.draft(1, tokens, table, hidden, *args)
+            got = fused_head.draft(1, tokens, table, hidden, pos, *bufs[1], slots, mask)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused_head.logits(got), eager.logits(ref), rtol=1e-4, atol=1e-4)
+    for new, old, orig in zip(bufs[1], bufs[0], base):
+        torch.testing.assert_close(new, old, rtol=1e-5, atol=1e-5)
+        assert torch.equal(new[:, :, :s], orig[:, :, :s]) and torch.equal(new[:, :, s + t:], orig[:, :, s + t:])
+    assert fused_head.fused and not eager.fused
+    assert all(torch.equal(fused_head.state_dict()[k], v) for k, v in state.items())

@@ -59,6 +59,33 @@ def test_greedy_output_equals_ar_on_the_triton_draft_kernels(target, head, refer
     assert [r.token_ids for r in results] == [r[:12] for r in reference[:3]]
 
 
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_fused_drafting_keeps_output_exact_and_drafts_as_the_modules(target, head, reference, kernels, monkeypatch):
+    """The engine fuses the head on CUDA (drafter.prepare): its draft depths on the fused kernels
+    (torch references here, or the Triton kernels interpreted) draft what the modules draft
+    (bf16-free float32: the same accepted tokens), and with the int8 lm_head the output stays
+    the target's."""
+    import copy
+
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
+    n, new = (6, NEW) if kernels == "torch" else (2, 10)
+    params = SamplingParams(max_new_tokens=new)
+    runs = {}
+    for name, int8 in (("modules", None), ("fused", False), ("int8", True)):
+        h = copy.deepcopy(head)
+        engine = SpecEngine(target, h, max_len=64, max_batch=2, **TREES["tree"])
+        if int8 is not None:
+            engine.drafter.lm_head_int8 = int8
+            engine.drafter.prepare(engine.device)
+            assert h.kind == "medusa" or h.fused  # medusa drafts on its torch modules
+        runs[name] = engine.generate(PROMPTS[:n], params)
+        assert [r.token_ids for r in runs[name]] == [r[:new] for r in reference[:n]], name
+    accepted = {name: [r.accepted_tokens for r in res] for name, res in runs.items()}
+    assert accepted["fused"] == accepted["modules"]
+    assert sum(accepted["int8"]) > 0
+
+
 def test_rows_move_with_their_drafter_state(target, head, reference):
     """Requests of different lengths leave at different steps: the last row moves into the
     freed one with its caches and rings, and the output stays exact."""
