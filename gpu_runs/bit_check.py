@@ -210,7 +210,7 @@ def main() -> None:
     ap.add_argument("--out", default="bit_check")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="kernel tuning fields to check instead of the defaults (integers), e.g. "
-                         "attention_tree_many_batch=1 attention_tree_subtiles=4")
+                         "attention_tree_many_batch=1 attention_tree_tokens=3")
     args = ap.parse_args()
     if args.set:
         from specheads.kernels import tuning

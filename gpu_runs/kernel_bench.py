@@ -134,9 +134,6 @@ def bench_attention(model, quick) -> list[dict]:
         variants = [(f"tok{n}_split{sb}", dict(attention_tree_tokens=n, attention_split_below=sb,
                                                attention_tree_many_batch=1 << 20))
                     for n, sb in itertools.product((1, 2, 3, 5), (0, 512, 1 << 20))]
-        variants += [(f"sub{sub}_split{sb}", dict(attention_tree_many_batch=1, attention_tree_subtiles=sub,
-                                                  attention_split_below=sb))
-                     for sub, sb in itertools.product((2, 4), (0, 128, 1 << 20))]
         for label, change in variants:
             with tuning.using(base.replace(**change)):
                 same[label] = bool(torch.equal(causal_attention(q, k, v, positions, tree=tree), ref))

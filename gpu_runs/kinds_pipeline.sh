@@ -65,9 +65,12 @@ fi
 if [ ! -f $ROOT/prompts/prompts.json ]; then
   $PY gpu_runs/kinds_table.py prompts --out $ROOT/prompts --per-category ${CHAT_PER_CATEGORY:-4} --coding ${CODING:-28}
 fi
+# the code that ran: the device's git HEAD may be an older commit than the tree it was given, so
+# also a hash of specheads/ (here: find specheads -name '*.py' | sort | xargs cat | sha1sum)
+code_sha1() { find specheads -name '*.py' | sort | xargs cat | sha1sum | cut -c1-12; }
 cat > $ROOT/settings.json <<EOF
 {"kinds": [$(printf '"%s",' $KINDS | sed 's/,$//')], "epochs": $EPOCHS, "batch": $BATCH, "card": "$CARD",
- "max_new_tokens": 256, "commit": "$(git rev-parse --short HEAD 2>/dev/null || echo ?)",
+ "max_new_tokens": 256, "commit": "$(git rev-parse --short HEAD 2>/dev/null || echo ?)", "code_sha1": "$(code_sha1)",
  "prepare_args": "$PREPARE_ARGS", "train_args": "$TRAIN_ARGS", "bench_args": "$BENCH_ARGS",
  "kind_args": {$(for k in $KINDS; do v=ARGS_$k; printf '"%s": "%s",' $k "${!v:-}"; done | sed 's/,$//')}}
 EOF

@@ -269,23 +269,22 @@ def causal_attention_reference(q, k, v, positions, window=None, tree=None):
     return gqa_attention(q, k, v, causal_mask(positions, k.shape[2], window, tree))
 
 
-def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1) -> tuple[int, int, int]:
-    """(rows a dot takes, tokens among them, dots a program stacks): a token's query heads of one
-    KV group share a dot's 16 rows (or the next power of two), with as many other tokens as fit
-    in a contiguous call. A tree's program takes Speed.attention_tree_tokens tokens at batches
-    below Speed.attention_tree_many_batch (the program holding the tree positions is the step's
-    slowest), and as many as fit from there, in Speed.attention_tree_subtiles dot blocks that
-    share each block of keys they load. Neither the tokens nor the dot blocks a program takes
-    change a row's bits (each dot block is the 16-row dot of a decode)."""
+def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1) -> tuple[int, int]:
+    """(rows a program's dot takes, tokens among them): a token's query heads of one KV group
+    share a dot's 16 rows (or the next power of two), with as many other tokens as fit in a
+    contiguous call. A tree's program takes Speed.attention_tree_tokens tokens at batches below
+    Speed.attention_tree_many_batch (the program holding the tree positions is the step's
+    slowest), and as many as fit from there. The tokens a program takes never change a row's
+    bits (each row's dot is the 16-row dot of a decode). (Stacking 2 or 4 such dots a program,
+    sharing each block of keys, was slower on an H200 at batch 1 to 32 and changed bits at
+    batch 32: docs/results/head-kinds-h200/fused-drafting/kernel_bench_attention_subtiles.json.)"""
     rep = n_heads // n_kv
     dot_m = max(16, 1 << (rep - 1).bit_length())
     fit = dot_m // rep
     speed = active().speed
-    if not tree:
-        return dot_m, fit, 1
-    if batch >= speed.attention_tree_many_batch:
-        return dot_m, fit, speed.attention_tree_subtiles
-    return dot_m, min(fit, speed.attention_tree_tokens), 1
+    if not tree or batch >= speed.attention_tree_many_batch:
+        return dot_m, fit
+    return dot_m, min(fit, speed.attention_tree_tokens)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -301,9 +300,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
         return causal_attention_reference(q, k, v, positions, window, tree)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and k.stride() == v.stride()
     rep = h // n_kv
-    dot_m, per_dot, sub = causal_tiles(h, n_kv, tree is not None, b)
-    block_m = sub * dot_m
-    n_tiles = triton.cdiv(t, per_dot * sub)
+    block_m, per_dot = causal_tiles(h, n_kv, tree is not None, b)
+    n_tiles = triton.cdiv(t, per_dot)
     chunk = tuning.numerics.attention_chunk
     n_chunks = triton.cdiv(n_keys, chunk)
     if split is None:  # split-K while the tiles alone leave SMs idle
@@ -331,7 +329,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         positions.stride(0), anc.stride(0) if tree is not None else 0, anc.stride(1) if tree is not None else 0,
         depth.stride(0) if tree is not None else 0, out.stride(0), out.stride(1), out.stride(2),
-        REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=CAUSAL_BLOCK_N, PER_TILE=per_dot, SUB=sub, DOT_M=dot_m,
+        REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=CAUSAL_BLOCK_N, PER_TILE=per_dot,
         TREE=tree is not None, NP=triton.next_power_of_2(t) if tree is not None else 1, WINDOWED=bool(window), SPLIT=split,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl_options(q, "attention"))
     return out
@@ -343,7 +341,7 @@ if triton is not None:
                        n_kv, n_tok, n_tiles, n_chunks, scale, window,
                        s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_pb, s_ab, s_at, s_db, s_ob, s_oh, s_ot,
                        REP: tl.constexpr, D: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, PER_TILE: tl.constexpr, SUB: tl.constexpr, DOT_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, PER_TILE: tl.constexpr,
                        TREE: tl.constexpr, NP: tl.constexpr,
                        WINDOWED: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
@@ -354,14 +352,13 @@ if triton is not None:
         tile = tl.program_id(2)
         b = (bh // n_kv).to(tl.int64)
         g = bh % n_kv
-        # BLOCK_M = SUB dot blocks of DOT_M rows, each holding PER_TILE tokens' query heads
+        # BLOCK_M rows hold PER_TILE tokens' query heads
         r = tl.arange(0, BLOCK_M)
-        within = r % DOT_M
-        local = (r // DOT_M) * PER_TILE + within // REP  # the row's token within the tile
-        tok = tile * (SUB * PER_TILE) + local
-        row_ok = (within // REP < PER_TILE) & (tok < n_tok)
+        local = r // REP  # the row's token within the tile
+        tok = tile * PER_TILE + local
+        row_ok = (local < PER_TILE) & (tok < n_tok)
         tok = tl.where(row_ok, tok, 0)
-        head = g * REP + within % REP
+        head = g * REP + r % REP
         d = tl.arange(0, D)
         pos = tl.load(pos_ptr + b * s_pb + tok, mask=row_ok, other=-1)
         q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + tok[:, None] * s_qt + d[None, :],
@@ -411,11 +408,11 @@ if triton is not None:
                     allowed = allowed & (cols[None, :] > pos[:, None] - window)
                 if k0 + BLOCK_N > base:  # the block holds tree positions: each path its own keys
                     m_out, l_out, acc_out = m_i, l_i, acc
-                    for j in tl.static_range(SUB * PER_TILE):
+                    for j in tl.static_range(PER_TILE):
                         # token j's leaf, unless an earlier token of the tile took its path already
                         leaf = tl.max(tl.where((local == j) & row_ok, own, -1), 0)
                         mine = own == leaf  # the rows whose token takes this leaf's path
-                        if (leaf >= 0) & (leaf < NP) & (tl.min(tl.where(mine, local, SUB * PER_TILE), 0) == j):
+                        if (leaf >= 0) & (leaf < NP) & (tl.min(tl.where(mine, local, PER_TILE), 0) == j):
                             a = tl.load(anc_ptr + b * s_ab + leaf * s_at + nodes, mask=on, other=0) != 0
                             hit = a[None, :] & (dep[None, :] == (cols - base)[:, None])
                             slots = tl.where(cols < base, cols, base + tl.sum(tl.where(hit, nodes[None, :], 0), 1))
@@ -423,25 +420,14 @@ if triton is not None:
                                          other=0.0)
                             vj = tl.load(v_ptr + kv_off + slots[:, None] * s_ks + d[None, :], mask=near[:, None],
                                          other=0.0)
-                            if SUB == 1:
-                                s = tl.dot(q, tl.trans(kj), input_precision=PRECISION)
-                            else:  # each dot block alone, the path's keys shared
-                                s = tl.reshape(tl.dot(tl.reshape(q, (SUB, DOT_M, D)),
-                                                      tl.broadcast_to(tl.trans(kj)[None, :, :], (SUB, D, BLOCK_N)),
-                                                      input_precision=PRECISION), (BLOCK_M, BLOCK_N))
+                            s = tl.dot(q, tl.trans(kj), input_precision=PRECISION)
                             s = s * scale
                             s = tl.where(allowed, s, float("-inf"))
                             m_new = tl.maximum(m_i, tl.max(s, 1))
                             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                             p = tl.exp(s - m_safe[:, None])
                             alpha = tl.exp(m_i - m_safe)
-                            if SUB == 1:
-                                pv = tl.dot(p.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
-                            else:
-                                pv = tl.reshape(tl.dot(tl.reshape(p.to(vj.dtype), (SUB, DOT_M, BLOCK_N)),
-                                                       tl.broadcast_to(vj[None, :, :], (SUB, BLOCK_N, D)),
-                                                       tl.reshape(acc * alpha[:, None], (SUB, DOT_M, D)),
-                                                       input_precision=PRECISION), (BLOCK_M, D))
+                            pv = tl.dot(p.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
                             acc_out = tl.where(mine[:, None], pv, acc_out)
                             l_out = tl.where(mine, l_i * alpha + tl.sum(p, 1), l_out)
                             m_out = tl.where(mine, m_new, m_out)
@@ -449,25 +435,14 @@ if triton is not None:
                 else:  # keys at their positions' slots, the same arithmetic
                     kb = tl.load(k_ptr + kv_off + cols[:, None] * s_ks + d[None, :], mask=near[:, None], other=0.0)
                     vb = tl.load(v_ptr + kv_off + cols[:, None] * s_ks + d[None, :], mask=near[:, None], other=0.0)
-                    if SUB == 1:
-                        s = tl.dot(q, tl.trans(kb), input_precision=PRECISION)
-                    else:  # each dot block alone, the block of keys loaded once for them all
-                        s = tl.reshape(tl.dot(tl.reshape(q, (SUB, DOT_M, D)),
-                                              tl.broadcast_to(tl.trans(kb)[None, :, :], (SUB, D, BLOCK_N)),
-                                              input_precision=PRECISION), (BLOCK_M, BLOCK_N))
+                    s = tl.dot(q, tl.trans(kb), input_precision=PRECISION)
                     s = s * scale
                     s = tl.where(allowed, s, float("-inf"))
                     m_new = tl.maximum(m_i, tl.max(s, 1))
                     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                     p = tl.exp(s - m_safe[:, None])
                     alpha = tl.exp(m_i - m_safe)
-                    if SUB == 1:
-                        acc = tl.dot(p.to(vb.dtype), vb, acc * alpha[:, None], input_precision=PRECISION)
-                    else:
-                        acc = tl.reshape(tl.dot(tl.reshape(p.to(vb.dtype), (SUB, DOT_M, BLOCK_N)),
-                                                tl.broadcast_to(vb[None, :, :], (SUB, BLOCK_N, D)),
-                                                tl.reshape(acc * alpha[:, None], (SUB, DOT_M, D)),
-                                                input_precision=PRECISION), (BLOCK_M, D))
+                    acc = tl.dot(p.to(vb.dtype), vb, acc * alpha[:, None], input_precision=PRECISION)
                     l_i = l_i * alpha + tl.sum(p, 1)
                     m_i = m_new
             if SPLIT:

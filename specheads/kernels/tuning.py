@@ -160,10 +160,6 @@ class Speed:
     # 17.5 / 11.4 / 12.0 and 35.5 / 22.8 / 25.3; batch 32 52.7 / 31.7 / 25.1 and 108 / 62 / 53
     attention_tree_tokens: int = 2
     attention_tree_many_batch: int = 16
-    # from attention_tree_many_batch on, a tree's causal-attention program stacks this many
-    # 16-row dot blocks (1, 2 or 4), loading each block of keys once for all of them (untimed
-    # on a GPU so far: 1 until gpu_runs/kernel_bench.py and bit_check.py have run it)
-    attention_tree_subtiles: int = 1
     # warps of the one-program-per-row drafting kernels (topk_expand, select_tree). The
     # SmolLM2 head's draft at batch 1 (H200): 1 warp 0.48 ms, 2 0.46, 4 0.379, 8 0.375. The
     # expansion's sums may round differently (2, 16 and 32 warps did against 8 on the H200):
@@ -218,8 +214,6 @@ class Speed:
         _check(g, "attention_tree_tokens", v, v >= 1, "an integer >= 1")
         v = _int(g, "attention_tree_many_batch", self.attention_tree_many_batch)
         _check(g, "attention_tree_many_batch", v, v >= 1, "an integer >= 1")
-        v = _int(g, "attention_tree_subtiles", self.attention_tree_subtiles)
-        _check(g, "attention_tree_subtiles", v, v in (1, 2, 4), "1, 2 or 4")
         v = _int(g, "draft_warps", self.draft_warps)
         _check(g, "draft_warps", v, v in WARPS, f"one of {WARPS}")
         names = self.pdl_kernels

@@ -71,16 +71,14 @@ def test_tree_equals_the_reference(interpret, window):
 
 
 @needs_triton
-@pytest.mark.parametrize("dtype, tree_tokens, subtiles", [(torch.float32, 1, 1), (torch.bfloat16, 1, 1),
-                                                         (torch.bfloat16, 3, 1), (torch.bfloat16, None, 1),
-                                                         (torch.bfloat16, None, 2), (torch.float32, None, 4)])
-def test_a_tree_node_matches_the_decode_of_its_path_bit_for_bit(interpret, tune, dtype, tree_tokens, subtiles):
+@pytest.mark.parametrize("dtype, tree_tokens", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 3),
+                                                (torch.bfloat16, None), (torch.float32, None)])
+def test_a_tree_node_matches_the_decode_of_its_path_bit_for_bit(interpret, tune, dtype, tree_tokens):
     """Each node of a tree verified at slots base + n gives the bits of its path decoded alone:
     the path committed at base..base+d, the node the one query (batch 1, its own cache), with
     one or three tree tokens a program, or all that fit (None: the tokens of a path then share
-    its passes over the blocks that hold tree positions) in one, two or four dot blocks."""
-    tune(attention_tree_tokens=tree_tokens or 1, attention_tree_many_batch=1 if tree_tokens is None else 1000,
-         attention_tree_subtiles=subtiles)
+    its passes over the blocks that hold tree positions)."""
+    tune(attention_tree_tokens=tree_tokens or 1, attention_tree_many_batch=1 if tree_tokens is None else 1000)
     g = torch.Generator().manual_seed(7)
     b, h, kv, n, s, d = 2, 6, 2, 13, 300, 16
     base = torch.tensor([60, 250])  # the second tree runs past a 128-key chunk boundary

@@ -60,9 +60,8 @@ def step_launches():
 
             for split in (True, False):
                 attention.causal_attention(q, k, k, tree[0][:, None] + depth, tree=tree, split=split)
-                for sub in (2, 4):  # a batch of trees in stacked dot blocks (Speed.attention_tree_subtiles)
-                    with tuning.using(tuning.active().replace(attention_tree_many_batch=1, attention_tree_subtiles=sub)):
-                        attention.causal_attention(q, k, k, tree[0][:, None] + depth, tree=tree, split=split)
+                with tuning.using(tuning.active().replace(attention_tree_many_batch=1)):  # all tokens that fit
+                    attention.causal_attention(q, k, k, tree[0][:, None] + depth, tree=tree, split=split)
                 attention.causal_attention(q, k, k, torch.tensor([[5, 6, 7], [280, 281, 282]]), window=64, split=split)
     finally:
         mp.undo()
