@@ -14,8 +14,8 @@
 # Env: BUDGET (s, default 550), KINDS ("eagle3 mtp eagle medusa"), EPOCHS (1), BATCH (16 conversations
 #      an optimizer step, one process a kind), ROOT (/tmp/kinds), REGEN (.dev/regen), NGPU (all; 0 = CPU),
 #      PREPARE_ARGS (--cut-loops 32, as the current head's data), TRAIN_ARGS (extra --set ... for every
-#      kind), CHAT_PER_CATEGORY (4), CODING (28), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
-#      BENCH_NEED (s left that a bench of one prompt set needs to start, 150), PY (python3), ARGS_<kind> (extra
+#      kind), CHAT_PER_CATEGORY (10: 70 chat prompts), CODING (64), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
+#      BENCH_NEED (s left that a bench of one prompt set needs to start, 200), PY (python3), ARGS_<kind> (extra
 #      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; the default shapes otherwise:
 #      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6).
 set -uo pipefail
@@ -33,7 +33,7 @@ PY=${PY:-python3}
 PREPARE_ARGS=${PREPARE_ARGS---cut-loops 32}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 BENCH_ARGS=${BENCH_ARGS:-}
-BENCH_NEED=${BENCH_NEED:-150}
+BENCH_NEED=${BENCH_NEED:-200}
 if [ -z "${NGPU:-}" ]; then NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); fi
 DATA=$ROOT/prepared
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -63,7 +63,7 @@ if [ ! -f $DATA/prepare_report.json ]; then
   cp $DATA/prepare_report.json $ROOT/
 fi
 if [ ! -f $ROOT/prompts/prompts.json ]; then
-  $PY gpu_runs/kinds_table.py prompts --out $ROOT/prompts --per-category ${CHAT_PER_CATEGORY:-4} --coding ${CODING:-28}
+  $PY gpu_runs/kinds_table.py prompts --out $ROOT/prompts --per-category ${CHAT_PER_CATEGORY:-10} --coding ${CODING:-64}
 fi
 # the code that ran: the device's git HEAD may be an older commit than the tree it was given, so
 # also a hash of specheads/ (here: find specheads -name '*.py' | sort | xargs cat | sha1sum)
@@ -106,7 +106,7 @@ kind_job() {
     echo "kinds: $kind bench on $src ($l s left)"
     # a bench cut short leaves no file under the final name: the next call runs it again
     timeout -s TERM -k 10 $(( l - 15 )) $PY scripts/bench.py --target $TARGET --draft $run/final \
-      --methods ar $kind-tree --batch-sizes 1 8 --speculation-policy fixed --peers --num-prompts 64 \
+      --methods ar $kind-tree --batch-sizes 1 8 --speculation-policy fixed --peers --num-prompts 100 \
       --prompts $ROOT/prompts/$src.json --out $ROOT/bench/.$kind-$src $BENCH_ARGS >> $ROOT/logs/$kind.bench.log 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then

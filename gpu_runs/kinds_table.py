@@ -1,6 +1,6 @@
 """The head-kinds comparison of issues 23 and 24: one table from the files gpu_runs/kinds_pipeline.sh writes.
 
-    python3 gpu_runs/kinds_table.py prompts --out DIR [--per-category 4] [--coding 28]
+    python3 gpu_runs/kinds_table.py prompts --out DIR [--per-category 10] [--coding 64]
         DIR/chat.json (the suite's test split, single-turn, round-robin over the chat categories)
         and DIR/coding.json (its first coding prompts): the prompt files scripts/bench.py reads
     python3 gpu_runs/kinds_table.py params HEAD_DIR        # trainable parameters of a saved head (JSON)
@@ -43,14 +43,13 @@ MTP_WITHIN_EAGLE3 = 0.10  # issue 23: mtp's speedup within 10% of eagle3's
 def write_prompts(out: Path, per_category: int, coding: int) -> dict:
     from specheads.evaluation.suite import CHAT_CATEGORIES, single_turn_texts
 
-    chat = single_turn_texts("test", CHAT_CATEGORIES, per_category * len(CHAT_CATEGORIES))  # categories in turn
+    cats = [c for c in CHAT_CATEGORIES if single_turn_texts("test", [c], 1)]  # multi-turn has none
+    chat = single_turn_texts("test", cats, per_category * len(cats))  # categories in turn
     code = single_turn_texts("test", ["coding"], coding)
     out.mkdir(parents=True, exist_ok=True)
     (out / "chat.json").write_text(json.dumps(chat, indent=1))
     (out / "coding.json").write_text(json.dumps(code, indent=1))
-    counts = {"chat": len(chat), "coding": len(code),
-              "chat_categories": [c for c in CHAT_CATEGORIES if single_turn_texts("test", [c], 1)],
-              "per_category": per_category}
+    counts = {"chat": len(chat), "coding": len(code), "chat_categories": cats, "per_category": per_category}
     (out / "prompts.json").write_text(json.dumps(counts, indent=1))
     return counts
 
@@ -350,8 +349,8 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prompts")
     p.add_argument("--out", required=True)
-    p.add_argument("--per-category", type=int, default=4)
-    p.add_argument("--coding", type=int, default=28)
+    p.add_argument("--per-category", type=int, default=10)
+    p.add_argument("--coding", type=int, default=64)
     p = sub.add_parser("params")
     p.add_argument("head")
     p = sub.add_parser("table")
