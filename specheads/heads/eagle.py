@@ -38,7 +38,7 @@ from torch import nn
 
 from specheads.heads.draft_vocab import one_feature_mismatches
 from specheads.heads.eagle3 import Eagle3Config
-from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, layer_over_cache
+from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, layer_over_cache
 from specheads.kernels.fused import embedding
 from specheads.kernels.linear import linear, quantize_rows
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
@@ -258,17 +258,10 @@ class EagleHead(nn.Module):
         """Drafting entries [B, T] (token ids, features [B, T, H]) at `positions`: their keys and values
         written at `slots` [B, T] of k_cache / v_cache [B, kv_heads, S, D], attention over columns [:W]
         under attn_mask bool [B, 1, T, W]. Returns the predicted features [B, T, H]."""
-        b, t = tokens.shape
         features = features.to(k_cache.dtype)
         if not self.fused:  # the torch modules (the reference of the fused path)
-            def attend(q, k, v):
-                idx = slots[:, None, :, None].expand(b, k.shape[1], t, k.shape[-1])
-                k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-                v_cache.scatter_(2, idx, v.to(v_cache.dtype))
-                span = attn_mask.shape[-1]
-                return gqa_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask)
-
-            return self(F.embedding(tokens, embed_weight), features, positions, attend)
+            return self(F.embedding(tokens, embed_weight), features, positions,
+                        cache_attend(k_cache, v_cache, slots, attn_mask))
         x = linear(torch.cat([embedding(tokens, embed_weight).to(features.dtype), features], -1), self.fc.weight,
                    tile=draft_tile(features))
         return layer_over_cache(self.layers[0], x, x, self.rotary, positions, k_cache, v_cache, slots, attn_mask,

@@ -16,7 +16,7 @@ import torch
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.fused import rope_cache
 from specheads.kernels.linear import linear
-from specheads.modules import fuse_linears
+from specheads.modules import fuse_linears, gqa_attention
 
 # Drafting's own launch settings (the head's weights meet these kernels only while drafting, at
 # a few rows, so they need not match the target's; H200, gpu_runs/verify_kernels.py):
@@ -41,6 +41,21 @@ def fuse_layer(layer) -> None:
     if getattr(attn, "qkv_weight", None) is None:
         attn.qkv_weight, _ = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
         mlp.gate_up_weight, _ = fuse_linears([mlp.gate_proj, mlp.up_proj])
+
+
+def cache_attend(k_cache, v_cache, slots, attn_mask):
+    """The torch modules' attention over a KV buffer (the reference of `layer_over_cache`): an
+    attend(q, k, v) that writes the nodes' k, v [B, kv_heads, T, D] at `slots` [B, T] of k_cache /
+    v_cache [B, kv_heads, S, D] and attends over columns [:W] under attn_mask bool [B, 1, T, W]."""
+    span = attn_mask.shape[-1]
+
+    def attend(q, k, v):
+        idx = slots[:, None, :, None].expand(*slots.shape[:1], k.shape[1], slots.shape[1], k.shape[-1])
+        k_cache.scatter_(2, idx, k.to(k_cache.dtype))
+        v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+        return gqa_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask)
+
+    return attend
 
 
 def layer_over_cache(layer, x, residual, rotary, positions, k_cache, v_cache, slots, attn_mask, n_heads: int,

@@ -30,7 +30,7 @@ from torch import nn
 from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches
 
 from specheads.heads.eagle3 import Eagle3Config
-from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, layer_over_cache
+from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, layer_over_cache
 from specheads.kernels.draft import head_input
 from specheads.kernels.fused import rmsnorm
 from specheads.kernels.linear import linear, quantize_rows
@@ -228,18 +228,10 @@ class MTPHead(DraftVocab, nn.Module):
         [B, T] of the module's k_cache / v_cache [B, kv_heads, S, D], attention over columns [:W]
         under attn_mask bool [B, 1, T, W]. Returns the module's normed output [B, T, H]."""
         m = self.layers[d]
-        b, t = tokens.shape
         hidden = hidden.to(k_cache.dtype)
         if not self.fused:  # the torch modules (the reference of the fused path)
-            def attend(q, k, v):
-                idx = slots[:, None, :, None].expand(b, k.shape[1], t, k.shape[-1])
-                k_cache.scatter_(2, idx, k.to(k_cache.dtype))
-                v_cache.scatter_(2, idx, v.to(v_cache.dtype))
-                span = attn_mask.shape[-1]
-                return gqa_attention(q, k_cache[:, :, :span], v_cache[:, :, :span], attn_mask)
-
             cos, sin = self.rotary(positions, hidden.dtype)
-            return m(F.embedding(tokens, embed_weight), hidden, cos, sin, attend)
+            return m(F.embedding(tokens, embed_weight), hidden, cos, sin, cache_attend(k_cache, v_cache, slots, attn_mask))
         x = head_input(tokens, embed_weight, hidden, None, m.enorm.weight, m.enorm.eps, m.hnorm.weight,
                        m.hnorm.eps)[0]
         x = linear(x, m.eh_proj.weight, tile=draft_tile(x))
