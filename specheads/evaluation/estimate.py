@@ -63,12 +63,11 @@ def drafter_kv(drafter, n: int) -> int:
 
 def walk(accepted: list[int], new_tokens: int) -> tuple[int, int]:
     """(verify steps, accepted drafts) of serving `new_tokens` tokens, the first from the prefill,
-    with `accepted[i]` drafts accepted at a step rooted i tokens into the continuation. As in the
-    engine, the last step keeps every draft it accepts (the output is cut after it), so a
-    continuation a tree's depth longer than `new_tokens` scores that step as served."""
+    with `accepted[i]` drafts accepted at a step rooted i tokens into the continuation. As the
+    engine counts them, the last step's drafts count up to the budget only."""
     emitted, steps, total = 1, 0, 0
     while emitted < new_tokens:
-        a = accepted[emitted - 1]
+        a = min(accepted[emitted - 1], new_tokens - emitted - 1)
         steps += 1
         total += a
         emitted += a + 1

@@ -115,7 +115,7 @@ class StepOutput:
     new_tokens: list[int]
     finish_reason: str | None  # None while running; "stop" | "length"
     drafted: int = 0  # draft tokens verified this step
-    accepted: int = 0  # draft tokens accepted this step
+    accepted: int = 0  # draft tokens the verify accepted this step (the last step's may run past a stop or the budget)
     accept_length: int = 0  # tokens this step produced (accepted drafts + the bonus); 1 for the prefill
     draft_depth: int = 0  # tree depth offered this step (0: no drafts)
     prefill: bool = False  # the first token, from the prompt's forward
@@ -133,13 +133,16 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str  # "stop" | "length"
     steps: int = 0  # verify steps (the prefill not counted)
-    accepted_tokens: int = 0  # draft tokens accepted
-    accept_per_position: list = field(default_factory=list)  # [k]: steps that accepted >= k drafts
+    # draft tokens accepted and produced: a last step's drafts past the token budget or a stop
+    # token are not counted (StepOutput.accepted counts what the verify accepted)
+    accepted_tokens: int = 0
+    accept_per_position: list = field(default_factory=list)  # [k]: steps that produced >= k accepted drafts
     steps_by_tree: dict = field(default_factory=dict)  # verify steps by the tree verified ("S,K,N"; "none")
 
     @property
     def mean_accept_length(self) -> float:
-        """Tokens per verify step: accepted drafts + the bonus token."""
+        """Tokens per verify step: accepted drafts + the bonus token, as produced (a stop token
+        counts; what a last step accepted past the token budget does not)."""
         return 1.0 + self.accepted_tokens / self.steps if self.steps else 0.0
 
 
@@ -564,10 +567,13 @@ class SpecEngine:
                 r.token_ids += out.new_tokens
                 if not out.prefill:
                     r.steps += 1
-                    r.accepted_tokens += out.accepted
+                    accepted = out.accepted
+                    if out.finish_reason is not None:  # only what the last step produced: its tokens, a stop
+                        accepted = min(accepted, max(len(out.new_tokens) + (out.finish_reason == "stop") - 1, 0))
+                    r.accepted_tokens += accepted
                     tree = str(out.draft_tree) if out.draft_tree is not None else "none"
                     r.steps_by_tree[tree] = r.steps_by_tree.get(tree, 0) + 1
-                    for k in range(1, out.accepted + 1):
+                    for k in range(1, accepted + 1):
                         r.accept_per_position[k] += 1
                 if out.finish_reason:
                     r.finish_reason = out.finish_reason

@@ -26,8 +26,9 @@ def target():
 
 
 def test_walk():
-    # roots at 0, 3 (0 + 2 + 1), 4: 2 + 0 accepted, then a step past the end keeps its drafts
-    assert walk([2, 9, 9, 0, 5, 9], 6) == (3, 7)
+    # roots at 0, 3 (0 + 2 + 1), 4: 2 + 0 accepted, then a last step whose drafts the budget cuts
+    assert walk([2, 9, 9, 0, 5, 9], 6) == (3, 2)
+    assert walk([9] * 8, 6) == (1, 4)
     assert walk([0] * 5, 5) == (4, 0)
 
 
@@ -43,7 +44,7 @@ def test_the_estimate_equals_the_engines_acceptance(target, kind):
     prompts = TRAIN[:6]
     engine = SpecEngine(target, head, method=kind, max_len=80, max_batch=1, **TREE)
     served = engine.generate(prompts, SamplingParams(max_new_tokens=NEW))
-    # ar's answers a tree's depth longer: the last step scores its drafts past the budget, as served
+    # ar's answers a tree's depth longer: the last step's tree is scored past the budget (the budget cuts the count)
     longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=80).generate(
         prompts, SamplingParams(max_new_tokens=NEW + TREE["num_steps"] + 1))]
     est = served_acceptance(target, head, kind, TREE, prompts, longer, [NEW] * len(prompts))

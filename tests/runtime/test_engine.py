@@ -241,9 +241,11 @@ def test_oracle_tree_accepts_three_levels(target, monkeypatch, commit, race):
     for r, budget in zip(res, budgets):
         steps = math.ceil((budget - 1) / 4)  # one token from the prefill, then 4 per step
         assert r.steps == steps
-        assert r.accepted_tokens == 3 * steps
-        assert r.accept_per_position[1:4] == [steps] * 3
-        assert 3.9 <= r.mean_accept_length <= 4.2
+        # every step accepted all 3 drafts; the last one's count only what the budget took
+        last = budget - 1 - 4 * (steps - 1) - 1
+        assert r.accepted_tokens == 3 * (steps - 1) + last == budget - 1 - steps
+        assert r.accept_per_position[1:4] == [steps - 1 + (last >= k) for k in (1, 2, 3)]
+        assert r.mean_accept_length == pytest.approx((budget - 1) / steps)
     # every commit moved the oracle's correct path; some paths were not in place already
     assert commits and all(torch.equal(n, torch.full_like(n, 4)) for _, n, _ in commits)
     for src, _, paths in commits[::2]:  # k and v commits come in pairs
@@ -309,12 +311,14 @@ def _exact_joint(target, params) -> torch.Tensor:
 
 
 def _sample_triples(engine, params) -> tuple[torch.Tensor, int]:
+    """Counts of the sampled (t1, t2, t3) and the drafts the verify steps accepted (past t3 too)."""
+    raw = _recording(engine)
     res = engine.generate([SPROMPT] * SAMPLES, params)
     assert all(len(r.token_ids) == 3 for r in res)
     toks = torch.tensor([r.token_ids for r in res])
     counts = torch.bincount(toks[:, 0] * SVOCAB * SVOCAB + toks[:, 1] * SVOCAB + toks[:, 2],
                             minlength=SVOCAB ** 3).reshape(SVOCAB, SVOCAB, SVOCAB)
-    return counts, sum(r.accepted_tokens for r in res)
+    return counts, sum(o.accepted for o in raw)
 
 
 def _assert_matches(counts, exact):
@@ -507,3 +511,38 @@ def test_host_drafter_rows_never_used_step_as_a_lone_root():
     engine.step()  # prefill + one step over the bucket of 4
     assert engine.out[3, 0].item() == 1, "the unused row accepts its root only"
     assert engine.out[3, 4].item() == 0 and (engine.out[3, 5:] == 0).all()
+
+
+def test_acceptance_counts_only_what_the_last_step_produced(target, heads, ar_outputs):
+    """A request's last verify step may accept drafts past its token budget or its stop token;
+    GenerationResult counts only what the step produced, so every returned token (and a stop)
+    is the prefill's, a verify step's bonus or a counted draft: tokens = 1 + steps + accepted."""
+    overshoot = 0
+    for budget in (5, 7, 11, 13):
+        for stop_at in (None, 3):  # no stop token; the 4th token of each plain output as a stop
+            for p, out in zip(PROMPTS, ar_outputs):
+                engine = SpecEngine(target, heads["trained"], max_len=MAX_LEN, num_steps=4, topk=1)
+                raw = _recording(engine)
+                stops = () if stop_at is None else (out[stop_at],)
+                r = engine.generate([p], SamplingParams(max_new_tokens=budget), stop_ids=stops)[0]
+                cut = min(budget, out.index(stops[0]) if stops else budget)
+                assert r.token_ids == out[:cut]
+                stopped = r.finish_reason == "stop"
+                assert stopped == (bool(stops) and out.index(stops[0]) < budget)
+                assert len(r.token_ids) + stopped == 1 + r.steps + r.accepted_tokens
+                last = [o for o in raw if o.finish_reason is not None and not o.prefill]
+                overshoot += sum(o.accepted > len(o.new_tokens) + (o.finish_reason == "stop") - 1 for o in last)
+    assert overshoot > 0, "no last step accepted past its budget or stop: the case is not exercised"
+
+
+def _recording(engine) -> list:
+    """Every StepOutput the engine's steps return from now on (generate() calls engine.step)."""
+    raw, step = [], engine.step
+
+    def recorded():
+        outs = step()
+        raw.extend(outs)
+        return outs
+
+    engine.step = recorded
+    return raw
