@@ -148,6 +148,14 @@ def prepare(opts: PrepareOptions) -> dict:
 
         devices = parse_devices(opts.devices)
     t0 = time.time()
+    phases: dict[str, float] = {}  # seconds of each part, in the report (where a slow prepare spends its time)
+    mark = [t0]
+
+    def phase(name: str) -> None:
+        now = time.time()
+        phases[name] = round(phases.get(name, 0.0) + now - mark[0], 1)
+        mark[0] = now
+
     target_dir = resolve_target(opts.target)
     tokenizer = load_tokenizer(target_dir)
     # the model's vocab may be padded past the tokenizer (Qwen2/3): the vocab map covers the model's
@@ -162,6 +170,7 @@ def prepare(opts: PrepareOptions) -> dict:
         )
     else:
         conversations, mix = mix_conversations(sources, skips, opts.limit, opts.mix_seed)
+    phase("target_and_read")
     if opts.regenerate:
         from specheads.data.regenerate import regenerate_on
         from specheads.runtime.sampling import SamplingParams
@@ -184,6 +193,7 @@ def prepare(opts: PrepareOptions) -> dict:
         for _ in range(before - len(conversations)):
             skips.skip("regeneration left no assistant turn", "-")
         write_conversations(Path(opts.output) / REGENERATED_FILE, conversations)
+        phase("regenerate")
     splits = {"train": {"input_ids": [], "loss_mask": [], "id": []}, "eval": {"input_ids": [], "loss_mask": [], "id": []}}
     truncated = 0
     loops = {"answers_cut": 0, "tokens_removed": 0}
@@ -199,6 +209,7 @@ def prepare(opts: PrepareOptions) -> dict:
         split["input_ids"].append(ids)
         split["loss_mask"].append(mask)
         split["id"].append(conv.id)
+    phase("tokenize")
     if not splits["train"]["input_ids"]:
         raise DataError(
             f"no usable conversations in data {opts.data!r}: skipped {skips.total} "
@@ -212,6 +223,7 @@ def prepare(opts: PrepareOptions) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # an empty split cannot be saved and loaded back: leave it out
     DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items() if v["input_ids"]}).save_to_disk(str(out))
+    phase("save")
     counts = token_frequencies(
         ({"input_ids": i, "loss_mask": m} for i, m in zip(splits["train"]["input_ids"], splits["train"]["loss_mask"])),
         vocab_size,
@@ -240,6 +252,8 @@ def prepare(opts: PrepareOptions) -> dict:
         "draft_vocab_coverage": round(covered, 5),
         "seconds": round(time.time() - t0, 1),
     }
+    phase("vocab_and_report")
+    report["phase_seconds"] = phases
     if mix is not None:
         loss_by_source: dict[str, int] = {}
         for conv_id, m in zip(splits["train"]["id"], splits["train"]["loss_mask"]):

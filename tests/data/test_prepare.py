@@ -33,6 +33,10 @@ def test_prepared_folder_contents(prepared, sharegpt_rows, tokenizer):
     assert n_train + n_eval == 34 and n_eval >= 1
     assert report["train_tokens"] == sum(len(x) for x in ds["train"]["input_ids"])
     assert report["train_loss_tokens"] == sum(sum(x) for x in ds["train"]["loss_mask"])
+    # where the time went: every part timed, together the whole
+    parts = report["phase_seconds"]
+    assert set(parts) == {"target_and_read", "tokenize", "save", "vocab_and_report"}
+    assert sum(parts.values()) == pytest.approx(report["seconds"], abs=0.5)
     for split in ("train", "eval"):
         for ids, mask in zip(ds[split]["input_ids"], ds[split]["loss_mask"]):
             assert len(ids) == len(mask) <= 128
