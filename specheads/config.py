@@ -59,6 +59,11 @@ class HeadSection(_Strict):
     num_heads: int | None = Field(None, ge=1, le=16)  # Medusa: heads, one a draft depth
     # EAGLE-3: draft decoder layers (default 1); Medusa: residual blocks a head
     num_layers: int | None = Field(None, ge=1, le=8)
+    # a new head's draft lm_head (and the norm before it) start as the target's rows instead of
+    # random (None: the kind's default: yes for mtp, whose modules share the target's output head
+    # in DeepSeek-V3, and medusa, whose heads Medusa initializes from the LM head; no for eagle3;
+    # eagle heads read out through the target's lm_head itself)
+    lm_head_from_target: bool | None = None
 
     @field_validator("kind")
     @classmethod

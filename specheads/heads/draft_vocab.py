@@ -34,6 +34,18 @@ class DraftVocab:
         return self.target_rows()[draft_ids]
 
 
+@torch.no_grad()
+def readout_from_target(head, target, lm_heads, norms=()) -> None:
+    """Start a head's draft-vocabulary lm_heads as the target's lm_head rows of the draft vocab
+    (the head's vocab map set first) and its final norms as the target's final norm."""
+    rows = head.target_rows().to(target.lm_head.weight.device)
+    weight = target.lm_head.weight[rows]
+    for lm_head in lm_heads:
+        lm_head.weight.copy_(weight.to(lm_head.weight.device, lm_head.weight.dtype))
+    for norm in norms:
+        norm.weight.copy_(target.model.norm.weight.to(norm.weight.device, norm.weight.dtype))
+
+
 def one_feature_mismatches(cfg, spec) -> list[str]:
     """What keeps a head that reads one target hidden state (cfg.target_layer_ids[0], at the
     target's width) from running on a target of spec `spec` (empty: it fits)."""

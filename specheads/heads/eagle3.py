@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.heads.kind import HeadKindError
+from specheads.heads.draft_vocab import readout_from_target
 from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, layer_finish, layer_over_cache
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
@@ -470,6 +471,13 @@ class Eagle3Head(nn.Module):
         self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
         self.fused = False
         self._lm_int8 = None  # (int8 rows, scales) of the lm_head while fused with lm_head_int8
+
+    lm_head_from_target = False  # the recipe of the current heads: a random lm_head
+
+    def init_readout_from_target(self, target) -> None:
+        """The lm_head from the target's rows of the draft vocab and the final norm from the
+        target's (training.trainer, head.lm_head_from_target=true)."""
+        readout_from_target(self, target, [self.lm_head], [self.norm])
 
     def fuse_for_inference(self, lm_head_int8: bool = True) -> "Eagle3Head":
         """Drafting on the fused kernels (as TargetModel.fuse_for_inference): fused q/k/v and

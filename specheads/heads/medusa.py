@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches
+from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches, readout_from_target
 
 TITLE = "Medusa"
 ARCHITECTURE = "MedusaModel"
@@ -172,8 +172,15 @@ class MedusaHead(DraftVocab, nn.Module):
                                       for _ in range(cfg.num_heads))
         self._init_draft_vocab(cfg)
 
+    lm_head_from_target = True  # Medusa initializes each head's projection from the LM head
+
     def fuse_for_inference(self, lm_head_int8: bool = False) -> "MedusaHead":
         return self
+
+    def init_readout_from_target(self, target) -> None:
+        """Every head's lm_head from the target's rows: with the blocks the identity, each head
+        starts predicting the target's next token (training.trainer, head.lm_head_from_target)."""
+        readout_from_target(self, target, self.lm_heads)
 
     def features(self, hidden: torch.Tensor, heads: int | None = None) -> list[torch.Tensor]:
         """The first `heads` heads' features of the target's hidden state (None: every head)."""

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches
+from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches, readout_from_target
 
 from specheads.heads.eagle3 import Eagle3Config
 from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, layer_over_cache
@@ -209,6 +209,13 @@ class MTPHead(DraftVocab, nn.Module):
         self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
         self.fused = False
         self._lm_int8 = None  # (int8 rows, scales) of the lm_head while fused with lm_head_int8
+
+    lm_head_from_target = True  # DeepSeek-V3's MTP modules share the model's output head
+
+    def init_readout_from_target(self, target) -> None:
+        """The lm_head from the target's rows of the draft vocab and every module's
+        shared_head.norm from the target's final norm (training.trainer, head.lm_head_from_target)."""
+        readout_from_target(self, target, [self.lm_head], [m.shared_head.norm for m in self.layers])
 
     def fuse_for_inference(self, lm_head_int8: bool = True) -> "MTPHead":
         """Drafting on the fused kernels (heads/fused_layer.py), as the EAGLE-3 head: fused q/k/v

@@ -13,7 +13,6 @@ two gathers, two copies); `take_path` is one.
 
 from __future__ import annotations
 
-import torch
 
 from specheads.kernels.fused import _kernel, triton, use_triton
 

@@ -238,6 +238,7 @@ class Trainer:
             torch.manual_seed(cfg.train.seed)
             head = self.kind.module(head_cfg)
             head.set_vocab_map(data.d2t, data.t2d)
+            self.readout_from_target(head, cfg.head.lm_head_from_target)
         param_dtype = torch.float32
         self.head = head.to(self.device, param_dtype)
         if hasattr(self.head, "attach_target"):  # a head that reads out through the target's lm_head (EAGLE-1)
@@ -290,6 +291,16 @@ class Trainer:
             f"batch {cfg.train.batch_size}; device {self.device}"
             + (f", DeepSpeed {cfg.train.deepspeed}" if self.use_ds else "")
         )
+
+    def readout_from_target(self, head, asked: bool | None) -> None:
+        """head.lm_head_from_target: a new head's lm_head (and final norm) start as the target's
+        rows (None: the kind's default)."""
+        takes = hasattr(head, "init_readout_from_target")
+        if asked and not takes:
+            raise TrainingError(f"head.lm_head_from_target does not apply to {self.kind.title} heads "
+                                "(they read out through the target's lm_head itself, or have no lm_head): drop it")
+        if asked if asked is not None else getattr(head, "lm_head_from_target", False):
+            head.init_readout_from_target(self.target)
 
     def initial_head(self, spec: str) -> torch.nn.Module:
         """The head named by train.init_from, checked against the target and the run's head options."""

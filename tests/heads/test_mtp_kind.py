@@ -57,7 +57,7 @@ def test_cli_trains_an_mtp_head(run):
     assert meta["kind"] == "mtp" and meta["config"]["num_modules"] == MODULES
     assert meta["config"]["target_layer_ids"] == [TINY_LAYERS]  # the final hidden state, after the target's norm
     assert meta["run_config"]["head"] == {"kind": "mtp", "intermediate_size": None, "num_modules": MODULES,
-                                          "num_heads": None, "num_layers": None}
+                                          "num_heads": None, "num_layers": None, "lm_head_from_target": None}
     assert _summary(run)["steps"] == STEPS
 
 
