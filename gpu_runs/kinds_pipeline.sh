@@ -14,7 +14,7 @@
 # Env: BUDGET (s, default 550), KINDS ("eagle3 mtp eagle medusa"), EPOCHS (1), BATCH (16 conversations
 #      an optimizer step, one process a kind), ROOT (/tmp/kinds), REGEN (.dev/regen), NGPU (all; 0 = CPU),
 #      PREPARE_ARGS (--cut-loops 32, as the current head's data), TRAIN_ARGS (extra --set ... for every
-#      kind), CHAT_PER_CATEGORY (10: 70 chat prompts), CODING (64), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
+#      kind), CHAT_PER_CATEGORY (10: 70 chat prompts), CODING (64), SPLIT (test; validation for an ablation), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
 #      BENCH_NEED (s left that a bench of one prompt set needs to start, 200), PY (python3), ARGS_<kind> (extra
 #      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; the default shapes otherwise:
 #      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6).
@@ -61,7 +61,8 @@ if [ ! -f $DATA/prepare_report.json ]; then
   cp $DATA/prepare_report.json $ROOT/
 fi
 if [ ! -f $ROOT/prompts/prompts.json ]; then
-  $PY gpu_runs/kinds_table.py prompts --out $ROOT/prompts --per-category ${CHAT_PER_CATEGORY:-10} --coding ${CODING:-64}
+  $PY gpu_runs/kinds_table.py prompts --out $ROOT/prompts --per-category ${CHAT_PER_CATEGORY:-10} --coding ${CODING:-64} \
+    --split ${SPLIT:-test}
 fi
 # the code that ran: the device's git HEAD may be an older commit than the tree it was given, so
 # also a hash of specheads/ (here: find specheads -name '*.py' | sort | xargs cat | sha1sum)

@@ -1,7 +1,7 @@
 """The head-kinds comparison of issues 23 and 24: one table from the files gpu_runs/kinds_pipeline.sh writes.
 
     python3 gpu_runs/kinds_table.py prompts --out DIR [--per-category 10] [--coding 64]
-        DIR/chat.json (the suite's test split, single-turn, round-robin over the chat categories)
+        DIR/chat.json (the suite's test split, or --split validation; single-turn, round-robin over the chat categories)
         and DIR/coding.json (its first coding prompts): the prompt files scripts/bench.py reads
     python3 gpu_runs/kinds_table.py params HEAD_DIR        # trainable parameters of a saved head (JSON)
     python3 gpu_runs/kinds_table.py table --root ROOT --out PREFIX
@@ -40,16 +40,17 @@ MTP_WITHIN_EAGLE3 = 0.10  # issue 23: mtp's speedup within 10% of eagle3's
 
 
 # ------------------------------------------------------------------ prompts
-def write_prompts(out: Path, per_category: int, coding: int) -> dict:
+def write_prompts(out: Path, per_category: int, coding: int, split: str = "test") -> dict:
     from specheads.evaluation.suite import CHAT_CATEGORIES, single_turn_texts
 
-    cats = [c for c in CHAT_CATEGORIES if single_turn_texts("test", [c], 1)]  # multi-turn has none
-    chat = single_turn_texts("test", cats, per_category * len(cats))  # categories in turn
-    code = single_turn_texts("test", ["coding"], coding)
+    cats = [c for c in CHAT_CATEGORIES if single_turn_texts(split, [c], 1)]  # multi-turn has none
+    chat = single_turn_texts(split, cats, per_category * len(cats))  # categories in turn
+    code = single_turn_texts(split, ["coding"], coding)
     out.mkdir(parents=True, exist_ok=True)
     (out / "chat.json").write_text(json.dumps(chat, indent=1))
     (out / "coding.json").write_text(json.dumps(code, indent=1))
-    counts = {"chat": len(chat), "coding": len(code), "chat_categories": cats, "per_category": per_category}
+    counts = {"chat": len(chat), "coding": len(code), "chat_categories": cats, "per_category": per_category,
+              "split": split}
     (out / "prompts.json").write_text(json.dumps(counts, indent=1))
     return counts
 
@@ -228,7 +229,8 @@ def markdown(table: dict) -> str:
              f"--speculation-policy fixed --max-new-tokens {s.get('max_new_tokens', 256)}` (tree 6,4,15, its depth capped "
              f"at the head's: mtp's modules, medusa's heads) on "
              f"{(table['prompts'] or {}).get('chat', '?')} chat and {(table['prompts'] or {}).get('coding', '?')} "
-             "coding prompts of the evaluation suite's test split, each kind against its own ar run on its GPU."]
+             f"coding prompts of the evaluation suite's {(table['prompts'] or {}).get('split', 'test')} split, each "
+             "kind against its own ar run on its GPU."]
     for g in table["goals"]:
         v = fmt(g["value"], ".2f")
         notes.append(f"- goal: {g['goal']}: {v} ({'met' if g['met'] else 'not met' if g['met'] is False else 'no value'})")
@@ -351,6 +353,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--per-category", type=int, default=10)
     p.add_argument("--coding", type=int, default=64)
+    p.add_argument("--split", choices=["test", "validation"], default="test",
+                   help="the suite's part: test (reported) or validation (choosing options: ablations)")
     p = sub.add_parser("params")
     p.add_argument("head")
     p = sub.add_parser("table")
@@ -359,7 +363,7 @@ def main(argv=None) -> int:
     sub.add_parser("selfcheck")
     args = ap.parse_args(argv)
     if args.cmd == "prompts":
-        print(json.dumps(write_prompts(Path(args.out), args.per_category, args.coding)))
+        print(json.dumps(write_prompts(Path(args.out), args.per_category, args.coding, args.split)))
     elif args.cmd == "params":
         print(json.dumps(head_params(args.head)))
     elif args.cmd == "table":
