@@ -181,6 +181,37 @@ def fit_stages(stages: int, block_m: int, cols: int, block_k: int, elem_size: in
     return max(1, min(stages, SMEM_BYTES // ((block_m + cols) * block_k * elem_size)))
 
 
+def plan(rows: int, n: int, k: int, silu: bool, elem_size: int, tile=None) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of a call over `rows` rows of a weight of
+    n outputs (after silu) and k inputs: the weight shape's tile (`_config`, or `tile`), the row
+    block and the many-rows tiles (Speed), then, where even one pipeline stage would not fit
+    SMEM_BYTES (a wide MLP's gate_up under the lm_head's many-rows tile: Qwen2.5-1.5B's 2 x 8960
+    x 1536 at a 256-token prefill asked 393 KB of an H100's 227), a shorter K step, then a
+    narrower column block. None of these changes a row's bits (see the module docstring)."""
+    width = 2 * n if silu else n
+    block_n, block_k, warps, stages = tile or _config(width, k)
+    # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
+    # gpu_runs/linear_check.py). Narrow weights want many programs (16-row blocks), an
+    # lm_head wants its 50-100 MB read once (one 64-row block). One 64-row block for the 41-row
+    # tree verify on SmolLM2 was slower: its forward 0.88 -> 1.05 ms (H200)
+    speed = active().speed
+    block_m = 16 if rows <= 16 else 64 if n >= 8192 else speed.linear_row_block
+    if rows > 16 and n < 8192:
+        block_n *= speed.linear_tree_n_scale
+    if n >= 8192 and rows > speed.linear_wide_many_rows:  # an lm_head over a batch of trees
+        block_m, block_n = speed.linear_wide_many_tile
+    elif rows > speed.linear_many_rows:  # batched trees, prefills: larger tiles, shorter K steps
+        block_m, block_n = speed.linear_many_row_block, max(block_n, speed.linear_many_n)
+        if tile is None:
+            block_k, stages = min(block_k, speed.linear_many_k), speed.linear_many_stages
+    cols = 2 if silu else 1
+    while (block_m + cols * block_n) * block_k * elem_size > SMEM_BYTES and block_k > 32:
+        block_k //= 2  # still divides k: halving a power of two that did
+    while (block_m + cols * block_n) * block_k * elem_size > SMEM_BYTES and block_n > 16:
+        block_n //= 2
+    return block_m, block_n, block_k, warps, fit_stages(stages, block_m, cols * block_n, block_k, elem_size)
+
+
 def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
     """t as [rows, k] with unit column stride (a view where one exists)."""
     t2 = t.reshape(-1, k)
@@ -224,23 +255,8 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     else:
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     res = _rows(residual, n) if residual is not None else out
-    block_n, block_k, warps, stages = tile or _config(weight.shape[0], k)
-    # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
-    # gpu_runs/linear_check.py). Narrow weights want many programs (16-row blocks), an
-    # lm_head wants its 50-100 MB read once (one 64-row block). One 64-row block for the 41-row
-    # tree verify on SmolLM2 was slower: its forward 0.88 -> 1.05 ms (H200)
-    t = active()
-    speed = t.speed
-    block_m = 16 if rows <= 16 else 64 if n >= 8192 else speed.linear_row_block
-    if rows > 16 and n < 8192:
-        block_n *= speed.linear_tree_n_scale
-    if n >= 8192 and rows > speed.linear_wide_many_rows:  # an lm_head over a batch of trees
-        block_m, block_n = speed.linear_wide_many_tile
-    elif rows > speed.linear_many_rows:  # batched trees, prefills: larger tiles, shorter K steps
-        block_m, block_n = speed.linear_many_row_block, max(block_n, speed.linear_many_n)
-        if tile is None:
-            block_k, stages = min(block_k, speed.linear_many_k), speed.linear_many_stages
-    stages = fit_stages(stages, block_m, block_n * (2 if silu else 1), block_k, x.element_size())
+    block_m, block_n, block_k, warps, stages = plan(rows, n, k, silu, x.element_size(), tile)
+    speed = active().speed
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()
     prefetch = prefetch_columns(weight.shape[0], k, weight.element_size()) if pdl["PDL"] else 0

@@ -215,3 +215,29 @@ def test_output_into_a_slice_of_a_wider_buffer(monkeypatch, kernels):
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="unit column stride"):
         lin.linear(x, w, out=torch.empty(2, 3, 48)[..., ::2])
+
+
+@pytest.mark.parametrize("n, k, silu", [
+    (8960, 1536, True), (4864, 896, True), (151936, 1536, False), (151936, 896, False),  # Qwen2.5 1.5B, 0.5B
+    (14336, 4096, True), (128256, 4096, False), (4096, 14336, False), (6144, 4096, False),  # Llama-3.1-8B
+    (1536, 576, True), (49152, 576, False)])  # SmolLM2
+def test_every_call_plans_a_tile_within_shared_memory(n, k, silu):
+    """A decode, a tree, a batch of trees and a prefill each get a tile whose one pipeline stage
+    fits the shared memory budget (a Qwen2.5-1.5B prefill once asked an H100 for 393 KB), with a
+    K step that still divides K."""
+    for rows in (1, 16, 41, 64, 256, 2048):
+        for elem in (2, 4):
+            block_m, block_n, block_k, warps, stages = lin.plan(rows, n, k, silu, elem)
+            cols = (2 if silu else 1) * block_n
+            assert (block_m + cols) * block_k * elem * stages <= lin.SMEM_BYTES, (rows, elem)
+            assert k % block_k == 0 and block_k >= 16 and stages >= 1
+
+
+def test_the_plan_keeps_the_tiles_that_fit():
+    """Only a tile that would not fit changes: SmolLM2's lm_head over a batch of trees keeps the
+    tuned many-rows tile; the 1.5B's gate_up at a prefill gets a shorter K step."""
+    speed = lin.active().speed
+    block_m, block_n, _, _, _ = lin.plan(256, 49152, 576, False, 2)
+    assert (block_m, block_n) == tuple(speed.linear_wide_many_tile)
+    _, _, block_k, _, _ = lin.plan(256, 8960, 1536, True, 2)
+    assert block_k < lin._config(2 * 8960, 1536)[1]
