@@ -2,8 +2,8 @@
 
     python3 gpu_runs/linear_check.py [--sweep] [--out DIR]
 
-For each weight shape of SmolLM2-135M (target layer, draft head, lm_heads) and of a
-Llama-3.1-8B layer: the error against the composed torch reference (bf16); whether a row's
+For each weight shape of SmolLM2-135M (target layer, draft head, lm_heads), of a
+Llama-3.1-8B layer and of Qwen2.5-0.5B / -1.5B (`--only q`): the error against the composed torch reference (bf16); whether a row's
 bits are the same alone and among 8 / 16 / 33 / 64 rows (the property that keeps bf16
 speculation identical to plain decoding); and the time of one call replayed in a CUDA graph,
 ours against the composed reference (cuBLAS + the separate norm / silu kernels + add).
@@ -33,6 +33,19 @@ SHAPES = [  # name, N, K, op
     ("8b gate_up", 28672, 4096, "norm_silu"),
     ("8b down", 4096, 14336, "res"),
     ("8b lm_head", 128256, 4096, "plain"),
+    # Qwen2.5(-Coder)-0.5B and -1.5B, the second target and the standalone-draft pair (their q/k/v
+    # biases left out: the bias add does not change what a tile costs). The 1.5B's plain step ran
+    # at 2.5 ms on an H100 against about 1 ms of weight reads (gpu_runs/pair_timing.py): --only q
+    ("q0.5b qkv", 1152, 896, "norm"),
+    ("q0.5b o_proj", 896, 896, "res"),
+    ("q0.5b gate_up", 9728, 896, "norm_silu"),
+    ("q0.5b down", 896, 4864, "res"),
+    ("q0.5b lm_head", 151936, 896, "plain"),
+    ("q1.5b qkv", 2048, 1536, "norm"),
+    ("q1.5b o_proj", 1536, 1536, "res"),
+    ("q1.5b gate_up", 17920, 1536, "norm_silu"),
+    ("q1.5b down", 1536, 8960, "res"),
+    ("q1.5b lm_head", 151936, 1536, "plain"),
 ]
 
 
