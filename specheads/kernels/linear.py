@@ -37,6 +37,10 @@ if triton is not None:
     import triton.language as tl
 
 SMEM_BYTES = 200 * 1024  # pipelined tiles a program may hold in shared memory (stages are cut to fit)
+# the fused norm sums a row's squares in chunks of this many inputs, whatever the K step: a K step
+# may differ between a decode, a tree and a prefill (Speed), the chunks of a sum may not (the
+# SmolLM2 target's K steps are 64 at every row count: its bits are the same as before)
+NORM_K = 64
 
 
 def serves(n: int, k: int) -> bool:
@@ -99,7 +103,7 @@ if triton is not None:
                        NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                        SCALED: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+                       NORM_K: tl.constexpr, NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
                        PREFETCH_K: tl.constexpr, LINE: tl.constexpr):
         rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -119,11 +123,13 @@ if triton is not None:
         dt = o_ptr.dtype.element_ty
         if NORM:  # a first pass for each row's mean square (K is a few thousand at most)
             ss = tl.zeros([BLOCK_M], tl.float32)
-            # NORM_UNROLL blocks' loads in flight at once: the pass is latency-bound (one L2 round
-            # trip per block), and it delays the weight stream; the sum keeps its block order
-            for k0 in range(0, n_in, NORM_UNROLL * BLOCK_K):
+            # in chunks of NORM_K inputs whatever the K step (a row's bits must not depend on the
+            # tile), NORM_UNROLL chunks' loads in flight at once: the pass is latency-bound (one L2
+            # round trip per chunk), and it delays the weight stream; the sum keeps its chunk order
+            nk = tl.arange(0, NORM_K)
+            for k0 in range(0, n_in, NORM_UNROLL * NORM_K):
                 for u in tl.static_range(NORM_UNROLL):
-                    kk = k0 + u * BLOCK_K + rk
+                    kk = k0 + u * NORM_K + nk
                     xf = tl.load(x_ptr + rm[:, None] * s_xm + kk[None, :],
                                  mask=m_ok[:, None] & (kk < n_in)[None, :], other=0.0).to(tl.float32)
                     ss += tl.sum(xf * xf, 1)
@@ -268,7 +274,8 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         SCALED=weight_scale is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        NORM_UNROLL=max(1, min(speed.linear_norm_keys // block_k, triton.cdiv(k, block_k))) if norm_weight is not None else 1,
+        NORM_K=NORM_K, NORM_UNROLL=max(1, min(speed.linear_norm_keys // NORM_K, triton.cdiv(k, NORM_K)))
+        if norm_weight is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
         PREFETCH_K=prefetch, LINE=line, num_warps=warps, num_stages=stages, **pdl)
     return given if given is not None else out.view(*x.shape[:-1], n)

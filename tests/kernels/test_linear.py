@@ -241,3 +241,22 @@ def test_the_plan_keeps_the_tiles_that_fit():
     assert (block_m, block_n) == tuple(speed.linear_wide_many_tile)
     _, _, block_k, _, _ = lin.plan(256, 8960, 1536, True, 2)
     assert block_k < lin._config(2 * 8960, 1536)[1]
+
+
+@needs_triton
+def test_a_normed_rows_bits_do_not_depend_on_the_k_step(interpret):
+    """The fused norm's mean square is summed in fixed 64-input chunks, whatever K step the
+    projection takes (a decode, a tree and a prefill may take different ones: Qwen2.5-1.5B's qkv
+    steps 512 inputs at a decode and 128 over 256 rows), so a row's norm keeps its bits. The
+    weight picks one input per output (one-hot rows): the products' sum is exact in any order,
+    so what could differ is the norm alone (the GPU's k16 dot chain is checked on the card:
+    gpu_runs/bit_check.py). float32: the interpreter's bfloat16 dot is not the GPU's."""
+    g = torch.Generator().manual_seed(8)
+    k, n = 1536, 24
+    x = torch.randn(4, k, generator=g) * 3
+    w = torch.zeros(n, k)
+    w[torch.arange(n), torch.randint(0, k, (n,), generator=g)] = 1.0
+    kw = dict(norm_weight=torch.rand(k, generator=g) + 0.5, eps=1e-6)
+    outs = [lin.linear(x, w, tile=(16, block_k, 4, 2), **kw) for block_k in (512, 256, 128, 64)]
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    torch.testing.assert_close(outs[0], lin.linear_reference(x, w, **kw), rtol=1e-5, atol=1e-5)
