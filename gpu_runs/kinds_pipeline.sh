@@ -16,7 +16,9 @@
 #      PREPARE_ARGS (--cut-loops 32, as the current head's data), TRAIN_ARGS (extra --set ... for every
 #      kind), CHAT_PER_CATEGORY (10: 70 chat prompts), CODING (64), SPLIT (test; validation for an ablation), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
 #      BENCH_NEED (s left that a bench of one prompt set needs to start, 200), PY (python3), ARGS_<kind> (extra
-#      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; the default shapes otherwise:
+#      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; a variant KIND+LABEL in KINDS is
+#      a run of its own with ARGS_KIND_LABEL, e.g. KINDS="mtp mtp+rand" ARGS_mtp_rand="--set
+#      head.lm_head_from_target=false" (an ablation: SPLIT=validation); the default shapes otherwise:
 #      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6).
 set -uo pipefail
 source gpu_runs/env.sh  # a TARGET set before (the CPU dry run) wins over env.sh's
@@ -71,7 +73,7 @@ cat > $ROOT/settings.json <<EOF
 {"kinds": [$(printf '"%s",' $KINDS | sed 's/,$//')], "epochs": $EPOCHS, "batch": $BATCH, "card": "$CARD",
  "max_new_tokens": 256, "commit": "$(git rev-parse --short HEAD 2>/dev/null || echo ?)", "code_sha1": "$(code_sha1)",
  "prepare_args": "$PREPARE_ARGS", "train_args": "$TRAIN_ARGS", "bench_args": "$BENCH_ARGS",
- "kind_args": {$(for k in $KINDS; do v=ARGS_$k; printf '"%s": "%s",' $k "${!v:-}"; done | sed 's/,$//')}}
+ "kind_args": {$(for k in $KINDS; do v=ARGS_${k//[^A-Za-z0-9_]/_}; printf '"%s": "%s",' $k "${!v:-}"; done | sed 's/,$//')}}
 EOF
 
 last_step() {  # the newest finished checkpoint's step (0 if none)
@@ -79,8 +81,8 @@ last_step() {  # the newest finished checkpoint's step (0 if none)
 }
 
 # ---------------------------------------------------------------- one kind: train (resuming), then bench
-kind_job() {
-  local kind=$1 run=$ROOT/runs/$1 t s0 rc l src extra=ARGS_$1
+kind_job() {  # $1: a kind, or a variant KIND+LABEL (its own run, with ARGS_KIND_LABEL)
+  local kind=$1 run=$ROOT/runs/$1 t s0 rc l src extra=ARGS_${1//[^A-Za-z0-9_]/_} head=${1%%+*}
   if [ ! -f $run/final/model.safetensors ]; then
     l=$(left)
     [ $l -lt 120 ] && { echo "kinds: $kind trains next call"; return; }
@@ -88,7 +90,7 @@ kind_job() {
     echo "kinds: $kind trains from step $s0 ($l s left)"
     # SIGTERM 45 s before the end: the trainer finishes its step, saves a checkpoint and exits
     timeout -s TERM -k 30 $(( l - 45 )) $PY train/train.py --config configs/smollm2-135m-eagle3.yaml \
-      --target $TARGET --data $DATA --output-dir $run --set head.kind=$kind \
+      --target $TARGET --data $DATA --output-dir $run --set head.kind=$head \
       --set train.batch_size=$BATCH --set train.epochs=$EPOCHS --set train.deepspeed=null \
       --set train.save_every=200 --set train.eval_every=100000 --set train.log_every=25 $TRAIN_ARGS ${!extra:-} \
       >> $ROOT/logs/$kind.train.log 2>&1
@@ -105,7 +107,7 @@ kind_job() {
     echo "kinds: $kind bench on $src ($l s left)"
     # a bench cut short leaves no file under the final name: the next call runs it again
     timeout -s TERM -k 10 $(( l - 15 )) $PY scripts/bench.py --target $TARGET --draft $run/final \
-      --methods ar $kind-tree --batch-sizes 1 8 --speculation-policy fixed --peers --num-prompts 100 \
+      --methods ar $head-tree --batch-sizes 1 8 --speculation-policy fixed --peers --num-prompts 100 \
       --prompts $ROOT/prompts/$src.json --out $ROOT/bench/.$kind-$src $BENCH_ARGS >> $ROOT/logs/$kind.bench.log 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then

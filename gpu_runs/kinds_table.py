@@ -100,6 +100,11 @@ def loop_seconds(metrics: list[dict]) -> tuple[float, int]:
     return seconds, steps
 
 
+def head_kind(name: str) -> str:
+    """The head kind of a run: a kind, or a variant KIND+LABEL (the pipeline's ARGS_KIND_LABEL)."""
+    return name.partition("+")[0]
+
+
 def bench_rows(root: Path, kind: str) -> dict:
     """(source, batch, 'ar'|'tree') -> bench row."""
     cells = {}
@@ -107,7 +112,7 @@ def bench_rows(root: Path, kind: str) -> dict:
         report = read_json(root / "bench" / f"{kind}-{source}.json")
         for r in (report or {}).get("rows", []):
             method = r["method"].partition(":")[0]
-            what = "ar" if method == "ar" else "tree" if method.startswith(f"{kind}-tree") else None
+            what = "ar" if method == "ar" else "tree" if method.startswith(f"{head_kind(kind)}-tree") else None
             if what:
                 cells[(source, r["batch"], what)] = {**r, "card": report.get("card")}
     return cells
@@ -217,7 +222,7 @@ def markdown(table: dict) -> str:
         served = f"{fmt(r['served_accept_chat'], '.2f')} / {fmt(r['served_accept_coding'], '.2f')}"
         params = fmt(r["trainable_params"] / 1e6 if r["trainable_params"] else None, ".1f")
         shape = r.get("shape") or {}
-        label = r["kind"] + (f" ({shape['num_modules']} modules)" if r["kind"] == "mtp" and "num_modules" in shape else
+        label = r["kind"] + (f" ({shape['num_modules']} modules)" if head_kind(r["kind"]) == "mtp" and "num_modules" in shape else
                              f" ({shape['num_heads']} heads)" if "num_heads" in shape else "")
         lines.append(f"| {label} | {params} | {fmt(r['s_per_epoch'], '.0f')} | {fmt(r['gpu_minutes'], '.1f')} "
                      f"| {acc} | {fmt(r['sim_accept'], '.2f')} | {served} | " + " | ".join(cells)
@@ -278,7 +283,7 @@ def fake_root(root: Path) -> None:
     import random
 
     rng = random.Random(0)
-    kinds = ["eagle3", "mtp", "eagle", "medusa"]
+    kinds = ["eagle3", "mtp", "eagle", "medusa", "mtp+rand"]  # the last: a variant of mtp (its own run)
     (root / "prompts").mkdir(parents=True, exist_ok=True)
     (root / "prompts" / "prompts.json").write_text(json.dumps({"chat": 28, "coding": 28}))
     (root / "settings.json").write_text(json.dumps({"kinds": kinds, "epochs": 1, "batch": 16, "card": "FAKE GPU",
@@ -287,7 +292,7 @@ def fake_root(root: Path) -> None:
     for i, kind in enumerate(kinds):
         run = root / "runs" / kind
         run.mkdir(parents=True, exist_ok=True)
-        depth = {"mtp": 3, "medusa": 4}.get(kind, 7)
+        depth = {"mtp": 3, "medusa": 4}.get(head_kind(kind), 7)
         # two calls: steps 1..500 (2 s a step), then 501..1000 (1 s a step); medusa in one call
         recs = []
         if kind == "medusa":
@@ -306,7 +311,7 @@ def fake_root(root: Path) -> None:
             "steps": 1000, "device": "FAKE GPU", "tokens": 123, "eval/acc": [round(0.8 - 0.02 * k, 4) for k in range(depth)],
             "eval/chain_acc": [0.8] * depth, "eval/accept_length": 3.0 + i / 10}))
         (run / "params.json").write_text(json.dumps({"trainable_params": 10_000_000 * (i + 1),
-                                                     "shape": {"num_modules": 3} if kind == "mtp" else {}}))
+                                                     "shape": {"num_modules": 3} if head_kind(kind) == "mtp" else {}}))
         (root / "bench").mkdir(exist_ok=True)
         for source in SOURCES:
             rows = []
@@ -315,7 +320,7 @@ def fake_root(root: Path) -> None:
                 tree = ar * (2.5 - i * 0.3) / b ** 0.2
                 rows.append({"method": "ar", "prompts": source, "batch": b, "tokens_per_s": ar,
                              "mean_accept_length": None})
-                rows.append({"method": f"{kind}-tree", "prompts": source, "batch": b, "tokens_per_s": tree,
+                rows.append({"method": f"{head_kind(kind)}-tree", "prompts": source, "batch": b, "tokens_per_s": tree,
                              "mean_accept_length": 3.5 - i * 0.2, "speedup_vs_ar": tree / ar,
                              "identical_to_ar": 1.0, "identical_to_ar_b1": 1.0 if b == 1 else 0.75})
             (root / "bench" / f"{kind}-{source}.json").write_text(json.dumps({"card": "FAKE GPU", "rows": rows}))
@@ -338,9 +343,13 @@ def selfcheck() -> None:
         assert rows["eagle"]["cells"] == {} and not rows["eagle"]["trained"]
         assert abs(rows["eagle3"]["cells"]["chat-b1"]["speedup_vs_ar"] - 2.5) < 1e-9
         assert rows["medusa"]["served_accept_coding"] == 3.5 - 3 * 0.2
-        assert table["ar"]["chat-b1"]["runs"] == 3
+        assert table["ar"]["chat-b1"]["runs"] == 4
         got = {g["goal"].split()[0]: g["met"] for g in table["goals"]}
         assert got["mtp"] is True and got["medusa"] is True and got["eagle"] is None, got
+        # the variant: its own row, read from its bench files' mtp-tree rows; the goals read the kind's run
+        assert abs(rows["mtp+rand"]["cells"]["chat-b1"]["speedup_vs_ar"] - (2.5 - 4 * 0.3)) < 1e-9
+        assert len(rows["mtp+rand"]["heldout_acc"]) == 3
+        assert not any(g["goal"].startswith("mtp+") for g in table["goals"])
         for ext in (".json", ".md", ".png"):
             assert (Path(tmp) / "out" / f"kinds_table{ext}").stat().st_size > 0
     print("selfcheck: ok")
