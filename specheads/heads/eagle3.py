@@ -599,11 +599,11 @@ class Eagle3Head(nn.Module):
         """One layer of a draft depth over its KV buffer: x is the layer's attention input (None for a
         later layer on the fused kernels: input_layernorm(residual) inside the qkv projection)."""
         cfg = self.config
-        attn = layer.self_attn
-        b, t = slots.shape
-        n_kv, d = cfg.num_key_value_heads, cfg.head_dim
-        span = attn_mask.shape[-1]
         if not self.fused:
+            attn = layer.self_attn
+            b, t = slots.shape
+            n_kv, d = cfg.num_key_value_heads, cfg.head_dim
+            span = attn_mask.shape[-1]
             cos, sin = self.rotary(position_ids, x.dtype)
             q, k, v = attn.qkv(x, cos, sin)
             idx = slots[:, None, :, None].expand(b, n_kv, t, d)

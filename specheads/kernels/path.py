@@ -13,7 +13,6 @@ two gathers, two copies); `take_path` is one.
 
 from __future__ import annotations
 
-
 from specheads.kernels.fused import _kernel, triton, use_triton
 
 if triton is not None:

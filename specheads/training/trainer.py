@@ -299,7 +299,7 @@ class Trainer:
         if asked and not takes:
             raise TrainingError(f"head.lm_head_from_target does not apply to {self.kind.title} heads "
                                 "(they read out through the target's lm_head itself, or have no lm_head): drop it")
-        if asked if asked is not None else getattr(head, "lm_head_from_target", False):
+        if getattr(head, "lm_head_from_target", False) if asked is None else asked:
             head.init_readout_from_target(self.target)
 
     def initial_head(self, spec: str) -> torch.nn.Module:
