@@ -6,12 +6,13 @@ position L and is not in any cache yet):
   once p+1+d <= L: module d's cache lags d positions behind the target's.
 - rings of the last positions' target features (positions L-W..L-1) and tokens (up to L).
 
-A step's `propose` first recomputes, module by module, every entry in the window of the last W
-positions whose inputs are known (entries known before are recomputed to the same values;
-those that became known this step are new): W covers what a step can accept plus the lag.
-Module 0's output at position L-1 (its input token is the root) gives the depth-1 drafts;
-module d then runs at position L-1 on each frontier node (its token and its parent's output)
-and gives depth d+1. Every drafted node attends to its module's cache and to itself.
+A step's `propose` runs each module once. Module d recomputes every entry in the window of the
+last W positions whose inputs are known (entries known before are recomputed to the same
+values; those that became known this step are new): W covers what a step can accept plus the
+lag. Module 0's output at position L-1 (its input token is the root) gives the depth-1 drafts;
+in the same call as its window, module d >= 1 runs at position L-1 on each frontier node (its
+token and its parent's output) and gives depth d+1. Every drafted node attends to its module's
+cache (the window's entries just written included) and to itself.
 `commit` writes the accepted path's target features and tokens into the rings.
 All of it at fixed shapes without host syncs: the engine captures draft and verify as one
 CUDA graph.
@@ -74,6 +75,8 @@ class MTPDrafter(Drafter):
         self.feats = torch.zeros(rows, self.ring + 1, feat, device=device, dtype=dtype)  # last index: discard
         self.tokens = torch.zeros(rows, self.ring + 1, dtype=torch.long, device=device)
         self.offsets = torch.arange(self.window, device=device) - self.window  # window positions - L
+        self.count = torch.arange(max(cap + self._room(), self.window), device=device)  # views: no launch a step
+        self.lag = torch.arange(1, self.modules + 1, device=device)[:, None, None]  # 1 + d, [D, 1, 1]
         self.pool.allocate(rows, device)
 
     def tier(self, shape) -> "MTPDrafter":
@@ -100,10 +103,11 @@ class MTPDrafter(Drafter):
         self.length[start:stop] = 0
 
     # ................................................................. helpers
-    def _run(self, d, tokens, hidden, positions, k_cache, v_cache, slots, mask):
-        """Module d over queries [b, T] at `positions`: their keys written at `slots` of the
-        module's cache (first b rows), attention over the cache's columns under mask [b, 1, T, S]."""
-        return self.head.draft(d, tokens, self.embed.weight, hidden, positions, k_cache, v_cache, slots, mask)
+    def _run(self, d, tokens, hidden, positions, k_cache, v_cache, slots, mask, rows=None):
+        """Module d over queries [b, T] at `positions` (inputs: hidden [b, T, H], or hidden's `rows`
+        [b, T]): their keys written at `slots` of the module's cache (first b rows), attention over
+        the cache's columns under mask [b, 1, T, S]."""
+        return self.head.draft(d, tokens, self.embed.weight, hidden, positions, k_cache, v_cache, slots, mask, rows)
 
     def _ring_write(self, rows: slice, positions, valid, feats, tokens_next) -> None:
         """Features at `positions` [k, n] and the token after each, into the rows' rings
@@ -151,58 +155,63 @@ class MTPDrafter(Drafter):
         self._ring_write(slice(0, b), positions, valid, feats, step.target_tokens.gather(1, at))
         self.length[:b] += step.accepted
 
-    def _feed(self, b: int, kv: int) -> torch.Tensor:
-        """Recompute the window's known entries of every module; module 0's output at L-1 [b, 1, H]."""
+    def _window(self, b: int, kv: int, k: int):
+        """The step's inputs for every module at once (built in a few launches, not a few per
+        module): the window's tokens [D, b, W], its features' rows in the ring [b, W], positions
+        [b, W + k] (the frontier's at L-1), cache slots [D, b, W + k] and masks [D, b, 1, W + k, S].
+        Module d's entry at window position p is known once p + 1 + d <= L (an unknown one goes
+        to the discard slot and sees only itself); the frontier (depth d + 1 nodes at L-1) sees
+        module d's known entries (written in the same call) and itself."""
         length = self.length[:b]
+        dev = length.device
         pos = length[:, None] + self.offsets  # [b, W]: L-W .. L-1
-        ok = pos >= 0
         pos0 = pos.clamp(min=0)
-        ring = pos % self.ring
-        hidden = self.feats[:b].gather(1, ring[:, :, None].expand(-1, -1, self.feats.shape[-1]))
         width = kv + self._room()
-        discard = width - 1
-        cols = torch.arange(width, device=pos.device)
-        out0 = None
-        for d in range(self.modules):
-            tok = self.tokens[:b].gather(1, (pos + 1 + d) % self.ring)
-            known = ok & (pos + 1 + d <= length[:, None])
-            slots = torch.where(known, pos0, discard)
-            # earlier positions, then the entry itself; entries not known yet see only their slot
-            mask = (cols[None, None, :] < pos0[:, :, None]) & known[:, :, None]
-            mask = (mask | (cols[None, None, :] == slots[:, :, None]))[:, None]
-            hidden = self._run(d, tok, hidden, pos0, self.k[d, :b], self.v[d, :b], slots, mask)
-            if d == 0:
-                out0 = hidden[:, -1:]
-        return out0
+        cols = self.count[:width]
+        w = pos.shape[1]
+        after = pos[None] + self.lag  # [D, b, W]: the position of each entry's input token
+        tokens = self.tokens[:b].gather(1, (after % self.ring).transpose(0, 1).reshape(b, -1))
+        tokens = tokens.view(b, self.modules, w).transpose(0, 1)
+        known = (pos[None] >= 0) & (after <= length[None, :, None])
+        front = (self.count[:k] + kv).expand(self.modules, b, k)
+        slots = torch.cat([torch.where(known, pos0[None], width - 1), front], 2)  # [D, b, W + k]
+        seen = torch.cat([(cols < pos0[:, :, None]) & known[..., None],  # earlier entries, if known
+                          (cols <= length[:, None, None] - self.lag[..., None]).expand(-1, -1, k, -1)], 2)
+        mask = (seen | (cols == slots[..., None]))[:, :, None]
+        positions = torch.cat([pos0, pos0[:, -1:].expand(b, k)], 1)  # the frontier at L-1
+        return tokens, pos % self.ring, positions, slots, mask
 
     def propose(self, ctx: DraftContext) -> Tree:
+        """Module by module, one call each: the window's entries (module d's cache catching up
+        with the committed tokens) and, from module 1 on, the frontier at L-1 (depth d + 1 drafts,
+        top-k of each node); module 0's output at L-1 gives the depth-1 drafts."""
         b, kv, roots = ctx.rows, ctx.kv, ctx.roots
         head, k = self.head, self.topk
         dev = roots.device
-        parent_out = self._feed(b, kv)  # [b, 1, H]
-        length = self.length[:b]
-        width = kv + self._room()
-        cols = torch.arange(width, device=dev)
+        tokens, ring_rows, positions, slots, mask = self._window(b, kv, k)
+        w = tokens.shape[2]
         target_ids = head.target_ids()
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)
-        logits = head.logits(parent_out)  # [b, 1, Vd]
+        out = self._run(0, tokens[0], self.feats[:b], positions[:, :w], self.k[0, :b], self.v[0, :b],
+                        slots[0, :, :w], mask[0, :, :, :w], rows=ring_rows)
         front_tok, front_score, parent, front_pool = topk_expand(
-            logits, self.pool.zero_score[:b], self.pool.no_parent[:b], k, target_ids, pool_tok[:, :k], pool_score[:, :k],
-            pool_parent[:, :k], 0, None, None, kv, 0)[:4]
-        hidden = parent_out.expand(b, k, -1)
-        pos = (length - 1).clamp(min=0)[:, None].expand(b, k)
-        slots = kv + torch.arange(k, device=dev).expand(b, k)
+            head.logits(out[:, w - 1:]), self.pool.zero_score[:b], self.pool.no_parent[:b], k, target_ids,
+            pool_tok[:, :k], pool_score[:, :k], pool_parent[:, :k], 0, None, None, kv, 0)[:4]
+        parent = parent + (w - 1)  # the frontier's parent rows in the last output (all: the entry at L-1)
+        window_rows = self.count[:w].expand(b, w)
         off = k
-        for d in range(1, self.steps):
-            # module d on the frontier at position L-1: its known cache entries (p + 1 + d <= L), itself
-            known = cols[None, None, :] <= (length - 1 - d)[:, None, None]
-            mask = (known | (cols[None, None, :] == slots[:, :, None]))[:, None]
-            out = self._run(d, front_tok, hidden, pos, self.k[d, :b], self.v[d, :b], slots, mask)
-            n = k * k
-            front_tok, front_score, parent, front_pool = topk_expand(
-                head.logits(out), front_score, front_pool, k, target_ids,
-                pool_tok[:, off: off + n], pool_score[:, off: off + n], pool_parent[:, off: off + n], off,
-                None, None, kv, 0)[:4]
-            hidden = out.gather(1, parent[:, :, None].expand(-1, -1, out.shape[-1]))
-            off += n
+        for d in range(1, self.modules):
+            if d < self.steps:  # the window, then the frontier (its inputs: its parents' outputs)
+                out = self._run(d, torch.cat([tokens[d], front_tok], 1), out, positions, self.k[d, :b],
+                                self.v[d, :b], slots[d], mask[d], rows=torch.cat([window_rows, parent], 1))
+                n = k * k
+                front_tok, front_score, parent, front_pool = topk_expand(
+                    head.logits(out[:, w:]), front_score, front_pool, k, target_ids,
+                    pool_tok[:, off: off + n], pool_score[:, off: off + n], pool_parent[:, off: off + n], off,
+                    None, None, kv, 0)[:4]
+                parent = parent + w
+                off += n
+            else:  # deeper than this tree: the window only (another tier drafts from it)
+                out = self._run(d, tokens[d], out, positions[:, :w], self.k[d, :b], self.v[d, :b],
+                                slots[d, :, :w], mask[d, :, :, :w], rows=window_rows)
         return self.pool.tree(roots, pool)

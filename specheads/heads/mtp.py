@@ -229,17 +229,20 @@ class MTPHead(DraftVocab, nn.Module):
         self._lm_int8 = quantize_rows(self.lm_head.weight) if lm_head_int8 else None
         return self
 
-    def draft(self, d: int, tokens, embed_weight, hidden, positions, k_cache, v_cache, slots, attn_mask):
+    def draft(self, d: int, tokens, embed_weight, hidden, positions, k_cache, v_cache, slots, attn_mask, rows=None):
         """Module d over drafting entries [B, T]: token ids, the previous depth's output (or the
-        target's feature) hidden [B, T, H], at `positions`; their keys and values written at `slots`
-        [B, T] of the module's k_cache / v_cache [B, kv_heads, S, D], attention over columns [:W]
-        under attn_mask bool [B, 1, T, W]. Returns the module's normed output [B, T, H]."""
+        target's feature) hidden [B, T, H] (or, with rows [B, T], hidden [B, S, H] read at those
+        rows), at `positions`; their keys and values written at `slots` [B, T] of the module's
+        k_cache / v_cache [B, kv_heads, S, D], attention over columns [:W] under attn_mask bool
+        [B, 1, T, W]. Returns the module's normed output [B, T, H]."""
         m = self.layers[d]
         hidden = hidden.to(k_cache.dtype)
         if not self.fused:  # the torch modules (the reference of the fused path)
+            if rows is not None:
+                hidden = hidden.gather(1, rows[:, :, None].expand(-1, -1, hidden.shape[-1]))
             cos, sin = self.rotary(positions, hidden.dtype)
             return m(F.embedding(tokens, embed_weight), hidden, cos, sin, cache_attend(k_cache, v_cache, slots, attn_mask))
-        x = head_input(tokens, embed_weight, hidden, None, m.enorm.weight, m.enorm.eps, m.hnorm.weight,
+        x = head_input(tokens, embed_weight, hidden, rows, m.enorm.weight, m.enorm.eps, m.hnorm.weight,
                        m.hnorm.eps)[0]
         x = linear(x, m.eh_proj.weight, tile=draft_tile(x))
         out = layer_over_cache(m, None, x, self.rotary, positions, k_cache, v_cache, slots, attn_mask,
