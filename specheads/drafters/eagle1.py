@@ -81,6 +81,7 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         self.pending_n = torch.ones(rows, dtype=torch.long, device=device)
         # constants a step reads (made here: a captured step launches nothing to make them)
         self.cols = torch.arange(cap + self.tree_room, device=device)
+        self.zero_rows = torch.zeros(rows, self.topk, dtype=torch.long, device=device)  # depth 1's parent: row 0
         self.target_ids = torch.arange(cfg.vocab_size, device=device)  # draft id == target id
         self.masks = torch.zeros(2, rows, self.topk, cap + self.tree_room, dtype=torch.bool, device=device)
         self.pool.allocate(rows, device)
@@ -95,12 +96,13 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         return tier
 
     # ................................................................. the head over the cache
-    def _run(self, tokens, features, positions, slots, mask):
-        """The head over entries [b, T] (token ids, features [b, T, H]) at `positions`: their keys
-        written at `slots` [b, T] of rows [:b]'s cache, attention over its first S columns under
-        mask [b, 1, T, S]. Returns the predicted features [b, T, H]."""
+    def _run(self, tokens, features, positions, slots, mask, rows=None):
+        """The head over entries [b, T] (token ids, features [b, T, H], or features' `rows` [b, T])
+        at `positions`: their keys written at `slots` [b, T] of rows [:b]'s cache, attention over
+        its first S columns under mask [b, 1, T, S]. Returns the predicted features [b, T, H]."""
         b = tokens.shape[0]
-        return self.head.draft(tokens, self.embed.weight, features, positions, self.k[:b], self.v[:b], slots, mask)
+        return self.head.draft(tokens, self.embed.weight, features, positions, self.k[:b], self.v[:b], slots, mask,
+                               rows)
 
     # ................................................................. the step
     def prefill(self, batch: PrefillBatch) -> None:
@@ -153,18 +155,18 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         front_tok, front_score, parent, front_pool = topk_expand(
             head.logits(hidden), self.pool.zero_score[:b], self.pool.no_parent[:b], k, self.target_ids,
             pool_tok[:, :k], pool_score[:, :k], pool_parent[:, :k], 0, masks[0], masks[0], kv, 0)[:4]
-        features = hidden.expand(b, k, hidden.shape[-1])  # depth 1: every node's parent is the root
+        features, rows = hidden, self.zero_rows[:b, :k]  # depth 1: every node's parent is the root
         slots = self.cols[kv: width][None]
         off = k
         for d in range(1, self.steps):
             mask_d = masks[(d - 1) % 2]
             out = self._run(front_tok, features, depth_positions[:, d - 1: d].expand(b, k),
-                            slots[:, (d - 1) * k: d * k].expand(b, k), mask_d[:, None, :, : kv + d * k])
+                            slots[:, (d - 1) * k: d * k].expand(b, k), mask_d[:, None, :, : kv + d * k], rows)
             n = k * k
             front_tok, front_score, parent, front_pool = topk_expand(
                 head.logits(out), front_score, front_pool, k, self.target_ids, pool_tok[:, off: off + n],
                 pool_score[:, off: off + n], pool_parent[:, off: off + n], off, mask_d,
                 masks[d % 2] if d + 1 < self.steps else None, kv, d * k)[:4]
-            features = out.gather(1, parent[:, :, None].expand(-1, -1, out.shape[-1]))
+            features, rows = out, parent  # the next depth reads its parents' rows in place
             off += n
         return self.pool.tree(roots, pool)

@@ -39,7 +39,7 @@ from torch import nn
 from specheads.heads.draft_vocab import one_feature_mismatches
 from specheads.heads.eagle3 import Eagle3Config
 from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, layer_over_cache
-from specheads.kernels.fused import embedding
+from specheads.kernels.draft import head_input
 from specheads.kernels.linear import linear, quantize_rows
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
 
@@ -254,15 +254,20 @@ class EagleHead(nn.Module):
         self._lm_int8 = quantize_rows(self.lm_head_weight()) if lm_head_int8 else None
         return self
 
-    def draft(self, tokens, embed_weight, features, positions, k_cache, v_cache, slots, attn_mask) -> torch.Tensor:
-        """Drafting entries [B, T] (token ids, features [B, T, H]) at `positions`: their keys and values
-        written at `slots` [B, T] of k_cache / v_cache [B, kv_heads, S, D], attention over columns [:W]
-        under attn_mask bool [B, 1, T, W]. Returns the predicted features [B, T, H]."""
+    def draft(self, tokens, embed_weight, features, positions, k_cache, v_cache, slots, attn_mask,
+              rows=None) -> torch.Tensor:
+        """Drafting entries [B, T] (token ids, features [B, T, H], or with rows [B, T] features
+        [B, S, H] read at those rows) at `positions`: their keys and values written at `slots`
+        [B, T] of k_cache / v_cache [B, kv_heads, S, D], attention over columns [:W] under
+        attn_mask bool [B, 1, T, W]. Returns the predicted features [B, T, H]."""
         features = features.to(k_cache.dtype)
         if not self.fused:  # the torch modules (the reference of the fused path)
+            if rows is not None:
+                features = features.gather(1, rows[:, :, None].expand(-1, -1, features.shape[-1]))
             return self(F.embedding(tokens, embed_weight), features, positions,
                         cache_attend(k_cache, v_cache, slots, attn_mask))
-        x = linear(torch.cat([embedding(tokens, embed_weight).to(features.dtype), features], -1), self.fc.weight,
+        # [embedding; features] in one kernel (no norms), the parents' rows read in place
+        x = linear(head_input(tokens, embed_weight, features, rows, None, None, None, None)[0], self.fc.weight,
                    tile=draft_tile(features))
         return layer_over_cache(self.layers[0], x, x, self.rotary, positions, k_cache, v_cache, slots, attn_mask,
                                 self.config.num_attention_heads)

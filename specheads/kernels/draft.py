@@ -48,9 +48,13 @@ BLOCK_V = 2048  # vocabulary entries per first-stage program
 # ---------------------------------------------------------------------------- references
 def head_input_reference(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden, eps_hidden):
     """tokens [B, T]; hidden [B, S, H] (any strides); rows [B, T] indices into S, or None for
-    hidden [B, T, H] itself. -> (x [B, T, 2H], the gathered hidden [B, T, H]), in hidden's dtype."""
+    hidden [B, T, H] itself. -> (x [B, T, 2H], the gathered hidden [B, T, H]), in hidden's dtype:
+    x = [norm(embedding); norm(hidden)], or with w_embed and w_hidden None the two unnormed
+    (EAGLE-1's fc input)."""
     emb = embed_weight[tokens].to(hidden.dtype)
     hid = hidden if rows is None else hidden.gather(1, rows[:, :, None].expand(-1, -1, hidden.shape[-1]))
+    if w_embed is None:
+        return torch.cat([emb, hid], dim=-1), hid
     return torch.cat([rms_norm(emb, w_embed, eps_embed), rms_norm(hid, w_hidden, eps_hidden)], dim=-1), hid
 
 
@@ -147,7 +151,8 @@ if triton is not None:
                          mask=(node[:, None] < k) & (col[None, :] < w_front))
 
     def _head_input_kernel(tok_ptr, emb_ptr, hid_ptr, row_ptr, we_ptr, wh_ptr, x_ptr, hout_ptr, n_tok, n_cols, eps_e, eps_h,
-                           s_tb, s_tt, s_hb, s_hs, s_rb, s_rt, HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                           s_tb, s_tt, s_hb, s_hs, s_rb, s_rt, HAS_ROWS: tl.constexpr, NORM: tl.constexpr,
+                           BLOCK: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             gdc_launch_dependents()
@@ -164,15 +169,19 @@ if triton is not None:
         h = tl.load(hid_ptr + b * s_hb + src * s_hs + cols, mask=ok, other=0.0)
         tl.store(hout_ptr + r * n_cols + cols, h, mask=ok)
         dt = h.dtype
-        # as the rmsnorm kernel: normalized in float32, rounded, then scaled and rounded
-        ef = e.to(dt).to(tl.float32)
-        ye = (ef * (1.0 / tl.sqrt(tl.sum(ef * ef, axis=0) / n_cols + eps_e))).to(dt)
-        we = tl.load(we_ptr + cols, mask=ok, other=0.0)
-        tl.store(x_ptr + r * 2 * n_cols + cols, (we.to(tl.float32) * ye.to(tl.float32)).to(dt), mask=ok)
-        hf = h.to(tl.float32)
-        yh = (hf * (1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps_h))).to(dt)
-        wh = tl.load(wh_ptr + cols, mask=ok, other=0.0)
-        tl.store(x_ptr + r * 2 * n_cols + n_cols + cols, (wh.to(tl.float32) * yh.to(tl.float32)).to(dt), mask=ok)
+        if not NORM:  # the embedding (in hidden's dtype) and the hidden state as they are
+            tl.store(x_ptr + r * 2 * n_cols + cols, e.to(dt), mask=ok)
+            tl.store(x_ptr + r * 2 * n_cols + n_cols + cols, h, mask=ok)
+        else:
+            # as the rmsnorm kernel: normalized in float32, rounded, then scaled and rounded
+            ef = e.to(dt).to(tl.float32)
+            ye = (ef * (1.0 / tl.sqrt(tl.sum(ef * ef, axis=0) / n_cols + eps_e))).to(dt)
+            we = tl.load(we_ptr + cols, mask=ok, other=0.0)
+            tl.store(x_ptr + r * 2 * n_cols + cols, (we.to(tl.float32) * ye.to(tl.float32)).to(dt), mask=ok)
+            hf = h.to(tl.float32)
+            yh = (hf * (1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / n_cols + eps_h))).to(dt)
+            wh = tl.load(wh_ptr + cols, mask=ok, other=0.0)
+            tl.store(x_ptr + r * 2 * n_cols + n_cols + cols, (wh.to(tl.float32) * yh.to(tl.float32)).to(dt), mask=ok)
 
     # A candidate's value and index in one int64 key, so that one max-reduction finds both:
     #   key = ordered(value) * 2^32 + (2^31 - 1 - index)
@@ -354,9 +363,10 @@ def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden,
     hid = torch.empty(b, t, n, dtype=hidden.dtype, device=hidden.device)
     r = rows if rows is not None else tokens  # unused without rows
     _kernel(_head_input_kernel)[(b * t,)](
-        tokens, embed_weight, hidden, r, w_embed, w_hidden, x, hid, t, n, eps_embed, eps_hidden,
+        tokens, embed_weight, hidden, r, hidden if w_embed is None else w_embed,
+        hidden if w_hidden is None else w_hidden, x, hid, t, n, eps_embed or 0.0, eps_hidden or 0.0,
         tokens.stride(0), tokens.stride(1), hidden.stride(0), hidden.stride(1), r.stride(0), r.stride(1),
-        HAS_ROWS=rows is not None, BLOCK=triton.next_power_of_2(n), **pdl_options(hidden, "head_input"))
+        HAS_ROWS=rows is not None, NORM=w_embed is not None, BLOCK=triton.next_power_of_2(n), **pdl_options(hidden, "head_input"))
     return x, hid
 
 

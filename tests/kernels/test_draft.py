@@ -65,6 +65,23 @@ def _run(fn, case, k, off, ctx, width, with_mask):
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_input_without_norms_is_the_plain_concatenation(interpret, dtype):
+    """EAGLE-1's fc input: [embedding (in the hidden's dtype); the parent's row], copied exactly."""
+    g = torch.Generator().manual_seed(1)
+    b, h, vocab = 2, 40, 50
+    table = torch.randn(vocab, h, generator=g).to(dtype)  # the target's embedding, in the head's dtype
+    tokens = torch.randint(0, vocab, (b, 3), generator=g)
+    hidden = torch.randn(b, 4, h + 8, generator=g).to(dtype)[..., :h]
+    rows = torch.tensor([[3, 0, 3], [1, 2, 0]])
+    x, hid = draft.head_input(tokens, table, hidden, rows, None, None, None, None)
+    want = hidden.gather(1, rows[:, :, None].expand(-1, -1, h))
+    assert torch.equal(hid, want)
+    assert torch.equal(x, torch.cat([table[tokens], want], -1))
+    assert torch.equal(x, draft.head_input_reference(tokens, table, hidden, rows, None, None, None, None)[0])
+
+
+@needs_triton
 @pytest.mark.parametrize("b, n, k, vocab, block, width", [
     (1, 1, 4, 300, 64, 0),  # the root's children: one node, 5 chunks, first mask rows
     (2, 4, 4, 300, 64, 8),  # a deeper depth: 4 nodes x 4 children, ancestors copied

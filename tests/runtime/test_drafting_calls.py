@@ -1,7 +1,10 @@
-"""The MTP drafter runs each module once a step (its window's entries and the frontier in one
+"""Fewer launches a draft step, the same drafts.
+
+The MTP drafter runs each module once a step (its window's entries and the frontier in one
 call, the masks of every module built together): it drafts the same trees as running the window
 and then the frontier module by module, each call building its own mask (the reference below),
-so the same tokens are accepted at every step."""
+so the same tokens are accepted at every step. EAGLE-1 and MTP read a depth's inputs at its
+parents' rows inside the input kernel instead of gathering them first: the same outputs."""
 
 from __future__ import annotations
 
@@ -111,3 +114,37 @@ def test_one_call_per_module_on_the_triton_kernels(target, monkeypatch):
     assert head.fused
     assert ours == per_step(target, head, ModuleByModule, TRAIN[:2], 8, **args)
     assert sum(r[2] for r in ours) > 0
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_parent_rows_read_in_place_equal_gathered_inputs(kind, monkeypatch):
+    """A depth's input read at its parents' rows inside the input kernel (EAGLE-1: the plain
+    [embedding; feature], MTP: the normed pair) equals the input gathered first."""
+    target = make_target(seed=1, vocab=VOCAB, max_positions=128)  # its own: fusing changes it
+    head = train_head(target, TRAIN[:4], steps=5, kind=kind, **({"num_modules": 2} if kind == "mtp" else {}))
+    interpret_triton(monkeypatch)
+    from specheads.kernels import fused
+
+    target.fuse_for_inference()
+    if kind == "eagle":
+        head.attach_target(target)
+    head.fuse_for_inference()
+    g = torch.Generator().manual_seed(0)
+    b, t, n_out, width = 2, 3, 5, 12
+    cfg = head.config
+    hidden = torch.randn(b, n_out, cfg.hidden_size, generator=g)
+    rows = torch.tensor([[4, 0, 4], [1, 3, 2]])
+    tokens = torch.randint(0, VOCAB, (b, t), generator=g)
+    positions = torch.tensor([[7, 7, 7], [9, 9, 9]])
+    slots = torch.tensor([[9, 10, 11], [9, 10, 11]])
+    mask = (torch.arange(width)[None, None, :] < 8) | (torch.arange(width)[None, None, :] == slots[:, :, None])
+    gathered = hidden.gather(1, rows[:, :, None].expand(-1, -1, hidden.shape[-1]))
+    outs = []
+    for inputs, r in ((hidden, rows), (gathered, None)):
+        k_cache = torch.zeros(b, cfg.num_key_value_heads, width, cfg.head_dim)
+        v_cache = torch.zeros_like(k_cache)
+        args = (tokens, target.model.embed_tokens.weight, inputs, positions, k_cache, v_cache, slots, mask[:, None])
+        outs.append(head.draft(*args, rows=r) if kind == "eagle" else head.draft(0, *args, rows=r))
+    assert fused.use_triton(hidden)
+    assert torch.equal(outs[0], outs[1])
