@@ -1,0 +1,127 @@
+"""What one speculative step costs for each head kind, against a plain decode step: SmolLM2-135M's
+shapes with random weights (a step's kernels and shapes do not depend on the weights, only how
+many tokens it accepts does), so no GGUF or trained head has to travel. Each kind drafts its tree
+(default 6,4,15, capped at the head's depth) every step; each engine.step() is timed on the host
+after warm-up, and the median step is reported (a step that captures a new cache bucket's CUDA
+graph as the rows grow is an outlier), batch rows all decoding.
+
+    python3 gpu_runs/draft_step_times.py --out $OUT/step_times [--kinds ar eagle3 mtp eagle medusa]
+        [--batch-sizes 1 8] [--steps 200] [--label new] [--accept mtp=3.21 eagle3=2.62 ...]
+
+With --accept (served tokens a step, e.g. from a kinds table) it also prints the speedup those
+would give at this step cost: accept / (step ms / ar step ms). Old and new code side by side:
+run it from each checkout on the same card (gpu_runs/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+               num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+               rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)
+SHAPES = {"mtp": {"num_modules": 5}, "medusa": {"num_heads": 4}}
+
+
+def build(kind: str, device, dtype, layers: int):
+    from transformers import LlamaConfig
+
+    from specheads.target.model import TargetModel
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**{**SMOLLM2, "num_hidden_layers": layers})
+    target = TargetModel(cfg).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    if kind == "ar":
+        return target, None
+    from specheads.heads.registry import head_kind
+
+    entry = head_kind(kind)
+    hcfg = entry.config.for_target(target, draft_vocab_size=32000, **SHAPES.get(kind, {}))
+    head = entry.module(hcfg).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return target, head
+
+
+def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: int) -> dict:
+    from specheads.runtime.engine import Request, SpecEngine
+    from specheads.runtime.sampling import SamplingParams
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target, head = build(kind, device, dtype, layers)
+    kw = {} if kind == "ar" else dict(num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2])
+    engine = SpecEngine(target, head, method=kind, max_batch=batch, max_len=prompt_len + 4 * steps + 64, **kw)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(batch):
+        prompt = torch.randint(0, SMOLLM2["vocab_size"], (prompt_len,), generator=g).tolist()
+        engine.add(Request(prompt, SamplingParams(max_new_tokens=4 * steps + 32)))
+    warm = 20
+    for _ in range(warm):
+        engine.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    # each step alone (engine.step() reads the step before it: its wall time is a step's); the
+    # median leaves out the steps that capture a new cache bucket's graph as the rows grow
+    times = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    mean = (time.perf_counter() - t0) * 1e3 / steps
+    times.sort()
+    depth = getattr(engine.drafter, "depth", 0) if engine.drafter is not None else 0
+    return {"kind": kind, "batch": batch, "ms_per_step": round(times[len(times) // 2] * 1e3, 4),
+            "mean_ms": round(mean, 4), "p90_ms": round(times[int(0.9 * len(times))] * 1e3, 4), "steps": steps,
+            "draft_depth": depth, "rows": len(engine.rows)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="step_times")
+    ap.add_argument("--kinds", nargs="+", default=["ar", "eagle3", "mtp", "eagle", "medusa"])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--tree", default="6,4,15")
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--prompt-len", type=int, default=200)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--accept", nargs="*", default=[], metavar="KIND=TOKENS", help="served tokens a step")
+    args = ap.parse_args()
+    tree = tuple(int(x) for x in args.tree.split(","))
+    accept = {k: float(v) for k, v in (a.split("=") for a in args.accept)}
+    rows = []
+    for batch in args.batch_sizes:
+        for kind in args.kinds:
+            r = time_kind(kind, batch, args.steps, tree, args.layers, args.prompt_len)
+            rows.append(r)
+            print(f"{args.label} b{batch} {kind:>7}: {r['ms_per_step']:.3f} ms a step (depth {r['draft_depth']})",
+                  flush=True)
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    ar = {r["batch"]: r["ms_per_step"] for r in rows if r["kind"] == "ar"}
+    for r in rows:
+        if r["batch"] in ar:
+            r["x_ar_step"] = round(r["ms_per_step"] / ar[r["batch"]], 3)
+            if r["kind"] in accept:
+                r["accept"] = accept[r["kind"]]
+                r["predicted_speedup"] = round(accept[r["kind"]] / r["x_ar_step"], 3)
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    report = {"card": card, "label": args.label, "tree": args.tree, "layers": args.layers,
+              "prompt_len": args.prompt_len, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    print(f"{'label':>6} {'batch':>5} {'kind':>7} {'ms/step':>8} {'x ar':>6} {'accept':>6} {'pred.':>6}")
+    for r in rows:
+        print(f"{args.label:>6} {r['batch']:>5} {r['kind']:>7} {r['ms_per_step']:>8.3f} {r.get('x_ar_step', 0):>6.2f} "
+              f"{r.get('accept', 0):>6.2f} {r.get('predicted_speedup', 0):>6.2f}")
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
