@@ -26,6 +26,7 @@ from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
 from specheads.drafters.common import CandidatePool, check_head_setup, tier_copy
 from specheads.kernels.draft import topk_expand
+from specheads.kernels.path import take_path
 from specheads.runtime.tree import Tree
 
 
@@ -145,15 +146,11 @@ class MTPDrafter(Drafter):
                          nxt.gather(1, src))
 
     def commit(self, step: StepResult) -> None:
+        """The accepted path's target features and the token after each into the rings, past the
+        committed length; the length advanced (one launch)."""
         b = step.rows
-        path = step.path
-        at = path.clamp(min=0)
-        base = self.length[:b]
-        positions = base[:, None] + torch.arange(path.shape[1], device=path.device)
-        valid = torch.arange(path.shape[1], device=path.device)[None] < step.accepted[:, None]
-        feats = step.features.gather(1, at[:, :, None].expand(-1, -1, step.features.shape[-1]))
-        self._ring_write(slice(0, b), positions, valid, feats, step.target_tokens.gather(1, at))
-        self.length[:b] += step.accepted
+        take_path(step.path, step.accepted, step.features, step.target_tokens, self.feats[:b], self.tokens[:b],
+                  self.length[:b], ring=self.ring)
 
     def _window(self, b: int, kv: int, k: int):
         """The step's inputs for every module at once (built in a few launches, not a few per
