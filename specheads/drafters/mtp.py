@@ -26,6 +26,7 @@ from specheads.drafters import DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
 from specheads.drafters.common import CandidatePool, check_head_setup, tier_copy
 from specheads.kernels.draft import topk_expand
+from specheads.kernels.mtp_window import mtp_window
 from specheads.kernels.path import take_path
 from specheads.runtime.tree import Tree
 
@@ -75,9 +76,7 @@ class MTPDrafter(Drafter):
         feat = self.head.config.target_hidden_size
         self.feats = torch.zeros(rows, self.ring + 1, feat, device=device, dtype=dtype)  # last index: discard
         self.tokens = torch.zeros(rows, self.ring + 1, dtype=torch.long, device=device)
-        self.offsets = torch.arange(self.window, device=device) - self.window  # window positions - L
-        self.count = torch.arange(max(cap + self._room(), self.window), device=device)  # views: no launch a step
-        self.lag = torch.arange(1, self.modules + 1, device=device)[:, None, None]  # 1 + d, [D, 1, 1]
+        self.count = torch.arange(self.window, device=device)  # the window's rows (a view a step: no launch)
         self.pool.allocate(rows, device)
 
     def tier(self, shape) -> "MTPDrafter":
@@ -153,30 +152,11 @@ class MTPDrafter(Drafter):
                   self.length[:b], ring=self.ring)
 
     def _window(self, b: int, kv: int, k: int):
-        """The step's inputs for every module at once (built in a few launches, not a few per
-        module): the window's tokens [D, b, W], its features' rows in the ring [b, W], positions
-        [b, W + k] (the frontier's at L-1), cache slots [D, b, W + k] and masks [D, b, 1, W + k, S].
-        Module d's entry at window position p is known once p + 1 + d <= L (an unknown one goes
-        to the discard slot and sees only itself); the frontier (depth d + 1 nodes at L-1) sees
-        module d's known entries (written in the same call) and itself."""
-        length = self.length[:b]
-        dev = length.device
-        pos = length[:, None] + self.offsets  # [b, W]: L-W .. L-1
-        pos0 = pos.clamp(min=0)
-        width = kv + self._room()
-        cols = self.count[:width]
-        w = pos.shape[1]
-        after = pos[None] + self.lag  # [D, b, W]: the position of each entry's input token
-        tokens = self.tokens[:b].gather(1, (after % self.ring).transpose(0, 1).reshape(b, -1))
-        tokens = tokens.view(b, self.modules, w).transpose(0, 1)
-        known = (pos[None] >= 0) & (after <= length[None, :, None])
-        front = (self.count[:k] + kv).expand(self.modules, b, k)
-        slots = torch.cat([torch.where(known, pos0[None], width - 1), front], 2)  # [D, b, W + k]
-        seen = torch.cat([(cols < pos0[:, :, None]) & known[..., None],  # earlier entries, if known
-                          (cols <= length[:, None, None] - self.lag[..., None]).expand(-1, -1, k, -1)], 2)
-        mask = (seen | (cols == slots[..., None]))[:, :, None]
-        positions = torch.cat([pos0, pos0[:, -1:].expand(b, k)], 1)  # the frontier at L-1
-        return tokens, pos % self.ring, positions, slots, mask
+        """The step's inputs for every module at once (kernels/mtp_window.py, one launch): the
+        window's tokens [D, b, W], its features' rows in the ring [b, W], positions [b, W + k]
+        (the frontier's at L-1), cache slots [D, b, W + k] and masks [D, b, 1, W + k, S]."""
+        return mtp_window(self.length[:b], self.tokens[:b], self.window, self.ring, self.modules, kv,
+                          kv + self._room(), k)
 
     def propose(self, ctx: DraftContext) -> Tree:
         """Module by module, one call each: the window's entries (module d's cache catching up

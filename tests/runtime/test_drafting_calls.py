@@ -28,7 +28,7 @@ class ModuleByModule(MTPDrafter):
 
     def _feed(self, b, kv):
         length = self.length[:b]
-        pos = length[:, None] + self.offsets
+        pos = length[:, None] + torch.arange(self.window) - self.window
         ok = pos >= 0
         pos0 = pos.clamp(min=0)
         hidden = self.feats[:b].gather(1, (pos % self.ring)[:, :, None].expand(-1, -1, self.feats.shape[-1]))
