@@ -35,13 +35,10 @@ def take_path_reference(path, count, feats, tokens, feats_out, tokens_out, count
         tokens_out.copy_(after)
         count_out.copy_(count)
         return
-    b, cols = path.shape
-    pos = count_out[:, None] + torch.arange(cols, device=path.device)
-    take = torch.arange(cols, device=path.device)[None] < count[:, None]
-    for i in range(b):  # the reference: a row at a time, the taken nodes only
-        n = int(take[i].sum())
-        feats_out[i, pos[i, :n] % ring] = taken[i, :n].to(feats_out.dtype)
-        tokens_out[i, (pos[i, :n] + 1) % ring] = after[i, :n]
+    row, j = (torch.arange(path.shape[1], device=path.device)[None] < count[:, None]).nonzero(as_tuple=True)
+    pos = count_out[row] + j  # the taken nodes' positions
+    feats_out[row, pos % ring] = taken[row, j].to(feats_out.dtype)
+    tokens_out[row, (pos + 1) % ring] = after[row, j]
     count_out += count
 
 
@@ -96,22 +93,17 @@ def take_path(path, count, feats, tokens, feats_out, tokens_out, count_out, ring
         raise ValueError(f"path outputs hold {tuple(tokens_out.shape)} entries; the paths are {(b, cols)}")
     if not use_triton(path):
         return take_path_reference(path, count, feats, tokens, feats_out, tokens_out, count_out, ring)
-    if ring is not None:
-        assert all(t.stride(-1) == 1 for t in (path, feats, tokens, feats_out, tokens_out))
-        assert count.is_contiguous() and count_out.is_contiguous()
-        n_feat = feats.shape[-1]
-        _kernel(_ring_path_kernel)[(b,)](path, count, feats, tokens, feats_out, tokens_out, count_out, n_feat, ring,
-                                         path.stride(0), feats.stride(0), feats.stride(1), tokens.stride(0),
-                                         feats_out.stride(0), feats_out.stride(1), tokens_out.stride(0),
-                                         COLS=cols, CP=triton.next_power_of_2(cols),
-                                         BLOCK=min(1024, triton.next_power_of_2(n_feat)))
-        return
     assert all(t.stride(-1) == 1 for t in (path, feats, tokens, feats_out, tokens_out))
     assert count.is_contiguous() and count_out.is_contiguous()
     n_feat = feats.shape[-1]
+    strides = (path.stride(0), feats.stride(0), feats.stride(1), tokens.stride(0), feats_out.stride(0),
+               feats_out.stride(1), tokens_out.stride(0))
+    if ring is not None:  # one program a row: it reads the length, then moves it
+        _kernel(_ring_path_kernel)[(b,)](path, count, feats, tokens, feats_out, tokens_out, count_out, n_feat, ring,
+                                         *strides, COLS=cols, CP=triton.next_power_of_2(cols),
+                                         BLOCK=min(1024, triton.next_power_of_2(n_feat)))
+        return
     block = min(2048, triton.next_power_of_2(n_feat))
     grid = (b, triton.cdiv(n_feat, block))
-    _kernel(_take_path_kernel)[grid](path, count, feats, tokens, feats_out, tokens_out, count_out, n_feat,
-                                     path.stride(0), feats.stride(0), feats.stride(1), tokens.stride(0),
-                                     feats_out.stride(0), feats_out.stride(1), tokens_out.stride(0),
+    _kernel(_take_path_kernel)[grid](path, count, feats, tokens, feats_out, tokens_out, count_out, n_feat, *strides,
                                      COLS=cols, CP=triton.next_power_of_2(cols), BLOCK=block)
