@@ -76,7 +76,6 @@ class MTPDrafter(Drafter):
         feat = self.head.config.target_hidden_size
         self.feats = torch.zeros(rows, self.ring + 1, feat, device=device, dtype=dtype)  # last index: discard
         self.tokens = torch.zeros(rows, self.ring + 1, dtype=torch.long, device=device)
-        self.count = torch.arange(self.window, device=device)  # the window's rows (a view a step: no launch)
         self.pool.allocate(rows, device)
 
     def tier(self, shape) -> "MTPDrafter":
@@ -152,43 +151,47 @@ class MTPDrafter(Drafter):
                   self.length[:b], ring=self.ring)
 
     def _window(self, b: int, kv: int, k: int):
-        """The step's inputs for every module at once (kernels/mtp_window.py, one launch): the
-        window's tokens [D, b, W], its features' rows in the ring [b, W], positions [b, W + k]
-        (the frontier's at L-1), cache slots [D, b, W + k] and masks [D, b, 1, W + k, S]."""
+        """The step's inputs for every module at once (kernels/mtp_window.py, one launch): tokens
+        and hidden rows [D, b, W + k] (the frontier's last k filled in by the expansions), positions
+        [b, W + k] (the frontier's at L-1), cache slots [D, b, W + k] and masks [D, b, 1, W + k, S]."""
         return mtp_window(self.length[:b], self.tokens[:b], self.window, self.ring, self.modules, kv,
                           kv + self._room(), k)
 
     def propose(self, ctx: DraftContext) -> Tree:
         """Module by module, one call each: the window's entries (module d's cache catching up
         with the committed tokens) and, from module 1 on, the frontier at L-1 (depth d + 1 drafts,
-        top-k of each node); module 0's output at L-1 gives the depth-1 drafts."""
+        top-k of each node); module 0's output at L-1 gives the depth-1 drafts. Each expansion
+        writes the next module's frontier tokens and parent rows into its inputs in place."""
         b, kv, roots = ctx.rows, ctx.kv, ctx.roots
-        head, k = self.head, self.topk
+        head, k, w = self.head, self.topk, self.window
         dev = roots.device
-        tokens, ring_rows, positions, slots, mask = self._window(b, kv, k)
-        w = tokens.shape[2]
+        tokens, rows, positions, slots, mask = self._window(b, kv, k)
         target_ids = head.target_ids()
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)
-        out = self._run(0, tokens[0], self.feats[:b], positions[:, :w], self.k[0, :b], self.v[0, :b],
-                        slots[0, :, :w], mask[0, :, :, :w], rows=ring_rows)
-        front_tok, front_score, parent, front_pool = topk_expand(
-            head.logits(out[:, w - 1:]), self.pool.zero_score[:b], self.pool.no_parent[:b], k, target_ids,
-            pool_tok[:, :k], pool_score[:, :k], pool_parent[:, :k], 0, None, None, kv, 0)[:4]
-        parent = parent + (w - 1)  # the frontier's parent rows in the last output (all: the entry at L-1)
-        window_rows = self.count[:w].expand(b, w)
+
+        def expand(d, logits, front_score, front_pool, off, n):
+            """Depth d + 1's drafts from module d's logits; the new frontier into module d + 1's
+            inputs (its parents: rows of module d's output, the frontier's after the window)."""
+            dst = {}
+            if d + 1 < self.modules:
+                dst = dict(tok_out=tokens[d + 1, :, w:], parent_out=rows[d + 1, :, w:],
+                           parent_base=w - 1 if d == 0 else w)
+            return topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok[:, off: off + n],
+                               pool_score[:, off: off + n], pool_parent[:, off: off + n], off, None, None, kv, 0,
+                               **dst)[1:4:2]
+
+        out = self._run(0, tokens[0, :, :w], self.feats[:b], positions[:, :w], self.k[0, :b], self.v[0, :b],
+                        slots[0, :, :w], mask[0, :, :, :w], rows=rows[0, :, :w])
+        front_score, front_pool = expand(0, head.logits(out[:, w - 1:]), self.pool.zero_score[:b],
+                                         self.pool.no_parent[:b], 0, k)
         off = k
         for d in range(1, self.modules):
             if d < self.steps:  # the window, then the frontier (its inputs: its parents' outputs)
-                out = self._run(d, torch.cat([tokens[d], front_tok], 1), out, positions, self.k[d, :b],
-                                self.v[d, :b], slots[d], mask[d], rows=torch.cat([window_rows, parent], 1))
-                n = k * k
-                front_tok, front_score, parent, front_pool = topk_expand(
-                    head.logits(out[:, w:]), front_score, front_pool, k, target_ids,
-                    pool_tok[:, off: off + n], pool_score[:, off: off + n], pool_parent[:, off: off + n], off,
-                    None, None, kv, 0)[:4]
-                parent = parent + w
-                off += n
+                out = self._run(d, tokens[d], out, positions, self.k[d, :b], self.v[d, :b], slots[d], mask[d],
+                                rows=rows[d])
+                front_score, front_pool = expand(d, head.logits(out[:, w:]), front_score, front_pool, off, k * k)
+                off += k * k
             else:  # deeper than this tree: the window only (another tier drafts from it)
-                out = self._run(d, tokens[d], out, positions[:, :w], self.k[d, :b], self.v[d, :b],
-                                slots[d, :, :w], mask[d, :, :, :w], rows=window_rows)
+                out = self._run(d, tokens[d, :, :w], out, positions[:, :w], self.k[d, :b], self.v[d, :b],
+                                slots[d, :, :w], mask[d, :, :, :w], rows=rows[d, :, :w])
         return self.pool.tree(roots, pool)

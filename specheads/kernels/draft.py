@@ -191,7 +191,7 @@ if triton is not None:
 
     def _topk_kernel(logit_ptr, key_ptr, stat_ptr, cnt_ptr, n_vocab, n_chunks, s_row,
                      fs_ptr, fp_ptr, tid_ptr, ptok_ptr, pscore_ptr, ppar_ptr, btok_ptr, bscore_ptr, bpar_ptr, bpool_ptr,
-                     msrc_ptr, mdst_ptr, n_front, pool_base, ctx, width,
+                     msrc_ptr, mdst_ptr, n_front, pool_base, ctx, width, par_base, s_bt, s_bp,
                      s_fs, s_fp, s_pt, s_ps, s_pp, s_mb, s_mr,
                      emb_ptr, hid_ptr, we_ptr, wh_ptr, x_ptr, hout_ptr, n_cols, eps_e, eps_h, s_hb, s_hs,
                      nrow_ptr, s_lb,
@@ -283,9 +283,9 @@ if triton is not None:
             # at k = 8 (H200, tree_parts.py --profile)
             tl.debug_barrier()  # the pool's tokens, stored above by other threads, are read back
             new_tok = tl.load(ptok_ptr + b * s_pt + f, mask=r_ok, other=0)
-            tl.store(btok_ptr + b * K + r, new_tok, mask=r_ok)
+            tl.store(btok_ptr + b * s_bt + r, new_tok, mask=r_ok)
             tl.store(bscore_ptr + b * K + r, (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True), mask=r_ok)
-            tl.store(bpar_ptr + b * K + r, par, mask=r_ok)
+            tl.store(bpar_ptr + b * s_bp + r, par + par_base, mask=r_ok)
             tl.store(bpool_ptr + b * K + r, pool_base + f, mask=r_ok)
             if HAS_MASK:  # row j: its parent's tree columns, then its own bit
                 w = tl.arange(0, WP)[None, :]
@@ -371,14 +371,18 @@ def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden,
 
 
 def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score, pool_parent, pool_base,
-                mask_src=None, mask_dst=None, ctx=0, width=0, next_input=None, node_rows=None):
+                mask_src=None, mask_dst=None, ctx=0, width=0, next_input=None, node_rows=None, tok_out=None,
+                parent_out=None, parent_base=0):
     """See topk_expand_reference; Triton on GPU (or under TRITON_INTERPRET=1), one launch: a
     program per (node, vocabulary chunk), the last of a row's to finish expands the row.
     next_input: (embed_weight, hidden [B, N, H], w_embed, eps_embed, w_hidden, eps_hidden) to
     also make the next depth's layer input for the new frontier (head_input of its tokens over
     its parents' rows of hidden); the result then ends with (x [B, k, 2H], hidden rows [B, k, H]).
     node_rows [B]: a frontier of one node a row, row node_rows[b] of logits [B, W, V] (and of
-    next_input's hidden): the feed's last entry, read in place instead of gathered first."""
+    next_input's hidden): the feed's last entry, read in place instead of gathered first.
+    tok_out, parent_out [B, k] (views with unit last stride, given together): where the new
+    frontier's tokens and its parents plus parent_base go (the next call's inputs, written in
+    place); they are returned as the frontier's tokens and parents."""
     if node_rows is not None:
         if not use_triton(logits):
             b, w, vocab = logits.shape
@@ -395,13 +399,19 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         n = 1  # the frontier; logits holds W rows a batch row
     if k > vocab:
         raise ValueError(f"topk {k} exceeds the draft vocabulary ({vocab})")
+    if (tok_out is None) != (parent_out is None):
+        raise ValueError("topk_expand: tok_out and parent_out go together")
     if not use_triton(logits):
         out = topk_expand_reference(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score,
                                     pool_parent, pool_base, mask_src, mask_dst, ctx, width)
-        if next_input is None:
+        if next_input is not None:
+            emb, hidden, we, eps_e, wh, eps_h = next_input
+            out = out + head_input_reference(out[0], emb, hidden, out[2], we, eps_e, wh, eps_h)
+        if tok_out is None:
             return out
-        emb, hidden, we, eps_e, wh, eps_h = next_input
-        return out + head_input_reference(out[0], emb, hidden, out[2], we, eps_e, wh, eps_h)
+        tok_out.copy_(out[0])
+        parent_out.copy_(out[2] + parent_base)
+        return (tok_out, out[1], parent_out) + out[3:]
     dev = logits.device
     flat = logits.reshape(-1, vocab)
     assert flat.stride(-1) == 1 and target_ids.is_contiguous()
@@ -410,10 +420,11 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     chunks = triton.cdiv(vocab, block)
     keys = torch.empty(b * n * chunks * k, dtype=torch.int64, device=dev)
     stat = torch.empty(b * n * chunks * 2, dtype=torch.float32, device=dev)
-    tok = torch.empty(b, k, dtype=torch.long, device=dev)
+    tok = torch.empty(b, k, dtype=torch.long, device=dev) if tok_out is None else tok_out
     score = torch.empty(b, k, dtype=torch.float32, device=dev)
-    parent = torch.empty(b, k, dtype=torch.long, device=dev)
+    parent = torch.empty(b, k, dtype=torch.long, device=dev) if parent_out is None else parent_out
     pool = torch.empty(b, k, dtype=torch.long, device=dev)
+    assert tok.stride(-1) == 1 and parent.stride(-1) == 1 and tok.dtype == parent.dtype == torch.long
     for t in (pool_tok, pool_score, pool_parent):
         assert t.stride(-1) == 1
     has_mask = mask_dst is not None
@@ -434,7 +445,7 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     _kernel(_topk_kernel)[(b * n, chunks)](
         flat, keys, stat, split_counters(dev, b), vocab, chunks, flat.stride(0),
         front_score, front_pool, target_ids, pool_tok, pool_score, pool_parent,
-        tok, score, parent, pool, m_src, m_dst, n, pool_base, ctx, width,
+        tok, score, parent, pool, m_src, m_dst, n, pool_base, ctx, width, parent_base, tok.stride(0), parent.stride(0),
         front_score.stride(0), front_pool.stride(0), pool_tok.stride(0), pool_score.stride(0), pool_parent.stride(0),
         m_dst.stride(0), m_dst.stride(1), *hid_args,
         node_rows if node_rows is not None else tok, logits.stride(0),

@@ -8,8 +8,13 @@ p + 1 + d, and is known once p >= 0 and p + 1 + d <= L; an unknown entry goes to
 frontier node sees module d's entries up to L-1-d (written in the same call) and itself.
 
     length [b], ring_tokens [b, >= ring] (token of position q at q mod ring)
-    -> tokens [D, b, W], ring_rows [b, W] (p mod ring), positions [b, W + k],
+    -> tokens [D, b, W + k], rows [D, b, W + k], positions [b, W + k],
        slots [D, b, W + k], mask bool [D, b, 1, W + k, width]
+
+rows: where each query's hidden input sits: module 0's in the feature ring (p mod ring),
+module d >= 1's in module d-1's output (entry j at row j). The frontier's columns of tokens and
+rows (the last k) are zero here: the drafter's top-k expansion of depth d writes module d+1's
+there (kernels/draft.py, topk_expand's tok_out and parent_out), so no step concatenates them.
 
 Torch builds these in about twenty small launches a step; the kernel in one.
 """
@@ -34,6 +39,8 @@ def mtp_window_reference(length, ring_tokens, window: int, ring: int, modules: i
     after = pos[None] + lag  # [D, b, W]: the position of each entry's input token
     tokens = ring_tokens.gather(1, (after % ring).transpose(0, 1).reshape(b, -1))
     tokens = tokens.view(b, modules, window).transpose(0, 1)
+    rows = torch.cat([(pos % ring)[None], torch.arange(window, device=dev).expand(modules - 1, b, window)])
+    free = torch.zeros(modules, b, k, dtype=torch.long, device=dev)  # the frontier's, written later
     known = (pos[None] >= 0) & (after <= length[None, :, None])
     front = (torch.arange(k, device=dev) + kv).expand(modules, b, k)
     slots = torch.cat([torch.where(known, pos0[None], width - 1), front], 2)  # [D, b, W + k]
@@ -41,7 +48,7 @@ def mtp_window_reference(length, ring_tokens, window: int, ring: int, modules: i
                       (cols <= length[:, None, None] - lag[..., None]).expand(-1, -1, k, -1)], 2)
     mask = (seen | (cols == slots[..., None]))[:, :, None]
     positions = torch.cat([pos0, pos0[:, -1:].expand(b, k)], 1)  # the frontier at L-1
-    return tokens, pos % ring, positions, slots, mask
+    return torch.cat([tokens, free.to(tokens.dtype)], 2), torch.cat([rows, free], 2), positions, slots, mask
 
 
 if triton is not None:
@@ -65,9 +72,11 @@ if triton is not None:
         tl.store(slot_ptr + row * n_q + j, slot, mask=on)
         at = ((after % ring) + ring) % ring  # a floor modulo: positions before 0 wrap as torch's do
         tok = tl.load(rtok_ptr + b * s_rt + at, mask=is_win, other=0)
-        tl.store(tok_ptr + row * window + j, tok, mask=is_win)
+        tl.store(tok_ptr + row * n_q + j, tok, mask=on)  # the frontier's: 0 (written by the expansion)
+        # module 0 reads the feature ring (p mod ring), module d >= 1 the previous module's output row j
+        hrow = tl.where(d == 0, ((pos % ring) + ring) % ring, j)
+        tl.store(rrow_ptr + row * n_q + j, tl.where(is_win, hrow, 0), mask=on)
         if d == 0:
-            tl.store(rrow_ptr + b * window + j, ((pos % ring) + ring) % ring, mask=is_win)
             last = tl.maximum(length - 1, 0)
             tl.store(pos_ptr + b * n_q + j, tl.where(is_win, pos0, last), mask=on)
         seen_to = tl.where(is_win, tl.where(known, pos0 - 1, -1), length - 1 - d)  # last column seen, besides its own
@@ -86,13 +95,13 @@ def mtp_window(length, ring_tokens, window: int, ring: int, modules: int, kv: in
     b = length.shape[0]
     dev = length.device
     n_q = window + k
-    tokens = torch.empty(modules, b, window, dtype=ring_tokens.dtype, device=dev)
-    ring_rows = torch.empty(b, window, dtype=torch.long, device=dev)
+    tokens = torch.empty(modules, b, n_q, dtype=ring_tokens.dtype, device=dev)
+    rows = torch.empty(modules, b, n_q, dtype=torch.long, device=dev)
     positions = torch.empty(b, n_q, dtype=torch.long, device=dev)
     slots = torch.empty(modules, b, n_q, dtype=torch.long, device=dev)
     mask = torch.empty(modules, b, 1, n_q, width, dtype=torch.bool, device=dev)
     _kernel(_mtp_window_kernel)[(modules, b)](
-        length, ring_tokens, tokens, ring_rows, positions, slots, mask.view(torch.int8),
+        length, ring_tokens, tokens, rows, positions, slots, mask.view(torch.int8),
         b, window, ring, kv, width, k, ring_tokens.stride(0),
         NP=triton.next_power_of_2(n_q), BLOCK_S=min(512, triton.next_power_of_2(width)))
-    return tokens, ring_rows, positions, slots, mask
+    return tokens, rows, positions, slots, mask

@@ -124,6 +124,32 @@ def test_topk_expand_kernel_without_mask_and_ties(interpret, monkeypatch):
     torch.testing.assert_close(score, torch.full((1, 3), -torch.log(torch.tensor(150.0)).item()))
 
 
+@needs_triton
+@pytest.mark.parametrize("kernels", [True, False])
+def test_topk_expand_writes_the_frontier_into_the_next_inputs(monkeypatch, kernels):
+    """tok_out / parent_out: the new frontier's tokens and parents (plus parent_base) land in
+    the last columns of the next call's token and row buffers, the rest of them untouched."""
+    if kernels:
+        interpret_triton(monkeypatch)
+        monkeypatch.setattr(draft, "BLOCK_V", 64)
+    b, n, k, vocab, w, base = 2, 3, 3, 200, 6, 5
+    case = _expand_case(b, n, k, vocab, seed=4)
+    want, want_pools, _ = _run(draft.topk_expand_reference, case, k, 0, 0, 0, with_mask=False)
+    tokens = torch.full((b, w + k), -3, dtype=torch.long)
+    rows = torch.full((b, w + k), -4, dtype=torch.long)
+    logits, front_score, front_pool, target_ids = case[:4]
+    pools = [torch.full((b, n * k), -7, dtype=dt) for dt in (torch.long, torch.float32, torch.long)]
+    got = draft.topk_expand(logits, front_score, front_pool, k, target_ids, *pools, 0, None, None, 0, 0,
+                            tok_out=tokens[:, w:], parent_out=rows[:, w:], parent_base=base)
+    assert torch.equal(tokens[:, w:], want[0]) and torch.equal(rows[:, w:], want[2] + base)
+    assert (tokens[:, :w] == -3).all() and (rows[:, :w] == -4).all()
+    assert got[0].data_ptr() == tokens[:, w:].data_ptr() and torch.equal(got[3], want[3])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert torch.equal(pools[0], want_pools[0][:, :n * k]) and torch.equal(pools[2], want_pools[2][:, :n * k])
+    with pytest.raises(ValueError, match="go together"):
+        draft.topk_expand(logits, front_score, front_pool, k, target_ids, *pools, 0, tok_out=tokens[:, w:])
+
+
 def test_topk_expand_rejects_k_above_the_vocab():
     with pytest.raises(ValueError, match="topk 9 exceeds the draft vocabulary"):
         draft.topk_expand(torch.zeros(1, 1, 8), torch.zeros(1, 1), torch.zeros(1, 1, dtype=torch.long), 9,

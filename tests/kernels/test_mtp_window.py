@@ -22,7 +22,7 @@ def test_kernel_equals_reference(monkeypatch, modules, k, kv):
     width = kv + k + 1
     got = mtp_window(length, ring_tokens, window, ring, modules, kv, width, k)
     want = mtp_window_reference(length, ring_tokens, window, ring, modules, kv, width, k)
-    for name, a, b in zip(("tokens", "ring_rows", "positions", "slots", "mask"), got, want):
+    for name, a, b in zip(("tokens", "rows", "positions", "slots", "mask"), got, want):
         assert a.shape == b.shape and a.dtype == b.dtype, name
         assert torch.equal(a, b), name
 
@@ -30,11 +30,13 @@ def test_kernel_equals_reference(monkeypatch, modules, k, kv):
 def test_reference_masks_read_as_the_drafter_documents():
     """Module 1 of a row 6 long, window 4, one frontier node at slot kv: the window's entry at
     position p is known once p + 2 <= 6; the frontier sees entries up to 6 - 1 - 1 = 4."""
-    tokens, ring_rows, positions, slots, mask = mtp_window_reference(
+    tokens, rows, positions, slots, mask = mtp_window_reference(
         torch.tensor([6]), torch.arange(8)[None], window=4, ring=8, modules=2, kv=10, width=12, k=1)
     assert positions.tolist() == [[2, 3, 4, 5, 5]]
     assert slots[1].tolist() == [[2, 3, 4, 11, 10]]  # position 5 needs token 7: not known, discard slot
-    assert tokens[1].tolist() == [[4, 5, 6, 7]]  # token p + 2
+    assert tokens[1].tolist() == [[4, 5, 6, 7, 0]]  # token p + 2; the frontier's, written by the expansion
+    assert rows[0].tolist() == [[2, 3, 4, 5, 0]]  # module 0 reads the feature ring at p mod 8
+    assert rows[1].tolist() == [[0, 1, 2, 3, 0]]  # module 1 reads module 0's output rows
     m = mask[1, 0, 0]
     assert m[0].nonzero().flatten().tolist() == [0, 1, 2]  # earlier entries and itself
     assert m[3].nonzero().flatten().tolist() == [11]  # unknown: itself only
