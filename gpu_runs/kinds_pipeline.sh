@@ -19,7 +19,10 @@
 #      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; a variant KIND+LABEL in KINDS is
 #      a run of its own with ARGS_KIND_LABEL, e.g. KINDS="mtp mtp+rand" ARGS_mtp_rand="--set
 #      head.lm_head_from_target=false" (an ablation: SPLIT=validation); the default shapes otherwise:
-#      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6).
+#      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6),
+#      TREES ("S,K,N ..." candidate trees for every kind; TREES_<kind> for one: each kind benches the one with the
+#      best mean speedup at batch 1 on the validation split's chat prompts, TUNE_PER_CATEGORY (8) of each chat
+#      category, `specheads evaluate` with TUNE_ARGS; bench/KIND-tree.json records the choice; unset: 6,4,15 for all).
 set -uo pipefail
 source gpu_runs/env.sh  # a TARGET set before (the CPU dry run) wins over env.sh's
 T0=$SECONDS
@@ -34,6 +37,7 @@ PREPARE_ARGS=${PREPARE_ARGS---cut-loops 32}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 BENCH_ARGS=${BENCH_ARGS:-}
 BENCH_NEED=${BENCH_NEED:-200}
+CHAT_CATEGORIES=${CHAT_CATEGORIES:-writing roleplay reasoning math extraction stem humanities}
 if [ -z "${NGPU:-}" ]; then NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); fi
 DATA=$ROOT/prepared
 left() { echo $(( BUDGET - (SECONDS - T0) )); }
@@ -100,6 +104,24 @@ kind_job() {  # $1: a kind, or a variant KIND+LABEL (its own run, with ARGS_KIND
     [ -f $run/final/model.safetensors ] || { echo "kinds: $kind training to be continued (rc $rc)"; return; }
   fi
   [ -f $run/params.json ] || $PY gpu_runs/kinds_table.py params $run/final > $run/params.json
+  # the tree: chosen on the validation split's chat prompts where TREES (or TREES_<kind>) names candidates
+  local trees=TREES_${1//[^A-Za-z0-9_]/_} cands tree_arg="" t
+  cands=${!trees:-${TREES:-}}
+  if [ -n "$cands" ]; then
+    if [ ! -f $ROOT/bench/$kind-tree.json ]; then
+      l=$(left)
+      [ $l -lt $BENCH_NEED ] && { echo "kinds: $kind tree tuning next call"; return; }
+      echo "kinds: $kind tunes its tree on the validation split ($cands; $l s left)"
+      timeout -s TERM -k 10 $(( l - 15 )) $PY -m specheads.evaluation --target $TARGET --draft $run/final \
+        --methods $(for t in $cands; do printf '%s@%s ' $head $t; done) --split validation \
+        --categories $CHAT_CATEGORIES --limit ${TUNE_PER_CATEGORY:-8} --batch-size 1 \
+        --out $ROOT/bench/$kind-tune ${TUNE_ARGS:-} >> $ROOT/logs/$kind.bench.log 2>&1 \
+        && $PY gpu_runs/kinds_table.py pick-tree $ROOT/bench/$kind-tune.json --out $ROOT/bench/$kind-tree.json \
+        || { echo "kinds: $kind tree tuning failed or cut"; tail -5 $ROOT/logs/$kind.bench.log; rm -f $ROOT/bench/$kind-tree.json; return; }
+    fi
+    tree_arg="--tree $($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['chosen'])" $ROOT/bench/$kind-tree.json)"
+    echo "kinds: $kind benches with $tree_arg"
+  fi
   for src in chat coding; do
     [ -f $ROOT/bench/$kind-$src.json ] && continue
     l=$(left)
@@ -108,7 +130,7 @@ kind_job() {  # $1: a kind, or a variant KIND+LABEL (its own run, with ARGS_KIND
     # a bench cut short leaves no file under the final name: the next call runs it again
     timeout -s TERM -k 10 $(( l - 15 )) $PY scripts/bench.py --target $TARGET --draft $run/final \
       --methods ar $head-tree --batch-sizes 1 8 --speculation-policy fixed --peers --num-prompts 100 \
-      --prompts $ROOT/prompts/$src.json --out $ROOT/bench/.$kind-$src $BENCH_ARGS >> $ROOT/logs/$kind.bench.log 2>&1
+      --prompts $ROOT/prompts/$src.json --out $ROOT/bench/.$kind-$src $tree_arg $BENCH_ARGS >> $ROOT/logs/$kind.bench.log 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then
       mv $ROOT/bench/.$kind-$src.json $ROOT/bench/$kind-$src.json

@@ -6,6 +6,9 @@
     python3 gpu_runs/kinds_table.py params HEAD_DIR        # trainable parameters of a saved head (JSON)
     python3 gpu_runs/kinds_table.py table --root ROOT --out PREFIX
         PREFIX.json, PREFIX.md (also printed) and PREFIX.png (speedup over our ar, per kind and cell)
+    python3 gpu_runs/kinds_table.py pick-tree EVAL_JSON --out KIND-tree.json
+        the tree of `specheads evaluate --methods ar KIND@S,K,N ...` (validation split) with the best mean
+        speedup over ar on the chat categories; prints S,K,N (the pipeline's TREES tuning)
     python3 gpu_runs/kinds_table.py selfcheck             # the table from fake run files (CPU, seconds)
 
 ROOT is the pipeline's folder (default /tmp/kinds); per kind it reads
@@ -14,6 +17,7 @@ ROOT is the pipeline's folder (default /tmp/kinds); per kind it reads
     runs/KIND/train_summary.json the trainer's summary with the held-out eval/* keys (written once trained)
     runs/KIND/params.json        `params` above
     bench/KIND-SOURCE.json       scripts/bench.py with --methods ar KIND-tree (SOURCE: chat, coding)
+    bench/KIND-tree.json         `pick-tree` above, where the kind's tree was chosen on the validation split
 and settings.json (epochs, batch, kinds, ...) and prepare_report.json.
 
 Time per epoch is the training loop's seconds per optimizer step (metrics.jsonl, summed over the
@@ -105,6 +109,21 @@ def head_kind(name: str) -> str:
     return name.partition("+")[0]
 
 
+def pick_tree(report: dict) -> dict:
+    """The tree with the best chat macro-average speedup over ar in a `specheads evaluate` report
+    (methods KIND@S,K,N; ties to the earlier candidate)."""
+    chat = report.get("chat_macro_average") or {}
+    cands = {m["name"]: m for m in report.get("methods", []) if m.get("name") != "ar" and m["name"] in chat}
+    if not cands:
+        raise SystemExit("pick-tree: the report has no tree method with a chat average (run it on chat categories)")
+    best = max(cands, key=lambda n: (chat[n]["speedup_vs_ar"], -list(cands).index(n)))
+    m = cands[best]
+    return {"chosen": f"{m['num_steps']},{m['topk']},{m['num_draft_tokens']}", "split": report.get("split"),
+            "card": report.get("card"), "batch_size": report.get("batch_size"),
+            "candidates": {n: {"speedup_vs_ar": round(chat[n]["speedup_vs_ar"], 4),
+                               "accept": round(chat[n]["mean_accept_length"], 4)} for n in cands}}
+
+
 def bench_rows(root: Path, kind: str) -> dict:
     """(source, batch, 'ar'|'tree') -> bench row."""
     cells = {}
@@ -144,6 +163,7 @@ def kind_row(root: Path, kind: str, settings: dict) -> dict:
         "heldout_chain_acc": summary.get("eval/chain_acc"),
         "sim_accept": summary.get("eval/accept_length"),
         "sim_accept_opening": summary.get("eval/accept_length_opening"),
+        "tree": (read_json(root / "bench" / f"{kind}-tree.json") or {}).get("chosen"),
         "cells": {},
     }
     for (source, batch, what), r in sorted(bench_rows(root, kind).items()):
@@ -224,6 +244,8 @@ def markdown(table: dict) -> str:
         shape = r.get("shape") or {}
         label = r["kind"] + (f" ({shape['num_modules']} modules)" if head_kind(r["kind"]) == "mtp" and "num_modules" in shape else
                              f" ({shape['num_heads']} heads)" if "num_heads" in shape else "")
+        if r.get("tree"):
+            label += f", tree {r['tree']}"
         lines.append(f"| {label} | {params} | {fmt(r['s_per_epoch'], '.0f')} | {fmt(r['gpu_minutes'], '.1f')} "
                      f"| {acc} | {fmt(r['sim_accept'], '.2f')} | {served} | " + " | ".join(cells)
                      + f" | {'/'.join(same)} |")
@@ -231,8 +253,10 @@ def markdown(table: dict) -> str:
     notes = [f"\n{s.get('card', '?')}, bf16, greedy; each kind trained alone on one GPU ({s.get('epochs')} epoch(s), "
              f"batch {s.get('batch')} conversations, configs/smollm2-135m-eagle3.yaml's lr and ttt_steps) on the same "
              f"prepared data ({table['data'].get('train_tokens')} train tokens); `scripts/bench.py --methods ar KIND-tree "
-             f"--speculation-policy fixed --max-new-tokens {s.get('max_new_tokens', 256)}` (tree 6,4,15, its depth capped "
-             f"at the head's: mtp's modules, medusa's heads) on "
+             f"--speculation-policy fixed --max-new-tokens {s.get('max_new_tokens', 256)}` (tree "
+             + ("6,4,15 where none is named (chosen trees: the best of TREES on the validation split's chat "
+                "categories, batch 1)" if any(r.get("tree") for r in table["rows"]) else "6,4,15")
+             + ", its depth capped at the head's: mtp's modules, medusa's heads) on "
              f"{(table['prompts'] or {}).get('chat', '?')} chat and {(table['prompts'] or {}).get('coding', '?')} "
              f"coding prompts of the evaluation suite's {(table['prompts'] or {}).get('split', 'test')} split, each "
              "kind against its own ar run on its GPU."]
@@ -324,6 +348,20 @@ def fake_root(root: Path) -> None:
                              "mean_accept_length": 3.5 - i * 0.2, "speedup_vs_ar": tree / ar,
                              "identical_to_ar": 1.0, "identical_to_ar_b1": 1.0 if b == 1 else 0.75})
             (root / "bench" / f"{kind}-{source}.json").write_text(json.dumps({"card": "FAKE GPU", "rows": rows}))
+        if kind == "eagle3":  # its tree chosen on the validation split
+            (root / "bench" / "eagle3-tree.json").write_text(json.dumps(pick_tree(fake_tuning())))
+
+
+def fake_tuning() -> dict:
+    """A `specheads evaluate` report of three eagle3 trees: the second is fastest on chat."""
+    names = ["ar", "eagle3@6,4,15", "eagle3@7,8,31", "eagle3@5,4,15"]
+    methods = [{"name": "ar", "method": "ar", "num_steps": 0, "topk": 0, "num_draft_tokens": 0}]
+    methods += [{"name": n, "method": "eagle3", **dict(zip(("num_steps", "topk", "num_draft_tokens"),
+                                                             map(int, n.partition("@")[2].split(","))))}
+                for n in names[1:]]
+    speed = {"eagle3@6,4,15": 2.0, "eagle3@7,8,31": 2.2, "eagle3@5,4,15": 2.2}  # a tie: the earlier wins
+    chat = {n: {"speedup_vs_ar": v, "mean_accept_length": v + 1} for n, v in speed.items()}
+    return {"methods": methods, "chat_macro_average": chat, "split": "validation", "card": "FAKE GPU", "batch_size": 1}
 
 
 def selfcheck() -> None:
@@ -350,6 +388,8 @@ def selfcheck() -> None:
         assert abs(rows["mtp+rand"]["cells"]["chat-b1"]["speedup_vs_ar"] - (2.5 - 4 * 0.3)) < 1e-9
         assert len(rows["mtp+rand"]["heldout_acc"]) == 3
         assert not any(g["goal"].startswith("mtp+") for g in table["goals"])
+        assert rows["eagle3"]["tree"] == "7,8,31" and rows["mtp"]["tree"] is None
+        assert "| eagle3, tree 7,8,31 |" in (Path(tmp) / "out" / "kinds_table.md").read_text()
         for ext in (".json", ".md", ".png"):
             assert (Path(tmp) / "out" / f"kinds_table{ext}").stat().st_size > 0
     print("selfcheck: ok")
@@ -369,6 +409,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("table")
     p.add_argument("--root", default="/tmp/kinds")
     p.add_argument("--out", required=True, help="output prefix: PREFIX.json, .md, .png")
+    p = sub.add_parser("pick-tree")
+    p.add_argument("report", help="`specheads evaluate` JSON with ar and KIND@S,K,N methods")
+    p.add_argument("--out", required=True, help="the choice as JSON (bench/KIND-tree.json)")
     sub.add_parser("selfcheck")
     args = ap.parse_args(argv)
     if args.cmd == "prompts":
@@ -377,6 +420,10 @@ def main(argv=None) -> int:
         print(json.dumps(head_params(args.head)))
     elif args.cmd == "table":
         write_table(Path(args.root), Path(args.out))
+    elif args.cmd == "pick-tree":
+        choice = pick_tree(read_json(Path(args.report)) or {})
+        Path(args.out).write_text(json.dumps(choice, indent=1) + "\n")
+        print(choice["chosen"])
     else:
         selfcheck()
     return 0
