@@ -71,8 +71,8 @@ if [ ! -f $ROOT/prompts/prompts.json ]; then
     --split ${SPLIT:-test}
 fi
 # the code that ran: the device's git HEAD may be an older commit than the tree it was given, so
-# also a hash of specheads/ (here: find specheads -name '*.py' | sort | xargs cat | sha1sum)
-code_sha1() { find specheads -name '*.py' | sort | xargs cat | sha1sum | cut -c1-12; }
+# also a hash of specheads/ (here, of a commit: python3 gpu_runs/code_hash.py --commit COMMIT)
+code_sha1() { $PY gpu_runs/code_hash.py specheads; }
 cat > $ROOT/settings.json <<EOF
 {"kinds": [$(printf '"%s",' $KINDS | sed 's/,$//')], "epochs": $EPOCHS, "batch": $BATCH, "card": "$CARD",
  "max_new_tokens": 256, "commit": "$(git rev-parse --short HEAD 2>/dev/null || echo ?)", "code_sha1": "$(code_sha1)",
