@@ -368,8 +368,12 @@ def cmd_export(args) -> int:
 
     out = export_head(args.head, args.format, args.output)
     print(f"exported {args.head} for {args.format} -> {out}")
+    serving = out / "SERVING.md"
+    if not serving.is_file():  # a layout no engine at specheads' pins serves (speculators' EAGLE-1 type)
+        print(f"no SERVING.md: specheads knows no engine that serves {args.format} folders of this head kind")
+        return 0
     # SERVING.md past its title: the launch command, after what to fill in where the target is not known
-    print("\n".join(line.strip() for line in (out / "SERVING.md").read_text().splitlines()[1:] if line.strip()))
+    print("\n".join(line.strip() for line in serving.read_text().splitlines()[1:] if line.strip()))
     return 0
 
 

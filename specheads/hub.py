@@ -35,11 +35,10 @@ def export_formats(kind: str | None = None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(fmt for k in kinds for fmt in head_kind(k).exporters))
 
 
-# why a kind has no speculators layout: what the pinned speculators release defines
-# (docs/formats/medusa-eagle-sources.md section 4, docs/formats/mtp-sources.md section 3)
-SPECULATORS_KINDS = ("speculators 0.9.0 defines EAGLE-3 among specheads' kinds; its mtp type takes only Qwen3-family "
-                     "verifiers that ship MTP weights (and vLLM 0.33 does not load it), it has no medusa type, and "
-                     "its eagle (EAGLE-1) type was removed after v0.4.0")
+# the speculators layouts specheads writes, for a kind that has none and says no more (the built-in
+# MTP and Medusa kinds give their own reasons: their configs' refused_exports)
+SPECULATORS_KINDS = ("specheads writes speculators' eagle3 type (speculators 0.9.0) for EAGLE-3 heads and its eagle "
+                     "type (speculators 0.4.0, docs/formats/speculators-eagle.md) for EAGLE-1 heads")
 
 
 def _exporter(kind: HeadKind, fmt: str):

@@ -65,10 +65,14 @@ EAGLE = HeadKind(
     loss=eagle.eagle_loss,
     weights=eagle.weight_shapes,
     mismatches=eagle.head_mismatches,
-    exporters={"sglang": eagle.sglang_config, "vllm": eagle.vllm_config},
-    hub_architectures={"sglang": (eagle.SGLANG_ARCHITECTURE,), "vllm": (eagle.VLLM_ARCHITECTURE,)},
-    # SGLang's fc has a bias (zeros: the head trains without one); vLLM's folder is the head's own
-    tensor_exporters={"sglang": eagle.sglang_tensors},
+    exporters={"sglang": eagle.sglang_config, "vllm": eagle.vllm_config, "speculators": eagle.speculators_config},
+    hub_architectures={"sglang": (eagle.SGLANG_ARCHITECTURE,), "vllm": (eagle.VLLM_ARCHITECTURE,),
+                       "speculators": eagle.SPECULATORS_ARCHITECTURES},
+    # SGLang's fc has a bias (zeros: the head trains without one); vLLM's folder is the head's own;
+    # speculators names fc fusion_fc and the layer transformer (and such a folder loads back)
+    tensor_exporters={"sglang": eagle.sglang_tensors, "speculators": eagle.speculators_tensors},
+    tensor_importer=eagle.import_tensors,
+    # no speculators launch: no engine at specheads' pins serves that type (vLLM 0.33.0 refuses it)
     launch=eagle.LAUNCH,
     card_head=eagle.card_head,
     drafter="specheads.drafters.eagle1:Eagle1Drafter",

@@ -25,7 +25,9 @@ Tensor names are the engines' (docs/formats/medusa-eagle-sources.md, section 3):
 [H, 2H], `layers.0.self_attn.{q,k,v,o}_proj.weight`, `layers.0.mlp.{gate,up,down}_proj.weight`,
 `layers.0.post_attention_layernorm.weight`; no `layers.0.input_layernorm`, no `norm`, no
 `lm_head`, no draft vocabulary (d2t/t2d). vLLM's fc has no bias and ignores one; SGLang's has one
-and needs the tensor: the SGLang export adds a zero `fc.bias`.
+and needs the tensor: the SGLang export adds a zero `fc.bias`. The speculators export writes
+speculators' `eagle` type (defined up to its v0.4.0, docs/formats/speculators-eagle.md): `fc` as
+`fusion_fc`, `layers.0.` as `transformer.`; such a folder loads back here.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.heads.draft_vocab import one_feature_mismatches
-from specheads.heads.eagle3 import Eagle3Config
+from specheads.heads.eagle3 import VERIFIER_ARCHITECTURES, Eagle3Config, speculators_section
 from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, layer_over_cache
 from specheads.kernels.draft import head_input
 from specheads.kernels.linear import linear, quantize_rows
@@ -97,6 +99,8 @@ class EagleConfig(Eagle3Config):
 
     @classmethod
     def from_hf(cls, raw: dict) -> "EagleConfig":
+        if raw.get("speculators_model_type") == "eagle":
+            raw = speculators_layer_config(raw)
         rope = cls.rope_from_hf(raw)
         n_target = raw.get("specheads_target_depth") or 32
         return cls(
@@ -141,6 +145,94 @@ def sglang_tensors(tensors: dict, cfg: EagleConfig) -> dict:
     file at its random init: the head trains without one, so the export writes zeros."""
     w = tensors["fc.weight"]
     return {**tensors, "fc.bias": torch.zeros(w.shape[0], dtype=w.dtype)}
+
+
+# speculators' EAGLE-1 type, `speculators_model_type: "eagle"`: vllm-project/speculators at tag v0.4.0
+# (d2914dce0dde75a653ba88aa7b2ef05faa757761), src/speculators/models/eagle.py; removed in 792b9e6c.
+# docs/formats/speculators-eagle.md
+SPECULATORS_ARCHITECTURES = ("EagleSpeculator", "LlamaDecoderLayer")  # what its save writes (eagle.py:78-86,592-600)
+SPECULATORS_VERSION = "0.4.0"
+# the speculators module -> this head's module (the v0.4.0 converter's map, convert/eagle/eagle_converter.py:239-243)
+_SPECULATORS_PREFIXES = (("fusion_fc.", "fc."), ("transformer.", "layers.0."))
+
+
+def speculators_config(head: "EagleHead", dtype: torch.dtype, target_name: str | None) -> dict:
+    """config.json of speculators' `eagle` type (speculators@d2914dc, src/speculators/models/eagle.py:40-127,
+    src/speculators/config.py:266-280): `layernorms` false (no norm on the embedding, none before the
+    lm_head, the layer's input norm the identity: this head's math, eagle.py:503-529,572-590),
+    `fusion_bias` as the head's fc has a bias or not, the layer as a Llama config in transformers
+    4.5x keys (speculators 0.4.0 pins transformers <= 4.57.6). No top-level model_type (its to_dict
+    drops it, config.py:296-322)."""
+    c = head.config
+    return {
+        "speculators_model_type": "eagle",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_architecture": SPECULATORS_ARCHITECTURES[1],
+        "transformer_layer_config": c.llama_layer_hf(),
+        "layernorms": False,
+        "fusion_bias": head.fc.bias is not None,
+        "speculators_config": speculators_section("eagle", c, target_name),
+        "dtype": str(dtype).replace("torch.", ""),  # transformers 4.56+ name (torch_dtype is deprecated there)
+        # specheads' own keys: what the Llama config does not say (the folder loads back here)
+        "specheads_target_depth": c.target_num_layers,
+        "specheads_feature_layer": c.target_layer_ids[0],
+        "specheads_target_model_type": c.target_model_type,
+        "specheads_target": target_name,
+    }
+
+
+def speculators_tensors(tensors: dict, cfg: EagleConfig) -> dict:
+    """The head's tensors under speculators' names: `fc.*` as `fusion_fc.*` (a bias only where the
+    head has one), `layers.0.*` as `transformer.*`; nothing else (embed_tokens and lm_head are the
+    verifier's, eagle.py:237-246)."""
+    out = {}
+    for name, t in tensors.items():
+        for theirs, ours in _SPECULATORS_PREFIXES:
+            if name.startswith(ours):
+                out[theirs + name[len(ours):]] = t
+                break
+        else:
+            raise ValueError(f"tensor {name!r} has no place in speculators' eagle layout")
+    return out
+
+
+def speculators_layer_config(raw: dict) -> dict:
+    """A speculators `eagle` config.json as the flat Llama config `from_hf` reads; a layout that
+    computes another function than this head (extra norms, a fusion bias) is refused."""
+    from specheads.heads.format import HeadFormatError
+
+    if raw.get("layernorms") or raw.get("fusion_bias"):
+        flags = [k for k in ("layernorms", "fusion_bias") if raw.get(k)]
+        raise HeadFormatError(f"a speculators eagle head with {' and '.join(f'{k}=true' for k in flags)} is not an "
+                              "EAGLE-1 head of specheads (no norm on the embedding or before the lm_head, an fc "
+                              "without bias)")
+    layer = raw.get("transformer_layer_config") or {}
+    if layer.get("model_type") != "llama" or raw.get("transformer_layer_architecture", "auto") not in (
+            "auto", SPECULATORS_ARCHITECTURES[1]):
+        raise HeadFormatError(f"a speculators eagle head with a {layer.get('model_type')} layer "
+                              f"({raw.get('transformer_layer_architecture')}) is not an EAGLE-1 head of specheads "
+                              "(a Llama decoder layer)")
+    ours = {k: v for k, v in raw.items() if k.startswith("specheads_")}
+    if "specheads_target_model_type" not in ours:  # another tool's folder: the verifier's family
+        verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("architectures") or []
+        families = [t for t, arch in VERIFIER_ARCHITECTURES.items() if arch in verifier]
+        if families:
+            ours["specheads_target_model_type"] = families[0]
+    return {**layer, **ours}
+
+
+def import_tensors(raw: dict, tensors: dict) -> dict:
+    """The head's own tensor names from a folder in speculators' `eagle` layout (others as they are)."""
+    if raw.get("speculators_model_type") != "eagle":
+        return tensors
+    out = {}
+    for name, t in tensors.items():
+        for theirs, ours in _SPECULATORS_PREFIXES:
+            if name.startswith(theirs):
+                name = ours + name[len(theirs):]
+                break
+        out[name] = t
+    return out
 
 
 LAUNCH = {  # the command that serves an exported folder in each engine
@@ -352,6 +444,8 @@ def eagle_loss(head: EagleHead, embed, input_ids: torch.Tensor, loss_mask: torch
     return StepStats(total, step_loss, step_correct, step_rows, denom)
 
 
-__all__ = ["EagleConfig", "EagleHead", "EagleLayer", "FEATURE_WEIGHT", "LAUNCH", "SGLANG_ARCHITECTURE", "TITLE",
-           "TOKEN_WEIGHT", "VLLM_ARCHITECTURE", "card_head", "eagle_loss", "eagle_unroll", "head_mismatches",
-           "sglang_config", "sglang_tensors", "vllm_config", "weight_shapes"]
+__all__ = ["EagleConfig", "EagleHead", "EagleLayer", "FEATURE_WEIGHT", "LAUNCH", "SGLANG_ARCHITECTURE",
+           "SPECULATORS_ARCHITECTURES", "SPECULATORS_VERSION", "TITLE", "TOKEN_WEIGHT", "VLLM_ARCHITECTURE",
+           "card_head", "eagle_loss", "eagle_unroll", "head_mismatches", "import_tensors", "sglang_config",
+           "sglang_tensors", "speculators_config", "speculators_layer_config", "speculators_tensors", "vllm_config",
+           "weight_shapes"]

@@ -317,16 +317,29 @@ def vllm_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str | None)
 
 # vLLM's speculators format (speculators 0.9.0, read by vLLM 0.33.0): docs/formats/speculators-eagle3.md
 SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
-_VERIFIER_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+VERIFIER_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                            "qwen3": "Qwen3ForCausalLM"}
+
+
+def speculators_section(algorithm: str, cfg: "Eagle3Config", target_name: str | None) -> dict:
+    """`speculators_config` of a speculators folder (the same keys in 0.4.0 and 0.9.0): one greedy
+    proposal method of 5 tokens, the verifier by hub id (null where none is known)."""
+    from specheads.heads.fetch import base_model_id
+
+    return {
+        "algorithm": algorithm,
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1,
+                              "accept_tolerance": 0.0}],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": base_model_id(target_name),
+                     "architectures": [VERIFIER_ARCHITECTURES.get(cfg.target_model_type, "LlamaForCausalLM")]},
+    }
 
 
 def speculators_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str | None) -> dict:
     """config.json in the speculators layout: no top-level model_type (how vLLM tells the format
     apart), layer ids as inputs of layers (ours + 1), every norm flag written out (vLLM's default
     for norm_before_residual differs from this head's), the layer's own Llama config."""
-    from specheads.heads.fetch import base_model_id
-
     c = head.config
     return {
         "speculators_model_type": "eagle3",
@@ -341,14 +354,7 @@ def speculators_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str 
         "embed_requires_grad": False,
         "tie_word_embeddings": False,
         "dtype": str(dtype).replace("torch.", ""),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1,
-                                  "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": base_model_id(target_name),
-                         "architectures": [_VERIFIER_ARCHITECTURES.get(c.target_model_type, "LlamaForCausalLM")]},
-        },
+        "speculators_config": speculators_section("eagle3", c, target_name),
         "transformer_layer_config": {
             "model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
             "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,

@@ -141,6 +141,8 @@ def load_head(folder: str | Path, device="cpu", dtype: torch.dtype | None = None
     if not weights.is_file():
         raise HeadFormatError(f"head folder {str(folder)!r} has no {WEIGHTS_FILE}")
     tensors = load_file(str(weights))
+    if kind.tensor_importer is not None:  # a folder in one of the kind's engine layouts: the head's own names
+        tensors = kind.tensor_importer(json.loads((folder / CONFIG_FILE).read_text()), tensors)
     validate_weights(tensors, cfg, str(folder))
     head = kind.module(cfg)
     float_dtype = dtype or next(t.dtype for t in tensors.values() if t.is_floating_point())

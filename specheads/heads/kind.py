@@ -18,6 +18,8 @@ config: the config class (a dataclass is simplest).
                                              heads; None: any depth); the trainer unrolls at least these
     cfg.target_layer_ids                     the target decoder layers whose outputs the head reads
     cfg.draft_vocab_size, cfg.hidden_size    reported by the trainer, compared by `specheads eval`
+    cfg.refused_exports() -> {format: why}   optional: formats a head of this config does not export
+                                             to (any format, the kind's or not); export raises the reason
 module: the nn.Module class, built as module(cfg); its class attribute `kind` is the entry's name.
     .config, set_vocab_map(d2t, t2d), target_rows() (draft id -> target id), draft_to_target(ids),
     readout(hidden, step) -> (features [N, F], weight [Vd, F]) with draft logits = features @ weight.T
@@ -63,6 +65,9 @@ class HeadKind:
     # export format -> fn(tensors {name: tensor}, cfg) -> the tensors that engine's folder holds, for
     # formats whose names differ from the head's own (the folder then carries no specheads.json)
     tensor_exporters: Mapping[str, Callable] = field(default_factory=dict)
+    # (config.json, tensors) -> the head's own tensor names, for a folder in one of the kind's export
+    # layouts whose names differ (a tensor exporter's inverse; None: folders hold the head's own names)
+    tensor_importer: Callable[[dict, dict], dict] | None = None
     # export format -> the command that serves a head folder in that engine ({target}, {folder})
     launch: Mapping[str, str] = field(default_factory=dict)
     # (cfg, dtype name) -> the model card's lines about the head, after the target row of its

@@ -24,6 +24,11 @@ from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches, read
 
 TITLE = "Medusa"
 ARCHITECTURE = "MedusaModel"
+# docs/formats/medusa-eagle-sources.md, section 4 (the speculators 0.9.0 wheel's registered types)
+SPECULATORS_REFUSAL = ("Medusa heads do not export to speculators: speculators defines no Medusa model at 0.9.0 (its "
+                       "types: eagle3, peagle, mtp, dflash, dflash2, dspark, xpress; a Medusa model was proposed in "
+                       "its PR #742, closed; no tag up to v0.7.0.1 has one either); medusa heads export to vllm "
+                       "(vLLM 0.11 to 0.32)")
 
 
 @dataclass
@@ -78,6 +83,10 @@ class MedusaConfig:
     def fixed_depth(self) -> int:
         """Draft depths the head has (the trainer unrolls every one)."""
         return self.num_heads
+
+    def refused_exports(self) -> dict[str, str]:
+        """Formats no Medusa head exports to, with why (export raises it)."""
+        return {"speculators": SPECULATORS_REFUSAL}
 
     def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
         return {

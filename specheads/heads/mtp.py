@@ -65,6 +65,10 @@ class MTPConfig(Eagle3Config):
         """Draft depths the head has (the trainer unrolls every one)."""
         return self.num_modules
 
+    def refused_exports(self) -> dict[str, str]:
+        """speculators' `mtp` type, with which of its conditions this head fails (export raises it)."""
+        return {"speculators": speculators_refusal(self)}
+
     def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
         return {
             "architectures": [ARCHITECTURE],
@@ -102,6 +106,30 @@ class MTPConfig(Eagle3Config):
 
 
 ARCHITECTURE = "SpecheadsMTPForCausalLM"  # our folders only: no public loader runs MTP layers for these targets
+
+# what speculators 0.9.0's `mtp` type loads (docs/formats/mtp-sources.md section 3): models/mtp/config.py:80-84
+# (num_nextn_predict_layers == 1), models/mtp/core.py:119-122 (vocab reduction: NotImplementedError),
+# models/mtp/model_definitions.py:25-27,152-204 (the verifier families it has an MTP layer for)
+SPECULATORS_MTP_FAMILIES = ("qwen3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+
+
+def speculators_refusal(cfg: MTPConfig) -> str:
+    """Why an MTP head does not export to speculators: the three conditions of its `mtp` type, and
+    the ones this head fails."""
+    fails = []
+    if cfg.num_modules != 1:
+        fails.append(f"(1): it has {cfg.num_modules} modules (head.num_modules={cfg.num_modules})")
+    if cfg.draft_vocab_size != cfg.vocab_size:
+        fails.append(f"(2): it drafts over {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens")
+    if cfg.target_model_type not in SPECULATORS_MTP_FAMILIES:
+        fails.append(f"(3): its target is {cfg.target_model_type}")
+    why = ("this head fails " + "; ".join(fails)) if fails else (
+        "this head meets all three, but its decoder layer has no q_norm/k_norm, which speculators' Qwen3 MTP "
+        "layer applies, so that layer would compute another function")
+    return ("MTP heads do not export to speculators: speculators 0.9.0's mtp type loads (1) one module "
+            "(num_nextn_predict_layers == 1), (2) the full vocabulary (no draft vocabulary), (3) a Qwen3-family "
+            f"verifier ({', '.join(SPECULATORS_MTP_FAMILIES)}); {why} (docs/formats/mtp-sources.md, section 3). "
+            "vLLM 0.33.0 loads no speculators mtp folder either; the head folder itself runs with `specheads serve`")
 
 
 head_mismatches = one_feature_mismatches

@@ -1,9 +1,10 @@
 """The eagle head kind (EAGLE-1 feature head) end to end on CPU: its config (JSON and config.json
 round trips, validation), the weight table, `specheads train --set head.kind=eagle` on the tiny
 target (the loss falls, the held-out evaluation reproduces), the head folder round trip and its
-validation, the training loss against a plain reference, and the SGLang and vLLM exports checked
+validation, the training loss against a plain reference, the SGLang and vLLM exports checked
 against the layouts of docs/formats/medusa-eagle-sources.md (section 3, "What specheads should
-write": EAGLE-1)."""
+write": EAGLE-1), and the speculators export against speculators' `eagle` type at v0.4.0
+(docs/formats/speculators-eagle.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from safetensors.torch import load_file, save_file
 from specheads.cli import main
 from specheads.heads.eagle import (LAUNCH, EagleConfig, EagleHead, eagle_loss, eagle_unroll, sglang_tensors,
                                    weight_shapes)
-from specheads.heads.format import HeadFormatError, hf_config, load_head, save_head, validate_weights
+from specheads.heads.format import (HeadFormatError, config_from_folder, hf_config, load_head, save_head,
+                                    validate_weights)
 from specheads.heads.registry import drafter_class, head_kind, kind_of
 from specheads.hub import export_head
 from specheads.training.trainer import evaluate_head
@@ -64,6 +66,53 @@ def sheet_layout(fmt: str, c: EagleConfig) -> dict:
     return {"tensors": tensors, "config": config, "absent": absent}
 
 
+def speculators_layout(c: EagleConfig, verifier: str | None) -> dict:
+    """What speculators' `eagle` type loads for an EAGLE-1 head of config c, read from
+    vllm-project/speculators@d2914dce0dde75a653ba88aa7b2ef05faa757761 (tag v0.4.0), the type's last
+    release (removed in 792b9e6c):
+
+    src/speculators/models/eagle.py: `speculators_model_type: "eagle"` (77); architectures
+    ["EagleSpeculator"] plus the decoder layer's class, "LlamaDecoderLayer" (78-86, 592-600, 632-636);
+    `transformer_layer_config` a Llama config dict with its model_type (96-105, 158-179: AutoConfig.for_model);
+    `layernorms`, `fusion_bias` (106-127). Modules (350-361, 572-590): `fusion_fc` Linear(2H, H, bias=
+    fusion_bias) over cat([embedding, hidden]) (507-509); `transformer` one LlamaDecoderLayer whose
+    input_layernorm is nn.Identity without layernorms (no tensor); `embedding_layernorm` and
+    `pre_lm_head_layernorm` only with layernorms; embed_tokens and lm_head are the verifier's, never
+    saved (237-246). src/speculators/config.py: speculators_version (270-273), speculators_config
+    {algorithm, proposal_methods, default_proposal_method, verifier {name_or_path, architectures}}
+    (109-157); no top-level model_type (296-322). src/speculators/proposals/greedy.py: greedy's
+    speculative_tokens, verifier_accept_k, accept_tolerance (38-73)."""
+    h, i = c.hidden_size, c.intermediate_size
+    hq, hkv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    p = "transformer."
+    tensors = {
+        "fusion_fc.weight": (h, 2 * h),
+        p + "self_attn.q_proj.weight": (hq, h), p + "self_attn.k_proj.weight": (hkv, h),
+        p + "self_attn.v_proj.weight": (hkv, h), p + "self_attn.o_proj.weight": (h, hq),
+        p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
+        p + "post_attention_layernorm.weight": (h,),
+    }
+    absent = {"fusion_fc.bias", p + "input_layernorm.weight", "embedding_layernorm.weight",
+              "pre_lm_head_layernorm.weight", "embed_tokens.weight", "lm_head.weight"}
+    config = {
+        "speculators_model_type": "eagle", "architectures": ["EagleSpeculator", "LlamaDecoderLayer"],
+        "transformer_layer_architecture": "LlamaDecoderLayer", "layernorms": False, "fusion_bias": False,
+        "speculators_config": {
+            "algorithm": "eagle",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5, "verifier_accept_k": 1,
+                                  "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+    layer = {"model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": h, "intermediate_size": i,
+             "num_hidden_layers": 1, "num_attention_heads": c.num_attention_heads,
+             "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "hidden_act": "silu",
+             "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_position_embeddings,
+             "rope_theta": c.rope_parameters["rope_theta"], "attention_bias": False, "mlp_bias": False}
+    return {"tensors": tensors, "absent": absent, "config": config, "layer": layer}
+
+
 # specheads' own keys beside the engines' (none holds "num" next to "layers" or "heads")
 SPECHEADS_KEYS = {"specheads_kind", "specheads_target", "specheads_target_depth", "specheads_feature_layer",
                   "specheads_target_model_type"}
@@ -94,7 +143,7 @@ def test_weight_table_is_the_modules_state(tiny_target):
     assert {k: tuple(v.shape) for k, v in head.state_dict().items()} == weight_shapes(head.config)
     assert head.fc.bias is None and "layers.0.input_layernorm.weight" not in head.state_dict()
     kind = head_kind("eagle")
-    assert kind.architectures() == ("LlamaForCausalLMEagle", "LlamaForCausalLM")
+    assert kind.architectures() == ("LlamaForCausalLMEagle", "LlamaForCausalLM", "EagleSpeculator", "LlamaDecoderLayer")
     assert drafter_class(kind).__name__ == "Eagle1Drafter"
 
 
@@ -293,3 +342,78 @@ def test_publish_dry_run_names_eagle1_and_both_engines(run, tmp_path, capsys):
     assert "--speculative-algorithm EAGLE " in card and '"method": "eagle"' in card
     assert "specheads export --format sglang" in card
     assert LAUNCH["vllm"].split()[0] == "vllm"
+
+
+# ------------------------------------------------------------------ speculators' eagle type (v0.4.0)
+def _speculators_export(run, out, target_name="HuggingFaceTB/SmolLM2-135M-Instruct"):
+    folder = out.parent / "named"  # the run's head, with a target that has a hub id (the verifier's name_or_path)
+    head = load_head(run / "final")
+    save_head(head, folder, torch.float32, target_name=target_name)
+    return head, export_head(folder, "speculators", out, dtype=torch.bfloat16)
+
+
+def test_speculators_export_has_the_layout_speculators_loads(run, tmp_path):
+    head, out = _speculators_export(run, tmp_path / "spec")
+    want = speculators_layout(head.config, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    tensors = load_file(str(out / "model.safetensors"))
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == want["tensors"]
+    assert not want["absent"] & set(tensors)
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    state = head.state_dict()
+    for name, t in tensors.items():  # fc as fusion_fc, layers.0 as transformer: the same values
+        theirs, ours = ("fusion_fc.", "fc.") if name.startswith("fusion_fc.") else ("transformer.", "layers.0.")
+        ours += name[len(theirs):]
+        assert torch.equal(t, state[ours].to(torch.bfloat16)), name
+    cfg = json.loads((out / "config.json").read_text())
+    assert {k: cfg[k] for k in want["config"]} == want["config"]
+    assert "model_type" not in cfg  # speculators' to_dict drops it
+    assert {k: cfg["transformer_layer_config"][k] for k in want["layer"]} == want["layer"]
+    assert cfg["dtype"] == "bfloat16" and cfg["speculators_version"] == "0.4.0"
+    assert cfg["specheads_kind"] == "eagle" and cfg["specheads_feature_layer"] == TINY_LAYERS
+    # speculators' names: no longer specheads' own folder; no engine at our pins serves the type, so no launch
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_speculators_export_round_trips(run, tmp_path, capsys):
+    """The exported folder reads back as the same head (its bf16 weights), and exports again to the
+    same speculators folder and to vLLM's layout."""
+    head, out = _speculators_export(run, tmp_path / "spec")
+    assert config_from_folder(out) == head.config
+    back = load_head(out)
+    assert isinstance(back, EagleHead) and back.config == head.config
+    for name, t in head.state_dict().items():
+        assert torch.equal(back.state_dict()[name], t.to(torch.bfloat16)), name
+    again = export_head(out, "speculators", tmp_path / "again")
+    assert json.loads((again / "config.json").read_text()) == json.loads((out / "config.json").read_text())
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    vllm = load_file(str(export_head(out, "vllm", tmp_path / "vllm") / "model.safetensors"))
+    assert set(vllm) == set(weight_shapes(head.config))
+    capsys.readouterr()
+    assert main(["export", str(run / "final"), "--format", "speculators", "--output", str(tmp_path / "cli")]) == 0
+    printed = capsys.readouterr().out
+    assert "no SERVING.md" in printed and (tmp_path / "cli" / "model.safetensors").is_file()
+
+
+def test_a_speculators_eagle_folder_of_another_tool(run, tmp_path):
+    """A speculators eagle folder without specheads' keys (another tool wrote it) loads: its layer
+    from transformer_layer_config, the target's family from the verifier's architecture."""
+    head, out = _speculators_export(run, tmp_path / "spec")
+    cfg = json.loads((out / "config.json").read_text())
+    theirs = {k: v for k, v in cfg.items() if not k.startswith("specheads_")}
+    theirs["speculators_config"]["verifier"]["architectures"] = ["Qwen2ForCausalLM"]
+    (out / "config.json").write_text(json.dumps(theirs))
+    got = load_head(out).config
+    layer = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "rms_norm_eps", "max_position_embeddings", "rope_parameters", "vocab_size", "draft_vocab_size")
+    assert {k: getattr(got, k) for k in layer} == {k: getattr(head.config, k) for k in layer}
+    assert got.target_model_type == "qwen2"
+    for flag in ("layernorms", "fusion_bias"):  # another function than this head's: refused, named
+        (out / "config.json").write_text(json.dumps({**theirs, flag: True}))
+        with pytest.raises(HeadFormatError, match=f"{flag}=true is not an EAGLE-1 head of specheads"):
+            load_head(out)
+    qwen3 = {**theirs, "transformer_layer_config": {**theirs["transformer_layer_config"], "model_type": "qwen3"},
+             "transformer_layer_architecture": "Qwen3DecoderLayer"}
+    (out / "config.json").write_text(json.dumps(qwen3))
+    with pytest.raises(HeadFormatError, match=r"a qwen3 layer \(Qwen3DecoderLayer\) is not an EAGLE-1 head"):
+        load_head(out)

@@ -72,10 +72,21 @@ def test_vllm_export_refuses_a_draft_vocabulary(tmp_path, target):
         export_head(_saved(tmp_path, head), "vllm", tmp_path / "vllm")
     with pytest.raises(HeadKindError, match="'sglang' is not one of medusa heads' formats: vllm"):
         export_head(tmp_path / "medusa", "sglang", tmp_path / "sg")
-    # the pinned speculators release has no medusa type: said, with what it does define
-    with pytest.raises(HeadKindError, match="Medusa heads have no speculators layout: speculators 0.9.0 defines "
-                                            "EAGLE-3 .* no medusa type"):
-        export_head(tmp_path / "medusa", "speculators", tmp_path / "sp")
+
+def test_speculators_export_is_refused(tmp_path, target, capsys):
+    """speculators defines no Medusa model (0.9.0): said, with what it does define; nothing written."""
+    from specheads.cli import main
+
+    folder = _saved(tmp_path, random_head(target, kind="medusa", num_heads=2))
+    with pytest.raises(HeadKindError, match=r"^Medusa heads do not export to speculators: speculators defines no "
+                                            r"Medusa model at 0.9.0 \(its types: eagle3, peagle, mtp, dflash, "):
+        export_head(folder, "speculators", tmp_path / "sp")
+    capsys.readouterr()
+    assert main(["export", str(folder), "--format", "speculators", "--output", str(tmp_path / "sp")]) == 2
+    err = capsys.readouterr().err
+    assert "specheads export: error: Medusa heads do not export to speculators" in err and "Traceback" not in err
+    assert "medusa heads export to vllm" in err
+    assert not (tmp_path / "sp").exists()
 
 
 def test_medusa_trains_through_the_cli(tmp_path, tiny_target_dir, prepared_dir):

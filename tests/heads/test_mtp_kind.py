@@ -1,6 +1,7 @@
 """The mtp head kind end to end on CPU: `specheads train --set head.kind=mtp --set head.num_modules=2`,
 the run's per-module metrics, the head folder (round trip, validation), export (refused: no engine
-format), a publish dry run, resume after a kill, and the run config's `head.num_modules`.
+format; speculators' mtp type, naming the conditions the head fails), a publish dry run, resume
+after a kill, and the run config's `head.num_modules`.
 
 The DeepSpeed case lives with the other launcher tests (tests/training/test_deepspeed.py)."""
 
@@ -181,6 +182,46 @@ def test_export_is_refused_with_a_clear_message(run, tmp_path, capsys, fmt):
     assert "specheads export: error: MTP heads have no export format" in err
     assert "`specheads serve`" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_speculators_export_is_refused_naming_the_conditions_the_head_fails(run, tmp_path, capsys):
+    """speculators 0.9.0's mtp type loads one module, the full vocabulary and Qwen3-family verifiers
+    (docs/formats/mtp-sources.md, section 3): this head (2 modules, a draft vocabulary, a Llama
+    target) fails all three, and the error says so; nothing is written."""
+    cfg = load_head(run / "final").config
+    assert (cfg.num_modules, cfg.target_model_type) == (MODULES, "llama") and cfg.draft_vocab_size < cfg.vocab_size
+    out = tmp_path / "exported"
+    capsys.readouterr()
+    assert main(["export", str(run / "final"), "--format", "speculators", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "specheads export: error: MTP heads do not export to speculators: speculators 0.9.0's mtp type loads " \
+           "(1) one module (num_nextn_predict_layers == 1), (2) the full vocabulary (no draft vocabulary), (3) a " \
+           "Qwen3-family verifier (qwen3, qwen3_next, qwen3_5_text, qwen3_5_moe_text); this head fails " \
+           f"(1): it has {MODULES} modules (head.num_modules={MODULES}); (2): it drafts over " \
+           f"{cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens; (3): its target is llama" in err
+    assert "`specheads serve`" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("change, fails", [
+    ({"num_modules": 1, "draft_vocab_size": None}, ["(3): its target is llama"]),
+    ({"target_model_type": "qwen3", "draft_vocab_size": None}, [f"(1): it has {MODULES} modules"]),
+    ({"num_modules": 1, "target_model_type": "qwen3"}, ["(2): it drafts over"]),
+    ({"num_modules": 1, "target_model_type": "qwen3", "draft_vocab_size": None}, []),
+], ids=["target", "modules", "vocab", "none"])
+def test_speculators_refusal_names_only_the_failed_conditions(run, change, fails):
+    import dataclasses
+
+    from specheads.heads.mtp import speculators_refusal
+
+    cfg = load_head(run / "final").config
+    cfg = dataclasses.replace(cfg, **{k: cfg.vocab_size if v is None else v for k, v in change.items()})
+    why = cfg.refused_exports()["speculators"]
+    assert why == speculators_refusal(cfg)
+    named = [f for f in ("(1): ", "(2): ", "(3): ") if f in why]
+    assert len(named) == len(fails) and all(f in why for f in fails)
+    if not fails:  # it meets the three, and is still not speculators' MTP layer
+        assert "meets all three, but its decoder layer has no q_norm/k_norm" in why
 
 
 def test_publish_dry_run_writes_a_card_naming_mtp(run, tmp_path, capsys):
