@@ -64,6 +64,10 @@ class HeadSection(_Strict):
     # in DeepSeek-V3, and medusa, whose heads Medusa initializes from the LM head; no for eagle3;
     # eagle heads read out through the target's lm_head itself)
     lm_head_from_target: bool | None = None
+    # the draft lm_head (and Medusa's per-head ones) left as it starts, untrained (None: the kind's
+    # default: yes for an MTP head over the target's whole vocabulary, whose lm_head is then the
+    # target's own, frozen, as DeepSeek-V3's modules share the model's output head; no otherwise)
+    freeze_lm_head: bool | None = None
 
     @field_validator("kind")
     @classmethod
@@ -105,7 +109,9 @@ SHAPE_OPTIONS = ("num_modules", "num_heads", "num_layers")
 class TrainSection(_Strict):
     mode: Literal["online", "offline"] = "online"
     ttt_steps: int = Field(7, ge=1, le=16)
-    step_decay: float = Field(0.8, gt=0, le=1)
+    step_decay: float = Field(0.8, gt=0, le=1)  # depth k of the unroll weighted step_decay**k in the loss
+    # one loss weight per depth of the unroll instead (as many as the run trains depths); overrides step_decay
+    depth_weights: list[float] | None = None
     lr: float = Field(1e-4, gt=0)
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     warmup_ratio: float = Field(0.02, ge=0, lt=1)
@@ -134,6 +140,14 @@ class TrainSection(_Strict):
     offline_cache_dir: str | None = None  # offline mode: where hidden-state shards go
     export_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
     compile: bool = False
+
+    @field_validator("depth_weights")
+    @classmethod
+    def _weights(cls, w: list[float] | None) -> list[float] | None:
+        if w is not None and (not w or any(x < 0 for x in w) or not any(x > 0 for x in w)):
+            raise ValueError(f"depth_weights {w}: give one weight >= 0 per trained depth, at least one above 0 "
+                             "(e.g. [1.0, 0.8, 0.64])")
+        return w
 
 
 class RunConfig(_Strict):

@@ -412,17 +412,17 @@ def eagle_unroll(head: EagleHead, embed, input_ids: torch.Tensor, aux_hidden: to
 
 
 def eagle_loss(head: EagleHead, embed, input_ids: torch.Tensor, loss_mask: torch.Tensor, aux_hidden: torch.Tensor,
-               target_hidden: torch.Tensor, teacher_weight: torch.Tensor, steps: int = 7, decay: float = 0.8,
-               chunk: int = 1024, outputs: list[torch.Tensor] | None = None):
+               target_hidden: torch.Tensor, teacher_weight: torch.Tensor, steps: int = 7,
+               decay: float | list[float] = 0.8, chunk: int = 1024, outputs: list[torch.Tensor] | None = None):
     """EAGLE-1's loss over the unroll: per step, SmoothL1 of the predicted feature against the
     target's (mean over the hidden dimension) plus 0.1 x the soft cross-entropy of the draft's
     distribution (the target's lm_head over the prediction) against the target's; summed over
-    the counted rows, normalized by step 0's, step k weighted decay**k.
+    the counted rows, normalized by step 0's, step k weighted decay**k (or decay[k]).
 
     teacher_weight: the target's lm_head rows of `head.target_rows()` (all of them): both the
     teacher's and the draft's readout (frozen: no gradient)."""
     from specheads.training.loss import soft_cross_entropy
-    from specheads.training.ttt import StepStats, shift_left
+    from specheads.training.ttt import StepStats, depth_weight, shift_left
 
     if outputs is None:
         outputs = eagle_unroll(head, embed, input_ids, aux_hidden, steps)
@@ -437,7 +437,7 @@ def eagle_loss(head: EagleHead, embed, input_ids: torch.Tensor, loss_mask: torch
         feature_sum = F.smooth_l1_loss(h.float(), target.float(), reduction="none").mean(-1).sum()
         token_sum, correct = soft_cross_entropy(h, weight, target, weight, chunk)
         loss_k = (FEATURE_WEIGHT * feature_sum + TOKEN_WEIGHT * token_sum) / denom
-        total = total + (decay**k) * loss_k
+        total = total + depth_weight(decay, k) * loss_k
         step_loss.append(loss_k.detach())
         step_correct.append(correct)
         step_rows.append(int(rows.sum()))

@@ -32,7 +32,8 @@ unroll(head, embed, input_ids, aux_hidden, steps) -> list of per-step hidden sta
     captured layers); what `loss` and the evaluation read.
 loss(head, embed, input_ids, loss_mask, aux_hidden, target_hidden, teacher_weight, steps, decay,
      chunk, outputs=...) -> training.ttt.StepStats
-    outputs: what `unroll` returned for this batch.
+    outputs: what `unroll` returned for this batch; decay: step k weighted decay**k, or decay[k]
+    where a weight is given per step (training.ttt.depth_weight).
 """
 
 from __future__ import annotations

@@ -239,6 +239,8 @@ class MTPHead(DraftVocab, nn.Module):
         self._lm_int8 = None  # (int8 rows, scales) of the lm_head while fused with lm_head_int8
 
     lm_head_from_target = True  # DeepSeek-V3's MTP modules share the model's output head
+    # ... and over the whole vocabulary that head is the target's own, frozen (head.freeze_lm_head)
+    freezes_full_vocab_lm_head = True
 
     def init_readout_from_target(self, target) -> None:
         """The lm_head from the target's rows of the draft vocab and every module's

@@ -227,6 +227,7 @@ class Trainer:
             self.kind = head_kind(cfg.head.kind)
         except HeadKindError as e:
             raise TrainingError(f"head.kind: {e}") from None
+        self.readout_started_from_target = False  # readout_from_target: the lm_head starts as the target's rows
         if cfg.train.init_from:
             head = self.initial_head(cfg.train.init_from)
             head_cfg = head.config
@@ -239,6 +240,7 @@ class Trainer:
             head = self.kind.module(head_cfg)
             head.set_vocab_map(data.d2t, data.t2d)
             self.readout_from_target(head, cfg.head.lm_head_from_target)
+        self.frozen_readout = self.freeze_readout(head, head_cfg)
         param_dtype = torch.float32
         self.head = head.to(self.device, param_dtype)
         if hasattr(self.head, "attach_target"):  # a head that reads out through the target's lm_head (EAGLE-1)
@@ -252,6 +254,13 @@ class Trainer:
             raise TrainingError(f"train.ttt_steps={cfg.train.ttt_steps} would train {cfg.train.ttt_steps} of this "
                                 f"{self.kind.title} head's {depth} draft depths (the others stay random): set "
                                 f"train.ttt_steps >= {depth}")
+        trained = min(cfg.train.ttt_steps, depth) if depth is not None else cfg.train.ttt_steps
+        weights = cfg.train.depth_weights
+        if weights is not None and len(weights) != trained:
+            raise TrainingError(f"train.depth_weights has {len(weights)} weights; this run trains {trained} depths "
+                                f"(train.ttt_steps={cfg.train.ttt_steps}"
+                                + (f", the {self.kind.title} head's {depth}" if depth is not None else "")
+                                + f"): give {trained} weights, one per depth")
         # schedule
         n_batches = len(epoch_batches([len(x) for x in data.train_ids], cfg.train.batch_size, cfg.train.seed, 0,
                                       self.rank, self.world))
@@ -299,8 +308,32 @@ class Trainer:
         if asked and not takes:
             raise TrainingError(f"head.lm_head_from_target does not apply to {self.kind.title} heads "
                                 "(they read out through the target's lm_head itself, or have no lm_head): drop it")
-        if getattr(head, "lm_head_from_target", False) if asked is None else asked:
+        self.readout_started_from_target = bool(getattr(head, "lm_head_from_target", False) if asked is None else asked)
+        if self.readout_started_from_target:
             head.init_readout_from_target(self.target)
+
+    def freeze_readout(self, head, head_cfg) -> list[str]:
+        """head.freeze_lm_head: the draft lm_head(s) kept as they start (None: the head's default,
+        `freezes_full_vocab_lm_head`: an MTP head over the whole vocabulary reads out through the
+        target's own lm_head rows, frozen). Returns the frozen parameters' names."""
+        asked = self.cfg.head.freeze_lm_head
+        names = [n for n, _ in head.named_parameters() if n == "lm_head.weight" or n.startswith("lm_heads.")]
+        full = head_cfg.draft_vocab_size == self.target.spec.vocab_size
+        if asked is None:
+            asked = bool(getattr(head, "freezes_full_vocab_lm_head", False) and full and names
+                         and (self.cfg.train.init_from or self.readout_started_from_target))
+        if not asked:
+            return []
+        if not names:
+            raise TrainingError(f"head.freeze_lm_head does not apply to {self.kind.title} heads (they have no lm_head "
+                                "of their own): drop it")
+        if not (self.cfg.train.init_from or self.readout_started_from_target):
+            raise TrainingError("head.freeze_lm_head=true keeps the lm_head as it starts, and this run starts it "
+                                "random: set head.lm_head_from_target=true (or train.init_from a trained head)")
+        params = dict(head.named_parameters())
+        for n in names:
+            params[n].requires_grad_(False)
+        return names
 
     def initial_head(self, spec: str) -> torch.nn.Module:
         """The head named by train.init_from, checked against the target and the run's head options."""
@@ -379,7 +412,7 @@ class Trainer:
         if outputs is None:
             outputs = self.kind.unroll(self.head, embed, ids, aux, train.ttt_steps)
         return self.kind.loss(self.head, embed, ids, mask, aux, hidden, teacher_weight, train.ttt_steps,
-                              train.step_decay, train.loss_chunk, outputs=outputs)
+                              train.depth_weights or train.step_decay, train.loss_chunk, outputs=outputs)
 
     # .............................................................. evaluation
     @torch.no_grad()

@@ -14,6 +14,7 @@ We run it as one SDPA call over keys [step 0 | step 1 | ... | step k] with a blo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,12 @@ class StepStats:
     rows: int
 
 
+def depth_weight(decay: float | Sequence[float], k: int) -> float:
+    """The loss weight of unroll depth k: decay**k (train.step_decay), or decay[k] where a weight is
+    given per depth (train.depth_weights)."""
+    return decay ** k if isinstance(decay, (int, float)) else float(decay[k])
+
+
 def ttt_loss(
     head,
     embed,
@@ -80,12 +87,12 @@ def ttt_loss(
     target_hidden: torch.Tensor,
     teacher_weight: torch.Tensor,
     steps: int = 7,
-    decay: float = 0.8,
+    decay: float | Sequence[float] = 0.8,
     chunk: int = 1024,
     outputs: list[torch.Tensor] | None = None,
 ) -> StepStats:
     """Any head kind's loss over the steps of an unroll: soft cross-entropy of the head's
-    readout against the teacher, step k weighted decay**k.
+    readout against the teacher, step k weighted decay**k (or decay[k]: depth_weight).
 
     `outputs`: the unroll for these inputs (the trainer passes its kind's; None runs
     `ttt_unroll`)."""
@@ -101,7 +108,7 @@ def ttt_loss(
         th = shift_left(target_hidden, 1 + k)[rows]
         loss_sum, correct = soft_cross_entropy(h, weight, th.to(h.dtype), teacher_weight.to(h.dtype), chunk)
         loss_k = loss_sum / denom
-        total = total + (decay**k) * loss_k
+        total = total + depth_weight(decay, k) * loss_k
         step_loss.append(loss_k.detach())
         step_correct.append(correct)
         step_rows.append(int(rows.sum()))

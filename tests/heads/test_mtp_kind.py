@@ -58,11 +58,32 @@ def test_cli_trains_an_mtp_head(run):
     assert meta["kind"] == "mtp" and meta["config"]["num_modules"] == MODULES
     assert meta["config"]["target_layer_ids"] == [TINY_LAYERS]  # the final hidden state, after the target's norm
     assert meta["run_config"]["head"] == {"kind": "mtp", "intermediate_size": None, "num_modules": MODULES,
-                                          "num_heads": None, "num_layers": None, "lm_head_from_target": None}
+                                          "num_heads": None, "num_layers": None, "lm_head_from_target": None,
+                                          "freeze_lm_head": None}
     assert _summary(run)["steps"] == STEPS
 
 
 # ------------------------------------------------------------------ 5. per-module metrics
+def test_cli_generate_with_the_mtp_folder_equals_ar(run, tiny_target_dir, small_prepared_dir, capsys):
+    """`specheads generate --draft <mtp folder>`: the kind read from the folder, the tree and a
+    chain (--topk 1) give ar's tokens (acceptance itself: tests/runtime/test_head_kinds_runtime.py)."""
+    rows = json.loads((small_prepared_dir.parent / "small.json").read_text())
+    prompts = [a for r in rows[:2] for a in ("--prompt", r["conversations"][0]["value"])]
+
+    def generate(*extra):
+        capsys.readouterr()
+        assert main(["generate", "--target", str(tiny_target_dir), *prompts, "--max-new-tokens", "12",
+                     "--max-len", "256", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    ar = generate("--method", "ar")
+    for extra in ([], ["--topk", "1", "--num-steps", str(MODULES)]):
+        got = generate("--draft", str(run / "final"), *extra)
+        assert got["stats"]["method"] == "mtp"
+        assert [o["token_ids"] for o in got["outputs"]] == [o["token_ids"] for o in ar["outputs"]], extra
+        assert got["stats"]["steps"] > 0
+
+
 def test_metrics_have_one_entry_per_module(run):
     """ttt_steps (3) exceeds the modules (2): training records and the evaluation count the modules."""
     for r in train_records(run / "metrics.jsonl"):

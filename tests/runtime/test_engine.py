@@ -348,13 +348,17 @@ def test_sampling_matches_target_distribution_eagle3(starget, case):
     _assert_matches(counts, _exact_joint(starget, params))
 
 
-def test_sampling_matches_target_distribution_mtp(starget):
-    """The same joint with an MTP head drafting a tree (every drafter goes through one verify)."""
-    params = SAMPLING_CASES["t1"]
+@pytest.mark.parametrize("case, shape", [("t1", (3, 3, 8)), ("t1", (3, 1, 3)), ("topk-topp", (3, 3, 8))],
+                         ids=["tree", "chain", "tree-topk-topp"])
+def test_sampling_matches_target_distribution_mtp(starget, case, shape):
+    """The same joint with an MTP head drafting a tree or a chain (every drafter goes through one
+    verify), at temperature 1 and with temperature, top-k and top-p."""
+    params = SAMPLING_CASES[case]
     head = random_head(starget, seed=3, kind="mtp", num_modules=3)
-    eng = SpecEngine(starget, head, num_steps=3, topk=3, num_draft_tokens=8, max_len=16)
+    steps, topk, n = shape
+    eng = SpecEngine(starget, head, num_steps=steps, topk=topk, num_draft_tokens=n, max_len=16)
     counts, accepted = _sample_triples(eng, params)
-    assert accepted > 0
+    assert accepted > 100, "too few accepted drafts for the test to say anything about acceptance"
     _assert_matches(counts, _exact_joint(starget, params))
 
 
