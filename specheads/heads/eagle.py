@@ -41,6 +41,7 @@ from torch import nn
 from specheads.heads.draft_vocab import one_feature_mismatches
 from specheads.heads.eagle3 import VERIFIER_ARCHITECTURES, Eagle3Config, speculators_section
 from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, layer_over_cache
+from specheads.heads.kind import HeadFormatError
 from specheads.kernels.draft import head_input
 from specheads.kernels.linear import linear, quantize_rows
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
@@ -199,8 +200,6 @@ def speculators_tensors(tensors: dict, cfg: EagleConfig) -> dict:
 def speculators_layer_config(raw: dict) -> dict:
     """A speculators `eagle` config.json as the flat Llama config `from_hf` reads; a layout that
     computes another function than this head (extra norms, a fusion bias) is refused."""
-    from specheads.heads.format import HeadFormatError
-
     if raw.get("layernorms") or raw.get("fusion_bias"):
         flags = [k for k in ("layernorms", "fusion_bias") if raw.get(k)]
         raise HeadFormatError(f"a speculators eagle head with {' and '.join(f'{k}=true' for k in flags)} is not an "

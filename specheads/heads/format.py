@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from specheads.heads.fetch import resolve_head  # a hub id becomes its cached snapshot folder
+from specheads.heads.kind import HeadFormatError  # noqa: F401  (there: heads raise it without this module)
 from specheads.heads.registry import DEFAULT_KIND, HeadKind, HeadKindError, head_kind, head_kinds, kind_of
 
 CONFIG_FILE = "config.json"
@@ -21,8 +22,6 @@ WEIGHTS_FILE = "model.safetensors"
 META_FILE = "specheads.json"
 
 
-class HeadFormatError(ValueError):
-    pass
 
 
 def hf_config(cfg, dtype: torch.dtype, target_name: str | None) -> dict:

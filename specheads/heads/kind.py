@@ -42,6 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 
+class HeadFormatError(ValueError):
+    """A head folder or tensor set that does not hold the head its config describes (heads.format
+    raises it; a kind's importer too, which cannot import heads.format: it imports the registry)."""
+
+
 class HeadKindError(ValueError):
     """A head kind that is unknown, registered twice, or whose entry does not hold together."""
 
