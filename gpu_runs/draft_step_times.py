@@ -7,6 +7,11 @@ graph as the rows grow is an outlier), batch rows all decoding.
 
     python3 gpu_runs/draft_step_times.py --out $OUT/step_times [--kinds ar eagle3 mtp eagle medusa]
         [--batch-sizes 1 8] [--steps 200] [--label new] [--accept mtp=3.21 eagle3=2.62 ...]
+        [--trees 6,4,15 8,10,63] [--profile 12]
+
+--trees times every kind at each tree shape (a row per kind, tree and batch); --profile N prints,
+for each row, the N kernels that take the most GPU time in a step (torch.profiler over 20 steps),
+so the part of a step that grows with the tree's size can be named.
 
 With --accept (served tokens a step, e.g. from a kinds table) it also prints the speedup those
 would give at this step cost: accept / (step ms / ar step ms). Old and new code side by side:
@@ -46,7 +51,23 @@ def build(kind: str, device, dtype, layers: int):
     return target, head
 
 
-def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: int) -> dict:
+def kernel_table(engine, top: int, steps: int = 20) -> list[dict]:
+    """The `top` kernels by GPU time a step over `steps` steps (name, us a step, calls a step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total, e.count) for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    total = sum(r[1] for r in rows)
+    table = [{"kernel": k[:90], "us_per_step": round(t / steps, 2), "calls_per_step": round(n / steps, 2)}
+             for k, t, n in rows[:top]]
+    return [{"kernel": "(all kernels)", "us_per_step": round(total / steps, 2), "calls_per_step": 0}] + table
+
+
+def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: int, profile_top: int = 0) -> dict:
     from specheads.runtime.engine import Request, SpecEngine
     from specheads.runtime.sampling import SamplingParams
 
@@ -77,9 +98,13 @@ def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: 
     mean = (time.perf_counter() - t0) * 1e3 / steps
     times.sort()
     depth = getattr(engine.drafter, "depth", 0) if engine.drafter is not None else 0
-    return {"kind": kind, "batch": batch, "ms_per_step": round(times[len(times) // 2] * 1e3, 4),
-            "mean_ms": round(mean, 4), "p90_ms": round(times[int(0.9 * len(times))] * 1e3, 4), "steps": steps,
-            "draft_depth": depth, "rows": len(engine.rows)}
+    row = {"kind": kind, "batch": batch, "tree": ",".join(map(str, tree)) if kind != "ar" else "",
+           "ms_per_step": round(times[len(times) // 2] * 1e3, 4), "mean_ms": round(mean, 4),
+           "p90_ms": round(times[int(0.9 * len(times))] * 1e3, 4), "steps": steps, "draft_depth": depth,
+           "rows": len(engine.rows)}
+    if profile_top and device.type == "cuda":
+        row["kernels"] = kernel_table(engine, profile_top)
+    return row
 
 
 def main():
@@ -89,21 +114,26 @@ def main():
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--tree", default="6,4,15")
+    ap.add_argument("--trees", nargs="+", default=None, metavar="S,K,N", help="several tree shapes (overrides --tree)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="print each row's N costliest kernels")
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--label", default="")
     ap.add_argument("--accept", nargs="*", default=[], metavar="KIND=TOKENS", help="served tokens a step")
     args = ap.parse_args()
-    tree = tuple(int(x) for x in args.tree.split(","))
+    trees = [tuple(int(x) for x in t.split(",")) for t in (args.trees or [args.tree])]
     accept = {k: float(v) for k, v in (a.split("=") for a in args.accept)}
     rows = []
     for batch in args.batch_sizes:
         for kind in args.kinds:
-            r = time_kind(kind, batch, args.steps, tree, args.layers, args.prompt_len)
-            rows.append(r)
-            print(f"{args.label} b{batch} {kind:>7}: {r['ms_per_step']:.3f} ms a step (depth {r['draft_depth']})",
-                  flush=True)
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            for tree in trees[:1] if kind == "ar" else trees:
+                r = time_kind(kind, batch, args.steps, tree, args.layers, args.prompt_len, args.profile)
+                rows.append(r)
+                print(f"{args.label} b{batch} {kind:>7} {r['tree']:>8}: {r['ms_per_step']:.3f} ms a step "
+                      f"(depth {r['draft_depth']})", flush=True)
+                for k in r.get("kernels", []):
+                    print(f"      {k['us_per_step']:>9.1f} us {k['calls_per_step']:>6.1f}x  {k['kernel']}")
+                torch.cuda.empty_cache() if torch.cuda.is_available() else None
     ar = {r["batch"]: r["ms_per_step"] for r in rows if r["kind"] == "ar"}
     for r in rows:
         if r["batch"] in ar:
@@ -112,11 +142,11 @@ def main():
                 r["accept"] = accept[r["kind"]]
                 r["predicted_speedup"] = round(accept[r["kind"]] / r["x_ar_step"], 3)
     card = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
-    report = {"card": card, "label": args.label, "tree": args.tree, "layers": args.layers,
+    report = {"card": card, "label": args.label, "tree": args.tree, "trees": [",".join(map(str, t)) for t in trees], "layers": args.layers,
               "prompt_len": args.prompt_len, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    print(f"{'label':>6} {'batch':>5} {'kind':>7} {'ms/step':>8} {'x ar':>6} {'accept':>6} {'pred.':>6}")
+    print(f"{'label':>6} {'batch':>5} {'kind':>7} {'tree':>8} {'ms/step':>8} {'x ar':>6} {'accept':>6} {'pred.':>6}")
     for r in rows:
-        print(f"{args.label:>6} {r['batch']:>5} {r['kind']:>7} {r['ms_per_step']:>8.3f} {r.get('x_ar_step', 0):>6.2f} "
+        print(f"{args.label:>6} {r['batch']:>5} {r['kind']:>7} {r['tree']:>8} {r['ms_per_step']:>8.3f} {r.get('x_ar_step', 0):>6.2f} "
               f"{r.get('accept', 0):>6.2f} {r.get('predicted_speedup', 0):>6.2f}")
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
