@@ -21,6 +21,11 @@ over the same maximum, and n-gram under both, at four batch sizes on the evaluat
 An adaptive engine captures its graphs and times its tiers' steps before the warm-up run
 (`SpecEngine.capture_common`); each row records the policy, its tiers, that start-up time, the
 graph memory and the share of steps by tree verified.
+
+Seeded sampling: `--temperature 0.8 --top-p 0.95 --seed 0` samples every prompt with its own seed
+(seed + 1,000,003 x its index, as `SpecEngine.generate` gives them), so "same as ar" and "as ar
+b1" then say whether sampled outputs are the same alone, in a batch and under speculation (the
+peers, which sample with other noise, are skipped).
 """
 
 from __future__ import annotations
@@ -267,6 +272,10 @@ def main() -> None:
     ap.add_argument("--chain-steps", type=int, default=DEFAULT_TREE[0])
     ap.add_argument("--verify-shape", choices=["none", "llama-8b"], default="none")
     ap.add_argument("--max-len", type=int, default=None)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0 samples, seeded (--seed)")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the sampling seed of prompt 0 (prompt i: seed + 1000003 i)")
     ap.add_argument("--out", default="bench/result")
     args = ap.parse_args()
 
@@ -282,7 +291,12 @@ def main() -> None:
     target, tok, target_dir = load_target(args.target, dtype=dtype, device=device)
     head = load_draft(args.draft, tok, device=device, dtype=dtype) if args.draft else None
     stops = stop_token_ids(tok)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    sampled = args.temperature > 0
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed if sampled else None).validate()
+    if sampled and args.peers:
+        print(f"sampling: the peers ({', '.join(args.peers)}) are skipped (their noise is not ours)", flush=True)
+        args.peers = []
     tree = tuple(int(x) for x in args.tree.split(","))
 
     default_policy = args.speculation_policy or "fixed"
@@ -318,6 +332,8 @@ def main() -> None:
     rows = []
     report = {"card": card, "dtype": str(dtype), "target": str(target_dir), "draft": args.draft,
               "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": rows,
+              "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                           "seed": args.seed} if sampled else None,
               "repeats": args.repeats, "speculation_policy": default_policy,
               "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1"}
     out = Path(args.out)
