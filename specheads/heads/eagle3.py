@@ -480,10 +480,14 @@ class Eagle3Head(nn.Module):
 
     lm_head_from_target = False  # the recipe of the current heads: a random lm_head
 
+    def readout_heads(self) -> list[nn.Linear]:
+        """The head's own vocabulary projections (head.lm_head_from_target, head.freeze_lm_head)."""
+        return [self.lm_head]
+
     def init_readout_from_target(self, target) -> None:
         """The lm_head from the target's rows of the draft vocab and the final norm from the
         target's (training.trainer, head.lm_head_from_target=true)."""
-        readout_from_target(self, target, [self.lm_head], [self.norm])
+        readout_from_target(self, target, self.readout_heads(), [self.norm])
 
     def fuse_for_inference(self, lm_head_int8: bool = True) -> "Eagle3Head":
         """Drafting on the fused kernels (as TargetModel.fuse_for_inference): fused q/k/v and

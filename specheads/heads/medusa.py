@@ -186,10 +186,14 @@ class MedusaHead(DraftVocab, nn.Module):
     def fuse_for_inference(self, lm_head_int8: bool = False) -> "MedusaHead":
         return self
 
+    def readout_heads(self) -> list[nn.Linear]:
+        """Every head's own vocabulary projection (head.lm_head_from_target, head.freeze_lm_head)."""
+        return list(self.lm_heads)
+
     def init_readout_from_target(self, target) -> None:
         """Every head's lm_head from the target's rows: with the blocks the identity, each head
         starts predicting the target's next token (training.trainer, head.lm_head_from_target)."""
-        readout_from_target(self, target, self.lm_heads)
+        readout_from_target(self, target, self.readout_heads())
 
     def features(self, hidden: torch.Tensor, heads: int | None = None) -> list[torch.Tensor]:
         """The first `heads` heads' features of the target's hidden state (None: every head)."""

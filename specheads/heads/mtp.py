@@ -242,10 +242,15 @@ class MTPHead(DraftVocab, nn.Module):
     # ... and over the whole vocabulary that head is the target's own, frozen (head.freeze_lm_head)
     freezes_full_vocab_lm_head = True
 
+    def readout_heads(self) -> list[nn.Linear]:
+        """The head's own vocabulary projection, shared by every module (head.lm_head_from_target,
+        head.freeze_lm_head)."""
+        return [self.lm_head]
+
     def init_readout_from_target(self, target) -> None:
         """The lm_head from the target's rows of the draft vocab and every module's
         shared_head.norm from the target's final norm (training.trainer, head.lm_head_from_target)."""
-        readout_from_target(self, target, [self.lm_head], [m.shared_head.norm for m in self.layers])
+        readout_from_target(self, target, self.readout_heads(), [m.shared_head.norm for m in self.layers])
 
     def fuse_for_inference(self, lm_head_int8: bool = True) -> "MTPHead":
         """Drafting on the fused kernels (heads/fused_layer.py), as the EAGLE-3 head: fused q/k/v

@@ -317,7 +317,8 @@ class Trainer:
         `freezes_full_vocab_lm_head`: an MTP head over the whole vocabulary reads out through the
         target's own lm_head rows, frozen). Returns the frozen parameters' names."""
         asked = self.cfg.head.freeze_lm_head
-        names = [n for n, _ in head.named_parameters() if n == "lm_head.weight" or n.startswith("lm_heads.")]
+        own = {id(p) for m in (head.readout_heads() if hasattr(head, "readout_heads") else []) for p in m.parameters()}
+        names = [n for n, p in head.named_parameters() if id(p) in own]
         full = head_cfg.draft_vocab_size == self.target.spec.vocab_size
         if asked is None:
             asked = bool(getattr(head, "freezes_full_vocab_lm_head", False) and full and names
