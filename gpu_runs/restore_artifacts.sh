@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Bring back the large files that live only in this repository's history (added in one commit,
 # removed in the next, so that they do not travel with every checkout or device call):
-#   .dev/head/         the current EAGLE-3 head for SmolLM2-135M-Instruct: .dev/head-s8 fine-tuned 3 more
+#   .dev/head/         the current EAGLE-3 head for SmolLM2-135M-Instruct: .dev/head-ft1 fine-tuned 3 more
 #                      epochs (4x H200, `train.init_from`, lr 2e-4, the same loop-cut data)
-#   .dev/head-s8/      .dev/head-s7 fine-tuned 4 epochs on answers cut at their first repeated 32-gram
-#   .dev/head-s7/      the first full head (trained from random weights)
-# (the -sN suffixes are the names these files have in history; docs/history/2026-11-benchmark-log.md)
+#   .dev/head-ft1/     .dev/head-first fine-tuned 4 epochs on answers cut at their first repeated 32-gram
+#   .dev/head-first/   the first full head (trained from random weights)
+# (the artifacts/ paths below are the names these files have in history and cannot change;
+# docs/history/2026-11-benchmark-log.md)
 #   .dev/regen/part00  ShareGPT answered by SmolLM2-135M-Instruct itself (greedy, every turn),
 #                      regenerated.jsonl.gz as `specheads prepare --regenerate` wrote it (head_pipeline.sh
 #                      prepares from it instead of regenerating; here: copy it to a .jsonl.gz name and
@@ -26,10 +27,10 @@ restore_head() {  # restore_head PATH_IN_HISTORY SHA256 RESULTS_DIR DEST_DIR
   cp "$3/config.json" "$3/specheads.json" "$4/"
 }
 restore_head artifacts/smollm2-135m-eagle3-s9.safetensors \
-  638aec45dc27d1ea5b287088d8f8ec855f83b738d7647246ed1d563027e6cd02 docs/results/smollm2-eagle3-ft2-4xh200-s9 .dev/head
+  638aec45dc27d1ea5b287088d8f8ec855f83b738d7647246ed1d563027e6cd02 docs/results/smollm2-eagle3-4xh200-ft2 .dev/head
 restore_head artifacts/smollm2-135m-eagle3-s8.safetensors \
-  8496b08e88ed0e9c3b41e3b51a41c1bab8151c2224cbf07133d1b227040f5dd2 docs/results/smollm2-eagle3-ft-4xh200-s8 .dev/head-s8
+  8496b08e88ed0e9c3b41e3b51a41c1bab8151c2224cbf07133d1b227040f5dd2 docs/results/smollm2-eagle3-4xh200-ft1 .dev/head-ft1
 restore_head artifacts/smollm2-135m-eagle3-s7.safetensors \
-  b5953ba822dc2845096b72c3fe981d931f41e58ef488ada721292efad2a06897 docs/results/smollm2-eagle3-4xh200-s7 .dev/head-s7
+  b5953ba822dc2845096b72c3fe981d931f41e58ef488ada721292efad2a06897 docs/results/smollm2-eagle3-4xh200-first .dev/head-first
 restore artifacts/sharegpt-regenerated-smollm2-135m-greedy.jsonl.gz \
   9dbe7b68b20d69d360cf4928af426560dd78c9c582865dfb348cec266c756ed3 .dev/regen/part00

@@ -65,7 +65,7 @@ WARPS = (1, 2, 4, 8, 16, 32)  # the num_warps a Triton launch accepts
 
 # Wide weights (K > linear_max_k) that our projection kernel serves at decode, with the tile
 # measured on an H200 against cuBLAS with its separate norm / silu / residual kernels, each
-# weight streamed from HBM (gpu_runs/wide_gemm.py; docs/results/runtime-h200-s9/wide_gemm.json).
+# weight streamed from HBM (gpu_runs/wide_gemm.py; docs/results/runtime-h200-2026-11-27c/wide_gemm.json).
 # The Llama-3-8B / Mistral-7B shapes (hidden 4096, 8 KV heads, MLP 14336):
 #   shape: (BLOCK_N, BLOCK_K, num_warps, num_stages)   ours vs cuBLAS + its extra kernel
 WIDE_TILES: dict[Shape, tuple[int, int, int, int]] = {
