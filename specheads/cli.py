@@ -347,10 +347,7 @@ def cmd_evaluate(args) -> int:
     wrong = [m.name for m in methods if m.method not in ("ar", "ngram", kind)]
     if wrong:
         raise SuiteError(f"methods {', '.join(wrong)} need a head of their kind; --draft is a {kind} head")
-    prompts = load_suite(args.split, args.categories)
-    if args.limit:
-        prompts = [p for c in dict.fromkeys(p.category for p in prompts)
-                   for p in [q for q in prompts if q.category == c][: args.limit]]
+    prompts = load_suite(args.split, args.categories, limit=args.limit)
     model, tok, _ = load_target(args.target, dtype=dtype, device=device)
     report = {**environment(model), "target": args.target or "SmolLM2-135M-Instruct (embedded)", "draft": args.draft,
               "split": args.split}

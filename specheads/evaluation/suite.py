@@ -42,8 +42,9 @@ class SuiteError(ValueError):
     pass
 
 
-def load_suite(split: str = "test", categories=None, path: Path | None = None) -> list[EvalPrompt]:
-    """The suite's prompts of one split ('validation', 'test' or 'all'), in file order."""
+def load_suite(split: str = "test", categories=None, path: Path | None = None, limit: int | None = None) -> list[EvalPrompt]:
+    """The suite's prompts of one split ('validation', 'test' or 'all'), in file order; with
+    `limit`, the first that many of each category (categories in file order)."""
     if split not in SPLITS + ("all",):
         raise SuiteError(f"split {split!r} is not one of validation, test, all")
     wanted = tuple(categories) if categories else CATEGORIES
@@ -58,6 +59,8 @@ def load_suite(split: str = "test", categories=None, path: Path | None = None) -
             core = {"id", "category", "split", "turns", "source", "license"}
             out.append(EvalPrompt(r["id"], r["category"], r["split"], tuple(r["turns"]), r["source"], r["license"],
                                   {k: v for k, v in r.items() if k not in core}))
+    if limit:
+        out = [p for c in dict.fromkeys(p.category for p in out) for p in [q for q in out if q.category == c][:limit]]
     return out
 
 

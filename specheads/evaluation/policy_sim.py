@@ -1,0 +1,250 @@
+"""The speculation policy replayed offline: what a policy would choose, step by step, and the
+time it would take, without the decode loop.
+
+Greedy speculative decoding emits the target's own greedy continuation whatever tree a step
+verifies, so a request's steps depend only on where each step is rooted and how many drafts the
+chosen tier's tree gets accepted there. `tier_traces` computes, once per tier, the accepted drafts
+of a step rooted at every position of each continuation (teacher-forced, as `estimate.py` does);
+`simulate` then runs the policy's own code (`runtime/policy.py`: the same `choose`, `observe`,
+`launched`) over a continuous batch of those requests, as the engine does when it does not run a
+step ahead, and adds up each step's cost (a measured `SpeculationProfile` of the card, or the
+static model). Policies, tiers and their settings can so be compared and tuned on the validation
+prompts in seconds once the traces exist; what it predicts is checked against the engine on the
+card (the evaluation suite, scripts/bench.py).
+
+    python -m specheads.evaluation.policy_sim --draft HEAD [--target T] --split validation \
+        --limit 8 --tiers "1,1,1;2,1,2;4,1,4;6,4,15" --batch-sizes 1 8 32 64 \
+        [--profile PROFILE.json] [--grid window=8,16,32 prior_weight=1,2,4 probe_every=16,32] --out OUT
+
+Not modelled: the host's share of a step (a device drafter's step overlaps it), prefill (the
+same for every policy) and a sampled request's steps (its tokens, not only its steps, follow
+the noise; the policy treats them alike).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import torch
+
+from specheads.drafters import DraftSetup, build_drafter
+from specheads.evaluation.estimate import accepted_per_position, drafter_kv
+from specheads.runtime.policy import AdaptivePolicy, FixedPolicy, StaticCost, TreeShape
+
+POLICY_SETTINGS = ("window", "prior", "prior_weight", "pooled_window", "probe_every")
+
+
+def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list[list[int]],
+                continuations: list[list[int]], rows: int = 64) -> dict[TreeShape, list[list[int]]]:
+    """traces[tier][i][j]: drafts accepted by a step of that tree rooted j tokens into
+    continuation i (after its (j + 1)-th token), for every j but the last."""
+    dev = next(target.parameters()).device
+    dtype = next(target.parameters()).dtype
+    longest = max(len(p) + len(c) for p, c in zip(prompts, continuations))
+    out = {}
+    for tier in tiers:
+        drafter = build_drafter(method, DraftSetup(target, head, options={}, num_steps=tier.steps, topk=tier.topk,
+                                                   num_draft_tokens=tier.num_draft))
+        if dev.type == "cuda":
+            drafter.prepare(dev)
+        drafter.allocate(rows, drafter_kv(drafter, longest) + 1, dev, dtype)
+        out[tier] = [accepted_per_position(drafter, target, p + c, len(p), rows) for p, c in zip(prompts, continuations)]
+        del drafter
+    return out
+
+
+@dataclass
+class SimResult:
+    tokens: int = 0
+    cost: float = 0.0  # in the cost model's unit (ms for a measured profile)
+    steps: int = 0
+    drafted_steps: int = 0
+    accepted: int = 0  # drafts accepted (a step's last one only up to the budget)
+    steps_by_tier: Counter = field(default_factory=Counter)  # batch steps by the policy's tier index (0: plain)
+    row_steps_by_tier: Counter = field(default_factory=Counter)  # the same, counted per row (as the engine reports)
+
+    @property
+    def tokens_per_cost(self) -> float:
+        return self.tokens / self.cost if self.cost else 0.0
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        return 1 + self.accepted / self.drafted_steps if self.drafted_steps else None
+
+    def to_dict(self, tiers) -> dict:
+        names = ["plain"] + [str(t) for t in tiers]
+        return {"tokens": self.tokens, "cost": round(self.cost, 4), "steps": self.steps,
+                "tokens_per_cost": self.tokens_per_cost, "mean_accept_length": self.mean_accept_length,
+                "steps_by_tier": {names[k]: round(v / self.steps, 4) for k, v in sorted(self.steps_by_tier.items())}}
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int], batch: int, cost=None,
+             buckets: bool = False) -> SimResult:
+    """Serve every request (prompt i: new_tokens[i] tokens, the first from its prefill) with at
+    most `batch` rows at once, a finished row taking the next request, each step's tier chosen by
+    `policy` (None: plain decoding every step) and priced by `cost.step(b, kv, tier)` (default:
+    the static model). buckets: price and choose at the engine's graph buckets (powers of two),
+    as it does on a GPU. traces: `tier_traces` of (at least) the policy's tiers. The result's
+    steps_by_tier counts by the policy's tier index (0: plain)."""
+    cost = cost or StaticCost()
+    tiers = policy.tiers if policy is not None else []
+    full = max(traces, key=lambda t: (t.num_draft, t.steps, t.topk)) if policy is None else tiers[-1]
+    res = SimResult()
+    todo = deque(range(len(new_tokens)))
+    active: list[list] = []  # [request, tokens emitted, the policy's record]
+    while todo or active:
+        while todo and len(active) < batch:
+            i = todo.popleft()
+            active.append([i, 1, policy.new_row() if policy is not None else None])
+            res.tokens += 1  # the prefill's token
+        for r in [r for r in active if r[1] >= new_tokens[r[0]]]:  # done (a one-token answer: at its prefill)
+            active.remove(r)
+            if policy is not None:
+                policy.release(r[2])
+        if not active:
+            continue
+        n = len(active)
+        b = min(next_pow2(n), batch) if buckets else n
+        need = max(prompt_lens[i] + e for i, e, _ in active) + full.num_draft + 1
+        kv = max(next_pow2(need), 128) if buckets else need
+        tier = policy.choose([(slot, full.steps) for _, _, slot in active], b, kv) if policy is not None else 0
+        if policy is not None:
+            policy.launched(tier)
+        res.cost += cost.step(b, kv, tiers[tier - 1] if tier else None)
+        res.steps += 1
+        res.steps_by_tier[tier] += 1
+        res.row_steps_by_tier[tier] += n
+        seen = ([], [], [])
+        for r in active:
+            i, emitted, slot = r
+            got = traces[tiers[tier - 1]][i][emitted - 1] if tier else 0
+            room = new_tokens[i] - emitted
+            step_tokens = min(got + 1, room)
+            r[1] += step_tokens
+            res.tokens += step_tokens
+            if tier:
+                res.drafted_steps += 1
+                res.accepted += step_tokens - 1
+                for kept, value in zip(seen, (slot, tiers[tier - 1].steps, got)):
+                    kept.append(value)
+        if tier and policy is not None:
+            policy.observe(seen[0], tier, seen[1], seen[2])
+    return res
+
+
+def make_policy(name: str, tiers: list[TreeShape], cost, **settings):
+    """`ar` (None: plain decoding), `fixed` (the last tier every step) or `adaptive` with settings."""
+    if name == "ar":
+        return None
+    if name == "fixed":
+        return FixedPolicy(tiers[-1])
+    return AdaptivePolicy(list(tiers), cost, **settings)
+
+
+def grid(spec: list[str]) -> list[dict]:
+    """["window=8,16", "prior_weight=1,2"] -> every combination as a dict of settings."""
+    axes = []
+    for item in spec:
+        name, _, values = item.partition("=")
+        if name not in POLICY_SETTINGS or not values:
+            raise ValueError(f"--grid {item!r}: expected NAME=V1,V2,... with NAME one of {', '.join(POLICY_SETTINGS)}")
+        cast = float if name in ("prior", "prior_weight") else int
+        axes.append([(name, cast(v)) for v in values.split(",")])
+    return [dict(c) for c in itertools.product(*axes)] if axes else [{}]
+
+
+def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buckets=False, settings_grid=({},),
+            fixed_tiers=None) -> list[dict]:
+    """Per batch size: ar, fixed at each of `fixed_tiers` (indices into tiers; default the last)
+    and adaptive over `tiers` at every settings combination; each row with its speed relative to ar."""
+    rows = []
+    fixed_tiers = fixed_tiers if fixed_tiers is not None else [len(tiers) - 1]
+    for b in batch_sizes:
+        base = simulate(None, traces, prompt_lens, new_tokens, b, cost, buckets)
+        cands = [("ar", {}, None, base, [])]
+        for t in fixed_tiers:
+            cands.append(("fixed", {}, str(tiers[t]),
+                          simulate(FixedPolicy(tiers[t]), traces, prompt_lens, new_tokens, b, cost, buckets), [tiers[t]]))
+        for s in settings_grid:
+            pol = make_policy("adaptive", tiers, cost or StaticCost(), **s)
+            cands.append(("adaptive", s, None, simulate(pol, traces, prompt_lens, new_tokens, b, cost, buckets), tiers))
+        for name, s, tree, r, used in cands:
+            rows.append({"batch": b, "policy": name, "tree": tree, "settings": s, **r.to_dict(used),
+                         "speedup_vs_ar": r.tokens_per_cost / base.tokens_per_cost if base.tokens_per_cost else math.nan})
+    return rows
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--draft", required=True, help="a head folder or hub id (its kind drafts)")
+    ap.add_argument("--split", default="validation", choices=["validation", "test"])
+    ap.add_argument("--categories", nargs="+", default=None)
+    ap.add_argument("--limit", type=int, default=8, help="prompts per category")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--tiers", default="1,1,1;2,1,2;4,1,4;6,4,15", help="S,K,N;... smallest first; the last is the "
+                    "engine's full tree (fixed's)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--profile", default=None, help="a measured speculation profile (JSON) of the card; default: "
+                    "the static cost model")
+    ap.add_argument("--grid", nargs="*", default=[], metavar="NAME=V1,V2", help=f"adaptive settings to compare "
+                    f"({', '.join(POLICY_SETTINGS)})")
+    ap.add_argument("--out", default="policy_sim")
+    args = ap.parse_args(argv)
+
+    from specheads.evaluation.run import contexts
+    from specheads.evaluation.suite import load_suite
+    from specheads.heads.format import load_head
+    from specheads.runtime.engine import SpecEngine
+    from specheads.runtime.policy import SpeculationProfile, parse_tiers
+    from specheads.runtime.sampling import SamplingParams
+    from specheads.target.chat import stop_token_ids
+    from specheads.target.loader import load_target
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    target, tok, _ = load_target(args.target, dtype=dtype, device=device)
+    head = load_head(args.draft, device=device, dtype=dtype)
+    tiers = sorted(parse_tiers(args.tiers), key=lambda t: (t.num_draft, t.steps, t.topk))
+    prompts = load_suite(args.split, args.categories, limit=args.limit)
+    ctx = contexts(target, tok, prompts, args.max_new_tokens, 3072)
+    full = tiers[-1]
+    engine = SpecEngine(target, method="ar", max_len=max(len(c) for c in ctx) + args.max_new_tokens + full.steps + 2,
+                        max_batch=8)
+    stops = stop_token_ids(tok)
+    # a tree's depth past the budget, so a step near the end is scored as the engine scores it (the
+    # budget cuts the count); the first max_new_tokens of a greedy answer are the shorter answer
+    longer = [r.token_ids for r in engine.generate(
+        ctx, SamplingParams(max_new_tokens=args.max_new_tokens + full.steps + 1), stops)]
+    answers = [x[: args.max_new_tokens] for x in longer]
+    print(f"{len(ctx)} prompts answered; tracing {len(tiers)} tiers", flush=True)
+    traces = tier_traces(target, head, head.kind, tiers, ctx, longer)
+    cost = SpeculationProfile.load(args.profile) if args.profile else None
+    rows = compare(tiers, traces, [len(c) for c in ctx], [max(len(a), 1) for a in answers], args.batch_sizes, cost,
+                   buckets=cost is not None, settings_grid=grid(args.grid), fixed_tiers=list(range(len(tiers))))
+    print(f"{'batch':>5} {'policy':>8} {'tree / settings':>40} {'accept':>6} {'x ar':>6}  steps by tier")
+    for r in rows:
+        what = r["tree"] or (" ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults")
+        acc = f"{r['mean_accept_length']:.2f}" if r["mean_accept_length"] else "-"
+        print(f"{r['batch']:>5} {r['policy']:>8} {what:>40} {acc:>6} {r['speedup_vs_ar']:>6.3f}  {r['steps_by_tier']}")
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"split": args.split, "prompts": len(ctx), "tiers": [str(t) for t in tiers],
+                               "profile": args.profile, "device": device, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

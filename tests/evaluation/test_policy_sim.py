@@ -1,0 +1,99 @@
+"""The offline policy replay (evaluation/policy_sim.py) takes the steps the engine takes: plain
+decoding, a fixed tree and the adaptive policy (its choices step by step, static costs, CPU,
+float32, no run-ahead), alone and in a continuous batch; and its settings grid is checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from specheads.evaluation.policy_sim import compare, grid, simulate, tier_traces
+from specheads.runtime.engine import SpecEngine
+from specheads.runtime.policy import AdaptivePolicy, FixedPolicy, StaticCost, parse_tiers
+from specheads.runtime.sampling import SamplingParams
+from tests.runtime.spec_helpers import make_target, random_prompts, train_head
+
+VOCAB = 64
+TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
+PROMPTS = TRAIN[:6]
+NEW = 30
+TIERS = parse_tiers("1,1,1;2,1,2;3,3,8")  # the last: the engine's full tree
+FULL = dict(num_steps=3, topk=3, num_draft_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = make_target(seed=0, vocab=VOCAB, max_positions=128)
+    head = train_head(target, TRAIN)
+    longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=90).generate(
+        PROMPTS, SamplingParams(max_new_tokens=NEW + FULL["num_steps"] + 1))]
+    traces = tier_traces(target, head, "eagle3", TIERS, PROMPTS, longer)
+    return target, head, traces
+
+
+def engine_run(target, head, policy: str, batch: int):
+    kw = dict(speculation_policy=policy, speculation_tiers="1,1,1;2,1,2") if policy == "adaptive" else {}
+    engine = SpecEngine(target, head, method="eagle3", max_len=90, max_batch=batch, overlap=False, **FULL, **kw)
+    results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
+    by_tree = {}
+    for r in results:
+        for tree, n in r.steps_by_tree.items():
+            by_tree[tree] = by_tree.get(tree, 0) + n
+    return sum(r.steps for r in results), sum(r.accepted_tokens for r in results), by_tree
+
+
+def sim_by_tree(res) -> dict:
+    names = ["none"] + [str(t) for t in TIERS]
+    return {names[k]: n for k, n in res.row_steps_by_tier.items()}
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fixed_replays_the_engine(setup, batch):
+    target, head, traces = setup
+    steps, accepted, _ = engine_run(target, head, "fixed", batch)
+    res = simulate(FixedPolicy(TIERS[-1]), traces, [len(p) for p in PROMPTS], [NEW] * len(PROMPTS), batch)
+    assert res.drafted_steps == steps and res.accepted == accepted
+    assert res.tokens == NEW * len(PROMPTS)
+    assert accepted > 20, "the head should be accepted at times"
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_adaptive_replays_the_engines_choices(setup, batch):
+    """The same policy code, fed the same observations in the same order, chooses the same
+    trees: the counts of steps by tree equal the engine's (static costs, as on a CPU)."""
+    target, head, traces = setup
+    steps, accepted, by_tree = engine_run(target, head, "adaptive", batch)
+    res = simulate(AdaptivePolicy(list(TIERS), StaticCost()), traces, [len(p) for p in PROMPTS],
+                   [NEW] * len(PROMPTS), batch)
+    got = sim_by_tree(res)
+    assert got == by_tree
+    assert res.accepted == accepted
+    assert len(by_tree) >= 3, f"the policy should have changed trees: {by_tree}"
+
+
+def test_plain_decoding_takes_a_step_a_token(setup):
+    _, _, traces = setup
+    res = simulate(None, traces, [len(p) for p in PROMPTS], [NEW] * len(PROMPTS), 2)
+    assert res.steps == (NEW - 1) * len(PROMPTS) / 2 and res.drafted_steps == 0
+    assert res.tokens == NEW * len(PROMPTS)
+
+
+def test_compare_rows_and_speedups(setup):
+    _, _, traces = setup
+    rows = compare(TIERS, traces, [len(p) for p in PROMPTS], [NEW] * len(PROMPTS), [1, 4],
+                   settings_grid=grid(["window=4,16"]), fixed_tiers=[0, 2])
+    assert [(r["batch"], r["policy"], r["tree"]) for r in rows[:5]] == [
+        (1, "ar", None), (1, "fixed", "1,1,1"), (1, "fixed", "3,3,8"), (1, "adaptive", None), (1, "adaptive", None)]
+    assert [r["settings"] for r in rows if r["policy"] == "adaptive"][:2] == [{"window": 4}, {"window": 16}]
+    assert all(r["speedup_vs_ar"] == 1.0 for r in rows if r["policy"] == "ar")
+    # static costs: at batch 1 a verified tree costs a plain step plus its depths' drafts
+    fixed = next(r for r in rows if r["batch"] == 1 and r["tree"] == "3,3,8")
+    assert fixed["speedup_vs_ar"] > 1.5
+
+
+def test_grid_parses_and_refuses():
+    assert grid(["window=8,16", "prior_weight=1,2.5"]) == [
+        {"window": 8, "prior_weight": 1.0}, {"window": 8, "prior_weight": 2.5},
+        {"window": 16, "prior_weight": 1.0}, {"window": 16, "prior_weight": 2.5}]
+    assert grid([]) == [{}]
+    with pytest.raises(ValueError, match="NAME=V1,V2"):
+        grid(["depth=3"])
