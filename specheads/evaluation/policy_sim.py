@@ -95,7 +95,7 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
     steps_by_tier counts by the policy's tier index (0: plain)."""
     cost = cost or StaticCost()
     tiers = policy.tiers if policy is not None else []
-    full = max(traces, key=lambda t: (t.num_draft, t.steps, t.topk)) if policy is None else tiers[-1]
+    tree_nodes = tiers[-1].num_draft if tiers else 0  # the cache a step needs past the context
     res = SimResult()
     todo = deque(range(len(new_tokens)))
     active: list[list] = []  # [request, tokens emitted, the policy's record]
@@ -112,9 +112,9 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
             continue
         n = len(active)
         b = min(next_pow2(n), batch) if buckets else n
-        need = max(prompt_lens[i] + e for i, e, _ in active) + full.num_draft + 1
+        need = max(prompt_lens[i] + e for i, e, _ in active) + tree_nodes + 1
         kv = max(next_pow2(need), 128) if buckets else need
-        tier = policy.choose([(slot, full.steps) for _, _, slot in active], b, kv) if policy is not None else 0
+        tier = policy.choose([(slot, tiers[-1].steps) for _, _, slot in active], b, kv) if policy is not None else 0
         if policy is not None:
             policy.launched(tier)
         res.cost += cost.step(b, kv, tiers[tier - 1] if tier else None)
@@ -161,17 +161,17 @@ def grid(spec: list[str]) -> list[dict]:
 
 
 def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buckets=False, settings_grid=({},),
-            fixed_tiers=None) -> list[dict]:
-    """Per batch size: ar, fixed at each of `fixed_tiers` (indices into tiers; default the last)
-    and adaptive over `tiers` at every settings combination; each row with its speed relative to ar."""
+            fixed_trees=None) -> list[dict]:
+    """Per batch size: ar, a fixed policy at each of `fixed_trees` (default: the largest tier) and
+    adaptive over `tiers` at every settings combination; each row with its speed relative to ar."""
     rows = []
-    fixed_tiers = fixed_tiers if fixed_tiers is not None else [len(tiers) - 1]
+    fixed_trees = fixed_trees if fixed_trees is not None else [tiers[-1]]
     for b in batch_sizes:
         base = simulate(None, traces, prompt_lens, new_tokens, b, cost, buckets)
         cands = [("ar", {}, None, base, [])]
-        for t in fixed_tiers:
-            cands.append(("fixed", {}, str(tiers[t]),
-                          simulate(FixedPolicy(tiers[t]), traces, prompt_lens, new_tokens, b, cost, buckets), [tiers[t]]))
+        for tree in fixed_trees:
+            cands.append(("fixed", {}, str(tree),
+                          simulate(FixedPolicy(tree), traces, prompt_lens, new_tokens, b, cost, buckets), [tree]))
         for s in settings_grid:
             pol = make_policy("adaptive", tiers, cost or StaticCost(), **s)
             cands.append(("adaptive", s, None, simulate(pol, traces, prompt_lens, new_tokens, b, cost, buckets), tiers))
@@ -179,6 +179,33 @@ def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buck
             rows.append({"batch": b, "policy": name, "tree": tree, "settings": s, **r.to_dict(used),
                          "speedup_vs_ar": r.tokens_per_cost / base.tokens_per_cost if base.tokens_per_cost else math.nan})
     return rows
+
+
+def load_or_trace(path, key: dict, tiers, answer, trace) -> dict:
+    """The traces file at `path` (JSON: the run's key, prompts, answers, traces by tier): the
+    tiers it lacks are traced (`trace(tiers, prompts, answers)`) and the file saved again; a file
+    of another run (split, prompts, head, tokens) is refused. Without a file: `answer()` gives
+    (prompts, answers) first."""
+    import json
+    from pathlib import Path
+
+    data = None
+    if path is not None and Path(path).exists():
+        data = json.loads(Path(path).read_text())
+        if data.get("key") != key:
+            raise ValueError(f"traces file {str(path)!r} belongs to another run ({data.get('key')}, not {key}): "
+                             f"pass a new --traces path")
+    if data is None:
+        prompts, answers = answer()
+        data = {"key": key, "prompts": prompts, "answers": answers, "traces": {}}
+    missing = [t for t in tiers if str(t) not in data["traces"]]
+    if missing:
+        got = trace(missing, data["prompts"], data["answers"])
+        data["traces"].update({str(t): v for t, v in got.items()})
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(data))
+    return data
 
 
 def main(argv=None) -> int:
@@ -193,46 +220,74 @@ def main(argv=None) -> int:
     ap.add_argument("--categories", nargs="+", default=None)
     ap.add_argument("--limit", type=int, default=8, help="prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--tiers", default="1,1,1;2,1,2;4,1,4;6,4,15", help="S,K,N;... smallest first; the last is the "
-                    "engine's full tree (fixed's)")
+    ap.add_argument("--tiers", default="1,1,1;2,1,2;4,1,4;6,4,15", help="S,K,N;... the adaptive policy's trees; "
+                    "the largest is the engine's tree")
+    ap.add_argument("--fixed", default=None, help="S,K,N;... trees to compare as fixed policies (default: each tier)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--profile", default=None, help="a measured speculation profile (JSON) of the card; default: "
                     "the static cost model")
     ap.add_argument("--grid", nargs="*", default=[], metavar="NAME=V1,V2", help=f"adaptive settings to compare "
                     f"({', '.join(POLICY_SETTINGS)})")
+    ap.add_argument("--traces", default=None, help="keep the answers and acceptance traces in this JSON file "
+                    "(reused by later runs of the same prompts and head; missing tiers are traced and added)")
     ap.add_argument("--out", default="policy_sim")
     args = ap.parse_args(argv)
 
-    from specheads.evaluation.run import contexts
-    from specheads.evaluation.suite import load_suite
-    from specheads.heads.format import load_head
-    from specheads.runtime.engine import SpecEngine
-    from specheads.runtime.policy import SpeculationProfile, parse_tiers
-    from specheads.runtime.sampling import SamplingParams
-    from specheads.target.chat import stop_token_ids
-    from specheads.target.loader import load_target
+    from specheads.runtime.policy import SpeculationProfile, check_tier, parse_tiers
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    target, tok, _ = load_target(args.target, dtype=dtype, device=device)
-    head = load_head(args.draft, device=device, dtype=dtype)
-    tiers = sorted(parse_tiers(args.tiers), key=lambda t: (t.num_draft, t.steps, t.topk))
-    prompts = load_suite(args.split, args.categories, limit=args.limit)
-    ctx = contexts(target, tok, prompts, args.max_new_tokens, 3072)
-    full = tiers[-1]
-    engine = SpecEngine(target, method="ar", max_len=max(len(c) for c in ctx) + args.max_new_tokens + full.steps + 2,
-                        max_batch=8)
-    stops = stop_token_ids(tok)
-    # a tree's depth past the budget, so a step near the end is scored as the engine scores it (the
-    # budget cuts the count); the first max_new_tokens of a greedy answer are the shorter answer
-    longer = [r.token_ids for r in engine.generate(
-        ctx, SamplingParams(max_new_tokens=args.max_new_tokens + full.steps + 1), stops)]
-    answers = [x[: args.max_new_tokens] for x in longer]
-    print(f"{len(ctx)} prompts answered; tracing {len(tiers)} tiers", flush=True)
-    traces = tier_traces(target, head, head.kind, tiers, ctx, longer)
+    order = lambda t: (t.num_draft, t.steps, t.topk)  # noqa: E731
+    tiers = sorted(parse_tiers(args.tiers), key=order)
+    for t in tiers:  # as an engine whose tree is the largest tier would take them
+        check_tier(t, tiers[-1], trees=True)
+    fixed = sorted(parse_tiers(args.fixed), key=order) if args.fixed else list(tiers)
+    deepest = max(t.steps for t in tiers + fixed)
+    key = {"split": args.split, "categories": args.categories, "limit": args.limit,
+           "max_new_tokens": args.max_new_tokens, "draft": str(args.draft), "target": str(args.target)}
+    loaded = {}
+
+    def models():
+        if not loaded:
+            from specheads.heads.format import load_head
+            from specheads.target.loader import load_target
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            dtype = torch.bfloat16 if device == "cuda" else torch.float32
+            target, tok, _ = load_target(args.target, dtype=dtype, device=device)
+            loaded.update(target=target, tok=tok, head=load_head(args.draft, device=device, dtype=dtype))
+        return loaded["target"], loaded["tok"], loaded["head"]
+
+    def answer():
+        from specheads.evaluation.run import contexts
+        from specheads.evaluation.suite import load_suite
+        from specheads.runtime.engine import SpecEngine
+        from specheads.runtime.sampling import SamplingParams
+        from specheads.target.chat import stop_token_ids
+
+        target, tok, _ = models()
+        ctx = contexts(target, tok, load_suite(args.split, args.categories, limit=args.limit), args.max_new_tokens,
+                       3072)
+        # 16 tokens past the budget, so a step near the end is scored as the engine scores it (the
+        # budget cuts the count); the first max_new_tokens of a greedy answer are the shorter answer
+        extra = max(16, deepest + 1)
+        engine = SpecEngine(target, method="ar", max_len=max(len(c) for c in ctx) + args.max_new_tokens + extra + 1,
+                            max_batch=8)
+        longer = [r.token_ids for r in engine.generate(
+            ctx, SamplingParams(max_new_tokens=args.max_new_tokens + extra), stop_token_ids(tok))]
+        print(f"{len(ctx)} prompts answered", flush=True)
+        return ctx, longer
+
+    def trace(todo, prompts, longer):
+        target, _, head = models()
+        print(f"tracing {', '.join(map(str, todo))} over {len(prompts)} answers", flush=True)
+        return tier_traces(target, head, head.kind, todo, prompts, longer)
+
+    data = load_or_trace(args.traces, key, sorted(set(tiers + fixed), key=order), answer, trace)
+    traces = {t: data["traces"][str(t)] for t in set(tiers + fixed)}
+    prompt_lens = [len(c) for c in data["prompts"]]
+    new_tokens = [max(min(len(a), args.max_new_tokens), 1) for a in data["answers"]]
     cost = SpeculationProfile.load(args.profile) if args.profile else None
-    rows = compare(tiers, traces, [len(c) for c in ctx], [max(len(a), 1) for a in answers], args.batch_sizes, cost,
-                   buckets=cost is not None, settings_grid=grid(args.grid), fixed_tiers=list(range(len(tiers))))
+    rows = compare(tiers, traces, prompt_lens, new_tokens, args.batch_sizes, cost, buckets=cost is not None,
+                   settings_grid=grid(args.grid), fixed_trees=fixed)
     print(f"{'batch':>5} {'policy':>8} {'tree / settings':>40} {'accept':>6} {'x ar':>6}  steps by tier")
     for r in rows:
         what = r["tree"] or (" ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults")
@@ -240,8 +295,8 @@ def main(argv=None) -> int:
         print(f"{r['batch']:>5} {r['policy']:>8} {what:>40} {acc:>6} {r['speedup_vs_ar']:>6.3f}  {r['steps_by_tier']}")
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"split": args.split, "prompts": len(ctx), "tiers": [str(t) for t in tiers],
-                               "profile": args.profile, "device": device, "rows": rows}, indent=1))
+    out.write_text(json.dumps({**key, "prompts": len(prompt_lens), "tiers": [str(t) for t in tiers],
+                               "profile": args.profile, "rows": rows}, indent=1))
     print(f"wrote {out}")
     return 0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specheads.evaluation.policy_sim import compare, grid, simulate, tier_traces
+from specheads.evaluation.policy_sim import compare, grid, load_or_trace, simulate, tier_traces
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.policy import AdaptivePolicy, FixedPolicy, StaticCost, parse_tiers
 from specheads.runtime.sampling import SamplingParams
@@ -80,7 +80,7 @@ def test_plain_decoding_takes_a_step_a_token(setup):
 def test_compare_rows_and_speedups(setup):
     _, _, traces = setup
     rows = compare(TIERS, traces, [len(p) for p in PROMPTS], [NEW] * len(PROMPTS), [1, 4],
-                   settings_grid=grid(["window=4,16"]), fixed_tiers=[0, 2])
+                   settings_grid=grid(["window=4,16"]), fixed_trees=[TIERS[0], TIERS[2]])
     assert [(r["batch"], r["policy"], r["tree"]) for r in rows[:5]] == [
         (1, "ar", None), (1, "fixed", "1,1,1"), (1, "fixed", "3,3,8"), (1, "adaptive", None), (1, "adaptive", None)]
     assert [r["settings"] for r in rows if r["policy"] == "adaptive"][:2] == [{"window": 4}, {"window": 16}]
@@ -97,3 +97,24 @@ def test_grid_parses_and_refuses():
     assert grid([]) == [{}]
     with pytest.raises(ValueError, match="NAME=V1,V2"):
         grid(["depth=3"])
+
+
+def test_traces_file_keeps_answers_and_adds_missing_tiers(tmp_path):
+    path = tmp_path / "traces.json"
+    calls = []
+
+    def answer():
+        calls.append("answer")
+        return [[1, 2]], [[3, 4, 5]]
+
+    def trace(tiers, prompts, answers):
+        calls.append(tuple(map(str, tiers)))
+        return {t: [[t.steps] * 2] for t in tiers}
+
+    key = {"split": "validation", "limit": 2}
+    first = load_or_trace(path, key, TIERS[:2], answer, trace)
+    again = load_or_trace(path, key, TIERS, answer, trace)
+    assert calls == ["answer", ("1,1,1", "2,1,2"), ("3,3,8",)]
+    assert again["traces"]["3,3,8"] == [[3, 3]] and again["answers"] == first["answers"] == [[3, 4, 5]]
+    with pytest.raises(ValueError, match="another run"):
+        load_or_trace(path, {"split": "test", "limit": 2}, TIERS, answer, trace)
