@@ -34,7 +34,7 @@ from specheads.drafters import DraftSetup, build_drafter
 from specheads.evaluation.estimate import accepted_per_position, drafter_kv
 from specheads.runtime.policy import AdaptivePolicy, FixedPolicy, StaticCost, TreeShape
 
-POLICY_SETTINGS = ("window", "prior", "prior_weight", "pooled_window", "probe_every")
+POLICY_SETTINGS = ("window", "prior", "prior_weight", "pooled_window", "probe_every", "explore_every")
 
 
 def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list[list[int]],

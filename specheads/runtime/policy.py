@@ -9,15 +9,20 @@ tier for the whole batch, or none (every row verifies only its next token: a pla
     E_r(t) = 1 + sum over depths d <= depth(t) of prod over j <= d of q_r,t(j)
 
 q_r,t(j) is row r's acceptance at depth j when its step reached depth j - 1 under tier t: an
-average over its last `window` such steps, shrunk (where the row has few of them) toward row r's
-average under every tier, that toward all rows' under tier t, that toward all rows' under every
-tier, and that toward the same at depth j - 1 (depth 1: toward `prior`): a tier a request has
-not run borrows its own record first, and a depth no step reached yet accepts as the one above
-it. A row that drafts nothing (its request turned speculation off) counts one token; a
+average over its last `window` such steps, shrunk (where the row has few of them) toward all
+rows' acceptance under tier t times row r's ease (its accepted drafts at depth j over what all
+rows' records of the tiers it ran predict); all rows' under tier t is shrunk toward all rows'
+under every tier, and that toward the same at depth j - 1 (depth 1: toward `prior`): a tier a
+request has not run is judged by that tier's record, scaled by how the request fares, and a depth
+no step reached yet accepts as the one above it. A row that drafts nothing (its request turned speculation off) counts one token; a
 request's own depth cap (SpecControl.num_steps) cuts its sum short. A depth a tier offered but
 the drafter left empty (an n-gram without a match) counts as rejected there. Plain steps observe
 nothing, so after `probe_every` plain steps in a row the best tier runs once anyway (a probe:
-acceptance may have risen).
+acceptance may have risen). Where a step drafts, a tier that has not run for `explore_every`
+steps runs instead of the best one (the longest-idle first; every tier once at the start): a
+tier's estimate moves only when it runs, and one tier's record misjudges another's (a chain's
+top-1 drafts are accepted less often than a tree's top-k), so without this a policy that left
+the full tree for a chain would judge the tree by the chain's record and not return to it.
 
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
@@ -294,13 +299,15 @@ class AdaptivePolicy:
     name = "adaptive"
 
     def __init__(self, tiers: list[TreeShape], cost, window: int = 16, prior: float = 0.7,
-                 prior_weight: float = 2.0, pooled_window: int = 64, probe_every: int = 32):
+                 prior_weight: float = 2.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 64):
         if not tiers:
             raise PolicyError("an adaptive policy needs at least one tier")
         self.tiers = list(tiers)
         self.cost = cost
         self.probe_every = probe_every
         self.plain_run = 0  # plain steps launched in a row while rows wanted drafts
+        self.explore_every = explore_every  # 0: never
+        self.idle = np.full(len(tiers), explore_every, dtype=np.int64)  # steps since each tier last ran
         self.window, self.pooled_window = window, pooled_window
         self.prior, self.prior_weight = prior, prior_weight
         self.depth = max(t.steps for t in self.tiers)
@@ -355,9 +362,16 @@ class AdaptivePolicy:
             above = pooled[d] = _shrink(self.all_mean[d], self.all_count[d], above, w)
         tier = _shrink(self.tier_mean, self.tier_count, pooled[None], w)  # [T, D]
         slots = np.asarray(rows)
-        mean, count = self.mean[slots], self.count[slots]  # [R, T + 1, D]
-        own = _shrink(mean[:, -1:], count[:, -1:], tier[None], w)  # the row under every tier [R, T, D]
-        return _shrink(mean[:, :-1], count[:, :-1], own, w)
+        mean, count = self.mean[slots, :-1], self.count[slots, :-1]  # [R, T, D]
+        # the row's ease: its accepted drafts over what every row's record under the same tiers
+        # predicts (by depth, shrunk toward 1); a tier it has little record of takes every row's
+        # record of that tier, scaled by the row's ease, never another tier's record (a chain's
+        # top-1 drafts are accepted less often than a tree's top-k)
+        hits, expected, seen = (count * mean).sum(1), (count * tier[None]).sum(1), count.sum(1)  # [R, D]
+        prior = w * np.divide(expected, seen, out=np.ones_like(expected), where=seen > 0)  # w steps at the tiers' rate
+        ease = np.divide(hits + prior, expected + prior, out=np.ones_like(hits), where=expected + prior > 0)
+        own = np.clip(tier[None] * ease[:, None, :], 0.0, 1.0)  # [R, T, D]
+        return _shrink(mean, count, own, w)
 
     def expected_tokens(self, rows: list[int], caps: list[int]) -> np.ndarray:
         """[R, T]: each row's expected tokens per step under each tier."""
@@ -381,12 +395,18 @@ class AdaptivePolicy:
         rates = self.rates(rows, batch, kv, host_ms)
         best = int(np.argmax(rates[1:])) + 1
         if rates[best] > rates[0] or self.plain_run + 1 >= self.probe_every:
+            if self.explore_every and self.idle.max() >= self.explore_every:
+                # the longest-idle tier (the larger one of a tie: the full tree first at the start)
+                return len(self.tiers) - int(np.argmax(self.idle[::-1]))
             return best
         return 0
 
     def launched(self, tier: int) -> None:
         """The engine launched a step of this tier (where some row wanted drafts)."""
         self.plain_run = self.plain_run + 1 if tier == 0 else 0
+        if tier:
+            self.idle += 1
+            self.idle[tier - 1] = 0
 
 
 def default_policy(cuda: bool, tiers=None, profile=None) -> str:

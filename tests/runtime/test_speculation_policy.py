@@ -89,7 +89,7 @@ def test_build_policy_names():
 def test_the_tier_follows_acceptance():
     """At batch 1 (every tier verifies in one pass of the weights) the full tree pays while its
     drafts are accepted; when only the first draft is, a short chain; when none is, plain decoding."""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), explore_every=0)
     row = policy.new_row()
     assert policy.choose([(row, 6)], 1, 512) > 0  # before any observation: the prior favours drafting
     observe(policy, row, 4, accepted=6)
@@ -175,7 +175,7 @@ def test_the_cost_model_decodes_plainly_where_speculation_loses():
     """The same acceptance (every draft accepted): at batch 1 the full tree, at batch 64 a short
     chain (its few verified tokens still fit one pass), at batch 256 (every extra token costs)
     plain decoding."""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), explore_every=0)
     slots = [policy.new_row() for _ in range(256)]
     for _ in range(4):
         policy.observe(slots, 4, [6] * 256, [6] * 256)  # a step of 256 rows
@@ -183,6 +183,33 @@ def test_the_cost_model_decodes_plainly_where_speculation_loses():
     assert policy.choose(rows[:1], 1, 512) == 4
     assert policy.tiers[policy.choose(rows[:64], 64, 512) - 1] == TreeShape(1, 1, 1)
     assert policy.choose(rows, 256, 512) == 0
+
+
+def test_every_tier_runs_at_the_start_and_again_when_idle():
+    """A tier's estimate moves only when it runs: every tier runs once at the start (the full
+    tree first) and any tier idle for explore_every drafting steps runs once more; the rest of
+    the time the best tier runs. Plain steps (speculation losing) are not interrupted."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), explore_every=8)
+    row = policy.new_row()
+    choices = []
+    for _ in range(24):
+        tier = policy.choose([(row, 6)], 1, 512)
+        policy.launched(tier)
+        if tier:
+            observe(policy, row, tier, accepted=1)  # only the first draft is accepted
+        choices.append(tier)
+    assert choices[:4] == [4, 3, 2, 1]
+    best = max(set(choices[4:]), key=choices[4:].count)
+    assert policy.tiers[best - 1] == TreeShape(1, 1, 1)  # one draft accepted: the shortest chain pays best
+    for t in (2, 3, 4):  # each other tier ran again within every explore_every drafting steps
+        runs = [i for i, c in enumerate(choices) if c == t]
+        assert len(runs) >= 2 and all(b - a <= 9 for a, b in zip(runs, runs[1:])), (t, choices)
+    assert choices.count(1) > 24 / 2
+    quiet = AdaptivePolicy(TIERS, TableCost(gpu_like), explore_every=8, probe_every=1000)
+    r = quiet.new_row()
+    for t in range(1, len(TIERS) + 1):
+        observe(quiet, r, t, accepted=0, steps=60)
+    assert all(quiet.choose([(r, 6)], 1, 512) == 0 for _ in range(20))  # no draft pays: no exploring either
 
 
 def test_static_costs_without_measurements():
