@@ -14,7 +14,12 @@ card (the evaluation suite, scripts/bench.py).
 
     python -m specheads.evaluation.policy_sim --draft HEAD [--target T] --split validation \
         --limit 8 --tiers "1,1,1;2,1,2;4,1,4;6,4,15" --batch-sizes 1 8 32 64 \
-        [--profile PROFILE.json] [--grid window=8,16,32 prior_weight=1,2,4 probe_every=16,32] --out OUT
+        [--profile PROFILE.json] [--grid window=8,16,32 prior_weight=1,2,4 explore_every=32,64] \
+        [--traces TRACES.json] --out OUT
+
+--profile: the card's step costs; a file that does not exist is measured first (GPU: every tier
+and plain decoding at every batch and context bucket, as a server's start-up does) and saved.
+--traces: the answers and per-tier traces, kept for later runs (a tier it lacks is traced and added).
 
 Not modelled: the host's share of a step (a device drafter's step overlaps it), prefill (the
 same for every policy) and a sampled request's steps (its tokens, not only its steps, follow
@@ -208,6 +213,24 @@ def load_or_trace(path, key: dict, tiers, answer, trace) -> dict:
     return data
 
 
+def measure_profile(path, models, tiers, max_batch: int, max_len: int) -> None:
+    """Time every tier's step (and the plain step) at every batch and context bucket up to these,
+    as an adaptive engine does at a server's start, and save the profile at `path` (CUDA only)."""
+    from specheads.runtime.engine import SpecEngine
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"--profile {str(path)!r} does not exist, and step costs are measured on a GPU only "
+                         f"(leave --profile out for the static cost model)")
+    target, _, head = models()
+    full = tiers[-1]
+    engine = SpecEngine(target, head, method=head.kind, num_steps=full.steps, topk=full.topk,
+                        num_draft_tokens=full.num_draft, max_batch=max_batch, max_len=max_len,
+                        speculation_policy="adaptive", speculation_tiers=";".join(map(str, tiers)),
+                        speculation_profile=str(path))
+    engine.capture_common(range(1, max_batch + 1))
+    print(f"{engine.graph_summary()}; profile saved to {path}", flush=True)
+
+
 def main(argv=None) -> int:
     import argparse
     import json
@@ -224,8 +247,8 @@ def main(argv=None) -> int:
                     "the largest is the engine's tree")
     ap.add_argument("--fixed", default=None, help="S,K,N;... trees to compare as fixed policies (default: each tier)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--profile", default=None, help="a measured speculation profile (JSON) of the card; default: "
-                    "the static cost model")
+    ap.add_argument("--profile", default=None, help="a measured speculation profile (JSON) of the card, measured "
+                    "here first where the file does not exist (GPU); default: the static cost model")
     ap.add_argument("--grid", nargs="*", default=[], metavar="NAME=V1,V2", help=f"adaptive settings to compare "
                     f"({', '.join(POLICY_SETTINGS)})")
     ap.add_argument("--traces", default=None, help="keep the answers and acceptance traces in this JSON file "
@@ -285,6 +308,9 @@ def main(argv=None) -> int:
     traces = {t: data["traces"][str(t)] for t in set(tiers + fixed)}
     prompt_lens = [len(c) for c in data["prompts"]]
     new_tokens = [max(min(len(a), args.max_new_tokens), 1) for a in data["answers"]]
+    if args.profile and not Path(args.profile).exists():
+        measure_profile(args.profile, models, tiers, max(args.batch_sizes),
+                        max(len(p) + len(a) for p, a in zip(data["prompts"], data["answers"])) + tiers[-1].num_draft + 2)
     cost = SpeculationProfile.load(args.profile) if args.profile else None
     rows = compare(tiers, traces, prompt_lens, new_tokens, args.batch_sizes, cost, buckets=cost is not None,
                    settings_grid=grid(args.grid), fixed_trees=fixed)
