@@ -258,6 +258,11 @@ def main(argv=None) -> int:
 
     from specheads.runtime.policy import SpeculationProfile, check_tier, parse_tiers
 
+    out = Path(args.out).with_suffix(".json")
+    for name, other in (("--traces", args.traces), ("--profile", args.profile)):
+        if other is not None and Path(other).resolve() == out.resolve():
+            raise ValueError(f"{name} {other!r} is the report --out {args.out!r} writes: give them different names")
+
     order = lambda t: (t.num_draft, t.steps, t.topk)  # noqa: E731
     tiers = sorted(parse_tiers(args.tiers), key=order)
     for t in tiers:  # as an engine whose tree is the largest tier would take them
@@ -319,7 +324,6 @@ def main(argv=None) -> int:
         what = r["tree"] or (" ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults")
         acc = f"{r['mean_accept_length']:.2f}" if r["mean_accept_length"] else "-"
         print(f"{r['batch']:>5} {r['policy']:>8} {what:>40} {acc:>6} {r['speedup_vs_ar']:>6.3f}  {r['steps_by_tier']}")
-    out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**key, "prompts": len(prompt_lens), "tiers": [str(t) for t in tiers],
                                "profile": args.profile, "rows": rows}, indent=1))

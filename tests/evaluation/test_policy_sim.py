@@ -118,3 +118,10 @@ def test_traces_file_keeps_answers_and_adds_missing_tiers(tmp_path):
     assert again["traces"]["3,3,8"] == [[3, 3]] and again["answers"] == first["answers"] == [[3, 4, 5]]
     with pytest.raises(ValueError, match="another run"):
         load_or_trace(path, {"split": "test", "limit": 2}, TIERS, answer, trace)
+
+
+def test_the_report_may_not_overwrite_the_traces(tmp_path):
+    from specheads.evaluation.policy_sim import main
+
+    with pytest.raises(ValueError, match="give them different names"):
+        main(["--draft", "x", "--traces", str(tmp_path / "r.json"), "--out", str(tmp_path / "r")])
