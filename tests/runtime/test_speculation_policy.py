@@ -89,7 +89,7 @@ def test_build_policy_names():
 def test_the_tier_follows_acceptance():
     """At batch 1 (every tier verifies in one pass of the weights) the full tree pays while its
     drafts are accepted; when only the first draft is, a short chain; when none is, plain decoding."""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), explore_every=0)
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), explore_every=0, prior_weight=2.0)  # quick to follow
     row = policy.new_row()
     assert policy.choose([(row, 6)], 1, 512) > 0  # before any observation: the prior favours drafting
     observe(policy, row, 4, accepted=6)
@@ -163,7 +163,7 @@ def test_row_records_are_reused_fresh_and_grow():
 def test_unseen_tiers_and_depths_borrow_from_what_was_seen():
     """A tier no step ran takes all tiers' acceptance at its depths, and a depth no step reached
     takes the one above it: a new row of a well-drafting server starts optimistic, not at the prior."""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), prior=0.1)
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), prior=0.1, prior_weight=2.0)
     seen = policy.new_row()
     observe(policy, seen, 2, accepted=2, steps=60)  # chain 2 only: depths 1 and 2 always accepted
     q = policy.acceptance([policy.new_row()])[0]
