@@ -29,6 +29,7 @@ the noise; the policy treats them alike).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -186,12 +187,39 @@ def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buck
     return rows
 
 
+def static_cost(spec: list[str]) -> StaticCost:
+    """StaticCost with NAME=V parameters (saturation_tokens, draft_depth_cost)."""
+    cost = StaticCost()
+    for item in spec:
+        name, _, value = item.partition("=")
+        if name not in ("saturation_tokens", "draft_depth_cost") or not value:
+            raise ValueError(f"--static {item!r}: expected saturation_tokens=N or draft_depth_cost=X")
+        setattr(cost, name, int(value) if name == "saturation_tokens" else float(value))
+    return cost
+
+
+def rank_settings(rows: list[dict]) -> list[dict]:
+    """Each adaptive setting's tokens per cost over the best fixed tree's, by batch size, and the
+    worst of those (best worst case first): how settings are chosen on the validation split."""
+    best = {}
+    for r in rows:
+        if r["policy"] == "fixed":
+            best[r["batch"]] = max(best.get(r["batch"], 0.0), r["tokens_per_cost"])
+    out = {}
+    for r in rows:
+        if r["policy"] == "adaptive" and best.get(r["batch"]):
+            key = json.dumps(r["settings"], sort_keys=True)
+            out.setdefault(key, {"settings": r["settings"], "by_batch": {}})["by_batch"][r["batch"]] = \
+                r["tokens_per_cost"] / best[r["batch"]]
+    ranked = [{**v, "worst": min(v["by_batch"].values())} for v in out.values()]
+    return sorted(ranked, key=lambda v: -v["worst"])
+
+
 def load_or_trace(path, key: dict, tiers, answer, trace) -> dict:
     """The traces file at `path` (JSON: the run's key, prompts, answers, traces by tier): the
     tiers it lacks are traced (`trace(tiers, prompts, answers)`) and the file saved again; a file
     of another run (split, prompts, head, tokens) is refused. Without a file: `answer()` gives
     (prompts, answers) first."""
-    import json
     from pathlib import Path
 
     data = None
@@ -233,7 +261,6 @@ def measure_profile(path, models, tiers, max_batch: int, max_len: int) -> None:
 
 def main(argv=None) -> int:
     import argparse
-    import json
     from pathlib import Path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -251,6 +278,9 @@ def main(argv=None) -> int:
                     "here first where the file does not exist (GPU); default: the static cost model")
     ap.add_argument("--grid", nargs="*", default=[], metavar="NAME=V1,V2", help=f"adaptive settings to compare "
                     f"({', '.join(POLICY_SETTINGS)})")
+    ap.add_argument("--static", nargs="*", default=[], metavar="NAME=V",
+                    help="the static cost model's parameters where no --profile is given, e.g. saturation_tokens=64 "
+                         "draft_depth_cost=0.07 (one --static set a run; default: StaticCost's)")
     ap.add_argument("--traces", default=None, help="keep the answers and acceptance traces in this JSON file "
                     "(reused by later runs of the same prompts and head; missing tiers are traced and added)")
     ap.add_argument("--out", default="policy_sim")
@@ -316,7 +346,7 @@ def main(argv=None) -> int:
     if args.profile and not Path(args.profile).exists():
         measure_profile(args.profile, models, tiers, max(args.batch_sizes),
                         max(len(p) + len(a) for p, a in zip(data["prompts"], data["answers"])) + tiers[-1].num_draft + 2)
-    cost = SpeculationProfile.load(args.profile) if args.profile else None
+    cost = SpeculationProfile.load(args.profile) if args.profile else static_cost(args.static)
     rows = compare(tiers, traces, prompt_lens, new_tokens, args.batch_sizes, cost, buckets=cost is not None,
                    settings_grid=grid(args.grid), fixed_trees=fixed)
     print(f"{'batch':>5} {'policy':>8} {'tree / settings':>40} {'accept':>6} {'x ar':>6}  steps by tier")
@@ -324,9 +354,15 @@ def main(argv=None) -> int:
         what = r["tree"] or (" ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults")
         acc = f"{r['mean_accept_length']:.2f}" if r["mean_accept_length"] else "-"
         print(f"{r['batch']:>5} {r['policy']:>8} {what:>40} {acc:>6} {r['speedup_vs_ar']:>6.3f}  {r['steps_by_tier']}")
+    ranking = rank_settings(rows)
+    print("adaptive settings by their worst ratio to the best fixed tree over the batch sizes:")
+    for r in ranking[:10]:
+        what = " ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults"
+        print(f"  {what:>40}: worst {r['worst']:.3f}  ({', '.join(f'b{b} {x:.3f}' for b, x in r['by_batch'].items())})")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**key, "prompts": len(prompt_lens), "tiers": [str(t) for t in tiers],
-                               "profile": args.profile, "rows": rows}, indent=1))
+                               "profile": args.profile, "static": args.static, "rows": rows, "ranking": ranking},
+                              indent=1))
     print(f"wrote {out}")
     return 0
 

@@ -6,9 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from specheads.evaluation.policy_sim import compare, grid, load_or_trace, simulate, tier_traces
+from specheads.evaluation.policy_sim import (
+    compare,
+    grid,
+    load_or_trace,
+    simulate,
+    tier_traces,
+)
 from specheads.runtime.engine import SpecEngine
-from specheads.runtime.policy import AdaptivePolicy, FixedPolicy, StaticCost, parse_tiers
+from specheads.runtime.policy import (
+    AdaptivePolicy,
+    FixedPolicy,
+    StaticCost,
+    parse_tiers,
+)
 from specheads.runtime.sampling import SamplingParams
 from tests.runtime.spec_helpers import make_target, random_prompts, train_head
 
@@ -125,3 +136,20 @@ def test_the_report_may_not_overwrite_the_traces(tmp_path):
 
     with pytest.raises(ValueError, match="give them different names"):
         main(["--draft", "x", "--traces", str(tmp_path / "r.json"), "--out", str(tmp_path / "r")])
+
+
+def test_settings_ranked_by_their_worst_batch(setup):
+    from specheads.evaluation.policy_sim import rank_settings, static_cost
+
+    _, _, traces = setup
+    rows = compare(TIERS, traces, [len(p) for p in PROMPTS], [NEW] * len(PROMPTS), [1, 4],
+                   static_cost(["saturation_tokens=64", "draft_depth_cost=0.07"]),
+                   settings_grid=grid(["prior_weight=2,8"]), fixed_trees=list(TIERS))
+    ranked = rank_settings(rows)
+    assert [sorted(r["by_batch"]) for r in ranked] == [[1, 4], [1, 4]]
+    assert ranked[0]["worst"] >= ranked[1]["worst"]
+    best_fixed = max(r["tokens_per_cost"] for r in rows if r["batch"] == 1 and r["policy"] == "fixed")
+    ada = next(r for r in rows if r["batch"] == 1 and r["settings"] == ranked[0]["settings"])
+    assert ranked[0]["by_batch"][1] == pytest.approx(ada["tokens_per_cost"] / best_fixed)
+    with pytest.raises(ValueError, match="saturation_tokens=N"):
+        static_cost(["depth=3"])
