@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -140,13 +141,9 @@ def bench_rows(root: Path, kind: str) -> dict:
 def run_epochs(settings: dict, kind: str) -> float:
     """The epochs a run trained: the pipeline's EPOCHS, unless TRAIN_ARGS or the run's own
     ARGS_<kind> set train.epochs (the later one wins, as on the trainer's command line)."""
-    epochs = float(settings.get("epochs", 1))
-    for args in (settings.get("train_args", ""), (settings.get("kind_args") or {}).get(kind, "")):
-        words = str(args).replace("=", " = ").split()
-        for i, w in enumerate(words[:-2]):
-            if w == "train.epochs" and words[i + 1] == "=":
-                epochs = float(words[i + 2])
-    return epochs
+    args = f"{settings.get('train_args', '')} {(settings.get('kind_args') or {}).get(kind, '')}"
+    given = re.findall(r"train\.epochs=(\S+)", args)
+    return float(given[-1] if given else settings.get("epochs", 1))
 
 
 def kind_row(root: Path, kind: str, settings: dict) -> dict:

@@ -74,6 +74,20 @@ def walk(accepted: list[int], new_tokens: int) -> tuple[int, int]:
     return steps, total
 
 
+def scoring_drafter(target, head, method: str, tree: dict, prompts: list[list[int]],
+                    continuations: list[list[int]], rows: int = 64):
+    """A drafter of `method` with tree options {num_steps, topk, num_draft_tokens}, prepared on the
+    target's device with `rows` rows long enough for every prompt + continuation (for
+    `accepted_per_position`)."""
+    dev = next(target.parameters()).device
+    drafter = build_drafter(method, DraftSetup(target, head, options={}, **tree))
+    if dev.type == "cuda":
+        drafter.prepare(dev)
+    longest = max(len(p) + len(c) for p, c in zip(prompts, continuations))
+    drafter.allocate(rows, drafter_kv(drafter, longest) + 1, dev, next(target.parameters()).dtype)
+    return drafter
+
+
 def served_acceptance(target, head, method: str, tree: dict, prompts: list[list[int]],
                       continuations: list[list[int]], new_tokens: list[int] | None = None,
                       rows: int = 64) -> list[dict]:
@@ -81,13 +95,7 @@ def served_acceptance(target, head, method: str, tree: dict, prompts: list[list[
     of the first `new_tokens[i]` tokens (default: all) of `continuations[i]` (the target's own,
     best a tree's depth longer) with a drafter of `method` and tree options {num_steps, topk,
     num_draft_tokens}."""
-    dev = next(target.parameters()).device
-    drafter = build_drafter(method, DraftSetup(target, head, options={}, **tree))
-    if dev.type == "cuda":
-        drafter.prepare(dev)
-    longest = max(len(p) + len(c) for p, c in zip(prompts, continuations))
-    dtype = next(target.parameters()).dtype
-    drafter.allocate(rows, drafter_kv(drafter, longest) + 1, dev, dtype)
+    drafter = scoring_drafter(target, head, method, tree, prompts, continuations, rows)
     out = []
     for i, (prompt, cont) in enumerate(zip(prompts, continuations)):
         n = len(cont) if new_tokens is None else min(new_tokens[i], len(cont))

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specheads.drafters import DraftSetup, build_drafter
-from specheads.evaluation.estimate import accepted_per_position, drafter_kv
+from specheads.evaluation.estimate import accepted_per_position, scoring_drafter
+from specheads.runtime.graphs import next_pow2
 from specheads.runtime.policy import AdaptivePolicy, FixedPolicy, StaticCost, TreeShape
 
 POLICY_SETTINGS = ("window", "prior", "prior_weight", "pooled_window", "probe_every", "explore_every")
@@ -47,16 +47,10 @@ def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list
                 continuations: list[list[int]], rows: int = 64) -> dict[TreeShape, list[list[int]]]:
     """traces[tier][i][j]: drafts accepted by a step of that tree rooted j tokens into
     continuation i (after its (j + 1)-th token), for every j but the last."""
-    dev = next(target.parameters()).device
-    dtype = next(target.parameters()).dtype
-    longest = max(len(p) + len(c) for p, c in zip(prompts, continuations))
     out = {}
     for tier in tiers:
-        drafter = build_drafter(method, DraftSetup(target, head, options={}, num_steps=tier.steps, topk=tier.topk,
-                                                   num_draft_tokens=tier.num_draft))
-        if dev.type == "cuda":
-            drafter.prepare(dev)
-        drafter.allocate(rows, drafter_kv(drafter, longest) + 1, dev, dtype)
+        drafter = scoring_drafter(target, head, method, {"num_steps": tier.steps, "topk": tier.topk,
+                                                         "num_draft_tokens": tier.num_draft}, prompts, continuations, rows)
         out[tier] = [accepted_per_position(drafter, target, p + c, len(p), rows) for p, c in zip(prompts, continuations)]
         del drafter
     return out
@@ -85,10 +79,6 @@ class SimResult:
         return {"tokens": self.tokens, "cost": round(self.cost, 4), "steps": self.steps,
                 "tokens_per_cost": self.tokens_per_cost, "mean_accept_length": self.mean_accept_length,
                 "steps_by_tier": {names[k]: round(v / self.steps, 4) for k, v in sorted(self.steps_by_tier.items())}}
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int], batch: int, cost=None,
@@ -145,15 +135,6 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
     return res
 
 
-def make_policy(name: str, tiers: list[TreeShape], cost, **settings):
-    """`ar` (None: plain decoding), `fixed` (the last tier every step) or `adaptive` with settings."""
-    if name == "ar":
-        return None
-    if name == "fixed":
-        return FixedPolicy(tiers[-1])
-    return AdaptivePolicy(list(tiers), cost, **settings)
-
-
 def grid(spec: list[str]) -> list[dict]:
     """["window=8,16", "prior_weight=1,2"] -> every combination as a dict of settings."""
     axes = []
@@ -179,7 +160,7 @@ def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buck
             cands.append(("fixed", {}, str(tree),
                           simulate(FixedPolicy(tree), traces, prompt_lens, new_tokens, b, cost, buckets), [tree]))
         for s in settings_grid:
-            pol = make_policy("adaptive", tiers, cost or StaticCost(), **s)
+            pol = AdaptivePolicy(list(tiers), cost or StaticCost(), **s)
             cands.append(("adaptive", s, None, simulate(pol, traces, prompt_lens, new_tokens, b, cost, buckets), tiers))
         for name, s, tree, r, used in cands:
             rows.append({"batch": b, "policy": name, "tree": tree, "settings": s, **r.to_dict(used),

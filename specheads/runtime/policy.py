@@ -13,16 +13,17 @@ average over its last `window` such steps, shrunk (where the row has few of them
 rows' acceptance under tier t times row r's ease (its accepted drafts at depth j over what all
 rows' records of the tiers it ran predict); all rows' under tier t is shrunk toward all rows'
 under every tier, and that toward the same at depth j - 1 (depth 1: toward `prior`): a tier a
-request has not run is judged by that tier's record, scaled by how the request fares, and a depth
-no step reached yet accepts as the one above it. A row that drafts nothing (its request turned speculation off) counts one token; a
-request's own depth cap (SpecControl.num_steps) cuts its sum short. A depth a tier offered but
-the drafter left empty (an n-gram without a match) counts as rejected there. Plain steps observe
-nothing, so after `probe_every` plain steps in a row the best tier runs once anyway (a probe:
-acceptance may have risen). Where a step drafts, a tier that has not run for `explore_every`
-steps runs instead of the best one (the longest-idle first; every tier once at the start): a
-tier's estimate moves only when it runs, and one tier's record misjudges another's (a chain's
-top-1 drafts are accepted less often than a tree's top-k), so without this a policy that left
-the full tree for a chain would judge the tree by the chain's record and not return to it.
+request has not run is judged by that tier's record, scaled by how the request fares, and a
+depth no step reached yet accepts as the one above it. A row that drafts nothing (its request
+turned speculation off) counts one token; a request's own depth cap (SpecControl.num_steps) cuts
+its sum short. A depth a tier offered but the drafter left empty (an n-gram without a match)
+counts as rejected there. Plain steps observe nothing, so after `probe_every` plain steps in a
+row the best tier runs once anyway (a probe: acceptance may have risen). Where a step drafts, a
+tier that has not run for `explore_every` steps runs instead of the best one (the longest-idle
+first; every tier once at the start): a tier's estimate moves only when it runs, and one tier's
+record misjudges another's (a chain's top-1 drafts are accepted less often than a tree's top-k),
+so without this a policy that left the full tree for a chain would judge the tree by the chain's
+record and not return to it.
 
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
