@@ -2,7 +2,7 @@
 under launch settings (kernels/tuning.py Speed fields: none changes an output bit), beside
 cuBLAS and the mask-based attention the engine used before the bit-exact kernels.
 
-    python3 gpu_runs/kernel_bench.py --out DIR [--model smollm2] [--quick]
+    python3 gpu_runs/kernel_bench.py --out DIR [--model smollm2] [--quick] [--prev FILE]
 
 Each op is captured 20 times in a CUDA graph and replayed (PDL as in the engine); prints the
 microseconds a call and the best settings per shape and row count; writes DIR/kernel_bench.json.
@@ -11,20 +11,25 @@ microseconds a call and the best settings per shape and row count; writes DIR/ke
              stages) against F.linear alone (cuBLAS, no fused norm / silu / add)
   attention: a tree of T tokens per row (random parents) over L committed tokens at batch B:
              causal_attention's tokens a program (Speed.attention_tree_tokens) and split-K
-             threshold, against tree_attention under the equivalent mask
+             threshold and loop stages, against tree_attention under the equivalent mask;
+             and a decode (one token a row) over L keys
+  --prev FILE: also an earlier attention.py (e.g. `git show REV:specheads/kernels/attention.py`),
+             timed beside the current one in the same process, with whether their bits agree
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
+import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from specheads.kernels import tuning
-from specheads.kernels.attention import causal_attention, causal_mask, tree_attention
+from specheads.kernels.attention import causal_attention, causal_mask, tree_attention, tree_plan
 from specheads.kernels.linear import linear
 from timing import graph_us
 
@@ -108,14 +113,44 @@ def random_tree(b, t, gen):
     return anc.expand(b, t, t).contiguous(), depth.expand(b, t).contiguous()
 
 
-def bench_attention(model, quick) -> list[dict]:
+def load_prev(path):
+    """An earlier attention module from its source file, its kernels renamed so that the jit
+    cache (fused._kernel, keyed by name) keeps them apart from the current ones."""
+    src = Path(path).read_text().replace("_causal_kernel", "_causal_kernel_prev").replace(
+        "_split_kernel", "_split_kernel_prev")
+    copy = Path(tempfile.mkdtemp()) / "attention_prev.py"  # Triton reads a kernel's source from its file
+    copy.write_text(src)
+    spec = importlib.util.spec_from_file_location("attention_prev", copy)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench_attention(model, quick, prev=None) -> list[dict]:
     h, nh, nkv, hd, *_ = MODELS[model]
     dev, dt = "cuda", torch.bfloat16
     gen = torch.Generator().manual_seed(0)
     out = []
     base = tuning.active()
+    contexts = (300, 700) if quick else (300, 700, 1500)
+    for b, L in itertools.product((1, 8, 32), contexts):  # a decode: one token a row
+        s = L + 64
+        k = torch.randn(b, nkv, s, hd, device=dev, dtype=dt)
+        v = torch.randn(b, nkv, s, hd, device=dev, dtype=dt)
+        q = torch.randn(b, 1, nh, hd, device=dev, dtype=dt).transpose(1, 2)
+        positions = torch.full((b, 1), L, device=dev, dtype=torch.long)
+        cell = {"model": model, "batch": b, "context": L, "tokens": 1, "decode": True,
+                "default_us": graph_us(lambda: causal_attention(q, k, v, positions))}
+        if prev is not None:
+            cell["prev_us"] = graph_us(lambda: prev.causal_attention(q, k, v, positions))
+            cell["prev_same_bits"] = bool(torch.equal(prev.causal_attention(q, k, v, positions),
+                                                      causal_attention(q, k, v, positions)))
+        out.append(cell)
+        print(f"decode    {model:8s} b{b:<3d} L{L:<5d} causal {cell['default_us']:7.2f}"
+              + (f"  prev {cell['prev_us']:7.2f} bits {'same' if cell['prev_same_bits'] else 'DIFFER'}"
+                 if prev is not None else ""), flush=True)
     t = 16
-    for b, L in itertools.product((1, 8, 32), (300, 700) if quick else (300, 700, 1500)):
+    for b, L in itertools.product((1, 8, 32), contexts):
         s = L + t + 64
         k = torch.randn(b, nkv, s, hd, device=dev, dtype=dt)
         v = torch.randn(b, nkv, s, hd, device=dev, dtype=dt)
@@ -124,16 +159,18 @@ def bench_attention(model, quick) -> list[dict]:
         anc, depth = anc.to(dev), depth.to(dev)
         committed = torch.full((b,), L, device=dev, dtype=torch.long)
         positions = committed[:, None] + depth
-        tree = (committed, anc, depth)
-        mask = causal_mask(positions, s, None, tree)
+        old_tree = (committed, anc, depth)
+        tree = tree_plan(*old_tree)  # as the target's forward passes it: worked out once for all layers
+        mask = causal_mask(positions, s, None, old_tree)
         cell = {"model": model, "batch": b, "context": L, "tokens": t,
                 "mask_kernel_us": graph_us(lambda: tree_attention(q, k, v, mask))}
         tried, same = {}, {}
         with tuning.using(base.replace(attention_tree_tokens=1, attention_tree_many_batch=1 << 20)):
             ref = causal_attention(q, k, v, positions, tree=tree).clone()
-        variants = [(f"tok{n}_split{sb}", dict(attention_tree_tokens=n, attention_split_below=sb,
-                                               attention_tree_many_batch=1 << 20))
-                    for n, sb in itertools.product((1, 2, 3, 5), (0, 512, 1 << 20))]
+        variants = [(f"tok{n}_split{sb}_st{st}", dict(attention_tree_tokens=1 if n == "all" else n, attention_split_below=sb,
+                                                      attention_stages=st,
+                                                      attention_tree_many_batch=1 if n == "all" else 1 << 20))
+                    for n, sb, st in itertools.product((1, 2, 3, "all"), (0, 1 << 20), (1, 3))]
         for label, change in variants:
             with tuning.using(base.replace(**change)):
                 same[label] = bool(torch.equal(causal_attention(q, k, v, positions, tree=tree), ref))
@@ -142,10 +179,15 @@ def bench_attention(model, quick) -> list[dict]:
         best = min(tried, key=tried.get)
         with tuning.using(base):
             cell["default_us"] = graph_us(lambda: causal_attention(q, k, v, positions, tree=tree))
+            if prev is not None:
+                cell["prev_us"] = graph_us(lambda: prev.causal_attention(q, k, v, positions, tree=old_tree))
+                cell["prev_same_bits"] = bool(torch.equal(prev.causal_attention(q, k, v, positions, tree=old_tree), ref))
         cell.update(best=best, best_us=tried[best], tried=tried)
         out.append(cell)
         print(f"attention {model:8s} b{b:<3d} L{L:<5d} mask-kernel {cell['mask_kernel_us']:7.2f}  causal {cell['default_us']:7.2f}"
-              f"  best {best} {tried[best]:7.2f}   " + " ".join(f"{k_}:{v_:.1f}" for k_, v_ in tried.items())
+              + (f"  prev {cell['prev_us']:7.2f} bits {'same' if cell['prev_same_bits'] else 'DIFFER'}"
+                 if prev is not None else "")
+              + f"  best {best} {tried[best]:7.2f}   " + " ".join(f"{k_}:{v_:.1f}" for k_, v_ in tried.items())
               + (f"  bits differ: {[k_ for k_, v_ in same.items() if not v_]}" if not all(same.values()) else "  bits same"),
               flush=True)
     return out
@@ -159,10 +201,11 @@ def main():
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 41, 128, 256, 512, 1312])
     ap.add_argument("--sweep-rows", type=int, nargs="*", default=[128, 512], help="row counts whose tiles are swept")
     ap.add_argument("--only", choices=["linear", "attention"], default=None)
+    ap.add_argument("--prev", default=None, help="an earlier attention.py, timed beside the current one")
     args = ap.parse_args()
     report = {"card": torch.cuda.get_device_name()}
     if args.only != "linear":
-        report["attention"] = bench_attention(args.model, args.quick)
+        report["attention"] = bench_attention(args.model, args.quick, load_prev(args.prev) if args.prev else None)
     if args.only != "attention":
         report["linear"] = bench_linear(args.model, args.rows, set(args.sweep_rows))
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ cost ~30 launches a target forward).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -250,7 +251,7 @@ def causal_mask(positions: torch.Tensor, n_keys: int, window: int | None = None,
         if window:
             mask = mask & (slots > pos - window)
         return mask
-    base, anc, depth = tree
+    base, anc, depth = tree[:3]  # a (base, anc, depth) tuple or a TreePlan
     b, t = positions.shape
     prefix = slots < base[:, None, None, None]
     if window:
@@ -269,22 +270,92 @@ def causal_attention_reference(q, k, v, positions, window=None, tree=None):
     return gqa_attention(q, k, v, causal_mask(positions, k.shape[2], window, tree))
 
 
-def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1) -> tuple[int, int]:
-    """(rows a program's dot takes, tokens among them): a token's query heads of one KV group
-    share a dot's 16 rows (or the next power of two), with as many other tokens as fit in a
-    contiguous call. A tree's program takes Speed.attention_tree_tokens tokens at batches below
-    Speed.attention_tree_many_batch (the program holding the tree positions is the step's
-    slowest), and as many as fit from there. The tokens a program takes never change a row's
-    bits (each row's dot is the 16-row dot of a decode). (Stacking 2 or 4 such dots a program,
-    sharing each block of keys, was slower on an H200 at batch 1 to 32 and changed bits at
-    batch 32: docs/results/head-kinds-h200/fused-drafting/kernel_bench_attention_subtiles.json.)"""
+class TreePlan(NamedTuple):
+    """A verify step's tree (base [B], anc [B, T, T] bool, depth [B, T]) and how causal_attention
+    deals its tokens, worked out once a forward (tree_plan) and read by every layer:
+      order  [B, T] int32  the tree's nodes sorted by (leaf, depth): a node's leaf is the first
+                          leaf below it, so the tokens dealt to one program lie on few paths
+      leaf   [B, T] int32  the leaf of the node at each place of that order
+      path   [B, T, T] int32  path[b, n, j]: node n's ancestor of depth j (-1 deeper than n)"""
+    base: torch.Tensor
+    anc: torch.Tensor
+    depth: torch.Tensor
+    order: torch.Tensor
+    leaf: torch.Tensor
+    path: torch.Tensor
+
+
+def tree_plan_reference(base, anc, depth) -> TreePlan:
+    b, t, _ = anc.shape
+    nodes = torch.arange(t, device=anc.device)
+    is_leaf = anc.sum(1) == 1  # [B, T]: no other node has it as an ancestor
+    # leaf_of[n]: the smallest leaf m with n among its ancestors-or-self
+    leaf_of = torch.where(anc.transpose(1, 2) & is_leaf[:, None, :], nodes, t).amin(2)
+    order = torch.argsort(leaf_of * t + depth, dim=1)
+    at_depth = depth[:, None, :].expand(b, t, t)
+    path = torch.full((b, t, t), -1, dtype=torch.long, device=anc.device).scatter_reduce(
+        2, at_depth, torch.where(anc, nodes, -1).expand(b, t, t), "amax")
+    return TreePlan(base, anc, depth, order.int(), leaf_of.gather(1, order).int(), path.int())
+
+
+def tree_plan(base: torch.Tensor, anc: torch.Tensor, depth: torch.Tensor) -> TreePlan:
+    """The TreePlan of a tree: one Triton program a row on GPU (or under TRITON_INTERPRET=1),
+    else its torch reference (the same numbers)."""
+    if anc.dtype != torch.bool or anc.dim() != 3 or anc.shape[1] != anc.shape[2]:
+        raise TypeError(f"tree_plan: anc must be bool [B, T, T], got {anc.dtype} {tuple(anc.shape)}")
+    if not use_triton(anc):
+        return tree_plan_reference(base, anc, depth)
+    b, t, _ = anc.shape
+    anc, depth = anc.contiguous(), depth.contiguous()
+    order = torch.empty(b, t, dtype=torch.int32, device=anc.device)
+    leaf = torch.empty_like(order)
+    path = torch.empty(b, t, t, dtype=torch.int32, device=anc.device)
+    _kernel(_tree_plan_kernel)[(b,)](anc, depth, order, leaf, path, t, anc.stride(0), anc.stride(1),
+                                     depth.stride(0), NP=triton.next_power_of_2(t))
+    return TreePlan(base.contiguous(), anc, depth, order, leaf, path)
+
+
+if triton is not None:
+
+    def _tree_plan_kernel(anc_ptr, dep_ptr, order_ptr, leaf_ptr, path_ptr, n_tok, s_ab, s_at, s_db,
+                          NP: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        nodes = tl.arange(0, NP)
+        on = nodes < n_tok
+        dep = tl.load(dep_ptr + b * s_db + nodes, mask=on, other=-1)
+        full = tl.load(anc_ptr + b * s_ab + nodes[:, None] * s_at + nodes[None, :],
+                       mask=on[:, None] & on[None, :], other=0) != 0  # full[n, m]: m is n's ancestor-or-self
+        is_leaf = (tl.sum(full.to(tl.int32), 0) == 1) & on
+        leaf_of = tl.min(tl.where(full & is_leaf[:, None], nodes[:, None], NP), 0)  # by node
+        key = tl.where(on, leaf_of * NP + dep, NP * NP + nodes)  # unique: a path's depths differ
+        place = tl.sum((key[:, None] < key[None, :]).to(tl.int32), 0)
+        tl.store(order_ptr + b * n_tok + place, nodes, mask=on)
+        tl.store(leaf_ptr + b * n_tok + place, leaf_of, mask=on)
+        for j in range(0, n_tok):  # each node's ancestor of depth j
+            at = tl.max(tl.where(full & (dep[None, :] == j), nodes[None, :], -1), 1)
+            tl.store(path_ptr + (b * n_tok + nodes) * n_tok + j, at, mask=on)
+
+
+def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1) -> tuple[int, int, int]:
+    """(rows a program's dot takes, query rows it fills, tokens it can touch). A call's query
+    rows (a token's query heads of one KV group side by side, tokens in order; a tree's tokens
+    sorted by path, see _causal_kernel) fill the 16-row dot of a decode (or the next power of
+    two above the group's heads) one program after another. A tree's program fills only
+    Speed.attention_tree_tokens tokens' rows at batches below Speed.attention_tree_many_batch:
+    the program holding the tree positions is the step's slowest. How rows are dealt never
+    changes a row's bits: each row's dot is the decode's dot, whatever its neighbours. (Stacking
+    2 or 4 such dots a program, sharing each block of keys, was slower on an H200 at batch 1
+    to 32 and changed bits at batch 32:
+    docs/results/head-kinds-h200/fused-drafting/kernel_bench_attention_subtiles.json.)"""
     rep = n_heads // n_kv
     dot_m = max(16, 1 << (rep - 1).bit_length())
-    fit = dot_m // rep
     speed = active().speed
-    if not tree or batch >= speed.attention_tree_many_batch:
-        return dot_m, fit
-    return dot_m, min(fit, speed.attention_tree_tokens)
+    fill = dot_m
+    if tree and batch < speed.attention_tree_many_batch:
+        fill = min(dot_m, max(1, speed.attention_tree_tokens) * rep)
+    # a program's rows start at any row of a token, so they can touch one token more
+    touch = fill // rep if fill % rep == 0 else (fill - 1 + rep - 1) // rep + 1
+    return dot_m, fill, max(1, touch)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -300,8 +371,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
         return causal_attention_reference(q, k, v, positions, window, tree)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and k.stride() == v.stride()
     rep = h // n_kv
-    block_m, per_dot = causal_tiles(h, n_kv, tree is not None, b)
-    n_tiles = triton.cdiv(t, per_dot)
+    block_m, fill, touch = causal_tiles(h, n_kv, tree is not None, b)
+    n_tiles = triton.cdiv(t * rep, fill)
     chunk = tuning.numerics.attention_chunk
     n_chunks = triton.cdiv(n_keys, chunk)
     if split is None:  # split-K while the tiles alone leave SMs idle
@@ -309,13 +380,14 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     positions = positions.contiguous()
     if tree is not None:
-        base, anc, depth = tree
-        base, depth = base.contiguous(), depth.contiguous()
-        if anc.dtype != torch.bool or anc.shape != (b, t, t):
-            raise TypeError(f"causal_attention: anc must be bool [{b}, {t}, {t}], got {anc.dtype} {tuple(anc.shape)}")
-        anc = anc.contiguous()
+        if not isinstance(tree, TreePlan):
+            if tree[1].dtype != torch.bool or tree[1].shape != (b, t, t):
+                raise TypeError(f"causal_attention: anc must be bool [{b}, {t}, {t}], got {tree[1].dtype} "
+                                f"{tuple(tree[1].shape)}")
+            tree = tree_plan(*tree)
+        base, order, leaf, path = tree.base, tree.order, tree.leaf, tree.path
     else:
-        base, anc, depth = positions, positions, positions  # unused
+        base = order = leaf = path = positions  # unused
     n_prog = n_chunks if split else 1
     if split:
         part = torch.empty(b * n_kv * n_chunks * n_tiles * block_m, d, dtype=torch.float32, device=q.device)
@@ -324,25 +396,24 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     else:
         part = stat = counters = out  # unused
     _kernel(_causal_kernel)[(b * n_kv, n_prog, n_tiles)](
-        q, k, v, positions, base, anc, depth, out, part, stat, counters,
+        q, k, v, positions, base, order, leaf, path, out, part, stat, counters,
         n_kv, t, n_tiles, n_chunks, 1.0 / math.sqrt(d), window or 0,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        positions.stride(0), anc.stride(0) if tree is not None else 0, anc.stride(1) if tree is not None else 0,
-        depth.stride(0) if tree is not None else 0, out.stride(0), out.stride(1), out.stride(2),
-        REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=CAUSAL_BLOCK_N, PER_TILE=per_dot,
-        TREE=tree is not None, NP=triton.next_power_of_2(t) if tree is not None else 1, WINDOWED=bool(window), SPLIT=split,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl_options(q, "attention"))
+        positions.stride(0), out.stride(0), out.stride(1), out.stride(2),
+        REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=CAUSAL_BLOCK_N, FILL=fill, TOUCH=touch,
+        TREE=tree is not None, WINDOWED=bool(window), SPLIT=split,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_stages=1 if split else tuning.speed.attention_stages,  # a split program sums one chunk
+        **pdl_options(q, "attention"))
     return out
 
 
 if triton is not None:
 
-    def _causal_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, base_ptr, anc_ptr, dep_ptr, o_ptr, part_ptr, stat_ptr, cnt_ptr,
-                       n_kv, n_tok, n_tiles, n_chunks, scale, window,
-                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_pb, s_ab, s_at, s_db, s_ob, s_oh, s_ot,
+    def _causal_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, base_ptr, order_ptr, leaf_ptr, path_ptr, o_ptr, part_ptr,
+                       stat_ptr, cnt_ptr, n_kv, n_tok, n_tiles, n_chunks, scale, window,
+                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_pb, s_ob, s_oh, s_ot,
                        REP: tl.constexpr, D: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, PER_TILE: tl.constexpr,
-                       TREE: tl.constexpr, NP: tl.constexpr,
+                       BLOCK_N: tl.constexpr, FILL: tl.constexpr, TOUCH: tl.constexpr, TREE: tl.constexpr,
                        WINDOWED: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
@@ -352,109 +423,133 @@ if triton is not None:
         tile = tl.program_id(2)
         b = (bh // n_kv).to(tl.int64)
         g = bh % n_kv
-        # BLOCK_M rows hold PER_TILE tokens' query heads
+        # the program fills FILL of its BLOCK_M rows with the call's query rows tile * FILL ...:
+        # query row i is head i % REP of the KV group for the (i // REP)-th token (of a tree: in
+        # the plan's order, so a program's tokens lie on few paths and share their passes)
         r = tl.arange(0, BLOCK_M)
-        local = r // REP  # the row's token within the tile
-        tok = tile * PER_TILE + local
-        row_ok = (local < PER_TILE) & (tok < n_tok)
-        tok = tl.where(row_ok, tok, 0)
-        head = g * REP + r % REP
+        qrow = tile * FILL + r
+        row_ok = (r < FILL) & (qrow < n_tok * REP)
+        head = g * REP + qrow % REP
+        tok = qrow // REP
         d = tl.arange(0, D)
+        base = 1 << 40  # contiguous: no block holds tree positions
+        own = tok  # the leaf whose path a row's token reads in the blocks that hold tree positions
+        if TREE:
+            base = tl.load(base_ptr + b)
+            own = tl.load(leaf_ptr + b * n_tok + tok, mask=row_ok, other=0)
+            own = tl.where(row_ok, own, n_tok)
+            tok = tl.load(order_ptr + b * n_tok + tok, mask=row_ok, other=0)
+        tok = tl.where(row_ok, tok, 0)
         pos = tl.load(pos_ptr + b * s_pb + tok, mask=row_ok, other=-1)
         q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + tok[:, None] * s_qt + d[None, :],
                     mask=row_ok[:, None], other=0.0)
-        hi = tl.max(pos, 0)  # the tile's last position
+        hi = tl.max(pos, 0)  # the program's last position
         lo = 0
         if WINDOWED:
             lo = tl.maximum(tl.min(tl.where(row_ok, pos - window + 1, hi), 0), 0)
-        base = 1 << 40  # contiguous: no block holds tree positions
-        nodes = tl.arange(0, NP)
-        on = nodes < n_tok
-        dep = nodes
-        own = r  # the leaf whose path a row's token reads in the blocks that hold tree positions
-        if TREE:
-            base = tl.load(base_ptr + b)
-            dep = tl.load(dep_ptr + b * s_db + nodes, mask=on, other=-1)
-            # a leaf is no other node's ancestor; a token takes the first leaf below it (tokens
-            # of one path share its passes: the deeper keys are ones they cannot see)
-            full = tl.load(anc_ptr + b * s_ab + nodes[:, None] * s_at + nodes[None, :],
-                           mask=on[:, None] & on[None, :], other=0) != 0
-            is_leaf = (tl.sum(full.to(tl.int32), 0) == 1) & on
-            below = tl.load(anc_ptr + b * s_ab + nodes[None, :] * s_at + tok[:, None],
-                            mask=row_ok[:, None] & on[None, :], other=0) != 0
-            own = tl.min(tl.where(below & is_leaf[None, :], nodes[None, :], NP), 1)
-            own = tl.where(row_ok, own, NP)
         kv_off = b * s_kb + g * s_kh
-        # the running softmax over the chunks folded so far
+        # the blocks this program sums, in position order: from the window's first block (or
+        # its chunk's) to the last position; those from the first block holding a tree position
+        # on take a pass per path. The chunk being summed (m_i, l_i, acc) is folded into the
+        # running softmax (m_run, ...) when the next chunk starts and after the last block.
+        start = (lo // BLOCK_N) * BLOCK_N
+        stop = hi + 1
+        if SPLIT:
+            start = tl.maximum(prog * CHUNK_N, start)
+            stop = tl.minimum((prog + 1) * CHUNK_N, stop)
+        tree_from = tl.minimum(tl.maximum((base // BLOCK_N) * BLOCK_N, start), stop)
         m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_run = tl.zeros([BLOCK_M], tl.float32)
         acc_run = tl.zeros([BLOCK_M, D], tl.float32)
-        first = prog
-        last = prog + 1
-        if not SPLIT:
-            first = 0
-            last = (hi + CHUNK_N) // CHUNK_N  # the chunks up to the last position
-        for c in range(first, last):
-            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, D], tl.float32)
-            start = tl.maximum(c * CHUNK_N, (lo // BLOCK_N) * BLOCK_N)
-            stop = tl.minimum((c + 1) * CHUNK_N, hi + 1)
-            for k0 in range(start, stop, BLOCK_N):
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        # keys at their positions' slots: one shape of loop (its loads run ahead)
+        for k0 in range(start, tree_from, BLOCK_N):
+            if not SPLIT:
+                turn = (k0 % CHUNK_N == 0) & (k0 > start)  # a chunk starts: fold the last one in
+                m_f = tl.maximum(m_run, m_i)
+                m_fs = tl.where(m_f == float("-inf"), 0.0, m_f)
+                alpha_f = tl.exp(m_run - m_fs)
+                beta_f = tl.exp(m_i - m_fs)
+                acc_run = tl.where(turn, acc_run * alpha_f[:, None] + acc * beta_f[:, None], acc_run)
+                l_run = tl.where(turn, l_run * alpha_f + l_i * beta_f, l_run)
+                m_run = tl.where(turn, m_f, m_run)
+                acc = tl.where(turn, 0.0, acc)
+                l_i = tl.where(turn, 0.0, l_i)
+                m_i = tl.where(turn, float("-inf"), m_i)
+            cols = k0 + tl.arange(0, BLOCK_N)
+            near = cols <= hi
+            allowed = (cols[None, :] <= pos[:, None]) & row_ok[:, None]
+            if WINDOWED:
+                allowed = allowed & (cols[None, :] > pos[:, None] - window)
+            kb = tl.load(k_ptr + kv_off + cols[:, None] * s_ks + d[None, :], mask=near[:, None], other=0.0)
+            vb = tl.load(v_ptr + kv_off + cols[:, None] * s_ks + d[None, :], mask=near[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(kb), input_precision=PRECISION)
+            s = s * scale
+            s = tl.where(allowed, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            acc = tl.dot(p.to(vb.dtype), vb, acc * alpha[:, None], input_precision=PRECISION)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+        if TREE:  # the blocks holding tree positions: each path its own keys, the same arithmetic
+            for k0 in range(tree_from, stop, BLOCK_N):
+                if not SPLIT:
+                    turn = (k0 % CHUNK_N == 0) & (k0 > start)
+                    m_f = tl.maximum(m_run, m_i)
+                    m_fs = tl.where(m_f == float("-inf"), 0.0, m_f)
+                    alpha_f = tl.exp(m_run - m_fs)
+                    beta_f = tl.exp(m_i - m_fs)
+                    acc_run = tl.where(turn, acc_run * alpha_f[:, None] + acc * beta_f[:, None], acc_run)
+                    l_run = tl.where(turn, l_run * alpha_f + l_i * beta_f, l_run)
+                    m_run = tl.where(turn, m_f, m_run)
+                    acc = tl.where(turn, 0.0, acc)
+                    l_i = tl.where(turn, 0.0, l_i)
+                    m_i = tl.where(turn, float("-inf"), m_i)
                 cols = k0 + tl.arange(0, BLOCK_N)
                 near = cols <= hi
                 allowed = (cols[None, :] <= pos[:, None]) & row_ok[:, None]
                 if WINDOWED:
                     allowed = allowed & (cols[None, :] > pos[:, None] - window)
-                if k0 + BLOCK_N > base:  # the block holds tree positions: each path its own keys
-                    m_out, l_out, acc_out = m_i, l_i, acc
-                    for j in tl.static_range(PER_TILE):
-                        # token j's leaf, unless an earlier token of the tile took its path already
-                        leaf = tl.max(tl.where((local == j) & row_ok, own, -1), 0)
+                m_out, l_out, acc_out = m_i, l_i, acc
+                leaf = tl.min(own, 0)  # the program's paths in turn, by leaf
+                depth = cols - base
+                in_tree = (depth >= 0) & (depth < n_tok) & near
+                for _ in tl.static_range(TOUCH):
+                    if leaf < n_tok:
                         mine = own == leaf  # the rows whose token takes this leaf's path
-                        if (leaf >= 0) & (leaf < NP) & (tl.min(tl.where(mine, local, PER_TILE), 0) == j):
-                            a = tl.load(anc_ptr + b * s_ab + leaf * s_at + nodes, mask=on, other=0) != 0
-                            hit = a[None, :] & (dep[None, :] == (cols - base)[:, None])
-                            slots = tl.where(cols < base, cols, base + tl.sum(tl.where(hit, nodes[None, :], 0), 1))
-                            kj = tl.load(k_ptr + kv_off + slots[:, None] * s_ks + d[None, :], mask=near[:, None],
-                                         other=0.0)
-                            vj = tl.load(v_ptr + kv_off + slots[:, None] * s_ks + d[None, :], mask=near[:, None],
-                                         other=0.0)
-                            s = tl.dot(q, tl.trans(kj), input_precision=PRECISION)
-                            s = s * scale
-                            s = tl.where(allowed, s, float("-inf"))
-                            m_new = tl.maximum(m_i, tl.max(s, 1))
-                            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                            p = tl.exp(s - m_safe[:, None])
-                            alpha = tl.exp(m_i - m_safe)
-                            pv = tl.dot(p.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
-                            acc_out = tl.where(mine[:, None], pv, acc_out)
-                            l_out = tl.where(mine, l_i * alpha + tl.sum(p, 1), l_out)
-                            m_out = tl.where(mine, m_new, m_out)
-                    m_i, l_i, acc = m_out, l_out, acc_out
-                else:  # keys at their positions' slots, the same arithmetic
-                    kb = tl.load(k_ptr + kv_off + cols[:, None] * s_ks + d[None, :], mask=near[:, None], other=0.0)
-                    vb = tl.load(v_ptr + kv_off + cols[:, None] * s_ks + d[None, :], mask=near[:, None], other=0.0)
-                    s = tl.dot(q, tl.trans(kb), input_precision=PRECISION)
-                    s = s * scale
-                    s = tl.where(allowed, s, float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(s, 1))
-                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    p = tl.exp(s - m_safe[:, None])
-                    alpha = tl.exp(m_i - m_safe)
-                    acc = tl.dot(p.to(vb.dtype), vb, acc * alpha[:, None], input_precision=PRECISION)
-                    l_i = l_i * alpha + tl.sum(p, 1)
-                    m_i = m_new
-            if SPLIT:
-                m_run, l_run, acc_run = m_i, l_i, acc
-            else:  # fold this chunk in (the merge below, in the same order)
-                m_new = tl.maximum(m_run, m_i)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m_run - m_safe)
-                beta = tl.exp(m_i - m_safe)
-                acc_run = acc_run * alpha[:, None] + acc * beta[:, None]
-                l_run = l_run * alpha + l_i * beta
-                m_run = m_new
+                        at = tl.load(path_ptr + (b * n_tok + leaf) * n_tok + depth, mask=in_tree, other=0)
+                        slots = tl.where(cols < base, cols, base + tl.maximum(at, 0))  # (-1: no key seen)
+                        kj = tl.load(k_ptr + kv_off + slots[:, None] * s_ks + d[None, :], mask=near[:, None],
+                                     other=0.0)
+                        vj = tl.load(v_ptr + kv_off + slots[:, None] * s_ks + d[None, :], mask=near[:, None],
+                                     other=0.0)
+                        s = tl.dot(q, tl.trans(kj), input_precision=PRECISION)
+                        s = s * scale
+                        s = tl.where(allowed, s, float("-inf"))
+                        m_new = tl.maximum(m_i, tl.max(s, 1))
+                        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                        p = tl.exp(s - m_safe[:, None])
+                        alpha = tl.exp(m_i - m_safe)
+                        pv = tl.dot(p.to(vj.dtype), vj, acc * alpha[:, None], input_precision=PRECISION)
+                        acc_out = tl.where(mine[:, None], pv, acc_out)
+                        l_out = tl.where(mine, l_i * alpha + tl.sum(p, 1), l_out)
+                        m_out = tl.where(mine, m_new, m_out)
+                    leaf = tl.min(tl.where(own > leaf, own, n_tok), 0)
+                m_i, l_i, acc = m_out, l_out, acc_out
+        if SPLIT:
+            m_run, l_run, acc_run = m_i, l_i, acc
+        else:  # fold the last chunk in (the merge below, in the same order)
+            m_new = tl.maximum(m_run, m_i)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_run - m_safe)
+            beta = tl.exp(m_i - m_safe)
+            acc_run = acc_run * alpha[:, None] + acc * beta[:, None]
+            l_run = l_run * alpha + l_i * beta
+            m_run = m_new
         dst = o_ptr + b * s_ob + head[:, None] * s_oh + tok[:, None] * s_ot + d[None, :]
         if SPLIT:
             slot = bh * n_tiles + tile

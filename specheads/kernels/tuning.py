@@ -155,11 +155,18 @@ class Speed:
     # at batches below attention_tree_many_batch, all that fit from there: the blocks that hold
     # tree positions cost one pass per path of the tree among the program's tokens, so fewer
     # tokens a program shorten the step's slowest program; more read the keys below the tree
-    # fewer times. SmolLM2's 16-token tree over 300 / 700 keys, H200 (gpu_runs/kernel_bench.py),
-    # us a layer at 1 / 2 / 5 tokens: batch 1 6.1 / 5.9 / 10.9 and 8.2 / 7.5 / 12.0; batch 8
-    # 17.5 / 11.4 / 12.0 and 35.5 / 22.8 / 25.3; batch 32 52.7 / 31.7 / 25.1 and 108 / 62 / 53
+    # fewer times. SmolLM2's 16-token tree (random parents) over 300 / 700 keys, H200
+    # (gpu_runs/kernel_bench.py, the tree plan worked out once), us a layer at 1 / 2 / 3 tokens /
+    # all that fit: batch 1 (split) 5.8 / 5.8 / 6.3 / 9.7 and 8.6 / 7.4 / 8.6 / 11.9; batch 8
+    # 11.5 / 10.2 / 11.6 / 13.8 and 21.9 / 19.1 / 21.9 / 24.7; batch 32 31.9 / 20.5 / 28.8 / 26.8
+    # and 59.1 / 38.4 / 47.1 / 34.5
     attention_tree_tokens: int = 2
-    attention_tree_many_batch: int = 16
+    attention_tree_many_batch: int = 64
+    # software-pipeline stages of the causal attention's loop over the blocks below a tree (or
+    # a decode's last block) when a program sums all of its chunks (a split-K program, one
+    # chunk of two blocks, takes 1): loads of the next blocks run while one is summed. Same
+    # shapes, batch 8 / 32 at 700 keys: 1 stage 21.5 / 44.9 us, 3 stages 19.1 / 38.4
+    attention_stages: int = 3
     # warps of the one-program-per-row drafting kernels (topk_expand, select_tree). The
     # SmolLM2 head's draft at batch 1 (H200): 1 warp 0.48 ms, 2 0.46, 4 0.379, 8 0.375. The
     # expansion's sums may round differently (2, 16 and 32 warps did against 8 on the H200):
@@ -214,6 +221,8 @@ class Speed:
         _check(g, "attention_tree_tokens", v, v >= 1, "an integer >= 1")
         v = _int(g, "attention_tree_many_batch", self.attention_tree_many_batch)
         _check(g, "attention_tree_many_batch", v, v >= 1, "an integer >= 1")
+        v = _int(g, "attention_stages", self.attention_stages)
+        _check(g, "attention_stages", v, 1 <= v <= 6, "an integer from 1 to 6")
         v = _int(g, "draft_warps", self.draft_warps)
         _check(g, "draft_warps", v, v in WARPS, f"one of {WARPS}")
         names = self.pdl_kernels

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from specheads.kernels.attention import causal_attention, tree_attention
+from specheads.kernels.attention import TreePlan, causal_attention, tree_attention, tree_plan
 from specheads.kernels.fused import embedding, rmsnorm, rope_cache
 from specheads.kernels.linear import linear
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, fuse_linears, rope_inv_freq
@@ -251,6 +251,8 @@ class TargetModel(nn.Module):
         for j, layer in enumerate(capture_layers):
             first.setdefault(layer, j)
         where = {layer: aux[..., j * width: (j + 1) * width] for layer, j in first.items()}
+        if tree is not None and not isinstance(tree, TreePlan):
+            tree = tree_plan(*tree)  # how every layer's attention deals the tree's tokens
         for i, layer in enumerate(self.model.layers):
             a, m = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm

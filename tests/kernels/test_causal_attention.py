@@ -119,3 +119,23 @@ def test_a_rows_bits_do_not_depend_on_the_call(interpret):
     for split in (True, False):
         crowd = attention.causal_attention(q, k, v, positions, split=split)
         assert torch.equal(crowd[0, :, :t], alone[0])
+
+
+@needs_triton
+def test_the_tree_plan_kernel_equals_its_reference(interpret):
+    """order sorts the nodes by (first leaf below, depth); path[n, j] is n's ancestor of depth j."""
+    base = torch.tensor([40, 7, 300])
+    _, depth, anc, _ = _tree_inputs(3, 13, base, seed=9)
+    got = attention.tree_plan(base, anc, depth)
+    want = attention.tree_plan_reference(base, anc, depth)
+    for name in ("order", "leaf", "path"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    row_anc, row_depth = anc[0], depth[0]
+    for place, node in enumerate(want.order[0].tolist()):
+        leaf = int(want.leaf[0, place])
+        assert row_anc[leaf, node] and row_anc[:, leaf].sum() == 1  # a leaf below the node
+        for j in range(13):
+            a = int(want.path[0, node, j])
+            assert (a == -1) == (j > row_depth[node]) and (a == -1 or (row_anc[node, a] and row_depth[a] == j))
+    keys = [(int(want.leaf[0, p]), int(row_depth[n])) for p, n in enumerate(want.order[0].tolist())]
+    assert keys == sorted(keys)

@@ -75,7 +75,8 @@ def test_the_step_covers_the_kernels(step_launches):
     assert any(d["name"] == "_topk_kernel" and d["constexprs"]["NODE_ROW"] for d in step_launches)
     assert sum(d["name"] == "_causal_kernel" for d in step_launches) >= 5
     assert {"_linear_kernel", "_split_kernel", "_causal_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",
-            "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel", "_ring_path_kernel", "_mtp_window_kernel"} <= names, names
+            "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel", "_ring_path_kernel", "_mtp_window_kernel",
+            "_tree_plan_kernel"} <= names, names
     assert any(d["name"] == "_head_input_kernel" and not d["constexprs"]["NORM"] for d in step_launches)  # EAGLE-1
 
 
