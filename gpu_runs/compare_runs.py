@@ -4,7 +4,8 @@
 
 Each argument is LABEL=FILE[,FILE...] (repeats of one version); the first label is the
 baseline. Prints a table (median tok/s of each label and its ratio to the baseline, with the
-repeats' spread), writes <out>.json.
+repeats' spread), writes <out>.json and, where matplotlib is installed, <out>.png (each
+version's ratio to the baseline by cell, --goal drawing a dashed line, e.g. 0.95).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="LABEL=FILE[,FILE...]")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--goal", type=float, nargs="*", default=[], help="ratios drawn as dashed lines on the plot")
     args = ap.parse_args()
     versions: dict[str, dict] = {}
     card = None
@@ -54,6 +56,35 @@ def main() -> None:
         out = Path(args.out).with_suffix(".json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"card": card, "baseline": labels[0], "rows": rows}, indent=1))
+        plot(rows, labels, card, args.goal, out.with_suffix(".png"))
+
+
+def plot(rows: list[dict], labels: list[str], card, goals, png: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the device machine has no matplotlib: the JSON is the record
+        return
+    names = [f"{r['prompts']} b{r['batch']} {r['method']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(rows)), 4.5))
+    width = 0.8 / max(1, len(labels) - 1)
+    for i, lab in enumerate(labels[1:]):
+        xs = [j + i * width for j in range(len(rows))]
+        ax.bar(xs, [r.get(lab, {}).get("ratio", 0.0) for r in rows], width, label=lab)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    for g in goals:
+        ax.axhline(g, color="gray", linestyle="--", linewidth=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], names, fontsize=7, rotation=35, ha="right")
+    ax.set_ylabel(f"tokens/s / {labels[0]}")
+    ax.set_ylim(min(0.8, min((r.get(lab, {}).get("ratio", 1.0) for r in rows for lab in labels[1:]), default=1.0) - 0.02),
+                max(1.1, max((r.get(lab, {}).get("ratio", 1.0) for r in rows for lab in labels[1:]), default=1.0) + 0.02))
+    ax.set_title(f"{card}: median tokens/s against {labels[0]}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

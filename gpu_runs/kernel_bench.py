@@ -62,6 +62,9 @@ def bench_linear(model, rows_list, sweep_rows) -> list[dict]:
             call = lambda: linear(x, weight, **kw)  # noqa: E731
             cell = {"model": model, "op": name, "rows": rows, "cublas_us": graph_us(lambda: F.linear(x, weight))}
             cell["default_us"] = graph_us(call)
+            if "norm_weight" in kw:  # what the fused norm costs: the same call on normed inputs
+                plain = {k_: v_ for k_, v_ in kw.items() if k_ not in ("norm_weight", "eps")}
+                cell["without_norm_us"] = graph_us(lambda: linear(x, weight, **plain))
             tried, same = {}, {}
             if rows in sweep_rows:
                 ref = call().clone()
@@ -69,8 +72,8 @@ def bench_linear(model, rows_list, sweep_rows) -> list[dict]:
                 own = base.numerics.linear_shapes.get(shape)
                 if name == "lm_head":
                     grid = itertools.product((64, 128), (128, 256), ((64, 8), (128, 8), (64, 4)), (3, 4))
-                else:
-                    grid = itertools.product((32, 64, 128), (64, 128), (None, (128, 4), (64, 8), (128, 8)), (3,))
+                else:  # (the stages of a many-row call are Speed.linear_many_stages)
+                    grid = itertools.product((16, 32, 64, 128), (16, 32, 64, 128), (None,), (3,))
                 for bm, bn, kw_, st in grid:
                     label = f"{bm}x{bn}s{st}" + (f"k{kw_[0]}w{kw_[1]}" if kw_ else "")
                     shapes = dict(base.numerics.linear_shapes)
@@ -93,6 +96,7 @@ def bench_linear(model, rows_list, sweep_rows) -> list[dict]:
                 cell.update(best=best, best_us=ok[best], tried=ok)
             out.append(cell)
             print(f"linear {model:8s} {name:8s} rows {rows:5d}  cublas {cell['cublas_us']:7.2f}  ours {cell['default_us']:7.2f}"
+                  + (f" (without the norm {cell['without_norm_us']:6.2f})" if "without_norm_us" in cell else "")
                   + (f"  best {cell['best']:>16s} {cell['best_us']:7.2f}" if ok else "")
                   + (f"  bits differ: {[k_ for k_, v in same.items() if not v]}" if same else ""), flush=True)
             if ok:

@@ -204,8 +204,13 @@ def plan(rows: int, n: int, k: int, silu: bool, elem_size: int, tile=None) -> tu
     block_m = 16 if rows <= 16 else 64 if n >= 8192 else speed.linear_row_block
     if rows > 16 and n < 8192:
         block_n *= speed.linear_tree_n_scale
+    swept = [(m, n_) for above, m, n_ in speed.linear_many_tiles.get((width, k), ()) if rows > above]
     if n >= 8192 and rows > speed.linear_wide_many_rows:  # an lm_head over a batch of trees
         block_m, block_n = speed.linear_wide_many_tile
+    elif swept and n < 8192:  # this shape's tile for this many rows, measured
+        block_m, block_n = swept[-1]
+        if tile is None:
+            block_k, stages = min(block_k, speed.linear_many_k), speed.linear_many_stages
     elif rows > speed.linear_many_rows:  # batched trees, prefills: larger tiles, shorter K steps
         block_m, block_n = speed.linear_many_row_block, max(block_n, speed.linear_many_n)
         if tile is None:

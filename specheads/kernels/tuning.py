@@ -77,6 +77,15 @@ WIDE_TILES: dict[Shape, tuple[int, int, int, int]] = {
 }
 
 
+# SmolLM2-135M's narrow weights over many rows (a batch of trees): (above_rows, BLOCK_M, BLOCK_N)
+MANY_ROW_TILES: dict[Shape, tuple[tuple[int, int, int], ...]] = {
+    (960, 576): ((64, 16, 64), (128, 32, 64), (256, 32, 128), (1024, 64, 64)),  # qkv with its norm
+    (576, 576): ((64, 64, 32), (128, 64, 32), (256, 64, 64), (1024, 64, 64)),  # o_proj onto the residual
+    (3072, 576): ((64, 32, 64), (128, 32, 128), (256, 64, 128), (1024, 64, 64)),  # gate_up with norm and silu
+    (576, 1536): ((64, 64, 32), (128, 64, 32), (256, 64, 64), (1024, 64, 64)),  # down onto the residual
+}  # (above 1024 rows, prefills: the many-row tile of the rule, unswept)
+
+
 def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
@@ -133,6 +142,16 @@ class Speed:
     # and this many pipeline stages (SmolLM2's fused gate_up over 512 rows 14.1 -> 11.8 us at 3
     # instead of 4, H200)
     linear_many_stages: int = 3
+    # tiles by weight shape [N, K] and number of rows for calls over more than 16 rows of a
+    # narrow weight: ((above_rows, BLOCK_M, BLOCK_N), ...) ascending, the last entry whose
+    # above_rows the call exceeds takes it (with K steps of at most linear_many_k and
+    # linear_many_stages stages); below the first, the rules above. By default SmolLM2's
+    # shapes, swept on an H200 (gpu_runs/kernel_bench.py --only linear --sweep-rows 128 256
+    # 512; docs/results/tree-speed-h200/kernel_bench_linear_tiles.json; every tile the same
+    # bits): a layer's four projections over 128 / 256 / 512 rows (a 16-token tree at batch
+    # 8 / 16 / 32) 23.8 / 33.3 / 33.5 -> 19.2 / 24.0 / 29.7 us (kernel_bench_linear.json)
+    linear_many_tiles: Mapping[Shape, tuple[tuple[int, int, int], ...]] = field(
+        default_factory=lambda: dict(MANY_ROW_TILES))
     # calls of more rows than this over a wide weight (N >= 8192: an lm_head over batched trees)
     # take (rows, columns) tiles of linear_wide_many_tile: SmolLM2's 49152 x 576 over 128 / 512
     # rows 40.0 / 144.8 -> 33.4 / 103.6 us at (128, 256), H200 (gpu_runs/kernel_bench.py)
@@ -190,6 +209,21 @@ class Speed:
                    "[BLOCK_N, num_stages]: BLOCK_N a power of two >= 16, num_stages >= 1")
             tiles[shape] = (block_n, stages)
         object.__setattr__(self, "linear_tiles", _frozen_map(tiles))
+        many = {}
+        for key, entries in dict(self.linear_many_tiles).items():
+            shape = _shape(g, "linear_many_tiles", key)
+            try:
+                rows = tuple((int(a), int(m), int(n)) for a, m, n in entries)
+            except (ValueError, TypeError):
+                raise TuningError(f"{g}.linear_many_tiles[{key!r}] = {entries!r}: expected a list of "
+                                  "[above_rows, BLOCK_M, BLOCK_N]") from None
+            _check(g, f"linear_many_tiles[{key!r}]", entries,
+                   len(rows) > 0 and all(a >= 16 and _pow2(m) and 16 <= m <= 128 and _pow2(n) and n >= 16
+                                         for a, m, n in rows) and [a for a, _, _ in rows] == sorted({a for a, _, _ in rows}),
+                   "[[above_rows, BLOCK_M, BLOCK_N], ...]: above_rows >= 16 ascending, BLOCK_M a power of two "
+                   "from 16 to 128, BLOCK_N a power of two >= 16")
+            many[shape] = rows
+        object.__setattr__(self, "linear_many_tiles", _frozen_map(many))
         v = _int(g, "linear_row_block", self.linear_row_block)
         _check(g, "linear_row_block", v, _pow2(v) and 16 <= v <= 64, "16, 32 or 64")
         v = _int(g, "linear_tree_n_scale", self.linear_tree_n_scale)
@@ -374,7 +408,7 @@ class KernelTuning:
                 if word not in ("all", "none"):
                     raise TuningError(f"speed.pdl_kernels = {word!r}: expected a list of kernel names, 'all' or 'none'")
                 values["pdl_kernels"] = PDL_KERNEL_NAMES if word == "all" else frozenset()
-            for table in ("linear_tiles", "linear_shapes"):
+            for table in ("linear_tiles", "linear_shapes", "linear_many_tiles"):
                 if isinstance(values.get(table), Mapping):
                     values[table] = {_shape(group, table, k): tuple(v) if isinstance(v, list) else v
                                      for k, v in values[table].items()}

@@ -260,3 +260,38 @@ def test_a_normed_rows_bits_do_not_depend_on_the_k_step(interpret):
     outs = [lin.linear(x, w, tile=(16, block_k, 4, 2), **kw) for block_k in (512, 256, 128, 64)]
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
     torch.testing.assert_close(outs[0], lin.linear_reference(x, w, **kw), rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("silu", [False, True])
+def test_a_shapes_many_row_tiles(interpret, monkeypatch, tune, silu):
+    """Speed.linear_many_tiles: a call over more rows than an entry's takes its tile (the last
+    entry it exceeds), computes the reference, and gives row 0 the bits it has alone."""
+    row_independent_dots(monkeypatch)
+    g, x, w = _inputs(80, 64, 40, seed=12, silu=silu)
+    shape = tuple(w.shape)
+    tune(linear_many_tiles={shape: ((20, 32, 16), (60, 16, 32))})
+    n = 40
+    assert lin.plan(16, n, 64, silu, 2)[:2] == lin.plan(16, n, 64, silu, 2, None)[:2]  # at most 16 rows: the rule
+    assert lin.plan(41, n, 64, silu, 2)[:2] == (32, 16) and lin.plan(80, n, 64, silu, 2)[:2] == (16, 32)
+    kw = dict(norm_weight=torch.rand(64, generator=g) + 0.5, eps=1e-5, silu=silu,
+              residual=torch.randn(80, n, generator=g))
+    for dtype in (torch.float32, torch.bfloat16):
+        xt, wt = x.to(dtype), w.to(dtype)
+        kwt = {key: v.to(dtype) if torch.is_tensor(v) else v for key, v in kw.items()}
+        alone = lin.linear(xt[:1], wt, **{**kwt, "residual": kwt["residual"][:1]})
+        for rows in (41, 80):
+            part = {**kwt, "residual": kwt["residual"][:rows]}
+            crowd = lin.linear(xt[:rows], wt, **part)
+            if dtype == torch.float32:
+                torch.testing.assert_close(crowd, lin.linear_reference(xt[:rows], wt, **part), rtol=1e-5, atol=1e-5)
+            assert torch.equal(crowd[:1], alone), (dtype, rows)
+
+
+def test_many_row_tiles_are_validated():
+    from specheads.kernels import tuning
+
+    with pytest.raises(tuning.TuningError, match="linear_many_tiles"):
+        tuning.active().replace(linear_many_tiles={(64, 32): ((60, 16, 32), (20, 32, 16))})  # not ascending
+    with pytest.raises(tuning.TuningError, match="linear_many_tiles"):
+        tuning.active().replace(linear_many_tiles={(64, 32): ((20, 24, 16),)})  # 24 rows: not a power of two
