@@ -294,7 +294,7 @@ class FixedPolicy:
 class AdaptivePolicy:
     """Picks each step's tier (1..len(tiers); 0: plain decoding) for the most expected tokens per
     unit of cost (module docstring). A row's record is a slot of the policy's arrays (mean and
-    observation count per tier and depth, one more line for every tier); rows: per active row,
+    observation count per tier and depth); rows: per active row,
     (its slot, its depth cap), or None for a row that does not draft."""
 
     name = "adaptive"
@@ -317,7 +317,7 @@ class AdaptivePolicy:
         self.prior, self.prior_weight = prior, prior_weight
         self.depth = max(t.steps for t in self.tiers)
         n, d = len(self.tiers), self.depth
-        self.mean, self.count = np.zeros((0, n + 1, d)), np.zeros((0, n + 1, d))  # per row slot
+        self.mean, self.count = np.zeros((0, n, d)), np.zeros((0, n, d))  # per row slot
         self._free: list[int] = []
         self.tier_mean, self.tier_count = np.zeros((n, d)), np.zeros((n, d))  # every row, per tier
         self.all_mean, self.all_count = np.zeros(d), np.zeros(d)  # every row, every tier
@@ -350,10 +350,9 @@ class AdaptivePolicy:
         trials = ((depth <= acc) & (depth < np.asarray(offered)[:, None])).astype(float)  # [R, D]
         hits = trials * (depth < acc)
         t = tier - 1
-        for line in (t, -1):  # the row under this tier, and under every tier
-            mean, count = self.mean[slots, line], self.count[slots, line]
-            _running_mean(mean, count, trials, hits, self.window)
-            self.mean[slots, line], self.count[slots, line] = mean, count
+        mean, count = self.mean[slots, t], self.count[slots, t]  # the rows under this tier
+        _running_mean(mean, count, trials, hits, self.window)
+        self.mean[slots, t], self.count[slots, t] = mean, count
         k, h = trials.sum(0), hits.sum(0)
         _running_mean(self.tier_mean[t], self.tier_count[t], k, h, self.pooled_window)
         _running_mean(self.all_mean, self.all_count, k, h, self.pooled_window)
@@ -367,7 +366,7 @@ class AdaptivePolicy:
             above = pooled[d] = _shrink(self.all_mean[d], self.all_count[d], above, w)
         tier = _shrink(self.tier_mean, self.tier_count, pooled[None], w)  # [T, D]
         slots = np.asarray(rows)
-        mean, count = self.mean[slots, :-1], self.count[slots, :-1]  # [R, T, D]
+        mean, count = self.mean[slots], self.count[slots]  # [R, T, D]
         # the row's ease: its accepted drafts over what every row's record under the same tiers
         # predicts (by depth, shrunk toward 1); a tier it has little record of takes every row's
         # record of that tier, scaled by the row's ease, never another tier's record (a chain's
