@@ -209,13 +209,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bit_check")
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                    help="kernel tuning fields to check instead of the defaults (integers), e.g. "
-                         "attention_tree_many_batch=1 attention_tree_tokens=3")
+                    help="kernel tuning fields to check instead of the defaults (integers or words), e.g. "
+                         "attention_tree_many_batch=1 attention_tree_tokens=3 linear_norm=folded")
     args = ap.parse_args()
     if args.set:
         from specheads.kernels import tuning
 
-        tuning.use(tuning.active().replace(**{k: int(v) for k, v in (item.split("=") for item in args.set)}))
+        tuning.use(tuning.active().replace(**{k: int(v) if v.lstrip("-").isdigit() else v
+                                              for k, v in (item.split("=") for item in args.set)}))
     g = torch.Generator().manual_seed(0)
     gc = torch.Generator(device="cuda").manual_seed(0)
     rows = check_linear(gc) + check_small_kernels(gc) + check_attention(gc, g) + check_forward(g)

@@ -65,6 +65,8 @@ def bench_linear(model, rows_list, sweep_rows) -> list[dict]:
             if "norm_weight" in kw:  # what the fused norm costs: the same call on normed inputs
                 plain = {k_: v_ for k_, v_ in kw.items() if k_ not in ("norm_weight", "eps")}
                 cell["without_norm_us"] = graph_us(lambda: linear(x, weight, **plain))
+                with tuning.using(base.replace(linear_norm="folded")):  # the norm summed in the dot's loop
+                    cell["folded_norm_us"] = graph_us(call)
             tried, same = {}, {}
             if rows in sweep_rows:
                 ref = call().clone()
@@ -96,7 +98,8 @@ def bench_linear(model, rows_list, sweep_rows) -> list[dict]:
                 cell.update(best=best, best_us=ok[best], tried=ok)
             out.append(cell)
             print(f"linear {model:8s} {name:8s} rows {rows:5d}  cublas {cell['cublas_us']:7.2f}  ours {cell['default_us']:7.2f}"
-                  + (f" (without the norm {cell['without_norm_us']:6.2f})" if "without_norm_us" in cell else "")
+                  + (f" (without the norm {cell['without_norm_us']:6.2f}, folded {cell['folded_norm_us']:6.2f})"
+                     if "without_norm_us" in cell else "")
                   + (f"  best {cell['best']:>16s} {cell['best_us']:7.2f}" if ok else "")
                   + (f"  bits differ: {[k_ for k_, v in same.items() if not v]}" if same else ""), flush=True)
             if ok:

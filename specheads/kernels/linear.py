@@ -100,7 +100,8 @@ if triton is not None:
 
     def _linear_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, r_ptr, o_ptr, sc_ptr, n_rows, n_out, n_in, eps,
                        s_xm, s_wn, s_rm, s_om,
-                       NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                       NORM: tl.constexpr, FOLD: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_RES: tl.constexpr,
                        SCALED: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        NORM_K: tl.constexpr, NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
@@ -121,7 +122,8 @@ if triton is not None:
             gdc_wait()
             gdc_launch_dependents()
         dt = o_ptr.dtype.element_ty
-        if NORM:  # a first pass for each row's mean square (K is a few thousand at most)
+        ss = tl.zeros([BLOCK_M], tl.float32)
+        if NORM and not FOLD:  # a first pass for each row's mean square (K is a few thousand at most)
             ss = tl.zeros([BLOCK_M], tl.float32)
             # in chunks of NORM_K inputs whatever the K step (a row's bits must not depend on the
             # tile), NORM_UNROLL chunks' loads in flight at once: the pass is latency-bound (one L2
@@ -142,8 +144,13 @@ if triton is not None:
             a = tl.load(x_ptr + rm[:, None] * s_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if NORM:
                 nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-                y = (a.to(tl.float32) * rstd[:, None]).to(dt)
-                a = (nw[None, :] * y.to(tl.float32)).to(dt)
+                if FOLD:  # the squares from the dot's own loads, in NORM_K steps (BLOCK_K == NORM_K)
+                    af = a.to(tl.float32)
+                    ss += tl.sum(af * af, 1)
+                    a = (nw[None, :] * af).to(dt)
+                else:
+                    y = (a.to(tl.float32) * rstd[:, None]).to(dt)
+                    a = (nw[None, :] * y.to(tl.float32)).to(dt)
             w = tl.load(w_ptr + rn[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             if SCALED:  # int8 weights: exact in the input's type; the row scales come after the sum
                 w = w.to(tl.float32).to(a.dtype)
@@ -152,6 +159,10 @@ if triton is not None:
                 wu = tl.load(w_ptr + (rn + n_out)[:, None] * s_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                              other=0.0)
                 acc_up = tl.dot(a, tl.trans(wu), acc_up, input_precision=PRECISION)
+        if NORM and FOLD:  # rms(x) scales every output of the row
+            rstd = 1.0 / tl.sqrt(ss / n_in + eps)
+            acc = acc * rstd[:, None]
+            acc_up = acc_up * rstd[:, None]
         if SCALED:
             acc = acc * tl.load(sc_ptr + rn, mask=n_ok, other=0.0)[None, :]
         if HAS_BIAS:
@@ -267,6 +278,10 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     res = _rows(residual, n) if residual is not None else out
     block_m, block_n, block_k, warps, stages = plan(rows, n, k, silu, x.element_size(), tile)
+    fold = norm_weight is not None and active().numerics.linear_norm == "folded"
+    if fold and block_k != NORM_K:  # the squares sum in NORM_K steps, as the dot's K steps
+        block_k = NORM_K
+        stages = fit_stages(max(stages, 3), block_m, (2 if silu else 1) * block_n, block_k, x.element_size())
     speed = active().speed
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()
@@ -276,7 +291,7 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         x2, weight, bias if bias is not None else out, norm_weight if norm_weight is not None else out, res, out,
         weight_scale if weight_scale is not None else out,
         rows, n, k, float(eps), x2.stride(0), weight.stride(0), res.stride(0), out.stride(0),
-        NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        NORM=norm_weight is not None, FOLD=fold, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         SCALED=weight_scale is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         NORM_K=NORM_K, NORM_UNROLL=max(1, min(speed.linear_norm_keys // NORM_K, triton.cdiv(k, NORM_K)))

@@ -293,9 +293,19 @@ class Numerics:
     attention_row_block: int = 16
     # "triton": our attention kernel where it serves; "sdpa": the torch reference everywhere
     attention: str = "triton"
+    # a projection's fused RMSNorm: "prepass" rounds where the eager modules round (a first
+    # pass over a row's inputs for its mean square, then bf16(w * bf16(x * rstd)) into the
+    # dot); "folded" sums the squares from the dot's own loads and scales the dot's output by
+    # rstd (bf16(w * x) into the dot, in NORM_K steps): no first pass, rounding differently.
+    # The first pass costs SmolLM2's qkv 3.8 against 2.3 us without a norm at 16 rows, 4.6
+    # against 3.4 at 128 (H200). "folded" is tested on CPU, not yet timed or bit-checked on a
+    # GPU (gpu_runs/kernel_bench.py --only linear prints it; gpu_runs/bit_check.py --set
+    # linear_norm=folded)
+    linear_norm: str = "prepass"
 
     def __post_init__(self):
         g = "numerics"
+        _check(g, "linear_norm", self.linear_norm, self.linear_norm in ("prepass", "folded"), "'prepass' or 'folded'")
         v = _int(g, "linear_max_k", self.linear_max_k)
         _check(g, "linear_max_k", v, v >= 0, "an integer >= 0")
         shapes = {}

@@ -63,6 +63,13 @@ def step_launches():
                 with tuning.using(tuning.active().replace(attention_tree_many_batch=1)):  # all tokens that fit
                     attention.causal_attention(q, k, k, tree[0][:, None] + depth, tree=tree, split=split)
                 attention.causal_attention(q, k, k, torch.tensor([[5, 6, 7], [280, 281, 282]]), window=64, split=split)
+            # the projection's folded norm (Numerics.linear_norm), plain and with silu
+            from specheads.kernels.linear import linear
+
+            with tuning.using(tuning.active().replace(linear_norm="folded")):
+                x, nw = torch.randn(3, 64), torch.rand(64) + 0.5
+                linear(x, torch.randn(32, 64), norm_weight=nw, eps=1e-5)
+                linear(x, torch.randn(64, 64), norm_weight=nw, eps=1e-5, silu=True)
     finally:
         mp.undo()
     return distinct(launches)
@@ -78,6 +85,7 @@ def test_the_step_covers_the_kernels(step_launches):
             "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel", "_ring_path_kernel", "_mtp_window_kernel",
             "_tree_plan_kernel"} <= names, names
     assert any(d["name"] == "_head_input_kernel" and not d["constexprs"]["NORM"] for d in step_launches)  # EAGLE-1
+    assert any(d["name"] == "_linear_kernel" and d["constexprs"]["FOLD"] for d in step_launches)
 
 
 @needs_triton

@@ -295,3 +295,30 @@ def test_many_row_tiles_are_validated():
         tuning.active().replace(linear_many_tiles={(64, 32): ((60, 16, 32), (20, 32, 16))})  # not ascending
     with pytest.raises(tuning.TuningError, match="linear_many_tiles"):
         tuning.active().replace(linear_many_tiles={(64, 32): ((20, 24, 16),)})  # 24 rows: not a power of two
+
+
+@needs_triton
+@pytest.mark.parametrize("silu, k", [(False, 576), (True, 576), (False, 80), (True, 1536)])
+def test_folded_norm(interpret, monkeypatch, tune, silu, k):
+    """Numerics.linear_norm "folded": the squares summed from the dot's own loads, the output
+    scaled by rstd: the reference's values in float32 (rounding differently), and row 0's bf16
+    bits the same alone, in a tree's rows and among many rows."""
+    row_independent_dots(monkeypatch)
+    tune(linear_norm="folded")
+    g, x, w = _inputs(80, k, 24, seed=21, silu=silu)
+    kw = dict(norm_weight=torch.rand(k, generator=g) + 0.5, eps=1e-5, silu=silu,
+              bias=torch.randn(w.shape[0], generator=g), residual=torch.randn(80, 24, generator=g))
+    torch.testing.assert_close(lin.linear(x, w, **kw), lin.linear_reference(x, w, **kw), rtol=1e-4, atol=1e-4)
+    xb, wb = x.bfloat16(), w.bfloat16()
+    kwb = {key: v.bfloat16() if torch.is_tensor(v) else v for key, v in kw.items()}
+    alone = lin.linear(xb[:1], wb, **{**kwb, "residual": kwb["residual"][:1]})
+    for rows in (16, 41, 80):
+        crowd = lin.linear(xb[:rows], wb, **{**kwb, "residual": kwb["residual"][:rows]})
+        assert torch.equal(crowd[:1], alone), rows
+
+
+def test_linear_norm_is_validated():
+    from specheads.kernels import tuning
+
+    with pytest.raises(tuning.TuningError, match="linear_norm"):
+        tuning.active().replace(linear_norm="fused")
