@@ -119,6 +119,11 @@ class TrainSection(_Strict):
     max_grad_norm: float = Field(0.5, gt=0)
     batch_size: int = Field(8, ge=1)  # sequences per micro-batch per process
     grad_accum: int = Field(1, ge=1)
+    # sequences per optimizer step over every process: grad_accum then follows from the number
+    # of processes (global / (batch_size x processes)), so a run's global batch, learning-rate
+    # schedule and data order are the same on 1, 2, 4 or 8 GPUs. None: batch_size x grad_accum
+    # x processes
+    global_batch_size: int | None = Field(None, ge=1)
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1)  # optimizer steps; overrides epochs
     seed: int = 0

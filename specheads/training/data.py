@@ -62,8 +62,13 @@ def load_prepared(path: str | Path, max_length: int | None = None) -> PreparedDa
     return PreparedData(train_ids, train_mask, eval_ids, eval_mask, d2t, t2d, report)
 
 
-def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int, rank: int = 0, world: int = 1) -> list[list[int]]:
-    """Shuffled, length-grouped batches of indices for one rank; every rank gets as many."""
+def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int, rank: int = 0, world: int = 1,
+                  per_step: int | None = None) -> list[list[int]]:
+    """Shuffled, length-grouped batches of indices for one rank; every rank gets as many. The
+    epoch's batches are one list whatever the number of ranks (rank r takes every world-th from
+    r), so optimizer step s, of per_step micro-batches over all ranks (world x grad_accum),
+    takes batches s * per_step ... whichever ranks and accumulation share them; the epoch's tail
+    short of a whole step is dropped (per_step None: world)."""
     rng = random.Random(seed * 1000003 + epoch)
     order = list(range(len(lengths)))
     rng.shuffle(order)
@@ -73,7 +78,10 @@ def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int, ra
         chunk = sorted(order[g : g + group], key=lambda i: lengths[i])
         batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     rng.shuffle(batches)
-    per_rank = max(len(batches) // world, 1)
+    per_step = per_step or world
+    if per_step % world:
+        raise ValueError(f"epoch_batches: per_step {per_step} is not a multiple of world {world}")
+    per_rank = max(len(batches) // per_step * per_step // world, 1)
     mine = batches[rank::world][:per_rank]
     while len(mine) < per_rank:  # fewer batches than ranks: reuse
         mine.append(batches[len(mine) % len(batches)])

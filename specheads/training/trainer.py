@@ -198,10 +198,28 @@ class Trainer:
             print(f"warning: {msg}", file=sys.stderr, flush=True)
 
     # .............................................................. setup
+    def resolve_global_batch(self) -> None:
+        """train.global_batch_size: the accumulation steps this number of processes needs."""
+        t = self.cfg.train
+        if t.global_batch_size is None:
+            return
+        per = t.batch_size * self.world
+        if t.global_batch_size % per:
+            raise TrainingError(
+                f"train.global_batch_size={t.global_batch_size} is not a multiple of train.batch_size x processes = "
+                f"{t.batch_size} x {self.world} = {per}: set it to a multiple of {per}, or change train.batch_size")
+        accum = t.global_batch_size // per
+        if "grad_accum" in t.model_fields_set and t.grad_accum != accum:
+            raise TrainingError(
+                f"train.grad_accum={t.grad_accum} and train.global_batch_size={t.global_batch_size} disagree on "
+                f"{self.world} process(es) x train.batch_size {t.batch_size} (it would be {accum}): set one of them")
+        t.grad_accum = accum
+
     def setup(self) -> None:
         from specheads.target.loader import load_target
 
         cfg = self.cfg
+        self.resolve_global_batch()
         data = load_prepared(cfg.data.path, cfg.data.max_length)
         self.data = data
         dtype = {"auto": torch.bfloat16 if self.device.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
@@ -263,7 +281,7 @@ class Trainer:
                                 + f"): give {trained} weights, one per depth")
         # schedule
         n_batches = len(epoch_batches([len(x) for x in data.train_ids], cfg.train.batch_size, cfg.train.seed, 0,
-                                      self.rank, self.world))
+                                      self.rank, self.world, self.world * cfg.train.grad_accum))
         self.micro_per_epoch = n_batches
         if cfg.train.max_steps:
             self.total_steps = cfg.train.max_steps
@@ -610,7 +628,8 @@ class Trainer:
         if getattr(self, "_epoch_plan", (None,))[0] != epoch:  # plan each epoch once, not every step
             lengths = [len(x) for x in self.data.train_ids]
             self._epoch_plan = (epoch, epoch_batches(lengths, self.cfg.train.batch_size, self.cfg.train.seed,
-                                                     epoch, self.rank, self.world))
+                                                     epoch, self.rank, self.world,
+                                                     self.world * self.cfg.train.grad_accum))
         return self._epoch_plan[1][pos]
 
     def run(self) -> dict:

@@ -31,11 +31,11 @@ def _shm_buffers(port: int) -> set[Path]:
 
 
 def _launch(script, out, target_dir, data_dir, *overrides, ds_config="configs/ds_zero2.json", max_steps=2,
-            timeout=900):
-    """`deepspeed --num_gpus 2 <script>` on CPU; returns (completed process, stdout + stderr tail)."""
+            timeout=900, procs=2):
+    """`deepspeed --num_gpus <procs> <script>` on CPU; returns (completed process, stdout + stderr tail)."""
     port = free_port()
     cmd = [
-        str(DEEPSPEED), "--num_gpus", "2", "--master_port", str(port), str(script),
+        str(DEEPSPEED), "--num_gpus", str(procs), "--master_port", str(port), str(script),
         "--target", str(target_dir), "--data", str(data_dir), "--output-dir", str(out),
         "--max-steps", str(max_steps), "--deepspeed", ds_config,
     ]
@@ -103,6 +103,67 @@ def test_deepspeed_two_processes(tmp_path, tiny_target_dir, prepared_dir, ds_con
         n_rows += stats.rows
     assert rows[0]["loss"] == pytest.approx(sum(losses) / 2, abs=1e-4)
     assert rows[0]["rows"] == n_rows
+
+
+def test_a_global_batch_trains_alike_on_one_and_two_processes(tmp_path, tiny_target_dir, prepared_dir):
+    """train.global_batch_size fixes the global batch: 1 process accumulating 2 micro-batches and
+    2 processes taking one each (ZeRO-2) see the same batches each step, follow the same
+    schedule and log the same losses (within 1e-3 relative; only the sums' order differs)."""
+    fixed = ("train.global_batch_size=4", "train.max_grad_norm=100", "train.warmup_ratio=0.3")
+    runs = {}
+    for procs in (1, 2):
+        out = tmp_path / f"p{procs}"
+        proc, log = _launch("train/train.py", out, tiny_target_dir, prepared_dir, *fixed, max_steps=6, procs=procs)
+        assert proc.returncode == 0, log
+        assert f"x {3 - procs} accum x {procs} procs x batch 2" in proc.stdout, log
+        runs[procs] = train_records(out / "metrics.jsonl")
+    one, two = runs[1], runs[2]
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
+    for a, b in zip(one, two):
+        assert a["rows"] == b["rows"]  # the same rows (the unroll's, over every process)
+        assert a["lr"] == pytest.approx(b["lr"], rel=1e-9)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-3), (a["step"], a["loss"], b["loss"])
+
+
+def test_two_nodes_under_torchrun(tmp_path, tiny_target_dir, prepared_dir):
+    """A two-"node" launch on one machine: two `torchrun --nnodes 2 --node_rank i` agents of one
+    process each, meeting at 127.0.0.1 (gloo, ZeRO-2), train what one process does with the same
+    global batch (the deepspeed launcher's multi-node mode needs ssh to each host; torchrun's
+    needs only the address)."""
+    fixed = ("train.global_batch_size=4", "train.max_grad_norm=100", "train.warmup_ratio=0.3")
+    port = free_port()
+    env = dict(os.environ)
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               TORCH_EXTENSIONS_DIR=str(Path.home() / ".cache" / "specheads-torch-ext"),
+               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    out = tmp_path / "two_nodes"
+    args = ["train/train.py", "--target", str(tiny_target_dir), "--data", str(prepared_dir), "--output-dir", str(out),
+            "--max-steps", "4", "--deepspeed", "configs/ds_zero2.json"]
+    for o in [*OVERRIDES, *fixed]:
+        args += ["--set", o]
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(i),
+                                "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                                *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for i in range(2)]
+    logs = []
+    try:
+        for agent in agents:
+            logs.append(agent.communicate(timeout=600)[0])
+    finally:
+        for agent in agents:
+            agent.kill()
+        for f in _shm_buffers(port):
+            f.unlink(missing_ok=True)
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert "x 1 accum x 2 procs x batch 2" in logs[0]
+    two = train_records(out / "metrics.jsonl")
+    solo_out = tmp_path / "one"
+    proc, log = _launch("train/train.py", solo_out, tiny_target_dir, prepared_dir, *fixed, max_steps=4, procs=1)
+    assert proc.returncode == 0, log
+    one = train_records(solo_out / "metrics.jsonl")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4]
+    for a, b in zip(one, two):
+        assert a["rows"] == b["rows"] and a["loss"] == pytest.approx(b["loss"], rel=1e-3), (a, b)
 
 
 def _nan_on_rank_1(tmp_path, step: int) -> Path:

@@ -217,6 +217,42 @@ def test_epoch_batches_are_deterministic_and_cover_the_data():
     assert not set(i for b in r0 for i in b) & set(i for b in r1 for i in b)
 
 
+def test_an_optimizer_step_takes_the_same_batches_on_any_number_of_ranks():
+    """world x grad_accum micro-batches a step: 1 x 4, 2 x 2 and 4 x 1 give each step the same
+    batches (rank r's micro-batch a of step s is the epoch's batch (s * accum + a) * world + r)."""
+    from specheads.training.data import epoch_batches
+
+    lengths = [(7 * i) % 13 + 1 for i in range(75)]  # 25 batches of 3: six whole steps of 4, one dropped
+
+    def steps(world, accum):
+        ranks = [epoch_batches(lengths, 3, seed=4, epoch=1, rank=r, world=world, per_step=world * accum)
+                 for r in range(world)]
+        n = len(ranks[0]) // accum
+        return [sorted(sorted(ranks[r][s * accum + a]) for r in range(world) for a in range(accum)) for s in range(n)]
+
+    one = steps(1, 4)
+    assert len(one) == 6 and steps(2, 2) == one and steps(4, 1) == one
+    with pytest.raises(ValueError, match="per_step"):
+        epoch_batches(lengths, 3, seed=4, epoch=0, rank=0, world=2, per_step=3)
+
+
+def test_global_batch_size_sets_the_accumulation(tmp_path, tiny_target_dir, prepared_dir):
+    from specheads.training.trainer import Trainer
+
+    cfg = train_config(tiny_target_dir, prepared_dir, tmp_path / "a", "train.batch_size=2", "train.global_batch_size=8")
+    trainer = Trainer(cfg)
+    trainer.resolve_global_batch()
+    assert trainer.cfg.train.grad_accum == 4
+    bad = Trainer(train_config(tiny_target_dir, prepared_dir, tmp_path / "b", "train.batch_size=3",
+                               "train.global_batch_size=8"))
+    with pytest.raises(TrainingError, match=r"global_batch_size=8 is not a multiple of train.batch_size x processes = 3 x 1"):
+        bad.resolve_global_batch()
+    clash = Trainer(train_config(tiny_target_dir, prepared_dir, tmp_path / "c", "train.batch_size=2",
+                                 "train.grad_accum=2", "train.global_batch_size=8"))
+    with pytest.raises(TrainingError, match="disagree"):
+        clash.resolve_global_batch()
+
+
 def test_collate_right_pads_with_zero_mask():
     from specheads.training.data import collate
 
