@@ -31,3 +31,38 @@ def test_code_hash_of_a_folder_equals_that_of_its_commit(tmp_path):
     assert folder == mod.commit_hash("HEAD", repo=str(root)) and len(folder) == 12
     (tmp_path / "specheads" / "extra.py").write_text("x = 1\n")
     assert mod.folder_hash(tmp_path / "specheads") != folder
+
+
+def test_scaling_table_from_fake_runs(tmp_path):
+    """gpu_runs/scaling_table.py: tokens/s per GPU past the first steps, efficiency against one
+    card, and each step's loss against one card's at the same global batch."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("scaling_table", Path(__file__).resolve().parents[1] / "gpu_runs"
+                                                  / "scaling_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def write(name, per_s, loss_scale=1.0, slow_start=True):
+        run = tmp_path / name
+        run.mkdir()
+        rows, tokens, t = [], 0.0, 0.0
+        for step in range(1, 11):
+            dt = 5.0 if (step == 1 and slow_start) else 1.0  # the first step compiles
+            t += dt
+            tokens += per_s * 1.0
+            rows.append({"step": step, "loss": (10.0 - step * 0.5) * loss_scale, "tokens_per_s": tokens / t,
+                         "elapsed_s": t})
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+        (run / "train_summary.json").write_text(json.dumps({"peak_gpu_mem_gib": 3.5}))
+
+    write("weak1", 1000.0)
+    write("weak2", 1800.0)
+    write("eq1", 1000.0)
+    write("eq2", 1800.0, loss_scale=1.0005)
+    result = mod.table(tmp_path, skip_pct=20)
+    one, two = result["weak"]
+    assert one["tokens_per_s"] == pytest.approx(1000.0) and two["tokens_per_s_per_gpu"] == pytest.approx(900.0)
+    assert two["efficiency"] == pytest.approx(0.9) and two["peak_gpu_mem_gib"] == 3.5
+    (eq,) = result["equivalence"]
+    assert eq["steps"] == 10 and eq["max_rel_loss_diff"] == pytest.approx(5e-4) and eq["within_1e-3"]
