@@ -6,7 +6,10 @@
 #                  against 1 card over the first $EQ_STEPS steps (the accumulation makes up the rest)
 #   CARDS="1 2 4 8" STEPS=60 EQ_STEPS=100 BATCH=16 GLOBAL=128 bash gpu_runs/scaling.sh
 # (EXTRA="--set ..." goes to every run; CONFIG= empty takes the defaults: a CPU dry run on the tests'
-# tiny target and data passed on 2026-11-28 with CARDS="1 2" STEPS=4 EQ_STEPS=4 BATCH=2 GLOBAL=4)
+# tiny target and data passed on 2026-11-28 with CARDS="1 2" STEPS=4 EQ_STEPS=4 BATCH=2 GLOBAL=4
+# REGEN_CARDS=1)
+#   REGEN_CARDS="1 8" REGEN_LIMIT=2048: also `specheads prepare --regenerate --devices N` timed on N cards,
+#                  its answers compared with one card's
 # Data: the prepared folder $DATA (default /tmp/prepared/smollm2), else prepared here from the carried
 # regeneration (.dev/regen, --cut-loops 32: the current head's data). Writes $OUT/scaling.json (the table
 # of gpu_runs/scaling_table.py) and each run's metrics; a plot comes from the table script here
@@ -44,6 +47,17 @@ for n in $CARDS; do
   run weak$n $n --set train.max_steps=$STEPS --set train.batch_size=$BATCH
   run eq$n $n --set train.max_steps=$EQ_STEPS --set train.global_batch_size=$GLOBAL \
     --set train.batch_size=$(( GLOBAL / ${CARDS##* } < BATCH ? GLOBAL / ${CARDS##* } : BATCH ))
+done
+# regeneration (prepare --regenerate --devices N) on REGEN_CARDS, the first REGEN_LIMIT conversations'
+# first user turns of the carried regeneration: seconds and whether the answers equal one card's
+for n in ${REGEN_CARDS:-}; do
+  [ -f $ROOT/regen$n/timing.json ] && continue
+  [ -f $ROOT/regenerated.jsonl.gz ] || cat $REGEN/part* > $ROOT/regenerated.jsonl.gz
+  echo "scaling: regenerate on $n card(s)"
+  t0=$SECONDS
+  $PY -m specheads.cli prepare --target $TARGET --data $ROOT/regenerated.jsonl.gz --regenerate --devices $n \
+    --limit ${REGEN_LIMIT:-2048} --max-turns 1 --output $ROOT/regen$n 2>&1 | grep -v -E "it/s\]|conv/s\]|turn/s\]" | tail -3
+  [ -f $ROOT/regen$n/prepare_report.json ] && echo "{\"cards\": $n, \"seconds\": $((SECONDS - t0))}" > $ROOT/regen$n/timing.json
 done
 $PY gpu_runs/scaling_table.py $ROOT --out $OUT/scaling
 for d in $ROOT/weak* $ROOT/eq*; do

@@ -4,7 +4,8 @@ allocate) and equivalence at a fixed global batch (each step's loss against one 
 
     python3 gpu_runs/scaling_table.py ROOT [--skip-pct 20] --out DIR/scaling
 
-ROOT holds weakN/ and eqN/ run folders (metrics.jsonl, train_summary.json). Prints the table,
+ROOT holds weakN/ and eqN/ run folders (metrics.jsonl, train_summary.json) and regenN/ prepare
+outputs (regenerated.jsonl.gz, timing.json). Prints the table,
 writes <out>.json and, where matplotlib is installed, <out>.png.
 """
 from __future__ import annotations
@@ -58,7 +59,28 @@ def table(root: Path, skip_pct: float) -> dict:
         rel = [abs(mine[s] - one[s]) / max(abs(one[s]), 1e-12) for s in common]
         out["equivalence"].append({"cards": n, "steps": len(common), "max_rel_loss_diff": max(rel) if rel else None,
                                    "within_1e-3": bool(rel) and max(rel) <= 1e-3})
+    out["regeneration"] = []
+    answers_one = regenerated(root / "regen1")
+    for n in sorted(int(m.group(1)) for p in root.iterdir() if (m := re.fullmatch(r"regen(\d+)", p.name))):
+        timing = root / f"regen{n}" / "timing.json"
+        if not timing.is_file():
+            continue
+        mine = regenerated(root / f"regen{n}")
+        out["regeneration"].append({"cards": n, "seconds": json.loads(timing.read_text())["seconds"],
+                                    "conversations": len(mine),
+                                    "same_as_one_card": None if n == 1 or answers_one is None else mine == answers_one})
     return out
+
+
+def regenerated(folder: Path) -> dict | None:
+    """The regenerated conversations of a prepare --regenerate output, by id."""
+    import gzip
+
+    path = folder / "regenerated.jsonl.gz"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in gzip.open(path, "rt") if line.strip()]
+    return {str(r.get("id", i)): r for i, r in enumerate(rows)}
 
 
 def plot(result: dict, png: Path) -> None:
@@ -97,6 +119,9 @@ def main() -> None:
         fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
         print(f"{r['cards']:>5} {fmt(r['tokens_per_s'], '10.0f')} {fmt(r['tokens_per_s_per_gpu'], '10.0f')} "
               f"{fmt(r['efficiency'], '6.3f')} {fmt(r['peak_gpu_mem_gib'], '8.2f')}")
+    for r in result["regeneration"]:
+        print(f"regeneration on {r['cards']} card(s): {r['seconds']} s, {r['conversations']} conversations"
+              + ("" if r["same_as_one_card"] is None else f", same as one card: {r['same_as_one_card']}"))
     for r in result["equivalence"]:
         print(f"equivalence {r['cards']} cards vs 1: {r['steps']} steps, max relative loss difference "
               f"{r['max_rel_loss_diff']}" + (" (within 1e-3)" if r["within_1e-3"] else ""))

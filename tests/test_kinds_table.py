@@ -66,3 +66,15 @@ def test_scaling_table_from_fake_runs(tmp_path):
     assert two["efficiency"] == pytest.approx(0.9) and two["peak_gpu_mem_gib"] == 3.5
     (eq,) = result["equivalence"]
     assert eq["steps"] == 10 and eq["max_rel_loss_diff"] == pytest.approx(5e-4) and eq["within_1e-3"]
+    import gzip
+
+    for n, answer in ((1, "a"), (2, "a"), (4, "b")):  # 4 cards answered one conversation differently
+        folder = tmp_path / f"regen{n}"
+        folder.mkdir()
+        with gzip.open(folder / "regenerated.jsonl.gz", "wt") as f:
+            for i, text in enumerate(["x", answer]):
+                f.write(json.dumps({"id": f"c{i}", "conversations": [{"from": "gpt", "value": text}]}) + "\n")
+        (folder / "timing.json").write_text(json.dumps({"cards": n, "seconds": 100 // n}))
+    regen = mod.table(tmp_path, skip_pct=20)["regeneration"]
+    assert [(r["cards"], r["seconds"], r["same_as_one_card"]) for r in regen] == [(1, 100, None), (2, 50, True),
+                                                                                  (4, 25, False)]
