@@ -14,7 +14,8 @@
 # regeneration (.dev/regen, --cut-loops 32: the current head's data). Writes $OUT/scaling.json (the table
 # of gpu_runs/scaling_table.py) and each run's metrics; a plot comes from the table script here
 # (`python3 gpu_runs/scaling_table.py ROOT --out DIR`, with matplotlib). Every run resumes where a
-# previous call stopped (checkpoints every 20 steps), so a 10-minute call limit only splits the work.
+# previous call stopped (the equivalence runs save every 20 steps; a weak-scaling run, timed, saves
+# none and starts again), so a 10-minute call limit only splits the work.
 set -uo pipefail
 source gpu_runs/env.sh
 CARDS=${CARDS:-"1 2 4 8"}
@@ -44,7 +45,7 @@ run() {  # run NAME CARDS ARGS...: one training run, resumed if a checkpoint is 
     2>&1 | grep -E "optimizer steps|error|Error|final head" | tail -3
 }
 for n in $CARDS; do
-  run weak$n $n --set train.max_steps=$STEPS --set train.batch_size=$BATCH
+  run weak$n $n --set train.max_steps=$STEPS --set train.batch_size=$BATCH --set train.save_every=1000000
   run eq$n $n --set train.max_steps=$EQ_STEPS --set train.global_batch_size=$GLOBAL \
     --set train.batch_size=$(( GLOBAL / ${CARDS##* } < BATCH ? GLOBAL / ${CARDS##* } : BATCH ))
 done
