@@ -83,7 +83,8 @@ def bench_linear(model, rows_list, sweep_rows) -> list[dict]:
                         shapes[shape] = kw_
                     elif own is None:
                         shapes.pop(shape, None)
-                    t = base.replace(linear_many_rows=16, linear_many_row_block=bm, linear_many_n=16,
+                    t = base.replace(linear_many_rows=16, linear_many_row_block=bm, linear_many_n=16, linear_tree_n_scale=1,
+                                     linear_many_tiles={},  # the label is the tile (rows x columns a program)
                                      linear_tiles={**base.speed.linear_tiles, shape: (bn, st)}, linear_shapes=shapes)
                     with tuning.using(t):
                         try:

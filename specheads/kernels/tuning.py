@@ -147,7 +147,8 @@ class Speed:
     # above_rows the call exceeds takes it (with K steps of at most linear_many_k and
     # linear_many_stages stages); below the first, the rules above. By default SmolLM2's
     # shapes, swept on an H200 (gpu_runs/kernel_bench.py --only linear --sweep-rows 128 256
-    # 512; docs/results/tree-speed-h200/kernel_bench_linear_tiles.json; every tile the same
+    # 512; docs/results/tree-speed-h200/kernel_bench_linear_tiles.json, whose labels give half
+    # the columns: that sweep's tiles took linear_tree_n_scale too; every tile the same
     # bits): a layer's four projections over 128 / 256 / 512 rows (a 16-token tree at batch
     # 8 / 16 / 32) 23.8 / 33.3 / 33.5 -> 19.2 / 24.0 / 29.7 us (kernel_bench_linear.json)
     linear_many_tiles: Mapping[Shape, tuple[tuple[int, int, int], ...]] = field(
