@@ -311,14 +311,18 @@ def tree_plan(base: torch.Tensor, anc: torch.Tensor, depth: torch.Tensor) -> Tre
     leaf = torch.empty_like(order)
     path = torch.empty(b, t, t, dtype=torch.int32, device=anc.device)
     _kernel(_tree_plan_kernel)[(b,)](anc, depth, order, leaf, path, t, anc.stride(0), anc.stride(1),
-                                     depth.stride(0), NP=triton.next_power_of_2(t))
+                                     depth.stride(0), NP=triton.next_power_of_2(t),
+                                     **pdl_options(anc, "attention"))  # (launched as the attention is)
     return TreePlan(base.contiguous(), anc, depth, order, leaf, path)
 
 
 if triton is not None:
 
     def _tree_plan_kernel(anc_ptr, dep_ptr, order_ptr, leaf_ptr, path_ptr, n_tok, s_ab, s_at, s_db,
-                          NP: tl.constexpr):
+                          NP: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # fused.pdl_options
+            gdc_wait()
+            gdc_launch_dependents()
         b = tl.program_id(0).to(tl.int64)
         nodes = tl.arange(0, NP)
         on = nodes < n_tok
