@@ -229,7 +229,8 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 #   contiguous  (a prefill, plain decode) position c at slot c;
 #   tree        (a verify step) positions below `base` (the committed tokens) at their slots;
 #               position base + j at the slot of the query's ancestor of depth j, node n of the
-#               tree sitting at slot base + n (anc [B, T, T] ancestor-or-self, depth [B, T]).
+#               tree sitting at slot base + n (anc [B, T, T] ancestor-or-self, depth [B, T];
+#               the TreePlan, worked out once a forward, lists each node's ancestors by depth).
 # So a tree node's attention is computed with the keys in the same places, the same blocks and
 # the same order as the plain decode of its path (the cache then holding the path at
 # base..base+d): bit for bit the same output. Rows of other tokens in a program change nothing
