@@ -122,9 +122,8 @@ if triton is not None:
             gdc_wait()
             gdc_launch_dependents()
         dt = o_ptr.dtype.element_ty
-        ss = tl.zeros([BLOCK_M], tl.float32)
+        ss = tl.zeros([BLOCK_M], tl.float32)  # a row's sum of squares (NORM)
         if NORM and not FOLD:  # a first pass for each row's mean square (K is a few thousand at most)
-            ss = tl.zeros([BLOCK_M], tl.float32)
             # in chunks of NORM_K inputs whatever the K step (a row's bits must not depend on the
             # tile), NORM_UNROLL chunks' loads in flight at once: the pass is latency-bound (one L2
             # round trip per chunk), and it delays the weight stream; the sum keeps its chunk order
@@ -198,13 +197,15 @@ def fit_stages(stages: int, block_m: int, cols: int, block_k: int, elem_size: in
     return max(1, min(stages, SMEM_BYTES // ((block_m + cols) * block_k * elem_size)))
 
 
-def plan(rows: int, n: int, k: int, silu: bool, elem_size: int, tile=None) -> tuple[int, int, int, int, int]:
+def plan(rows: int, n: int, k: int, silu: bool, elem_size: int, tile=None,
+         fold: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of a call over `rows` rows of a weight of
     n outputs (after silu) and k inputs: the weight shape's tile (`_config`, or `tile`), the row
     block and the many-rows tiles (Speed), then, where even one pipeline stage would not fit
     SMEM_BYTES (a wide MLP's gate_up under the lm_head's many-rows tile: Qwen2.5-1.5B's 2 x 8960
     x 1536 at a 256-token prefill asked 393 KB of an H100's 227), a shorter K step, then a
-    narrower column block. None of these changes a row's bits (see the module docstring)."""
+    narrower column block. None of these changes a row's bits (see the module docstring).
+    fold: a normed call under Numerics.linear_norm "folded", whose K steps are NORM_K."""
     width = 2 * n if silu else n
     block_n, block_k, warps, stages = tile or _config(width, k)
     # a row's bits do not depend on the row block either (checked on the H100 at 16, 64, 128:
@@ -215,10 +216,10 @@ def plan(rows: int, n: int, k: int, silu: bool, elem_size: int, tile=None) -> tu
     block_m = 16 if rows <= 16 else 64 if n >= 8192 else speed.linear_row_block
     if rows > 16 and n < 8192:
         block_n *= speed.linear_tree_n_scale
-    swept = [(m, n_) for above, m, n_ in speed.linear_many_tiles.get((width, k), ()) if rows > above]
+    swept = [(m, n_) for above, m, n_ in speed.linear_many_tiles.get((width, k), ()) if rows > above] if n < 8192 else []
     if n >= 8192 and rows > speed.linear_wide_many_rows:  # an lm_head over a batch of trees
         block_m, block_n = speed.linear_wide_many_tile
-    elif swept and n < 8192:  # this shape's tile for this many rows, measured
+    elif swept:  # this shape's tile for this many rows, measured
         block_m, block_n = swept[-1]
         if tile is None:
             block_k, stages = min(block_k, speed.linear_many_k), speed.linear_many_stages
@@ -231,7 +232,11 @@ def plan(rows: int, n: int, k: int, silu: bool, elem_size: int, tile=None) -> tu
         block_k //= 2  # still divides k: halving a power of two that did
     while (block_m + cols * block_n) * block_k * elem_size > SMEM_BYTES and block_n > 16:
         block_n //= 2
-    return block_m, block_n, block_k, warps, fit_stages(stages, block_m, cols * block_n, block_k, elem_size)
+    stages = fit_stages(stages, block_m, cols * block_n, block_k, elem_size)
+    if fold and block_k != NORM_K:  # a folded norm sums the squares in NORM_K steps, the dot's K steps
+        block_k = NORM_K
+        stages = fit_stages(max(stages, 3), block_m, cols * block_n, block_k, elem_size)
+    return block_m, block_n, block_k, warps, stages
 
 
 def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
@@ -277,11 +282,8 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     else:
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     res = _rows(residual, n) if residual is not None else out
-    block_m, block_n, block_k, warps, stages = plan(rows, n, k, silu, x.element_size(), tile)
     fold = norm_weight is not None and active().numerics.linear_norm == "folded"
-    if fold and block_k != NORM_K:  # the squares sum in NORM_K steps, as the dot's K steps
-        block_k = NORM_K
-        stages = fit_stages(max(stages, 3), block_m, (2 if silu else 1) * block_n, block_k, x.element_size())
+    block_m, block_n, block_k, warps, stages = plan(rows, n, k, silu, x.element_size(), tile, fold)
     speed = active().speed
     pdl = pdl_options(x, "linear")
     line = 128 // weight.element_size()
