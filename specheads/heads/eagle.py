@@ -40,10 +40,10 @@ from torch import nn
 
 from specheads.heads.draft_vocab import one_feature_mismatches
 from specheads.heads.eagle3 import VERIFIER_ARCHITECTURES, Eagle3Config, speculators_section
-from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, layer_over_cache
+from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, fuse_readout, layer_over_cache
 from specheads.heads.kind import HeadFormatError
 from specheads.kernels.draft import head_input
-from specheads.kernels.linear import linear, quantize_rows
+from specheads.kernels.linear import linear
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
 
 TITLE = "EAGLE-1"
@@ -342,7 +342,7 @@ class EagleHead(nn.Module):
         Call after the head and the target are on their device and dtype (`attach_target` first)."""
         fuse_layer(self.layers[0])
         self.fused = True
-        self._lm_int8 = quantize_rows(self.lm_head_weight()) if lm_head_int8 else None
+        fuse_readout(self, self.lm_head_weight(), lm_head_int8)
         return self
 
     def draft(self, tokens, embed_weight, features, positions, k_cache, v_cache, slots, attn_mask,

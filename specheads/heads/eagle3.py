@@ -28,11 +28,11 @@ from torch import nn
 
 from specheads.heads.kind import HeadKindError
 from specheads.heads.draft_vocab import readout_from_target
-from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, layer_finish, layer_over_cache
+from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, fuse_readout, keep_in_place, layer_finish, layer_over_cache
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
 from specheads.kernels.fused import rmsnorm, rope_cache
-from specheads.kernels.linear import linear, quantize_rows
+from specheads.kernels.linear import linear
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, repeat_kv, rope_inv_freq
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # what SGLang and vLLM load an EAGLE-3 head folder as
@@ -503,8 +503,8 @@ class Eagle3Head(nn.Module):
             for layer in self.decoder_layers():
                 fuse_layer(layer)
             self.fused = True
-        self._target_ids = self.target_rows()  # draft id -> target id in one lookup while drafting
-        self._lm_int8 = quantize_rows(self.lm_head.weight) if lm_head_int8 else None
+        keep_in_place(self, "_target_ids", self.target_rows())  # draft id -> target id in one lookup while drafting
+        fuse_readout(self, self.lm_head.weight, lm_head_int8)
         return self
 
     def decoder_layers(self) -> list[Eagle3Layer]:
@@ -520,7 +520,7 @@ class Eagle3Head(nn.Module):
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
         if self.fused:
-            self._target_ids = self.target_rows()
+            keep_in_place(self, "_target_ids", self.target_rows())
 
     def target_ids(self) -> torch.Tensor:
         """Target token id of each draft id [draft_vocab]: cached while fused for drafting."""

@@ -15,7 +15,7 @@ import torch
 
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.fused import rope_cache
-from specheads.kernels.linear import linear
+from specheads.kernels.linear import linear, quantize_rows
 from specheads.modules import fuse_linears, gqa_attention
 
 # Drafting's own launch settings (the head's weights meet these kernels only while drafting, at
@@ -41,6 +41,31 @@ def fuse_layer(layer) -> None:
     if getattr(attn, "qkv_weight", None) is None:
         attn.qkv_weight, _ = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
         mlp.gate_up_weight, _ = fuse_linears([mlp.gate_proj, mlp.up_proj])
+
+
+def keep_in_place(head, name: str, value) -> None:
+    """Set head.<name> to the tensor (or tuple of tensors) `value` for drafting, keeping the one
+    already there when it holds the same values: CUDA graphs captured with it read it at its
+    address, so a second fuse_for_inference (a second drafter on the same head, such as the
+    evaluation's served-acceptance estimate beside an engine) must not free it. An old value that
+    is replaced stays referenced (head._superseded), never freed under a graph that read it."""
+    old = getattr(head, name, None)
+    flat_old = old if isinstance(old, tuple) else (old,)
+    flat_new = value if isinstance(value, tuple) else (value,)
+    same = old is not None and value is not None and len(flat_old) == len(flat_new) and all(
+        a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+        for a, b in zip(flat_old, flat_new))
+    if same:
+        return
+    if old is not None:
+        head.__dict__.setdefault("_superseded", []).append(old)
+    setattr(head, name, value)
+
+
+def fuse_readout(head, weight: torch.Tensor, lm_head_int8: bool) -> None:
+    """head._lm_int8: the readout weight in int8 rows with a float32 scale a row (quantize_rows),
+    or None; kept in place across calls (keep_in_place)."""
+    keep_in_place(head, "_lm_int8", quantize_rows(weight) if lm_head_int8 else None)
 
 
 def cache_attend(k_cache, v_cache, slots, attn_mask):

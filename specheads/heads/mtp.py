@@ -30,10 +30,10 @@ from torch import nn
 from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches, readout_from_target
 
 from specheads.heads.eagle3 import Eagle3Config
-from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, layer_over_cache
+from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, fuse_readout, layer_over_cache
 from specheads.kernels.draft import head_input
 from specheads.kernels.fused import rmsnorm
-from specheads.kernels.linear import linear, quantize_rows
+from specheads.kernels.linear import linear
 from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
 
 TITLE = "MTP"
@@ -261,7 +261,7 @@ class MTPHead(DraftVocab, nn.Module):
         for module in self.layers:
             fuse_layer(module)
         self.fused = True
-        self._lm_int8 = quantize_rows(self.lm_head.weight) if lm_head_int8 else None
+        fuse_readout(self, self.lm_head.weight, lm_head_int8)
         return self
 
     def draft(self, d: int, tokens, embed_weight, hidden, positions, k_cache, v_cache, slots, attn_mask, rows=None):
