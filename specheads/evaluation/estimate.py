@@ -21,19 +21,36 @@ import torch
 from specheads.drafters import DraftContext, DraftSetup, PrefillBatch, build_drafter
 from specheads.kernels.verify import accept, ancestors_reference
 
+PREFILL_TOKENS = 16384  # the drafter's prefill of one chunk of roots: at most this many tokens (rows x width)
 
-def accepted_per_position(drafter, target, sequence: list[int], start: int, rows: int = 64) -> list[int]:
+
+def root_chunks(roots: list[int], rows: int, tokens: int | None = None) -> list[list[int]]:
+    """Consecutive roots in chunks of at most `rows` roots whose prefill (each cut at its root,
+    the longest one's width for all) stays within `tokens` tokens (at least one root a chunk):
+    a long conversation's roots would otherwise prefill rows x thousands of tokens at once."""
+    tokens = PREFILL_TOKENS if tokens is None else tokens
+    chunks: list[list[int]] = []
+    for r in roots:
+        if chunks and len(chunks[-1]) < rows and (len(chunks[-1]) + 1) * r <= tokens:
+            chunks[-1].append(r)
+        else:
+            chunks.append([r])
+    return chunks
+
+
+def accepted_per_position(drafter, target, sequence: list[int], start: int, rows: int = 64,
+                          tokens: int | None = None) -> list[int]:
     """Accepted drafts of a step rooted at each position L in [start, len(sequence) - 1): the
-    length of the tree's path that spells sequence[L + 1:], minus the root."""
+    length of the tree's path that spells sequence[L + 1:], minus the root. Roots are scored in
+    chunks (root_chunks: at most `rows` rows and `tokens` prefill tokens a chunk)."""
     dev = next(target.parameters()).device
     seq = torch.tensor(sequence, device=dev)
     n = len(sequence)
     with torch.no_grad():
         out = target(seq[None], capture_layers=drafter.needs.capture_layers, return_logits=False)
-    roots = list(range(start, n - 1))
     result: list[int] = []
-    for lo in range(0, len(roots), rows):
-        chunk = torch.tensor(roots[lo: lo + rows], device=dev)
+    for part in root_chunks(list(range(start, n - 1)), rows, tokens):
+        chunk = torch.tensor(part, device=dev)
         k = len(chunk)
         width = int(chunk.max())
         ids = seq[None, :width].expand(k, width).contiguous()

@@ -9,7 +9,8 @@ import copy
 import pytest
 
 from specheads.drafters.draft_model import DraftLM
-from specheads.evaluation.estimate import served_acceptance, walk
+from specheads.evaluation import estimate
+from specheads.evaluation.estimate import root_chunks, served_acceptance, walk
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from tests.runtime.spec_helpers import make_target, random_prompts, train_head
@@ -23,6 +24,27 @@ TREE = dict(num_steps=3, topk=3, num_draft_tokens=8)
 @pytest.fixture(scope="module")
 def target():
     return make_target(seed=0, vocab=VOCAB, max_positions=128)
+
+
+def test_root_chunks_keep_within_rows_and_tokens():
+    roots = list(range(10, 40))
+    chunks = root_chunks(roots, rows=8, tokens=100)
+    assert [r for c in chunks for r in c] == roots  # every root once, in order
+    assert all(len(c) <= 8 and (len(c) == 1 or len(c) * max(c) <= 100) for c in chunks)
+    assert [len(c) for c in chunks] == [6, 5, 4, 3, 3, 3, 2, 2, 2]  # 6 x 15 <= 100 < 7 x 16, ...
+    assert [len(c) for c in root_chunks(roots, rows=4, tokens=1 << 30)] == [4] * 7 + [2]
+    assert root_chunks([500, 501], rows=8, tokens=100) == [[500], [501]]  # one root a chunk at least
+    assert root_chunks(roots, rows=64, tokens=1 << 30) == [roots]
+
+
+def test_the_estimate_is_the_same_in_chunks_of_any_size(target, monkeypatch):
+    head = train_head(target, TRAIN, kind="eagle3")
+    prompts, answers = TRAIN[:3], []
+    answers = [r.token_ids for r in SpecEngine(target, method="ar", max_len=80).generate(
+        prompts, SamplingParams(max_new_tokens=NEW))]
+    whole = served_acceptance(target, head, "eagle3", TREE, prompts, answers)
+    monkeypatch.setattr(estimate, "PREFILL_TOKENS", 24)  # a root or two a chunk
+    assert served_acceptance(target, head, "eagle3", TREE, prompts, answers) == whole
 
 
 def test_walk():
