@@ -9,12 +9,19 @@ For each method and batch size: the rows fill with held-out prompts (.dev/prompt
 run 12 steps (graphs captured, buckets warm), then 12 steps timed on the host (ms a step, tokens
 a step) and 6 steps under the CUDA profiler; kernels are summed by name (and by a coarse family:
 projection, attention, norm, draft, ...) per step. --set changes kernel tuning fields (newer
-checkouts: specheads.kernels.tuning) for a what-if. Prints a table; writes DIR/LABEL.json."""
+checkouts: specheads.kernels.tuning) for a what-if. --gaps also reads the profiled timeline: the
+device's idle time between kernels a step, summed by the pair of kernels around each gap (where
+two versions whose kernels take the same time still differ in step time). --host also times the
+host: each step's wall time less the time it waits on the device (a step bound by the host
+waits for nothing), and the host's costliest Python functions over 30 steps (cProfile). Prints a table; writes
+DIR/LABEL.json."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -35,6 +42,71 @@ def family(name: str) -> str:
     return next((f for key, f in FAMILIES if key in low), "other")
 
 
+def short(name: str) -> str:
+    return name.split("<")[0].replace("void ", "")[:40]
+
+
+def gaps(prof, n_steps: int) -> dict:
+    """Device idle time between consecutive kernels (and copies) of the profiled steps, a step:
+    total, the number of kernels, and the 12 largest sums by (previous, next) kernel."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        with open(f.name) as trace:
+            events = json.load(trace)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    ks = sorted((e["ts"], e["dur"], e["name"]) for e in events
+                if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    by_pair, total, big = defaultdict(lambda: [0.0, 0]), 0.0, []
+    for (t0, d0, n0), (t1, _, n1) in itertools.pairwise(ks):
+        gap = t1 - (t0 + d0)
+        if gap <= 0:
+            continue
+        if gap > 200:  # between steps' graphs (the host's turn), reported apart
+            big.append(gap)
+            continue
+        total += gap
+        key = f"{short(n0)} -> {short(n1)}"
+        by_pair[key][0] += gap / n_steps
+        by_pair[key][1] += 1
+    top = sorted(by_pair.items(), key=lambda kv: -kv[1][0])[:12]
+    return {"idle_us": total / n_steps, "kernels": len(ks) / n_steps,
+            "long_gaps_us": sum(big) / n_steps, "pairs": [[k, round(v[0], 2), v[1] // n_steps] for k, v in top]}
+
+
+def host_time(steps) -> dict:
+    """The host's time a step outside waits on the device, and its costliest functions."""
+    import cProfile
+    import io
+    import pstats
+    waited = [0.0]
+    sync = torch.cuda.Event.synchronize
+
+    def timed_sync(self):
+        t = time.perf_counter()
+        sync(self)
+        waited[0] += time.perf_counter() - t
+
+    torch.cuda.Event.synchronize = timed_sync
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        steps(12)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1000 / 12
+        waits = waited[0] * 1000 / 12
+        prof = cProfile.Profile()
+        prof.enable()
+        steps(30)
+        prof.disable()
+    finally:
+        torch.cuda.Event.synchronize = sync
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
+    print(f"    host: step {wall:.3f} ms, waiting on the device {waits:.3f} ms, busy {wall - waits:.3f} ms")
+    print("\n".join(line for line in buf.getvalue().splitlines()[6:34] if line.strip()))
+    return {"step_ms": wall, "wait_ms": waits, "busy_ms": wall - waits, "cprofile_60_steps": buf.getvalue()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("head")
@@ -45,6 +117,8 @@ def main():
     ap.add_argument("--set", nargs="*", default=[])
     ap.add_argument("--new-tokens", type=int, default=400)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--host", action="store_true", help="the host's share of a step and its costliest functions")
+    ap.add_argument("--gaps", action="store_true", help="the device's idle time between kernels, by kernel pair")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch without programmatic dependent launch, so kernel times add up (older "
                          "checkouts: SPECHEADS_PDL=0 in the environment)")
@@ -97,6 +171,7 @@ def main():
             toks = steps(12)
             sync()
             ms = (time.perf_counter() - t0) * 1000 / 12
+            host = host_time(steps) if args.host and args.device == "cuda" else None
             with profile(activities=[ProfilerActivity.CUDA if args.device == "cuda" else ProfilerActivity.CPU]) as prof:
                 steps(6)
                 sync()
@@ -115,12 +190,22 @@ def main():
                     "tokens_per_s": toks / 12 / ms * 1000, "kernel_us_per_step": sum(by_name.values()),
                     "families_us": dict(sorted(by_family.items(), key=lambda kv: -kv[1])),
                     "top_kernels_us": [[n[:90], t] for n, t in top]}
+            if host is not None:
+                cell["host"] = host
+            if args.gaps:
+                cell["gaps"] = gaps(prof, 6)
             report["cells"].append(cell)
             print(f"{args.label:10s} {method:12s} b{b:<3d} step {ms:7.3f} ms  tok/step {toks / 12:6.2f}  "
                   f"tok/s {cell['tokens_per_s']:8.0f}  kernels {cell['kernel_us_per_step']:8.1f} us  "
                   + "  ".join(f"{f} {t:.0f}" for f, t in list(cell["families_us"].items())[:6]), flush=True)
             for n, t in top[:8]:
                 print(f"      {t:8.1f} us  {n[:100]}")
+            if args.gaps:
+                g = cell["gaps"]
+                print(f"    idle between kernels {g['idle_us']:.1f} us a step over {g['kernels']:.0f} kernels "
+                      f"(+ {g['long_gaps_us']:.1f} us in gaps over 200 us)")
+                for k, us, n in g["pairs"][:8]:
+                    print(f"      {us:8.1f} us  {n:4d}x  {k}")
             del engine
             torch.cuda.empty_cache()
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Where a batch-1 benchmark run's time goes beyond the steady step: prompts one after
 another through one engine (as scripts/bench.py runs them), each engine.step() timed on the
-host and split into prefill calls (a prompt joins) and decode calls.
-    python3 gpu_runs/step_times.py HEAD [TREE]      (TREE: steps,topk,tokens; default engine's)"""
+host and split into prefill calls (a prompt joins) and decode calls, the decode calls also by
+the context they stepped from.
+    [PROMPTS=6] python3 gpu_runs/step_times.py HEAD [TREE]   (TREE: steps,topk,tokens; default engine's)"""
 import json
 import os
 import sys
@@ -9,8 +10,11 @@ import time
 
 import torch
 
-from specheads.data.chat import render
-from specheads.data.regenerate import stop_token_ids
+try:
+    from specheads.target.chat import render, stop_token_ids
+except ImportError:  # an older checkout (run from its archive on PYTHONPATH)
+    from specheads.data.chat import render
+    from specheads.data.regenerate import stop_token_ids
 from specheads.heads.format import load_head
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
@@ -18,7 +22,7 @@ from specheads.target.loader import load_target
 
 target, tok, _ = load_target(os.environ["TARGET"], dtype=torch.bfloat16, device="cuda")
 head = load_head(sys.argv[1], device="cuda", dtype=torch.bfloat16)
-texts = json.load(open(".dev/prompts/sharegpt.json"))[:6]
+texts = json.load(open(".dev/prompts/sharegpt.json"))[:int(os.environ.get("PROMPTS", "6"))]
 prompts = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
                add_special_tokens=False)["input_ids"] for t in texts]
 stops = stop_token_ids(tok)
@@ -35,9 +39,10 @@ for name, kw in [("ar", dict(method="ar")), ("eagle3-tree", dict(method="eagle3"
 
     def timed_step():
         joining = bool(engine.waiting)
+        context = max((getattr(r, "committed", 0) for r in engine.rows), default=0)
         t0 = time.perf_counter()
         out = real_step()
-        calls.append((joining, time.perf_counter() - t0, sum(len(o.new_tokens) for o in out)))
+        calls.append((joining, time.perf_counter() - t0, sum(len(o.new_tokens) for o in out), context))
         return out
 
     engine.step = timed_step
@@ -56,6 +61,14 @@ for name, kw in [("ar", dict(method="ar")), ("eagle3-tree", dict(method="eagle3"
            "decode_ms_p90": dec_ms[int(len(dec_ms) * 0.9)], "decode_ms_max": dec_ms[-1],
            "outside_step_ms": wall * 1000 - sum(c[1] for c in calls) * 1000,
            "tokens_per_decode_call": sum(c[2] for c in dec) / max(len(dec), 1)}
+    # decode calls by the context they stepped from (the committed length before the call)
+    by_context = {}
+    for lo in (0, 128, 256, 512, 1024):
+        ms = sorted(c[1] * 1000 for c in dec if lo <= c[3] < max(2 * lo, 128))
+        if ms:
+            by_context[f"{lo}-{max(2 * lo, 128)}"] = {"calls": len(ms), "median_ms": ms[len(ms) // 2],
+                                                    "mean_ms": sum(ms) / len(ms)}
+    row["decode_by_context"] = by_context
     report[name] = row
     print(name, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
 json.dump(report, open(os.path.join(os.environ.get("OUT", "."), "step_times.json"), "w"), indent=1)
