@@ -351,10 +351,20 @@ def cmd_evaluate(args) -> int:
     model, tok, _ = load_target(args.target, dtype=dtype, device=device)
     report = {**environment(model), "target": args.target or "SmolLM2-135M-Instruct (embedded)", "draft": args.draft,
               "split": args.split}
+    # the cells measured so far, on disk while the run goes on (a run stopped or killed keeps them)
+    partial = Path(args.out).with_suffix(".partial.json")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+
+    def keep(cells):
+        tmp = partial.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**report, "categories": cells, "complete": False}, indent=1))
+        tmp.replace(partial)
+
     report.update(evaluate(model, tok, head, prompts, methods, batch_size=args.batch_size,
                            max_new_tokens=args.max_new_tokens, progress=lambda s: print(s, file=sys.stderr, flush=True),
-                           estimate=args.estimate))
+                           estimate=args.estimate, on_cell=keep))
     js, png = save(report, Path(args.out))
+    partial.unlink(missing_ok=True)
     print_table(report)
     print(f"wrote {js} and {png}")
     return 0

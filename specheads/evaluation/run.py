@@ -103,10 +103,13 @@ def contexts(target, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int, 
 
 
 def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[Method], batch_size: int = 1,
-             max_new_tokens: int = 256, max_prompt_tokens: int = 3072, progress=print, estimate: bool = False) -> dict:
+             max_new_tokens: int = 256, max_prompt_tokens: int = 3072, progress=print, estimate: bool = False,
+             on_cell=None) -> dict:
     """Every method over every prompt, category by category; returns the report (see module doc).
     estimate: also each drafting method's acceptance estimated without the decode loop
-    (evaluation/estimate.py) from `ar`'s answers, beside the measured one."""
+    (evaluation/estimate.py) from `ar`'s answers, beside the measured one.
+    on_cell(cells): called after each (method, category) with the cells measured so far
+    ({category: {method: cell}}), e.g. to keep them on disk while a long run goes on."""
     from specheads.runtime.engine import pooled
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.chat import stop_token_ids
@@ -170,6 +173,8 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
             est = f" (estimated {c['estimated_accept_length']:.2f})" if "estimated_accept_length" in c else ""
             progress(f"{m.name:>16} {cat:>11}: {c['tokens_per_s']:8.1f} tok/s, accept {c['mean_accept_length']:.2f}{est}, "
                      f"{c['speedup_vs_ar']:.2f}x ar, looping {c['loop_share']:.1%}")
+            if on_cell is not None:
+                on_cell({k: dict(v) for k, v in cells.items() if v})
         del engine
     chat = {}
     for m in methods:

@@ -87,6 +87,31 @@ def test_evaluate_command(capsys, tiny_target_dir, tmp_path):
     assert report["split"] == "validation" and list(report["categories"]) == ["math", "coding"]
     assert all(c["ar"]["prompts"] == 2 for c in report["categories"].values())
     assert "ngram@4" in captured.out and out.with_suffix(".png").is_file()
+    assert not out.with_suffix(".partial.json").exists()  # a finished run leaves the report only
+
+
+def test_evaluate_command_keeps_the_cells_of_a_run_that_dies(tiny_target_dir, tmp_path, monkeypatch):
+    """A run that fails partway (a killed process, a fault) leaves the cells it measured."""
+    from specheads.runtime.engine import SpecEngine
+
+    calls, real = [], SpecEngine.generate
+
+    def failing(self, *a, **k):
+        calls.append(self.method)
+        if len(calls) == 3:  # ar's two categories ran; ngram's first dies
+            raise RuntimeError("the card fell over")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(SpecEngine, "generate", failing)
+    out = tmp_path / "r"
+    with pytest.raises(RuntimeError, match="fell over"):
+        main(["evaluate", "--target", str(tiny_target_dir), "--methods", "ngram@4", "--categories", "math", "coding",
+              "--limit", "1", "--max-new-tokens", "4", "--split", "validation", "--out", str(out)])
+    assert not out.with_suffix(".json").exists()
+    kept = json.loads(out.with_suffix(".partial.json").read_text())
+    assert kept["complete"] is False and kept["split"] == "validation"
+    assert {c: list(v) for c, v in kept["categories"].items()} == {"math": ["ar"], "coding": ["ar"]}
+    assert kept["categories"]["math"]["ar"]["tokens"] > 0
 
 
 def test_evaluate_command_eagle3_without_head_is_a_user_error(capsys, tiny_target_dir, tmp_path):
