@@ -2,7 +2,7 @@
 another through one engine (as scripts/bench.py runs them), each engine.step() timed on the
 host and split into prefill calls (a prompt joins) and decode calls, the decode calls also by
 the context they stepped from.
-    [PROMPTS=6] python3 gpu_runs/step_times.py HEAD [TREE]   (TREE: steps,topk,tokens; default engine's)"""
+    [PROMPTS=6] [NO_STOP=1] python3 gpu_runs/step_times.py HEAD [TREE]   (TREE: steps,topk,tokens; default engine's)"""
 import json
 import os
 import sys
@@ -25,7 +25,9 @@ head = load_head(sys.argv[1], device="cuda", dtype=torch.bfloat16)
 texts = json.load(open(".dev/prompts/sharegpt.json"))[:int(os.environ.get("PROMPTS", "6"))]
 prompts = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
                add_special_tokens=False)["input_ids"] for t in texts]
-stops = stop_token_ids(tok)
+# NO_STOP=1: every answer runs to its budget (no stop tokens), so two versions whose greedy
+# answers differ still decode the same number of tokens a prompt
+stops = () if os.environ.get("NO_STOP") == "1" else stop_token_ids(tok)
 params = SamplingParams(max_new_tokens=256)
 report = {}
 for name, kw in [("ar", dict(method="ar")), ("eagle3-tree", dict(method="eagle3"))]:
