@@ -52,8 +52,10 @@ def test_engine_steps_stay_inside_their_buffers(method, max_batch, monkeypatch):
 
     target = make_target(seed=0, vocab=64, layers=2, max_positions=256, hidden=64)
     head = random_head(target, kind="eagle3") if method == "eagle3" else None
-    prompts = random_prompts(3, 64, [44, 9, 30], seed=3)
+    prompts = random_prompts(2, 64, [44, 9], seed=3)  # the first reaches the last context bucket
     params = SamplingParams(max_new_tokens=20)
+
+    buckets = []
 
     def run(method):
         kw = dict(num_steps=3, topk=2, num_draft_tokens=5) if method != "ar" else {}
@@ -61,13 +63,23 @@ def test_engine_steps_stay_inside_their_buffers(method, max_batch, monkeypatch):
         engine.buckets = True
         if engine.drafter is not None:
             engine.drafter.prepare(torch.device("cpu"))
+        step = engine._run
+
+        def recording(b, kv, *rest, **kw):
+            buckets.append((kv, engine.cap))
+            return step(b, kv, *rest, **kw)
+
+        engine._run = recording
         return [r.token_ids for r in engine.generate(prompts, params)]
 
     expected = run("ar")
     interpret_triton(monkeypatch)
     target.fuse_for_inference()
+    buckets.clear()
     with checked_bounds() as seen:
         got = run(method)
+    kv, cap = max(buckets)
+    assert kv == cap and cap & (cap - 1), "steps reached the last context bucket, the cache's own length"
     assert seen.launches["_causal_kernel"] > 0 and seen.checked > 0
-    assert [len(g) for g in got] == [20, 20, 20]
+    assert [len(g) for g in got] == [20, 20]
     assert got == expected
