@@ -37,7 +37,7 @@ def checked_bounds():
 
     state = _State()
     builder = it.interpreter_builder
-    init_args, call = it.GridExecutor._init_args_hst, it.GridExecutor.__call__
+    init_args = it.GridExecutor._init_args_hst
     load, store = builder.create_masked_load, builder.create_masked_store
     rmw, cas = builder.create_atomic_rmw, builder.create_atomic_cas
 
@@ -68,8 +68,7 @@ def checked_bounds():
         if addr.size == 0:
             return
         state.checked += addr.size
-        size = np.uint64(ptrs.get_element_ty().primitive_bitwidth // 8 if hasattr(ptrs.get_element_ty(),
-                                                                                      "primitive_bitwidth") else 1)
+        size = np.uint64(max(1, getattr(ptrs.get_element_ty(), "primitive_bitwidth", 8) // 8))
         starts, ends = state.ranges[:, 0], state.ranges[:, 1]
         i = np.searchsorted(starts, addr, side="right") - 1
         ok = (i >= 0) & (addr + size <= ends[np.clip(i, 0, None)])
@@ -101,6 +100,6 @@ def checked_bounds():
     try:
         yield state
     finally:
-        it.GridExecutor._init_args_hst, it.GridExecutor.__call__ = init_args, call
+        it.GridExecutor._init_args_hst = init_args
         builder.create_masked_load, builder.create_masked_store = load, store
         builder.create_atomic_rmw, builder.create_atomic_cas = rmw, cas
