@@ -203,7 +203,8 @@ class SpecEngine:
     `speculation_tiers` (S,K,N shapes as "S,K,N;..." or a list; default: chains 1, 2 and 4 deep
     and the full tree) or none, by acceptance and cost: runtime.policy), or a policy object.
     speculation_profile: a JSON file of measured step costs, loaded where it exists; with CUDA
-    graphs the buckets it lacks are timed on this card and it is saved back there. Without graphs
+    graphs the buckets it lacks are timed on this card (when the engine is idle) and it is saved
+    back there. Without graphs
     and without a profile, the adaptive policy uses the static cost model."""
 
     def __init__(self, target, head=None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
@@ -258,6 +259,7 @@ class SpecEngine:
         self._allocated = False
         self._profile_path = Path(speculation_profile) if speculation_profile else None
         self._measuring = False  # the policy's costs are timed here, as buckets are captured
+        self._untimed: set[tuple[int, int]] = set()  # buckets met without times: timed once the engine is idle
         self._host_ms: dict[int, float] = {}  # per batch bucket: host time of a host drafter's step
         self.graph_report: dict = {}
         try:
@@ -390,7 +392,27 @@ class SpecEngine:
             return outputs + self._drain()
         current = self._inflight or self._launch(ahead=0)
         self._inflight = self._launch(ahead=1) if self._may_run_ahead() else None
-        return outputs + self._finish(current)
+        outputs += self._finish(current)
+        if self._untimed and not self.rows and not self.waiting and self._inflight is None:
+            self._time_untimed()  # idle now: no request waits on the timing
+        return outputs
+
+    def _cost_bucket(self, b: int, kv: int) -> None:
+        """A step is planned in a bucket whose costs were not timed. Timing it captures and replays
+        every tier's graph (a few hundred ms): mid-run that would stall every row, so the policy
+        goes by the nearest timed bucket and this one is timed when the engine is next idle; only a
+        profile without any time yet is filled at once."""
+        cost = self.policy.cost
+        if all(cost.key(t) in cost.step_ms for t in [None, *self.policy.tiers]):
+            self._untimed.add((b, kv))
+        else:
+            self._measure_costs(b, kv)
+
+    def _time_untimed(self) -> None:
+        for b, kv in sorted(self._untimed):
+            if not self.policy.cost.has(b, kv, self.policy.tiers):
+                self._measure_costs(b, kv)
+        self._untimed.clear()
 
     def _drain(self) -> list[StepOutput]:
         current, self._inflight = self._inflight, None
@@ -426,7 +448,7 @@ class SpecEngine:
         tier = 0
         if any(r.speculate for r in self.rows):
             if self._measuring and not self.policy.cost.has(b, kv, self.policy.tiers):
-                self._measure_costs(b, kv)
+                self._cost_bucket(b, kv)
             # a host drafter's step also costs the host's time (measured costs are times; static ones are not)
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0

@@ -32,8 +32,9 @@ Costs, per (batch bucket, context bucket, tier):
 - measured (`SpeculationProfile`): the time of each tier's captured step graph (its draft at
   its depth, the verify of its tokens, accept and commit, timed together as they replay) and of
   the plain decode step, on the card when the engine captures its graphs (`SpecEngine.
-  capture_common` at a server's start, or a bucket's first use), or loaded from a saved profile
-  (JSON; buckets it lacks are timed and added). A bucket without times takes the nearest one's.
+  capture_common` at a server's start), or loaded from a saved profile (JSON). A bucket without
+  times takes the nearest timed one's and is timed (and added to the profile) when the engine is
+  next idle: timing replays every tier's graph, a stall no running request should wait on.
   A host drafter's steps (n-gram) also pay the proposal and the host's bookkeeping, which a
   device drafter's overlapped steps hide: measured as they run.
 - static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a

@@ -308,8 +308,8 @@ def _eager_capture(fn, pool=None, after_warmup=None):
 
 def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, tmp_path, monkeypatch):
     """The engine's graph path, emulated on CPU (a replay reruns the step): each bucket's plain and
-    tier steps are timed where a bucket is first used (a row's state restored after every timed
-    replay, so the output stays the target's), saved to the profile path, and loaded by the next
+    tier steps are timed (a row's state restored after every timed replay, so the output stays the
+    target's): the first bucket at once, later ones when the engine is idle, then saved to the profile path, and loaded by the next
     engine without timing anything; capture_common reports the graphs of every tier and bucket."""
     import torch
 
@@ -324,12 +324,22 @@ def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, 
                                **FULL)
     engine = build()
     assert engine._measuring and not path.exists()
-    measured = []
+    measured, busy = [], []
     real = engine._measure_costs
-    engine._measure_costs = lambda b, kv: measured.append((b, kv)) or real(b, kv)
+
+    def timing(b, kv):
+        measured.append((b, kv))
+        busy.append(len(engine.rows) + len(engine.waiting) + (engine._inflight is not None))
+        real(b, kv)
+
+    engine._measure_costs = timing
     tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
     assert tokens == reference
-    assert measured and len(set(measured)) == len(measured)  # each bucket timed once
+    assert len(measured) > 1 and len(set(measured)) == len(measured)  # each bucket timed once
+    # only the first bucket (nothing timed yet) is timed while rows run; the others wait until the
+    # engine is idle (timing replays every tier's graph: a stall for every running row)
+    assert busy[0] > 0 and busy[1:] == [0] * (len(busy) - 1)
+    assert not engine._untimed
     saved = SpeculationProfile.load(path)
     assert all(saved.has(b, kv, engine.policy.tiers) for b, kv in measured)
     assert set(saved.step_ms) == {"plain", *map(str, engine.policy.tiers)}

@@ -1,0 +1,165 @@
+"""Where a batched benchmark run's time goes, by speculation policy: the evaluation suite's chat
+prompts through one engine as scripts/bench.py runs them (a warm-up run, then timed runs), each
+engine step's host work timed by part: planning and launching a step (the policy's choice
+inside), waiting for the card, reading the result, prefills, and any step costs the adaptive
+policy times mid-run; launches counted by tier and by whether they ran ahead of the step before.
+
+    python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N]
+        [--methods ar tree chain adaptive]          (TARGET in the environment)
+
+Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
+functions of the last adaptive run, cProfile, with --cprofile)."""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+
+from specheads.evaluation.suite import single_turn_texts
+from specheads.heads.format import load_head
+from specheads.runtime.engine import SpecEngine
+from specheads.runtime.sampling import SamplingParams
+from specheads.target.chat import render, stop_token_ids
+from specheads.target.loader import load_target
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of this script
+DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float32
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+CHAT = ["writing", "roleplay", "reasoning", "math", "extraction", "stem", "humanities"]
+METHODS = {  # name -> SpecEngine keywords
+    "ar": dict(method="ar"),
+    "tree": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15),
+    "chain": dict(method="eagle3", num_steps=6, topk=1, num_draft_tokens=6),
+    "adaptive": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive"),
+}
+
+
+def instrument(engine) -> dict:
+    """Wrap the engine's step parts with host timers; returns the live tally."""
+    tally = {"ms": defaultdict(float), "n": Counter(), "tiers": Counter(), "ahead": Counter()}
+    ms, n = tally["ms"], tally["n"]
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                ms[name] += 1000 * (time.perf_counter() - t0)
+                n[name] += 1
+        return wrapper
+
+    launch, finish = engine._launch, engine._finish
+
+    def _launch(ahead):
+        out = launch(ahead)
+        tally["tiers"][out.tier] += 1
+        tally["ahead"][ahead] += 1
+        return out
+
+    def _finish(l):
+        if l.event is not None:
+            t0 = time.perf_counter()
+            l.event.synchronize()
+            ms["wait"] += 1000 * (time.perf_counter() - t0)
+        return finish(l)
+
+    engine._launch = timed("launch", _launch)
+    engine._finish = timed("finish", _finish)
+    engine._prefill = timed("prefill", engine._prefill)
+    engine._measure_costs = timed("measure_costs", engine._measure_costs)
+    if engine.policy is not None:
+        engine.policy.choose = timed("choose", engine.policy.choose)
+        engine.policy.observe = timed("observe", engine.policy.observe)
+    return tally
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("head")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[32])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--cprofile", action="store_true")
+    args = ap.parse_args()
+
+    target, tok, _ = load_target(os.environ["TARGET"], dtype=DTYPE, device=DEV)
+    head = load_head(args.head, device=DEV, dtype=DTYPE)
+    texts = single_turn_texts("test", CHAT, args.prompts)
+    prompts = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
+                   add_special_tokens=False)["input_ids"] for t in texts]
+    stops, params = stop_token_ids(tok), SamplingParams(max_new_tokens=args.max_new_tokens)
+    report = {"card": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "prompts": len(prompts), "cells": []}
+    for b in args.batch_sizes:
+        for name in args.methods:
+            kw = METHODS[name]
+            engine = SpecEngine(target, head if kw["method"] != "ar" else None, max_batch=b, **kw)
+            if DEV == "cuda":
+                engine.capture_common([b])
+            engine.generate(prompts, params, stops)  # warm-up: every bucket met captured (and timed)
+            for run in range(args.runs):
+                tally = instrument(engine)
+                prof = cProfile.Profile() if args.cprofile and name == "adaptive" and run == args.runs - 1 else None
+                sync()
+                t0 = time.perf_counter()
+                if prof:
+                    prof.enable()
+                results = engine.generate(prompts, params, stops)
+                sync()
+                wall = 1000 * (time.perf_counter() - t0)
+                if prof:
+                    prof.disable()
+                for attr in ("_launch", "_finish", "_prefill", "_measure_costs"):
+                    delattr(engine, attr)  # back to the class's methods
+                if engine.policy is not None:
+                    for attr in ("choose", "observe"):
+                        engine.policy.__dict__.pop(attr, None)
+                tokens = sum(len(r.token_ids) for r in results)
+                launches = sum(tally["tiers"].values())
+                tiers = engine.policy.tiers if engine.policy is not None else []
+                cell = {"method": name, "batch": b, "run": run, "wall_ms": wall, "tokens": tokens,
+                        "tokens_per_s": tokens / wall * 1000, "launches": launches,
+                        "ms_per_launch": wall / max(launches, 1),
+                        "tiers": {("plain" if t == 0 else str(tiers[t - 1])): c for t, c in sorted(tally["tiers"].items())},
+                        "ahead_share": tally["ahead"][1] / max(launches, 1),
+                        "host_ms": {k: round(v, 2) for k, v in tally["ms"].items()}, "calls": dict(tally["n"])}
+                if prof:
+                    s = io.StringIO()
+                    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
+                    cell["cprofile"] = s.getvalue()[-6000:]
+                report["cells"].append(cell)
+                h = cell["host_ms"]
+                print(f"{name:9s} b{b:<3d} run {run}: {cell['tokens_per_s']:8.0f} tok/s  {launches:5d} launches "
+                      f"{cell['ms_per_launch']:6.3f} ms each, ahead {cell['ahead_share']:.0%}  wait {h.get('wait', 0):7.1f}"
+                      f"  launch {h.get('launch', 0):6.1f} (choose {h.get('choose', 0):5.1f})  finish-wait "
+                      f"{h.get('finish', 0) - h.get('wait', 0):6.1f}  prefill {h.get('prefill', 0):6.1f}  "
+                      f"measure {h.get('measure_costs', 0):6.1f} ({cell['calls'].get('measure_costs', 0)})  "
+                      f"tiers {cell['tiers']}", flush=True)
+                if prof:
+                    print(cell["cprofile"][:3000])
+            del engine
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "policy_steps.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
