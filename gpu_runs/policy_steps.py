@@ -112,7 +112,7 @@ def main() -> None:
             kw = METHODS[name]
             engine = SpecEngine(target, head if kw["method"] != "ar" else None, max_batch=b, **kw)
             if DEV == "cuda":
-                engine.capture_common([b])
+                engine.capture_common(range(1, b + 1))  # as a server does at start
             engine.generate(prompts, params, stops)  # warm-up: every bucket met captured (and timed)
             for run in range(args.runs):
                 tally = instrument(engine)
