@@ -5,8 +5,8 @@ it uses only the engine's public API, SpecEngine / Request / add / step).
     python3 gpu_runs/kernel_profile.py HEAD --out DIR [--label L] [--batch-sizes 1 8 32]
         [--methods ar eagle3-tree] [--set FIELD=VALUE ...]      (TARGET in the environment)
 
-For each method and batch size: the rows fill with held-out prompts (.dev/prompts/sharegpt.json),
-run 12 steps (graphs captured, buckets warm), then 12 steps timed on the host (ms a step, tokens
+For each method and batch size: the rows fill with held-out prompts (.dev/prompts/sharegpt.json;
+--min-context N joins their texts until each has N tokens), run 12 steps (graphs captured, buckets warm), then 12 steps timed on the host (ms a step, tokens
 a step) and 6 steps under the CUDA profiler; kernels are summed by name (and by a coarse family:
 projection, attention, norm, draft, ...) per step. --set changes kernel tuning fields (newer
 checkouts: specheads.kernels.tuning) for a what-if. --gaps also reads the profiled timeline: the
@@ -116,6 +116,9 @@ def main():
     ap.add_argument("--methods", nargs="+", default=["ar", "eagle3-tree"])
     ap.add_argument("--set", nargs="*", default=[])
     ap.add_argument("--new-tokens", type=int, default=400)
+    ap.add_argument("--min-context", type=int, default=0,
+                    help="join prompt texts (as one user turn) until each prompt has at least this many "
+                         "tokens, to profile the steps of a longer context bucket (e.g. 600: the 1,024-key one)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--host", action="store_true", help="the host's share of a step and its costliest functions")
     ap.add_argument("--gaps", action="store_true", help="the device's idle time between kernels, by kernel pair")
@@ -145,9 +148,16 @@ def main():
     target, tok, _ = load_target(os.environ["TARGET"], dtype=dtype, device=args.device)
     head = load_head(args.head, device=args.device, dtype=dtype)
     texts = json.load(open(".dev/prompts/sharegpt.json"))
-    prompts = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
-                   add_special_tokens=False)["input_ids"] for t in texts]
-    report = {"label": args.label, "card": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "set": args.set, "cells": []}
+    encode = lambda t: tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),  # noqa: E731
+                           add_special_tokens=False)["input_ids"]
+    prompts = []
+    for i, t in enumerate(texts):
+        j = i
+        while len(encode(t)) < args.min_context:  # the next prompts' texts appended, in turn
+            j = (j + 1) % len(texts)
+            t = t + "\n\n" + texts[j]
+        prompts.append(encode(t))
+    report = {"label": args.label, "min_context": args.min_context, "card": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "set": args.set, "cells": []}
     for method in args.methods:
         for b in args.batch_sizes:
             if method == "ar":

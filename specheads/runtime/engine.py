@@ -391,7 +391,7 @@ class SpecEngine:
         if not self.rows:
             return outputs + self._drain()
         current = self._inflight or self._launch(ahead=0)
-        self._inflight = self._launch(ahead=1) if self._may_run_ahead() else None
+        self._inflight = self._launch(ahead=1) if self._may_run_ahead(current) else None
         outputs += self._finish(current)
         if self._untimed and not self.rows and not self.waiting and self._inflight is None:
             self._time_untimed()  # idle now: no request waits on the timing
@@ -418,9 +418,11 @@ class SpecEngine:
         current, self._inflight = self._inflight, None
         return self._finish(current) if current is not None else []
 
-    def _may_run_ahead(self) -> bool:
-        # every row keeps budget for the step in flight (depth + 1 tokens at most) and one more
-        if not self.overlap or self.waiting or any(r.emitted + self.depth + 1 >= r.budget for r in self.rows):
+    def _may_run_ahead(self, current: _Launch) -> bool:
+        # every row keeps budget for the step in flight and one more: the step in flight emits at
+        # most its tree's depth + 1 tokens (a plain step one), not the engine's largest tree's
+        depth = self.policy.tiers[current.tier - 1].steps if current.tier else 0
+        if not self.overlap or self.waiting or any(r.emitted + depth + 1 >= r.budget for r in self.rows):
             return False
         # a host drafter proposes from the tokens of the step in flight: only a plain step runs ahead
         return not self._host_drafts or self._plan(ahead=1)[3] == 0

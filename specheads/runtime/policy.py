@@ -18,12 +18,13 @@ depth no step reached yet accepts as the one above it. A row that drafts nothing
 turned speculation off) counts one token; a request's own depth cap (SpecControl.num_steps) cuts
 its sum short. A depth a tier offered but the drafter left empty (an n-gram without a match)
 counts as rejected there. Plain steps observe nothing, so after `probe_every` plain steps in a
-row the best tier runs once anyway (a probe: acceptance may have risen). Where a step drafts, a
-tier that has not run for `explore_every` steps runs instead of the best one (the longest-idle
-first; every tier once at the start): a tier's estimate moves only when it runs, and one tier's
-record misjudges another's (a chain's top-1 drafts are accepted less often than a tree's top-k),
-so without this a policy that left the full tree for a chain would judge the tree by the chain's
-record and not return to it.
+row the best tier runs once anyway (a probe: acceptance may have risen). Optionally
+(`explore_every` > 0; default off), where a step drafts, a tier that has not run for that many
+steps runs instead of the best one (the longest-idle first; every tier once at the start), so
+that every tier's record stays fresh. Off by default: a tier is judged by its own record across
+rows, never by another tier's (a chain's top-1 drafts are accepted less often than a tree's
+top-k), and on the H200's measured step costs the forced steps cost more than they taught (the
+full tree at batch 64 takes 2-3x a chain's step).
 
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
@@ -300,12 +301,13 @@ class AdaptivePolicy:
 
     name = "adaptive"
 
-    def __init__(self, tiers: list[TreeShape], cost, window: int = 16, prior: float = 0.7,
-                 prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 32):
-        # prior_weight 8 and explore_every 32 (were 2 and 64): the best worst case over batch 1 and 4
-        # under static and GPU-like costs, replayed by evaluation/policy_sim.py on 36 validation
-        # prompts (CPU float32 traces of the current EAGLE-3 head): 0.973-0.979 of the best fixed
-        # tree's tokens per cost, against 0.901-0.964 before; to be confirmed on a GPU
+    def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
+                 prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0):
+        # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
+        # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
+        # prompts, the current EAGLE-3 head) with the step costs measured on an H200
+        # (docs/results/policy-h200/profile_eagle3.json): 0.982 of the best fixed tree's tokens per
+        # cost against 0.959; on the test split's traces 1.006 against 0.981 (docs/benchmarks.md)
         if not tiers:
             raise PolicyError("an adaptive policy needs at least one tier")
         self.tiers = list(tiers)

@@ -41,9 +41,11 @@ def setup():
     return target, head, traces
 
 
-def engine_run(target, head, policy: str, batch: int):
+def engine_run(target, head, policy: str, batch: int, **settings):
     kw = dict(speculation_policy=policy, speculation_tiers="1,1,1;2,1,2") if policy == "adaptive" else {}
     engine = SpecEngine(target, head, method="eagle3", max_len=90, max_batch=batch, overlap=False, **FULL, **kw)
+    if settings:  # the adaptive policy with other settings than its defaults
+        engine.policy = AdaptivePolicy(list(engine.policy.tiers), engine.policy.cost, **settings)
     results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
     by_tree = {}
     for r in results:
@@ -70,10 +72,11 @@ def test_fixed_replays_the_engine(setup, batch):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_adaptive_replays_the_engines_choices(setup, batch):
     """The same policy code, fed the same observations in the same order, chooses the same
-    trees: the counts of steps by tree equal the engine's (static costs, as on a CPU)."""
+    trees: the counts of steps by tree equal the engine's (static costs, as on a CPU; each tier
+    forced every 8 drafting steps, so that the policy changes trees in so short a run)."""
     target, head, traces = setup
-    steps, accepted, by_tree = engine_run(target, head, "adaptive", batch)
-    res = simulate(AdaptivePolicy(list(TIERS), StaticCost()), traces, [len(p) for p in PROMPTS],
+    steps, accepted, by_tree = engine_run(target, head, "adaptive", batch, explore_every=8)
+    res = simulate(AdaptivePolicy(list(TIERS), StaticCost(), explore_every=8), traces, [len(p) for p in PROMPTS],
                    [NEW] * len(PROMPTS), batch)
     got = sim_by_tree(res)
     assert got == by_tree

@@ -89,7 +89,7 @@ def test_build_policy_names():
 def test_the_tier_follows_acceptance():
     """At batch 1 (every tier verifies in one pass of the weights) the full tree pays while its
     drafts are accepted; when only the first draft is, a short chain; when none is, plain decoding."""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), explore_every=0, prior_weight=2.0)  # quick to follow
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), window=16, explore_every=0, prior_weight=2.0)  # quick to follow
     row = policy.new_row()
     assert policy.choose([(row, 6)], 1, 512) > 0  # before any observation: the prior favours drafting
     observe(policy, row, 4, accepted=6)

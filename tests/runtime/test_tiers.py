@@ -142,6 +142,27 @@ def test_tiers_with_steps_run_ahead_and_at_bucket_shapes(target, heads, referenc
     assert ahead.count(1) >= 3
 
 
+def test_a_small_step_in_flight_lets_rows_near_their_budget_run_ahead(target, heads, reference):
+    """The step launched ahead needs budget left after the step in flight, which emits at most its
+    own tree's depth + 1 tokens: with plain and 1-deep steps in flight, rows within the full
+    tree's depth of their budget still run ahead (every plain step, before, stopped running
+    ahead once any row of the batch came that close), and the output stays the target's."""
+    engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=4, **FULL)
+    engine.policy = scripted(engine.full_tree, schedule=[0, 0, 1, 0, 4])
+    near = []
+    launch = engine._launch
+
+    def logged(ahead=0):
+        if ahead:
+            near.append(any(r.emitted + engine.depth + 1 >= r.budget for r in engine.rows))
+        return launch(ahead=ahead)
+
+    engine._launch = logged
+    tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
+    assert tokens == reference
+    assert sum(near) >= 3  # launched ahead where the largest tree's reserve would have forbidden it
+
+
 @needs_triton
 @pytest.mark.parametrize("method", ["eagle3", "draft_model", "ngram"])
 def test_tier_changes_on_the_triton_kernels(target, heads, reference, method, monkeypatch):
