@@ -95,19 +95,20 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
     res = SimResult()
     todo = deque(range(len(new_tokens)))
     active: list[list] = []  # [request, tokens emitted, the policy's record]
-    while todo or active:
-        for r in [r for r in active if r[1] >= new_tokens[r[0]]]:  # done at the last step: its row frees up
+
+    def leave():  # the requests that are done free their rows
+        for r in [r for r in active if r[1] >= new_tokens[r[0]]]:
             active.remove(r)
             if policy is not None:
                 policy.release(r[2])
+
+    while todo or active:
+        leave()  # done at the last step: the row takes the next request now, as the engine's does
         while todo and len(active) < batch:
             i = todo.popleft()
             active.append([i, 1, policy.new_row() if policy is not None else None])
             res.tokens += 1  # the prefill's token
-        for r in [r for r in active if r[1] >= new_tokens[r[0]]]:  # a one-token answer: done at its prefill
-            active.remove(r)
-            if policy is not None:
-                policy.release(r[2])
+        leave()  # a one-token answer: done at its prefill
         if not active:
             continue
         n = len(active)

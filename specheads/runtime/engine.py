@@ -402,8 +402,7 @@ class SpecEngine:
         every tier's graph (a few hundred ms): mid-run that would stall every row, so the policy
         goes by the nearest timed bucket and this one is timed when the engine is next idle; only a
         profile without any time yet is filled at once."""
-        cost = self.policy.cost
-        if all(cost.key(t) in cost.step_ms for t in [None, *self.policy.tiers]):
+        if self.policy.cost.has_any(self.policy.tiers):
             self._untimed.add((b, kv))
         else:
             self._measure_costs(b, kv)

@@ -177,6 +177,10 @@ class SpeculationProfile:
     def has(self, batch: int, kv: int, tiers) -> bool:
         return all(kv in self.step_ms.get(self.key(t), {}).get(batch, {}) for t in [None, *tiers])
 
+    def has_any(self, tiers) -> bool:
+        """Some bucket timed for plain decoding and each tier: `step` can price every bucket."""
+        return all(self.key(t) in self.step_ms for t in [None, *tiers])
+
     def step(self, batch: int, kv: int, tier: TreeShape | None) -> float:
         """The measured time of the nearest bucket (log scale) where this one was not timed."""
         table = self.step_ms[self.key(tier)]
