@@ -93,7 +93,8 @@ if triton is not None:
                       BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         bh = tl.program_id(0)  # (batch row, kv head)
         split = tl.program_id(1)
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -214,7 +215,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         out.stride(0), out.stride(1), out.stride(2),
         REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
-        **pdl_options(q, "attention"))
+        **pdl_options(q, "attention", grid[0] * grid[1] * grid[2]))
     return out
 
 
@@ -323,7 +324,8 @@ if triton is not None:
                           NP: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         b = tl.program_id(0).to(tl.int64)
         nodes = tl.arange(0, NP)
         on = nodes < n_tok
@@ -382,6 +384,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     n_chunks = triton.cdiv(n_keys, chunk)
     if split is None:  # split-K while the tiles alone leave SMs idle
         split = n_chunks > 1 and b * n_kv * n_tiles < tuning.speed.attention_split_below
+    per = 1  # chunks a split program sums (each chunk's partial stored apart: the same bits)
+    cap = tuning.speed.attention_split_programs
+    if split and cap and b * n_kv * n_tiles * n_chunks > cap:
+        per = triton.cdiv(b * n_kv * n_tiles * n_chunks, cap)
+        split = triton.cdiv(n_chunks, per) > 1  # one program for every chunk: it folds them itself
     out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     positions = positions.contiguous()
     if tree is not None:
@@ -393,7 +400,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
         base, order, leaf, path = tree.base, tree.order, tree.leaf, tree.path
     else:
         base = order = leaf = path = positions  # unused
-    n_prog = n_chunks if split else 1
+    n_prog = triton.cdiv(n_chunks, per) if split else 1
     if split:
         part = torch.empty(b * n_kv * n_chunks * n_tiles * block_m, d, dtype=torch.float32, device=q.device)
         stat = torch.empty(b * n_kv * n_chunks * n_tiles * block_m, 2, dtype=torch.float32, device=q.device)
@@ -402,27 +409,29 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
         part = stat = counters = out  # unused
     _kernel(_causal_kernel)[(b * n_kv, n_prog, n_tiles)](
         q, k, v, positions, base, order, leaf, path, out, part, stat, counters,
-        n_kv, t, n_tiles, n_chunks, 1.0 / math.sqrt(d), window or 0,
+        n_kv, t, n_tiles, n_chunks, per, 1.0 / math.sqrt(d), window or 0,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         positions.stride(0), out.stride(0), out.stride(1), out.stride(2),
         REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=CAUSAL_BLOCK_N, FILL=fill, TOUCH=touch,
-        TREE=tree is not None, WINDOWED=bool(window), SPLIT=split,
+        TREE=tree is not None, WINDOWED=bool(window), SPLIT=split, MULTI=split and per > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_stages=1 if split else tuning.speed.attention_stages,  # a split program sums one chunk
-        **pdl_options(q, "attention"))
+        **pdl_options(q, "attention", b * n_kv * n_prog * n_tiles))
     return out
 
 
 if triton is not None:
 
     def _causal_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, base_ptr, order_ptr, leaf_ptr, path_ptr, o_ptr, part_ptr,
-                       stat_ptr, cnt_ptr, n_kv, n_tok, n_tiles, n_chunks, scale, window,
+                       stat_ptr, cnt_ptr, n_kv, n_tok, n_tiles, n_chunks, per, scale, window,
                        s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_pb, s_ob, s_oh, s_ot,
                        REP: tl.constexpr, D: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, FILL: tl.constexpr, TOUCH: tl.constexpr, TREE: tl.constexpr,
-                       WINDOWED: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                       WINDOWED: tl.constexpr, SPLIT: tl.constexpr, MULTI: tl.constexpr, PRECISION: tl.constexpr,
+                       PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         bh = tl.program_id(0)  # (batch row, kv head)
         prog = tl.program_id(1)
         tile = tl.program_id(2)
@@ -459,9 +468,10 @@ if triton is not None:
         # running softmax (m_run, ...) when the next chunk starts and after the last block.
         start = (lo // BLOCK_N) * BLOCK_N
         stop = hi + 1
-        if SPLIT:
-            start = tl.maximum(prog * CHUNK_N, start)
-            stop = tl.minimum((prog + 1) * CHUNK_N, stop)
+        slot = bh * n_tiles + tile  # a split call's partials: [slot, chunk, BLOCK_M]
+        if SPLIT:  # chunks prog * per ... (prog + 1) * per - 1
+            start = tl.maximum(prog * per * CHUNK_N, start)
+            stop = tl.minimum((prog + 1) * per * CHUNK_N, stop)
         tree_from = tl.minimum(tl.maximum((base // BLOCK_N) * BLOCK_N, start), stop)
         m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_run = tl.zeros([BLOCK_M], tl.float32)
@@ -480,6 +490,16 @@ if triton is not None:
                 acc_run = tl.where(turn, acc_run * alpha_f[:, None] + acc * beta_f[:, None], acc_run)
                 l_run = tl.where(turn, l_run * alpha_f + l_i * beta_f, l_run)
                 m_run = tl.where(turn, m_f, m_run)
+                acc = tl.where(turn, 0.0, acc)
+                l_i = tl.where(turn, 0.0, l_i)
+                m_i = tl.where(turn, float("-inf"), m_i)
+            if MULTI:  # a chunk starts: the last one's partial goes out, this one sums from scratch
+                turn = (k0 % CHUNK_N == 0) & (k0 > start)
+                p_at = (slot * n_chunks + k0 // CHUNK_N - 1) * BLOCK_M + r
+                ok = ((r * 0 + k0) % CHUNK_N == 0) & (r * 0 + k0 > start)  # turn, as a row vector
+                tl.store(part_ptr + p_at[:, None] * D + d[None, :], acc, mask=ok[:, None])
+                tl.store(stat_ptr + p_at * 2, m_i, mask=ok)
+                tl.store(stat_ptr + p_at * 2 + 1, l_i, mask=ok)
                 acc = tl.where(turn, 0.0, acc)
                 l_i = tl.where(turn, 0.0, l_i)
                 m_i = tl.where(turn, float("-inf"), m_i)
@@ -511,6 +531,16 @@ if triton is not None:
                     acc_run = tl.where(turn, acc_run * alpha_f[:, None] + acc * beta_f[:, None], acc_run)
                     l_run = tl.where(turn, l_run * alpha_f + l_i * beta_f, l_run)
                     m_run = tl.where(turn, m_f, m_run)
+                    acc = tl.where(turn, 0.0, acc)
+                    l_i = tl.where(turn, 0.0, l_i)
+                    m_i = tl.where(turn, float("-inf"), m_i)
+                if MULTI:
+                    turn = (k0 % CHUNK_N == 0) & (k0 > start)
+                    p_at = (slot * n_chunks + k0 // CHUNK_N - 1) * BLOCK_M + r
+                    ok = ((r * 0 + k0) % CHUNK_N == 0) & (r * 0 + k0 > start)  # turn, as a row vector
+                    tl.store(part_ptr + p_at[:, None] * D + d[None, :], acc, mask=ok[:, None])
+                    tl.store(stat_ptr + p_at * 2, m_i, mask=ok)
+                    tl.store(stat_ptr + p_at * 2 + 1, l_i, mask=ok)
                     acc = tl.where(turn, 0.0, acc)
                     l_i = tl.where(turn, 0.0, l_i)
                     m_i = tl.where(turn, float("-inf"), m_i)
@@ -557,19 +587,21 @@ if triton is not None:
             m_run = m_new
         dst = o_ptr + b * s_ob + head[:, None] * s_oh + tok[:, None] * s_ot + d[None, :]
         if SPLIT:
-            slot = bh * n_tiles + tile
-            base_s = (slot * n_chunks + prog) * BLOCK_M + r
-            tl.store(part_ptr + base_s[:, None] * D + d[None, :], acc_run)
-            tl.store(stat_ptr + base_s * 2, m_run)
-            tl.store(stat_ptr + base_s * 2 + 1, l_run)
+            # the program's last chunk (none if its chunks hold no key the tile sees: the
+            # merge skips those, each an exact no-op in the fold)
+            p_at = (slot * n_chunks + (stop - 1) // CHUNK_N) * BLOCK_M + r
+            ok = r * 0 + start < stop
+            tl.store(part_ptr + p_at[:, None] * D + d[None, :], acc_run, mask=ok[:, None])
+            tl.store(stat_ptr + p_at * 2, m_run, mask=ok)
+            tl.store(stat_ptr + p_at * 2 + 1, l_run, mask=ok)
             tl.debug_barrier()  # see _split_kernel: stores before the one-thread atomic
             cnt = cnt_ptr + slot
             done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if done == n_chunks - 1:
+            if done == tl.num_programs(1) - 1:
                 m = tl.full([BLOCK_M], float("-inf"), tl.float32)
                 l_sum = tl.zeros([BLOCK_M], tl.float32)
                 acc_m = tl.zeros([BLOCK_M, D], tl.float32)
-                for ci in range(0, n_chunks):
+                for ci in range(lo // CHUNK_N, hi // CHUNK_N + 1):  # the chunks holding keys the tile sees
                     at = (slot * n_chunks + ci) * BLOCK_M + r
                     ms = tl.load(stat_ptr + at * 2, cache_modifier=".cg")
                     ls = tl.load(stat_ptr + at * 2 + 1, cache_modifier=".cg")

@@ -125,7 +125,8 @@ if triton is not None:
                      HAS_MASKS: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         b = tl.program_id(0).to(tl.int64)
         c = tl.load(com_ptr + b)
         n = tl.load(cnt_ptr + b)
@@ -155,7 +156,8 @@ if triton is not None:
                            BLOCK: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         r = tl.program_id(0).to(tl.int64)  # one (batch row, token)
         b = r // n_tok
         t = r % n_tok
@@ -200,7 +202,8 @@ if triton is not None:
                      NEXT_INPUT: tl.constexpr, NODE_ROW: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         # stage 1, one program per (frontier node, vocabulary chunk): the chunk's (max, sum of exp)
         # and its best K keys
         row = tl.program_id(0).to(tl.int64)
@@ -321,7 +324,8 @@ if triton is not None:
                             s_pb, s_db, s_ob, PP: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         b = tl.program_id(0).to(tl.int64)
         p = tl.arange(0, PP)
         score = tl.load(score_ptr + b * s_pb + p, mask=p < n_pool, other=float("-inf"))

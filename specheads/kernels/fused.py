@@ -39,19 +39,31 @@ except ImportError:  # pragma: no cover
 # reads or writes memory another kernel touches (tests/kernels/test_pdl.py). Which kernels take
 # it is kernel tuning (kernels/tuning.py: Speed.pdl_kernels, by the names pdl_options is called
 # with; by default the target / head forward's kernels).
+# A kernel of more programs than the card runs at once (Speed.pdl_early_programs; its SMs) waits
+# but does not let the next launch early (PDL 2): the next kernel's programs, launched early, sit
+# on SMs waiting while this one's last programs still wait for an SM. On an H200 the engine's
+# step jumped ~0.3 ms (SmolLM2, ~10 us a layer) wherever the causal attention took 144 programs
+# or more (gpu_runs/bucket_costs.py: gone with the attention off PDL).
 _pdl_devices: dict = {}
 
 
-def pdl_options(t: torch.Tensor, kernel: str) -> dict:
-    """Launch options for a kernel (by name) on t's device: the kernel's PDL constexpr and,
-    where the GPU and Triton support it, Triton's launch_pdl."""
-    if not (gdc_wait is not None and t.is_cuda and kernel in active().speed.pdl_kernels
+def pdl_options(t: torch.Tensor, kernel: str, programs: int | None = None) -> dict:
+    """Launch options for a kernel (by name) on t's device: the kernel's PDL constexpr (0: off;
+    1: wait, then let the next kernel launch; 2: wait only, for a grid of `programs` programs
+    past Speed.pdl_early_programs) and, where the GPU and Triton support it, Triton's launch_pdl."""
+    speed = active().speed
+    if not (gdc_wait is not None and t.is_cuda and kernel in speed.pdl_kernels
             and os.environ.get("TRITON_INTERPRET") != "1"):
         return {"PDL": False}
     on = _pdl_devices.get(t.device)
     if on is None:
-        on = _pdl_devices[t.device] = torch.cuda.get_device_capability(t.device)[0] >= 9
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+        cap = torch.cuda.get_device_capability(t.device)[0] >= 9
+        sms = torch.cuda.get_device_properties(t.device).multi_processor_count
+        on = _pdl_devices[t.device] = (cap, sms)
+    if not on[0]:
+        return {"PDL": False}
+    early = programs is None or programs <= (speed.pdl_early_programs or on[1])
+    return {"PDL": 1 if early else 2, "launch_pdl": True}
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -96,7 +108,8 @@ if triton is not None:
                         HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # see pdl_options: the previous kernel's writes are visible after the wait
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: see pid64 in kv_commit
         cols = tl.arange(0, BLOCK)
         ok = cols < n_cols
@@ -117,7 +130,8 @@ if triton is not None:
                            PDL: tl.constexpr):
         if PDL:
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)  # one (batch row, token)
         head = tl.program_id(1)  # q heads, then k heads, then v heads
         b = row // n_tok
@@ -152,7 +166,8 @@ if triton is not None:
     def _embedding_kernel(ids_ptr, w_ptr, out_ptr, n_cols, s_w, BLOCK: tl.constexpr, PDL: tl.constexpr):
         if PDL:
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)  # one token
         cols = tl.arange(0, BLOCK)
         ok = cols < n_cols
@@ -162,7 +177,8 @@ if triton is not None:
     def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
         if PDL:
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < n_cols

@@ -38,7 +38,8 @@ if triton is not None:
     ):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         # 64-bit program indices: layer * stride_l passes 2^31 elements once the cache holds
         # more than ~48 rows of SmolLM2's 4k context (an illegal address at batch 48 and up)
         pid = tl.program_id(0).to(tl.int64)  # one program per (layer, kv head) x batch row

@@ -120,7 +120,8 @@ if triton is not None:
                 if SILU:
                     _prefetch_l2(w_ptr + (rows_w + n_out)[:, None] * s_wn + cols_w[None, :])
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         dt = o_ptr.dtype.element_ty
         ss = tl.zeros([BLOCK_M], tl.float32)  # a row's sum of squares (NORM)
         if NORM and not FOLD:  # a first pass for each row's mean square (K is a few thousand at most)
@@ -285,10 +286,10 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
     fold = norm_weight is not None and active().numerics.linear_norm == "folded"
     block_m, block_n, block_k, warps, stages = plan(rows, n, k, silu, x.element_size(), tile, fold)
     speed = active().speed
-    pdl = pdl_options(x, "linear")
+    grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
+    pdl = pdl_options(x, "linear", grid[0] * grid[1])
     line = 128 // weight.element_size()
     prefetch = prefetch_columns(weight.shape[0], k, weight.element_size()) if pdl["PDL"] else 0
-    grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
     _kernel(_linear_kernel)[grid](
         x2, weight, bias if bias is not None else out, norm_weight if norm_weight is not None else out, res, out,
         weight_scale if weight_scale is not None else out,

@@ -171,6 +171,10 @@ class Speed:
     # (48 programs) 6.5 / 10.3; batch 8 (192) 13.7 / 11.8 at 300 keys, 25.0 / 23.9 at 700;
     # batch 32 (384) 30.7 / 29.2 and 62.5 / 57.5
     attention_split_below: int = 128
+    # at most this many programs for a split call (0: one program a chunk, however many): past
+    # it, each program sums several neighbouring chunks, each chunk's partial still stored and
+    # merged in chunk order (the same bits). For calls of more programs than the card has SMs
+    attention_split_programs: int = 0
     # tokens of a draft tree a causal-attention program takes (at most what fits its 16 rows)
     # at batches below attention_tree_many_batch, all that fit from there: the blocks that hold
     # tree positions cost one pass per path of the tree among the program's tokens, so fewer
@@ -196,6 +200,9 @@ class Speed:
     # later): each waits on the GPU for its predecessor's writes, hiding the launch gap.
     # SmolLM2's 1-token forward 0.87 -> 0.69 ms on an H200 (gpu_runs/pdl_check.py)
     pdl_kernels: frozenset[str] = PDL_DEFAULT
+    # a PDL kernel of more programs than this waits without letting the next kernel launch
+    # early (kernels/fused.py pdl_options; 0: the card's SM count)
+    pdl_early_programs: int = 0
 
     def __post_init__(self):
         g = "speed"
@@ -252,12 +259,16 @@ class Speed:
         _check(g, "linear_norm_keys", v, v >= 0, "an integer >= 0")
         v = _int(g, "attention_split_below", self.attention_split_below)
         _check(g, "attention_split_below", v, v >= 0, "an integer >= 0 (0: never split)")
+        v = _int(g, "attention_split_programs", self.attention_split_programs)
+        _check(g, "attention_split_programs", v, v >= 0, "an integer >= 0 (0: a program a chunk)")
         v = _int(g, "attention_tree_tokens", self.attention_tree_tokens)
         _check(g, "attention_tree_tokens", v, v >= 1, "an integer >= 1")
         v = _int(g, "attention_tree_many_batch", self.attention_tree_many_batch)
         _check(g, "attention_tree_many_batch", v, v >= 1, "an integer >= 1")
         v = _int(g, "attention_stages", self.attention_stages)
         _check(g, "attention_stages", v, 1 <= v <= 6, "an integer from 1 to 6")
+        v = _int(g, "pdl_early_programs", self.pdl_early_programs)
+        _check(g, "pdl_early_programs", v, v >= 0, "an integer >= 0 (0: the card's SM count)")
         v = _int(g, "draft_warps", self.draft_warps)
         _check(g, "draft_warps", v, v in WARPS, f"one of {WARPS}")
         names = self.pdl_kernels

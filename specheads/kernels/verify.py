@@ -83,7 +83,8 @@ if triton is not None:
                           HAS_RANK: tl.constexpr, MASK: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         b = tl.program_id(0).to(tl.int64)
         i = tl.program_id(1)  # one node
         if PREP:  # step_inputs: the node's validity under its row's limits, its position and slot
@@ -123,7 +124,8 @@ if triton is not None:
                        FINISH: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
-            gdc_launch_dependents()
+            if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
+                gdc_launch_dependents()
         b = tl.program_id(0).to(tl.int64)  # one tree
         i = tl.arange(0, NP)
         ok = i < n

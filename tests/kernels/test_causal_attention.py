@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specheads.kernels import attention
+from specheads.kernels import attention, tuning
 from specheads.kernels.verify import ancestors_reference
 from tests.kernels.interpret import interpret_triton, needs_triton, row_independent_dots
 
@@ -119,6 +119,31 @@ def test_a_rows_bits_do_not_depend_on_the_call(interpret):
     for split in (True, False):
         crowd = attention.causal_attention(q, k, v, positions, split=split)
         assert torch.equal(crowd[0, :, :t], alone[0])
+
+
+@needs_triton
+@pytest.mark.parametrize("window", [None, 150])
+def test_a_split_program_of_several_chunks_keeps_the_bits(interpret, window):
+    """Split programs summing 2, 3 or 5 neighbouring chunks each (attention_split_programs caps a
+    call's programs) give the bits of one program a chunk and of one program for all of them, for
+    a decode and for a tree across a chunk boundary, with rows whose keys end in different chunks."""
+    g = torch.Generator().manual_seed(13)
+    h, kv, s, d = 6, 2, 700, 16  # 6 chunks of 128 keys
+    q = torch.randn(2, h, 1, d, generator=g).bfloat16()
+    k, v = torch.randn(2, kv, s, d, generator=g).bfloat16(), torch.randn(2, kv, s, d, generator=g).bfloat16()
+    positions = torch.tensor([[650], [300]])  # row 1 sees 3 of the chunks
+    n, base = 9, torch.tensor([380, 250])  # trees across the chunk boundary at 384 and 256
+    _, depth, anc, tree_pos = _tree_inputs(2, n, base, seed=5)
+    qt = torch.randn(2, h, n, d, generator=g).bfloat16()
+    cases = [(q, positions, None), (qt, tree_pos, (base, anc, depth))]
+    for qq, pos, tree in cases:
+        one = attention.causal_attention(qq, k, v, pos, window, tree=tree, split=True)
+        assert torch.equal(attention.causal_attention(qq, k, v, pos, window, tree=tree, split=False), one)
+        n_tiles = -(-qq.shape[2] * (h // kv) // attention.causal_tiles(h, kv, tree is not None, 2)[1])
+        programs = 2 * kv * n_tiles * 6  # one a chunk
+        for per in (2, 3, 5):
+            with tuning.using(tuning.active().replace(attention_split_programs=-(-programs // per))):
+                assert torch.equal(attention.causal_attention(qq, k, v, pos, window, tree=tree, split=True), one), per
 
 
 @needs_triton

@@ -63,6 +63,11 @@ def step_launches():
                 with tuning.using(tuning.active().replace(attention_tree_many_batch=1)):  # all tokens that fit
                     attention.causal_attention(q, k, k, tree[0][:, None] + depth, tree=tree, split=split)
                 attention.causal_attention(q, k, k, torch.tensor([[5, 6, 7], [280, 281, 282]]), window=64, split=split)
+            # split programs of two chunks each (caps 16 and 8: a third fewer than one a chunk)
+            with tuning.using(tuning.active().replace(attention_split_programs=16)):
+                attention.causal_attention(q, k, k, tree[0][:, None] + depth, tree=tree, split=True)
+            with tuning.using(tuning.active().replace(attention_split_programs=8)):
+                attention.causal_attention(q, k, k, torch.tensor([[5, 6, 7], [280, 281, 282]]), window=64, split=True)
             # the projection's folded norm (Numerics.linear_norm), plain and with silu
             from specheads.kernels.linear import linear
 
@@ -81,6 +86,7 @@ def test_the_step_covers_the_kernels(step_launches):
     assert any(d["name"] == "_linear_kernel" and d["constexprs"]["SCALED"] for d in step_launches)
     assert any(d["name"] == "_topk_kernel" and d["constexprs"]["NODE_ROW"] for d in step_launches)
     assert sum(d["name"] == "_causal_kernel" for d in step_launches) >= 5
+    assert any(d["name"] == "_causal_kernel" and d["constexprs"]["MULTI"] for d in step_launches)
     assert {"_linear_kernel", "_split_kernel", "_causal_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",
             "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel", "_ring_path_kernel", "_mtp_window_kernel",
             "_tree_plan_kernel"} <= names, names

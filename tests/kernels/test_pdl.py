@@ -23,8 +23,9 @@ def _kernels():
 
 
 def test_every_kernel_takes_pdl_and_waits_first():
-    """Under `if PDL:` a kernel waits, then lets the next launch; nothing before the wait may
-    touch memory another kernel writes (an L2 prefetch of a weight is allowed)."""
+    """Under `if PDL:` a kernel waits, then (`if PDL == 1:`, a grid that fits the card) lets the
+    next launch; nothing before the wait may touch memory another kernel writes (an L2 prefetch
+    of a weight is allowed)."""
     names = []
     for name, fn in _kernels():
         names.append(name)
@@ -33,8 +34,8 @@ def test_every_kernel_takes_pdl_and_waits_first():
         gate = [i for i, s in enumerate(body) if isinstance(s, ast.If) and ast.unparse(s.test) == "PDL"]
         assert len(gate) == 1, f"{name} has no top-level `if PDL:`"
         block = body[gate[0]]
-        calls = [ast.unparse(s.value) for s in block.body if isinstance(s, ast.Expr)]
-        assert calls[-2:] == ["gdc_wait()", "gdc_launch_dependents()"], f"{name}: {calls}"
+        tail = [ast.unparse(s) for s in block.body[-2:]]
+        assert tail == ["gdc_wait()", "if PDL == 1:\n    gdc_launch_dependents()"], f"{name}: {tail}"
         before = body[: gate[0]] + block.body[:-2]
         text = "\n".join(ast.unparse(s) for s in before)
         for op in ("tl.load", "tl.store", "tl.atomic"):
@@ -52,6 +53,7 @@ def test_pdl_options(monkeypatch, tune):
     assert fused.pdl_options(torch.zeros(1), "linear") == {"PDL": False}  # CPU
     caps = {0: (9, 0), 1: (8, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: caps[d.index])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132))
     if fused.gdc_wait is None:  # a Triton without grid dependency control: never
         assert fused.pdl_options(_fake_cuda(), "linear") == {"PDL": False}
         return
@@ -62,6 +64,10 @@ def test_pdl_options(monkeypatch, tune):
     assert fused.pdl_options(_fake_cuda(0), "topk_expand") == {"PDL": True, "launch_pdl": True}
     with tuning.using(tuning.active().replace(pdl_kernels=frozenset())):  # none
         assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": False}
+    assert fused.pdl_options(_fake_cuda(0), "linear", 132) == {"PDL": 1, "launch_pdl": True}  # fits the SMs
+    assert fused.pdl_options(_fake_cuda(0), "linear", 133) == {"PDL": 2, "launch_pdl": True}  # waits, no early launch
+    with tuning.using(tuning.active().replace(pdl_early_programs=1000)):
+        assert fused.pdl_options(_fake_cuda(0), "linear", 999)["PDL"] == 1
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter has no grid dependency control
     assert fused.pdl_options(_fake_cuda(0), "linear") == {"PDL": False}
 
