@@ -177,7 +177,7 @@ def test_pdl_set_is_read_at_call_time(monkeypatch):
     from types import SimpleNamespace
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(fused, "_pdl_devices", {torch.device("cuda", 0): True})
+    monkeypatch.setattr(fused, "_pdl_devices", {torch.device("cuda", 0): (True, 132)})
     if fused.gdc_wait is None:
         pytest.skip("this Triton has no grid dependency control")
     t = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
