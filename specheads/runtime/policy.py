@@ -24,7 +24,8 @@ steps runs instead of the best one (the longest-idle first; every tier once at t
 that every tier's record stays fresh. Off by default: a tier is judged by its own record across
 rows, never by another tier's (a chain's top-1 drafts are accepted less often than a tree's
 top-k), and on the H200's measured step costs the forced steps cost more than they taught (the
-full tree at batch 64 takes 2-3x a chain's step).
+full tree at batch 64 takes 2-3x a chain's step). Optionally (`switch_margin` > 0; default 0) a
+smaller tier replaces the full tree only where it promises that share more.
 
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
@@ -306,7 +307,8 @@ class AdaptivePolicy:
     name = "adaptive"
 
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
-                 prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0):
+                 prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
+                 switch_margin: float = 0.0):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current EAGLE-3 head) with the step costs measured on an H200
@@ -319,6 +321,9 @@ class AdaptivePolicy:
         self.probe_every = probe_every
         self.plain_run = 0  # plain steps launched in a row while rows wanted drafts
         self.explore_every = explore_every  # 0: never
+        # a smaller tier than the full tree must promise this much more (a share) to run instead:
+        # its estimate's error costs more than it gains where the tiers' costs are close
+        self.switch_margin = switch_margin
         self.idle = np.full(len(tiers), explore_every, dtype=np.int64)  # steps since each tier last ran
         self.window, self.pooled_window = window, pooled_window
         self.prior, self.prior_weight = prior, prior_weight
@@ -405,6 +410,8 @@ class AdaptivePolicy:
             return 0
         rates = self.rates(rows, batch, kv, host_ms)
         best = int(np.argmax(rates[1:])) + 1
+        if best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin):
+            best = len(self.tiers)  # the full tree: the smaller one does not gain enough
         if rates[best] > rates[0] or self.plain_run + 1 >= self.probe_every:
             if self.explore_every and self.idle.max() >= self.explore_every:
                 # the longest-idle tier (the larger one of a tie: the full tree first at the start)

@@ -26,6 +26,12 @@ def target():
     return make_target(seed=0, vocab=VOCAB, max_positions=128)
 
 
+@pytest.fixture(scope="module")
+def eagle3_head(target):
+    """The EAGLE-3 head both tests below use (training it takes most of a test's time)."""
+    return train_head(target, TRAIN, kind="eagle3")
+
+
 def test_root_chunks_keep_within_rows_and_tokens():
     roots = list(range(10, 40))
     chunks = root_chunks(roots, rows=8, tokens=100)
@@ -37,8 +43,8 @@ def test_root_chunks_keep_within_rows_and_tokens():
     assert root_chunks(roots, rows=64, tokens=1 << 30) == [roots]
 
 
-def test_the_estimate_is_the_same_in_chunks_of_any_size(target, monkeypatch):
-    head = train_head(target, TRAIN, kind="eagle3")
+def test_the_estimate_is_the_same_in_chunks_of_any_size(target, eagle3_head, monkeypatch):
+    head = eagle3_head
     prompts, answers = TRAIN[:3], []
     answers = [r.token_ids for r in SpecEngine(target, method="ar", max_len=80).generate(
         prompts, SamplingParams(max_new_tokens=NEW))]
@@ -55,9 +61,11 @@ def test_walk():
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "eagle", "mtp", "medusa", "ngram", "draft_model"])
-def test_the_estimate_equals_the_engines_acceptance(target, kind):
+def test_the_estimate_equals_the_engines_acceptance(target, eagle3_head, kind):
     if kind == "ngram":
         head = None
+    elif kind == "eagle3":
+        head = eagle3_head
     elif kind == "draft_model":
         head = DraftLM(copy.deepcopy(target))
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from specheads.runtime.policy import (AdaptivePolicy, FixedPolicy, PolicyError, SpeculationProfile, StaticCost,
@@ -98,6 +99,20 @@ def test_the_tier_follows_acceptance():
     assert policy.tiers[policy.choose([(row, 6)], 1, 512) - 1] == TreeShape(1, 1, 1)
     observe(policy, row, 4, accepted=0, steps=60)  # the chains, never run, take the row's own record
     assert policy.choose([(row, 6)], 1, 512) == 0
+
+
+def test_a_smaller_tier_must_beat_the_full_tree_by_the_switch_margin():
+    """With switch_margin m a chain runs instead of the full tree only where its expected rate is
+    more than (1 + m) times the tree's; plain decoding is chosen as before."""
+    for margin, full_kept in ((0.0, False), (10.0, True)):
+        policy = AdaptivePolicy(TIERS, TableCost(gpu_like), window=16, prior_weight=2.0, switch_margin=margin)
+        row = policy.new_row()
+        observe(policy, row, 4, accepted=1, steps=60)
+        rates = policy.rates([(row, 6)], 1, 512)
+        assert int(np.argmax(rates[1:])) + 1 < 4  # a chain promises more
+        assert (policy.choose([(row, 6)], 1, 512) == 4) == full_kept
+        observe(policy, row, 4, accepted=0, steps=60)
+        assert policy.choose([(row, 6)], 1, 512) == 0  # no drafts pay: plain, whatever the margin
 
 
 def test_a_probe_follows_a_run_of_plain_steps():
