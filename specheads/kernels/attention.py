@@ -421,6 +421,20 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
 
 if triton is not None:
 
+    @triton.jit
+    def _chunk_turn(part_ptr, stat_ptr, slot, n_chunks, k0, start, r, d, m_i, l_i, acc,
+                    CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr):
+        """A split program of several chunks at block k0: where a chunk starts there (past the
+        program's first block), the last chunk's partial (acc, max, sum) is stored and the sums
+        start again; elsewhere they are returned as they are."""
+        turn = (k0 % CHUNK_N == 0) & (k0 > start)
+        at = (slot * n_chunks + k0 // CHUNK_N - 1) * BLOCK_M + r
+        ok = ((r * 0 + k0) % CHUNK_N == 0) & (r * 0 + k0 > start)  # turn, as a row vector
+        tl.store(part_ptr + at[:, None] * D + d[None, :], acc, mask=ok[:, None])
+        tl.store(stat_ptr + at * 2, m_i, mask=ok)
+        tl.store(stat_ptr + at * 2 + 1, l_i, mask=ok)
+        return tl.where(turn, float("-inf"), m_i), tl.where(turn, 0.0, l_i), tl.where(turn, 0.0, acc)
+
     def _causal_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, base_ptr, order_ptr, leaf_ptr, path_ptr, o_ptr, part_ptr,
                        stat_ptr, cnt_ptr, n_kv, n_tok, n_tiles, n_chunks, per, scale, window,
                        s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_pb, s_ob, s_oh, s_ot,
@@ -494,15 +508,8 @@ if triton is not None:
                 l_i = tl.where(turn, 0.0, l_i)
                 m_i = tl.where(turn, float("-inf"), m_i)
             if MULTI:  # a chunk starts: the last one's partial goes out, this one sums from scratch
-                turn = (k0 % CHUNK_N == 0) & (k0 > start)
-                p_at = (slot * n_chunks + k0 // CHUNK_N - 1) * BLOCK_M + r
-                ok = ((r * 0 + k0) % CHUNK_N == 0) & (r * 0 + k0 > start)  # turn, as a row vector
-                tl.store(part_ptr + p_at[:, None] * D + d[None, :], acc, mask=ok[:, None])
-                tl.store(stat_ptr + p_at * 2, m_i, mask=ok)
-                tl.store(stat_ptr + p_at * 2 + 1, l_i, mask=ok)
-                acc = tl.where(turn, 0.0, acc)
-                l_i = tl.where(turn, 0.0, l_i)
-                m_i = tl.where(turn, float("-inf"), m_i)
+                m_i, l_i, acc = _chunk_turn(part_ptr, stat_ptr, slot, n_chunks, k0, start, r, d, m_i, l_i, acc,
+                                            CHUNK_N, BLOCK_M, D)
             cols = k0 + tl.arange(0, BLOCK_N)
             near = cols <= hi
             allowed = (cols[None, :] <= pos[:, None]) & row_ok[:, None]
@@ -535,15 +542,8 @@ if triton is not None:
                     l_i = tl.where(turn, 0.0, l_i)
                     m_i = tl.where(turn, float("-inf"), m_i)
                 if MULTI:
-                    turn = (k0 % CHUNK_N == 0) & (k0 > start)
-                    p_at = (slot * n_chunks + k0 // CHUNK_N - 1) * BLOCK_M + r
-                    ok = ((r * 0 + k0) % CHUNK_N == 0) & (r * 0 + k0 > start)  # turn, as a row vector
-                    tl.store(part_ptr + p_at[:, None] * D + d[None, :], acc, mask=ok[:, None])
-                    tl.store(stat_ptr + p_at * 2, m_i, mask=ok)
-                    tl.store(stat_ptr + p_at * 2 + 1, l_i, mask=ok)
-                    acc = tl.where(turn, 0.0, acc)
-                    l_i = tl.where(turn, 0.0, l_i)
-                    m_i = tl.where(turn, float("-inf"), m_i)
+                    m_i, l_i, acc = _chunk_turn(part_ptr, stat_ptr, slot, n_chunks, k0, start, r, d, m_i, l_i, acc,
+                                                CHUNK_N, BLOCK_M, D)
                 cols = k0 + tl.arange(0, BLOCK_N)
                 near = cols <= hi
                 allowed = (cols[None, :] <= pos[:, None]) & row_ok[:, None]

@@ -26,6 +26,12 @@ def interpret_triton(monkeypatch) -> None:
         fn = getattr(tl, name)
         if not isinstance(fn, InterpretedFunction):
             monkeypatch.setattr(tl, name, InterpretedFunction(fn.fn))
+    from specheads.kernels import attention  # our jitted helpers a kernel calls, likewise
+
+    for module, name in ((attention, "_chunk_turn"),):
+        fn = getattr(module, name)
+        if not isinstance(fn, InterpretedFunction):
+            monkeypatch.setattr(module, name, InterpretedFunction(fn.fn))
 
 
 def interpreted_commit_kernel(monkeypatch) -> list:
