@@ -7,8 +7,9 @@ GGUF needs staging.
     python3 gpu_runs/bucket_costs.py --out DIR [--cells 1:512 1:1024 8:512 8:1024 ...]
         [--variants default attention_split_programs=132 pdl-attention ...]
 
-A variant is `default`, FIELD=VALUE[,FIELD=VALUE] (kernels/tuning.py fields) or `pdl-NAME`
-(the kernel NAME launched without programmatic dependent launch; pdl-all: no kernel). Prints a table (ms a step:
+A variant is `default`, FIELD=VALUE[,FIELD=VALUE] (kernels/tuning.py fields), `pdl-NAME`
+(the kernel NAME launched without programmatic dependent launch; pdl-all: no kernel) or
+`pdl+NAME[+NAME]` (these kernels launched with it too). Prints a table (ms a step:
 the plain step and every tier, by cell and variant) and writes DIR/bucket_costs.json."""
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def variant_tuning(name: str):
         return base.replace(pdl_kernels=frozenset())
     if name.startswith("pdl-"):
         return base.replace(pdl_kernels=frozenset(base.speed.pdl_kernels - {name[4:]}))
+    if name.startswith("pdl+"):  # pdl+a+b: these kernels launched with PDL too
+        return base.replace(pdl_kernels=frozenset(base.speed.pdl_kernels | set(name[4:].split("+"))))
     changes = {}
     for item in name.split(","):
         k, v = item.split("=")

@@ -343,13 +343,16 @@ if triton is not None:
             tl.store(path_ptr + (b * n_tok + nodes) * n_tok + j, at, mask=on)
 
 
-def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1) -> tuple[int, int, int]:
+def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1, tokens: int = 0,
+                 n_keys: int = 0) -> tuple[int, int, int]:
     """(rows a program's dot takes, query rows it fills, tokens it can touch). A call's query
     rows (a token's query heads of one KV group side by side, tokens in order; a tree's tokens
     sorted by path, see _causal_kernel) fill the 16-row dot of a decode (or the next power of
     two above the group's heads) one program after another. A tree's program fills only
     Speed.attention_tree_tokens tokens' rows at batches below Speed.attention_tree_many_batch:
-    the program holding the tree positions is the step's slowest. How rows are dealt never
+    the program holding the tree positions is the step's slowest; one token where a call of
+    `tokens` over `n_keys` keys would launch at most Speed.attention_tree_one_token_programs
+    programs that way (its chunks counted). How rows are dealt never
     changes a row's bits: each row's dot is the decode's dot, whatever its neighbours. (Stacking
     2 or 4 such dots a program, sharing each block of keys, was slower on an H200 at batch 1
     to 32 and changed bits at batch 32:
@@ -359,7 +362,12 @@ def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1) -> tuple[i
     speed = active().speed
     fill = dot_m
     if tree and batch < speed.attention_tree_many_batch:
-        fill = min(dot_m, max(1, speed.attention_tree_tokens) * rep)
+        per = max(1, speed.attention_tree_tokens)
+        if per > 1 and tokens:
+            chunks = -(-max(1, n_keys) // active().numerics.attention_chunk)
+            if batch * n_kv * -(-tokens * rep // min(dot_m, per * rep)) * chunks <= speed.attention_tree_one_token_programs:
+                per = 1
+        fill = min(dot_m, per * rep)
     # a program's rows start at any row of a token, so they can touch one token more
     touch = fill // rep if fill % rep == 0 else (fill - 1 + rep - 1) // rep + 1
     return dot_m, fill, max(1, touch)
@@ -378,7 +386,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
         return causal_attention_reference(q, k, v, positions, window, tree)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and k.stride() == v.stride()
     rep = h // n_kv
-    block_m, fill, touch = causal_tiles(h, n_kv, tree is not None, b)
+    block_m, fill, touch = causal_tiles(h, n_kv, tree is not None, b, t, n_keys)
     n_tiles = triton.cdiv(t * rep, fill)
     chunk = tuning.numerics.attention_chunk
     n_chunks = triton.cdiv(n_keys, chunk)

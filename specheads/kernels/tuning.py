@@ -186,6 +186,13 @@ class Speed:
     # and 59.1 / 38.4 / 47.1 / 34.5
     attention_tree_tokens: int = 2
     attention_tree_many_batch: int = 64
+    # ... but one token a program where the call would otherwise launch at most this many
+    # programs (chunks of a split call counted): short contexts at batch 1, where the card is
+    # mostly idle and twice the programs finish sooner. SmolLM2's step of the 6,4,15 tree at
+    # batch 1, H200 (gpu_runs/bucket_costs.py, random weights), ms at 2 tokens / 1: 64 keys
+    # (24 programs) 0.915 / 0.864, 128 (24) 0.956 / 0.904, 256 (48) 0.995 / 0.954; 512 (96)
+    # 1.018 / 1.023, 1,024 (192) 1.101 / 1.088; batch 8 at 512 keys 1.547 / 1.553
+    attention_tree_one_token_programs: int = 64
     # software-pipeline stages of the causal attention's loop over the blocks below a tree (or
     # a decode's last block) when a program sums all of its chunks (a split-K program, one
     # chunk of two blocks, takes 1): loads of the next blocks run while one is summed. Same
@@ -265,6 +272,8 @@ class Speed:
         _check(g, "attention_tree_tokens", v, v >= 1, "an integer >= 1")
         v = _int(g, "attention_tree_many_batch", self.attention_tree_many_batch)
         _check(g, "attention_tree_many_batch", v, v >= 1, "an integer >= 1")
+        v = _int(g, "attention_tree_one_token_programs", self.attention_tree_one_token_programs)
+        _check(g, "attention_tree_one_token_programs", v, v >= 0, "an integer >= 0 (0: never)")
         v = _int(g, "attention_stages", self.attention_stages)
         _check(g, "attention_stages", v, 1 <= v <= 6, "an integer from 1 to 6")
         v = _int(g, "pdl_early_programs", self.pdl_early_programs)

@@ -78,7 +78,8 @@ def test_a_tree_node_matches_the_decode_of_its_path_bit_for_bit(interpret, tune,
     the path committed at base..base+d, the node the one query (batch 1, its own cache), with
     one or three tree tokens a program, or all that fit (None: the tokens of a path then share
     its passes over the blocks that hold tree positions)."""
-    tune(attention_tree_tokens=tree_tokens or 1, attention_tree_many_batch=1 if tree_tokens is None else 1000)
+    tune(attention_tree_tokens=tree_tokens or 1, attention_tree_many_batch=1 if tree_tokens is None else 1000,
+         attention_tree_one_token_programs=0)
     g = torch.Generator().manual_seed(7)
     b, h, kv, n, s, d = 2, 6, 2, 13, 300, 16
     base = torch.tensor([60, 250])  # the second tree runs past a 128-key chunk boundary
@@ -104,6 +105,21 @@ def test_a_tree_node_matches_the_decode_of_its_path_bit_for_bit(interpret, tune,
             for decoded in (attention.causal_attention(q[row:row + 1, :, node:node + 1], ks, vs, pos),
                             attention.causal_attention(q[row:row + 1, :, node:node + 1], ks, vs, pos, tree=lone)):
                 assert torch.equal(decoded[0, :, 0], out[row, :, node]), (row, node)
+
+
+def test_a_tree_call_of_few_programs_takes_one_token_a_program(tune):
+    """SmolLM2's heads (9 query, 3 KV): a 16-token tree at batch 1 takes 2 tokens a program (8
+    tiles, 24 programs a chunk) unless that launches at most attention_tree_one_token_programs
+    programs, chunks of 128 keys counted; a decode and a batch of 64 never change."""
+    tune(attention_tree_tokens=2, attention_tree_one_token_programs=64)
+    assert attention.causal_tiles(9, 3, True, 1, 16, 256)[1] == 3  # 48 programs: one token
+    assert attention.causal_tiles(9, 3, True, 1, 16, 257)[1] == 6  # 3 chunks, 72 programs
+    assert attention.causal_tiles(9, 3, True, 2, 16, 128)[1] == 3
+    assert attention.causal_tiles(9, 3, True, 8, 16, 64)[1] == 6  # 192 programs
+    assert attention.causal_tiles(9, 3, True, 1)[1] == 6  # tokens and keys unknown
+    assert attention.causal_tiles(9, 3, False, 1, 1, 64)[1] == 16
+    tune(attention_tree_one_token_programs=0)
+    assert attention.causal_tiles(9, 3, True, 1, 16, 64)[1] == 6
 
 
 @needs_triton
@@ -139,7 +155,7 @@ def test_a_split_program_of_several_chunks_keeps_the_bits(interpret, window):
     for qq, pos, tree in cases:
         one = attention.causal_attention(qq, k, v, pos, window, tree=tree, split=True)
         assert torch.equal(attention.causal_attention(qq, k, v, pos, window, tree=tree, split=False), one)
-        n_tiles = -(-qq.shape[2] * (h // kv) // attention.causal_tiles(h, kv, tree is not None, 2)[1])
+        n_tiles = -(-qq.shape[2] * (h // kv) // attention.causal_tiles(h, kv, tree is not None, 2, qq.shape[2], s)[1])
         programs = 2 * kv * n_tiles * 6  # one a chunk
         for per in (2, 3, 5):
             with tuning.using(tuning.active().replace(attention_split_programs=-(-programs // per))):
