@@ -261,6 +261,8 @@ def main() -> None:
                          "adaptive's maximum tree is the method's")
     ap.add_argument("--speculation-tiers", default=None, metavar="S,K,N;...",
                     help="the adaptive policy's tiers (default: chains 1, 2, 4 deep and the method's tree)")
+    ap.add_argument("--speculation-settings", default=None, metavar="NAME=VALUE,...",
+                    help="the adaptive policy's settings, e.g. switch_margin=0.15 (specheads/runtime/policy.py)")
     ap.add_argument("--speculation-profile-dir", default=None,
                     help="keep each adaptive method's measured step costs in DIR/<method>.json (loaded, completed "
                          "and saved back; default: measured for each engine)")
@@ -315,6 +317,7 @@ def main() -> None:
         options = dict(speculation_policy=policy)
         if policy == "adaptive":
             options["speculation_tiers"] = args.speculation_tiers
+            options["speculation_settings"] = args.speculation_settings
             if args.speculation_profile_dir:
                 options["speculation_profile"] = Path(args.speculation_profile_dir) / f"{method.replace('@', '_')}.json"
         if method == "ngram":
@@ -335,6 +338,7 @@ def main() -> None:
               "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                            "seed": args.seed} if sampled else None,
               "repeats": args.repeats, "speculation_policy": default_policy,
+              "speculation_settings": args.speculation_settings,
               "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1"}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

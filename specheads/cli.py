@@ -416,7 +416,7 @@ def cmd_serve(args) -> int:
           num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens, max_batch=args.max_batch,
           max_len=args.max_len, draft_lm_head_int8=args.draft_lm_head == "int8",
           speculation_policy=args.speculation_policy, speculation_tiers=args.speculation_tiers,
-          speculation_profile=args.speculation_profile)
+          speculation_profile=args.speculation_profile, speculation_settings=args.speculation_settings)
     return 0
 
 
@@ -425,10 +425,16 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
                    help="fixed: the tree of --num-steps/--topk/--num-draft-tokens at every step; adaptive: per step "
                         "one of --speculation-tiers (within that tree) or none, for the most tokens/s by the rows' "
                         "recent acceptance and the card's measured step costs (outputs are the same either way). "
-                        "Default: fixed (adaptive where --speculation-tiers or --speculation-profile is given)")
+                        "Default: adaptive on a GPU, fixed on a CPU (there adaptive where --speculation-tiers, "
+                        "--speculation-settings or --speculation-profile is given)")
     p.add_argument("--speculation-tiers", default=None, metavar="S,K,N;...",
                    help="the adaptive policy's trees as STEPS,TOPK,DRAFT_TOKENS, e.g. '1,1,1;2,1,2;4,1,4' (the "
                         "full tree is always one); default: chains 1, 2 and 4 deep and the full tree")
+    p.add_argument("--speculation-settings", default=None, metavar="NAME=VALUE,...",
+                   help="the adaptive policy's settings, e.g. 'switch_margin=0.15' (a smaller tier replaces the "
+                        "full tree only where it promises that share more tokens/s); names: window, prior, "
+                        "prior_weight, pooled_window, probe_every, explore_every, switch_margin "
+                        "(specheads/runtime/policy.py)")
     p.add_argument("--speculation-profile", default=None, metavar="JSON",
                    help="the adaptive policy's step costs: loaded from this file where it exists; buckets it lacks "
                         "are measured on this card and saved there (default: measured at start-up, not saved; CPU "
@@ -440,8 +446,10 @@ def _policy_options(args, cuda: bool) -> dict:
     from specheads.runtime.policy import default_policy
 
     return {"speculation_policy": args.speculation_policy or default_policy(cuda, args.speculation_tiers,
-                                                                             args.speculation_profile),
-            "speculation_tiers": args.speculation_tiers, "speculation_profile": args.speculation_profile}
+                                                                             args.speculation_profile,
+                                                                             args.speculation_settings),
+            "speculation_tiers": args.speculation_tiers, "speculation_profile": args.speculation_profile,
+            "speculation_settings": args.speculation_settings}
 
 
 def _add_kernel_args(p: argparse.ArgumentParser) -> None:

@@ -38,9 +38,8 @@ import torch
 
 from specheads.evaluation.estimate import accepted_per_position, scoring_drafter
 from specheads.runtime.graphs import next_pow2
-from specheads.runtime.policy import AdaptivePolicy, FixedPolicy, StaticCost, TreeShape
-
-POLICY_SETTINGS = ("window", "prior", "prior_weight", "pooled_window", "probe_every", "explore_every", "switch_margin")
+from specheads.runtime.policy import POLICY_SETTINGS, AdaptivePolicy, FixedPolicy, StaticCost, TreeShape, \
+    setting_value
 
 
 def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list[list[int]],
@@ -147,8 +146,7 @@ def grid(spec: list[str]) -> list[dict]:
         name, _, values = item.partition("=")
         if name not in POLICY_SETTINGS or not values:
             raise ValueError(f"--grid {item!r}: expected NAME=V1,V2,... with NAME one of {', '.join(POLICY_SETTINGS)}")
-        cast = float if name in ("prior", "prior_weight", "switch_margin") else int
-        axes.append([(name, cast(v)) for v in values.split(",")])
+        axes.append([(name, setting_value(name, v, "--grid")) for v in values.split(",")])
     return [dict(c) for c in itertools.product(*axes)] if axes else [{}]
 
 

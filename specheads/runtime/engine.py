@@ -205,14 +205,16 @@ class SpecEngine:
     speculation_profile: a JSON file of measured step costs, loaded where it exists; with CUDA
     graphs the buckets it lacks are timed on this card (when the engine is idle) and it is saved
     back there. Without graphs
-    and without a profile, the adaptive policy uses the static cost model."""
+    and without a profile, the adaptive policy uses the static cost model. speculation_settings:
+    the adaptive policy's settings ("switch_margin=0.15,window=16" or a dict; runtime.policy
+    POLICY_SETTINGS)."""
 
     def __init__(self, target, head=None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
                  topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], static_tree=None,
                  max_len: int | None = None, max_batch: int = 8, use_graphs: bool | None = None,
                  overlap: bool = True, prefill_tokens: int = 16384, drafter: Drafter | None = None,
                  drafter_options: dict | None = None, kernel_tuning=None, speculation_policy="fixed",
-                 speculation_tiers=None, speculation_profile=None):
+                 speculation_tiers=None, speculation_profile=None, speculation_settings=None):
         if max_batch < 1:
             raise EngineError(f"max_batch must be >= 1, got {max_batch}")
         self.target = target
@@ -263,7 +265,7 @@ class SpecEngine:
         self._host_ms: dict[int, float] = {}  # per batch bucket: host time of a host drafter's step
         self.graph_report: dict = {}
         try:
-            self.policy = self._build_policy(speculation_policy, speculation_tiers)
+            self.policy = self._build_policy(speculation_policy, speculation_tiers, speculation_settings)
         except PolicyError as e:
             raise EngineError(str(e)) from None
 
@@ -284,13 +286,15 @@ class SpecEngine:
     def _device_name(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
 
-    def _build_policy(self, policy, tiers):
+    def _build_policy(self, policy, tiers, settings=None):
         if self.drafter is None:  # nothing to choose: every step is a plain decode
-            if tiers is not None or self._profile_path is not None:
-                raise PolicyError(f"--speculation-tiers and --speculation-profile apply to a method that drafts; "
-                                  f"method {self.method} drafts nothing")
+            if tiers is not None or self._profile_path is not None or settings:
+                raise PolicyError(f"--speculation-tiers, --speculation-settings and --speculation-profile apply to a "
+                                  f"method that drafts; method {self.method} drafts nothing")
             return None
         if not isinstance(policy, str):
+            if settings:
+                raise PolicyError("speculation_settings apply to the named policies; a policy object brings its own")
             return policy  # a policy object (tests, custom policies)
         if policy not in POLICIES:
             raise PolicyError(f"speculation policy {policy!r} is not one of {', '.join(POLICIES)}")
@@ -298,8 +302,9 @@ class SpecEngine:
         if policy == "fixed":
             if self._profile_path is not None:
                 raise PolicyError("--speculation-profile applies to --speculation-policy adaptive")
-            return build_policy("fixed", self.full_tree, tiers)
-        built = build_policy("adaptive", self.full_tree, tiers, trees=d.abilities.trees, can_tier=d.abilities.tiers)
+            return build_policy("fixed", self.full_tree, tiers, settings=settings)
+        built = build_policy("adaptive", self.full_tree, tiers, trees=d.abilities.trees, can_tier=d.abilities.tiers,
+                             settings=settings)
         path = self._profile_path
         if path is not None and path.exists():
             built.cost = SpeculationProfile.load(path).check(path, self._device_name(), self._fingerprint(),
@@ -391,7 +396,8 @@ class SpecEngine:
         if not self.rows:
             return outputs + self._drain()
         current = self._inflight or self._launch(ahead=0)
-        self._inflight = self._launch(ahead=1) if self._may_run_ahead(current) else None
+        plan = self._plan_ahead(current)
+        self._inflight = self._launch(ahead=1, plan=plan) if plan is not None else None
         outputs += self._finish(current)
         if self._untimed and not self.rows and not self.waiting and self._inflight is None:
             self._time_untimed()  # idle now: no request waits on the timing
@@ -417,14 +423,17 @@ class SpecEngine:
         current, self._inflight = self._inflight, None
         return self._finish(current) if current is not None else []
 
-    def _may_run_ahead(self, current: _Launch) -> bool:
+    def _plan_ahead(self, current: _Launch) -> tuple | None:
+        """The plan of a step launched behind `current` before its result is read, or None where
+        the next step must wait for it."""
         # every row keeps budget for the step in flight and one more: the step in flight emits at
         # most its tree's depth + 1 tokens (a plain step one), not the engine's largest tree's
         depth = self.policy.tiers[current.tier - 1].steps if current.tier else 0
         if not self.overlap or self.waiting or any(r.emitted + depth + 1 >= r.budget for r in self.rows):
-            return False
+            return None
+        plan = self._plan(ahead=1)
         # a host drafter proposes from the tokens of the step in flight: only a plain step runs ahead
-        return not self._host_drafts or self._plan(ahead=1)[3] == 0
+        return None if self._host_drafts and plan[3] != 0 else plan
 
     @property
     def _host_drafts(self) -> bool:
@@ -457,10 +466,11 @@ class SpecEngine:
                                       b, kv, host_ms)
         return b, kv, sampled, tier, logprobs
 
-    def _launch(self, ahead: int) -> _Launch:
-        """Queue one step for the active rows; `ahead` steps are in flight before it."""
+    def _launch(self, ahead: int, plan: tuple | None = None) -> _Launch:
+        """Queue one step for the active rows; `ahead` steps are in flight before it (`plan`:
+        its plan, where the caller made it already: the policy chooses once a step)."""
         n = len(self.rows)
-        b, kv, sampled, tier, logprobs = self._plan(ahead)
+        b, kv, sampled, tier, logprobs = plan or self._plan(ahead)
         t0 = time.perf_counter()  # the host's share of the step (a bucket's first plan may time its graphs)
         if any(r.speculate for r in self.rows):
             self.policy.launched(tier)

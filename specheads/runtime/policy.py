@@ -24,8 +24,9 @@ steps runs instead of the best one (the longest-idle first; every tier once at t
 that every tier's record stays fresh. Off by default: a tier is judged by its own record across
 rows, never by another tier's (a chain's top-1 drafts are accepted less often than a tree's
 top-k), and on the H200's measured step costs the forced steps cost more than they taught (the
-full tree at batch 64 takes 2-3x a chain's step). Optionally (`switch_margin` > 0; default 0) a
-smaller tier replaces the full tree only where it promises that share more.
+full tree at batch 64 takes 2-3x a chain's step). A smaller tier replaces the full tree only
+where it promises `switch_margin` (default 0.15) more: its estimate's error costs more than it
+gains where the tiers' rates are close.
 
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
@@ -308,7 +309,7 @@ class AdaptivePolicy:
 
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
-                 switch_margin: float = 0.0):
+                 switch_margin: float = 0.15):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current EAGLE-3 head) with the step costs measured on an H200
@@ -322,7 +323,10 @@ class AdaptivePolicy:
         self.plain_run = 0  # plain steps launched in a row while rows wanted drafts
         self.explore_every = explore_every  # 0: never
         # a smaller tier than the full tree must promise this much more (a share) to run instead:
-        # its estimate's error costs more than it gains where the tiers' costs are close
+        # its estimate's error costs more than it gains where the tiers' costs are close. 0.15:
+        # the best worst case over batch 1, 8, 32 and 64 in evaluation/policy_sim.py's replay of
+        # the validation split with the H200's step costs (0.994 of the best fixed tree against
+        # 0.981 at 0; test split 0.969 both; docs/results/policy-sim-h200profile/margin_*.json)
         self.switch_margin = switch_margin
         self.idle = np.full(len(tiers), explore_every, dtype=np.int64)  # steps since each tier last ran
         self.window, self.pooled_window = window, pooled_window
@@ -334,6 +338,11 @@ class AdaptivePolicy:
         self.tier_mean, self.tier_count = np.zeros((n, d)), np.zeros((n, d))  # every row, per tier
         self.all_mean, self.all_count = np.zeros(d), np.zeros(d)  # every row, every tier
         self._reach = np.array([[j < t.steps for j in range(d)] for t in self.tiers])  # [T, D]
+        # each slot's expected tokens per tier [T] as last worked out, for its depth cap then and
+        # the records' version (observe changes every row's estimate through the pooled records):
+        # the many plain steps between observations choose from these, not from the records again
+        self.version = 0
+        self._tokens, self._tokens_cap, self._tokens_version = np.zeros((0, n)), np.zeros(0, int), np.zeros(0, int)
 
     def new_row(self) -> int:
         if not self._free:  # twice the slots
@@ -341,10 +350,14 @@ class AdaptivePolicy:
             grow = max(old, 8)
             self.mean = np.concatenate([self.mean, np.zeros((grow,) + self.mean.shape[1:])])
             self.count = np.concatenate([self.count, np.zeros((grow,) + self.count.shape[1:])])
+            self._tokens = np.concatenate([self._tokens, np.zeros((grow, len(self.tiers)))])
+            self._tokens_cap = np.concatenate([self._tokens_cap, np.zeros(grow, int)])
+            self._tokens_version = np.concatenate([self._tokens_version, np.full(grow, -1)])
             self._free = list(range(old + grow - 1, old - 1, -1))
         slot = self._free.pop()
         self.mean[slot] = 0
         self.count[slot] = 0
+        self._tokens_version[slot] = -1
         return slot
 
     def release(self, row: int) -> None:
@@ -355,6 +368,7 @@ class AdaptivePolicy:
         tier's depth, or less under the request's cap) and the drafts it accepted."""
         if tier < 1 or not rows:
             return
+        self.version += 1
         slots = np.asarray(rows)
         acc = np.asarray(accepted)[:, None]
         depth = np.arange(self.depth)[None]
@@ -390,7 +404,18 @@ class AdaptivePolicy:
         return _shrink(mean, count, own, w)
 
     def expected_tokens(self, rows: list[int], caps: list[int]) -> np.ndarray:
-        """[R, T]: each row's expected tokens per step under each tier."""
+        """[R, T]: each row's expected tokens per step under each tier (worked out again only for
+        rows whose records or depth cap changed since)."""
+        slots, caps = np.asarray(rows), np.asarray(caps)
+        stale = (self._tokens_version[slots] != self.version) | (self._tokens_cap[slots] != caps)
+        tokens = self._tokens[slots]
+        if stale.any():  # (a slot listed twice with two caps keeps the last)
+            fresh, fresh_caps = slots[stale], caps[stale]
+            tokens[stale] = self._tokens[fresh] = self._expected_tokens(fresh, fresh_caps)
+            self._tokens_cap[fresh], self._tokens_version[fresh] = fresh_caps, self.version
+        return tokens
+
+    def _expected_tokens(self, rows, caps) -> np.ndarray:
         q = self.acceptance(rows)
         reach = self._reach[None] & (np.arange(self.depth)[None, None, :] < np.asarray(caps)[:, None, None])
         return 1.0 + (np.cumprod(q, axis=2) * reach).sum(2)
@@ -427,23 +452,67 @@ class AdaptivePolicy:
             self.idle[tier - 1] = 0
 
 
-def default_policy(cuda: bool, tiers=None, profile=None) -> str:
-    """The commands' default: fixed, unless tiers or a profile are given (then adaptive).
-    Adaptive is not the default yet: on an H100 (SmolLM2 + its EAGLE-3 head, 32 held-out prompts
-    of chat and of coding, 2026-11-27) it gave 0.92 / 0.89 of the fixed default tree's tokens/s
-    at batch 1 (about a tenth of its steps chose shorter chains or none), 1.02 / 1.03 at batch 8
-    and 1.16 / 1.16 at batch 32 (docs/benchmarks.md). `cuda` is kept for the day it becomes the
-    GPU default (outputs are bit-identical to plain decoding in bf16, so a tier never changes one)."""
-    return "adaptive" if tiers or profile else "fixed"
+def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
+    """The commands' default: adaptive on a GPU (and wherever tiers, a profile or settings are
+    given), fixed on a CPU, where no step costs are measured. Speculative outputs are
+    bit-identical to plain decoding in bf16, so the policy never changes an output, only the
+    speed: on an H200 (SmolLM2 + its EAGLE-3 head, 64 held-out chat prompts, code c76a6b7,
+    docs/benchmarks.md) adaptive gave 0.97-1.00 of the best of `ar` and the fixed trees at batch
+    1, 8 and 64 and 0.95 at 32, where the fixed default tree fell to 0.74x `ar` at batch 64."""
+    return "adaptive" if cuda or tiers or profile or settings else "fixed"
 
 
-def build_policy(name: str, full: TreeShape, tiers=None, trees: bool = True, can_tier: bool = False, cost=None):
-    """`fixed` (the engine's tree every step) or `adaptive` (tiers as given, or the defaults)."""
+# the adaptive policy's settings a user may change (AdaptivePolicy's keyword arguments), by type
+POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
+                   "explore_every": int, "switch_margin": float}
+SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
+
+
+def setting_value(name: str, value, what: str = "--speculation-settings"):
+    """One adaptive-policy setting, cast to its type and checked for range."""
+    if name not in POLICY_SETTINGS:
+        raise PolicyError(f"{what}: unknown setting {name!r}; expected {SETTINGS_HELP}")
+    kind = POLICY_SETTINGS[name]
+    try:
+        v = kind(value)
+    except (TypeError, ValueError):
+        raise PolicyError(f"{what}: {name}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if name == "prior" and not 0.0 <= v <= 1.0:
+        raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
+    low = 1 if name in ("window", "pooled_window", "probe_every") else 0
+    if name != "prior" and not (v >= low and math.isfinite(v)):
+        raise PolicyError(f"{what}: {name}={v} must be at least {low}")
+    return v
+
+
+def parse_settings(spec, what: str = "--speculation-settings") -> dict:
+    """'NAME=VALUE,...' or a dict -> the adaptive policy's keyword arguments (checked)."""
+    if spec is None:
+        return {}
+    if isinstance(spec, str):
+        items = {}
+        for item in (x for x in spec.replace(" ", "").split(",") if x):
+            name, eq, value = item.partition("=")
+            if not eq or not value:
+                raise PolicyError(f"{what}: {item!r} is not NAME=VALUE; expected {SETTINGS_HELP}")
+            items[name] = value
+        spec = items
+    return {name: setting_value(name, value, what) for name, value in dict(spec).items()}
+
+
+def build_policy(name: str, full: TreeShape, tiers=None, trees: bool = True, can_tier: bool = False, cost=None,
+                 settings=None):
+    """`fixed` (the engine's tree every step) or `adaptive` (tiers as given, or the defaults;
+    `settings`: AdaptivePolicy's keyword arguments, parse_settings)."""
     if name == "fixed":
         if tiers is not None:
             raise PolicyError("--speculation-tiers applies to --speculation-policy adaptive; the fixed policy "
                               "verifies the engine's tree (--num-steps, --topk, --num-draft-tokens) every step")
+        if settings:
+            raise PolicyError("--speculation-settings apply to --speculation-policy adaptive; the fixed policy "
+                              "has none")
         return FixedPolicy(full)
     if name == "adaptive":
-        return AdaptivePolicy(resolve_tiers(tiers, full, trees, can_tier), cost or StaticCost())
+        return AdaptivePolicy(resolve_tiers(tiers, full, trees, can_tier), cost or StaticCost(),
+                              **parse_settings(settings))
     raise PolicyError(f"speculation policy {name!r} is not one of {', '.join(POLICIES)}")

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 def load_engine(target: str | None, draft: str | None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
                 topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], max_batch: int = 8,
                 max_len: int | None = None, draft_lm_head_int8: bool = True, speculation_policy: str | None = None,
-                speculation_tiers: str | None = None, speculation_profile: str | None = None):
+                speculation_tiers: str | None = None, speculation_profile: str | None = None,
+                speculation_settings: str | None = None):
     """(engine, tokenizer, target folder) on the GPU if there is one. draft_lm_head_int8: the
     head's drafter drafts with an int8 lm_head (changes drafts only, never the output).
     speculation_policy: fixed or adaptive (None: runtime.policy.default_policy)."""
@@ -35,11 +36,13 @@ def load_engine(target: str | None, draft: str | None, method: str | None = None
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model, tok, folder = load_target(target, dtype=dtype, device=device)
     head = load_draft(draft, tok, device=device, dtype=dtype) if draft and method_needs_head(method) else None
-    policy = speculation_policy or default_policy(device == "cuda", speculation_tiers, speculation_profile)
+    policy = speculation_policy or default_policy(device == "cuda", speculation_tiers, speculation_profile,
+                                                  speculation_settings)
     engine = SpecEngine(model, head, method=method, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
                         max_len=max_len, max_batch=max_batch,
                         drafter_options=_drafter_options(head, draft_lm_head_int8), speculation_policy=policy,
-                        speculation_tiers=speculation_tiers, speculation_profile=speculation_profile)
+                        speculation_tiers=speculation_tiers, speculation_profile=speculation_profile,
+                        speculation_settings=speculation_settings)
     if device == "cuda":  # the greedy graphs now (every tier's; with their costs timed), so no request waits
         t0 = time.perf_counter()
         engine.capture_common(range(1, max_batch + 1))

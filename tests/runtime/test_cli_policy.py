@@ -28,7 +28,7 @@ def test_generate_adaptive_equals_ar(capsys, tiny_target_dir, tmp_path):
     ar = json.loads(out)
     assert ar["stats"]["speculation_policy"] is None
     for extra in (["--speculation-policy", "adaptive"], ["--speculation-tiers", "1,1,1;2,1,2"],
-                  ["--speculation-policy", "fixed"]):
+                  ["--speculation-settings", "switch_margin=0.2"], ["--speculation-policy", "fixed"]):
         code, out, err = _generate(capsys, tiny_target_dir, "--method", "ngram", "--num-draft-tokens", "4", *extra)
         assert code == 0, err
         got = json.loads(out)
@@ -46,6 +46,7 @@ def test_generate_adaptive_equals_ar(capsys, tiny_target_dir, tmp_path):
     (["--speculation-tiers", "2;1"], "tier 2 must be three integers >= 1"),
     (["--speculation-policy", "fixed", "--speculation-tiers", "1,1,1"],
      "--speculation-tiers applies to --speculation-policy adaptive"),
+    (["--speculation-settings", "switch_margin"], "'switch_margin' is not NAME=VALUE; expected NAME=VALUE"),
 ])
 def test_bad_policy_flags_are_user_errors(capsys, tiny_target_dir, bad, message):
     code, out, err = _generate(capsys, tiny_target_dir, "--method", "ngram", "--num-draft-tokens", "4", *bad)

@@ -366,7 +366,7 @@ def test_overlapped_steps_equal_sequential_steps(target, head, method, buckets):
         engine.buckets = buckets
         ahead = []
         launch = engine._launch
-        engine._launch = lambda ahead=0, _log=ahead: _log.append(ahead) or launch(ahead=ahead)
+        engine._launch = lambda ahead=0, plan=None, _log=ahead: _log.append(ahead) or launch(ahead=ahead, plan=plan)
         budgets = [33, 9, 20, 30, 6, 25]  # clipped to the 40-token cache below
         schedule = [0, 0, 1, 3, 4, 6]
         got, handle_of, step, aborted_after = {}, {}, 0, []

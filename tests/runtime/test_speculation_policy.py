@@ -175,6 +175,33 @@ def test_row_records_are_reused_fresh_and_grow():
     assert again == rows[5] and not policy.count[again].any() and not policy.mean[again].any()
 
 
+def test_kept_estimates_equal_fresh_ones_as_records_rows_and_caps_change():
+    """expected_tokens keeps each row's estimate between observations (plain steps choose from it):
+    after every observation, a row's release and reuse and a changed depth cap it must equal the
+    estimate worked out from the records again."""
+    rng = np.random.default_rng(3)
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    rows = [policy.new_row() for _ in range(6)]
+    caps = [FULL.steps] * 6
+    for step in range(40):
+        tier = int(rng.integers(1, len(TIERS) + 1))
+        some = [r for r in rows if rng.random() < 0.7]
+        if some:
+            depth = TIERS[tier - 1].steps
+            policy.observe(some, tier, [depth] * len(some), rng.integers(0, depth + 1, len(some)).tolist())
+        if step % 7 == 3:  # a request leaves and another takes its slot, fresh
+            policy.release(rows[1])
+            rows[1] = policy.new_row()
+        if step % 5 == 2:
+            caps[2] = int(rng.integers(1, FULL.steps + 1))
+        for _ in range(2):  # the second call answers from what the first kept
+            kept = policy.expected_tokens(rows, caps)
+            assert np.array_equal(kept, policy._expected_tokens(np.asarray(rows), caps)), step
+    fresh = policy.new_row()  # a new row's estimate is its own, not a released slot's
+    assert np.array_equal(policy.expected_tokens([fresh], [FULL.steps]),
+                          policy._expected_tokens(np.asarray([fresh]), [FULL.steps]))
+
+
 def test_unseen_tiers_and_depths_borrow_from_what_was_seen():
     """A tier no step ran takes all tiers' acceptance at its depths, and a depth no step reached
     takes the one above it: a new row of a well-drafting server starts optimistic, not at the prior."""
@@ -294,9 +321,10 @@ def test_a_profile_of_another_card_model_or_tiers_is_refused(tmp_path):
         p.check(path, p.device, FINGERPRINT, [TreeShape(3, 1, 3), FULL])
 
 
-def test_the_commands_default_is_fixed_unless_tiers_or_a_profile_are_given():
+def test_the_commands_default_is_adaptive_on_a_gpu_and_where_its_options_are_given():
     from specheads.runtime.policy import default_policy
 
-    assert default_policy(True) == default_policy(False) == "fixed"
-    assert default_policy(True, tiers="1,1,1;2,1,2") == "adaptive"
+    assert (default_policy(True), default_policy(False)) == ("adaptive", "fixed")
+    assert default_policy(False, tiers="1,1,1;2,1,2") == "adaptive"
     assert default_policy(False, profile="costs.json") == "adaptive"
+    assert default_policy(False, settings="switch_margin=0.1") == "adaptive"

@@ -136,7 +136,7 @@ def test_tiers_with_steps_run_ahead_and_at_bucket_shapes(target, heads, referenc
     engine.policy = scripted(engine.full_tree, tiers_for(method), schedule=[0, 0, 3, 0, 1, 0, 0, 2])
     ahead = []
     launch = engine._launch
-    engine._launch = lambda ahead=0, _log=ahead: _log.append(ahead) or launch(ahead=ahead)
+    engine._launch = lambda ahead=0, plan=None, _log=ahead: _log.append(ahead) or launch(ahead=ahead, plan=plan)
     tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
     assert tokens == reference
     assert ahead.count(1) >= 3
@@ -152,10 +152,10 @@ def test_a_small_step_in_flight_lets_rows_near_their_budget_run_ahead(target, he
     near = []
     launch = engine._launch
 
-    def logged(ahead=0):
+    def logged(ahead=0, plan=None):
         if ahead:
             near.append(any(r.emitted + engine.depth + 1 >= r.budget for r in engine.rows))
-        return launch(ahead=ahead)
+        return launch(ahead=ahead, plan=plan)
 
     engine._launch = logged
     tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
@@ -257,6 +257,12 @@ def test_policy_input_errors_name_the_input(target, heads, tmp_path):
         (dict(speculation_tiers="1,1,1"), "applies to --speculation-policy adaptive"),
         (dict(speculation_profile=tmp_path / "p.json"), "--speculation-profile applies to --speculation-policy "
                                                         "adaptive"),
+        (dict(speculation_settings="switch_margin=0.1"), "--speculation-settings apply to --speculation-policy "
+                                                         "adaptive"),
+        (dict(speculation_policy="adaptive", speculation_settings="margin=0.1"), "unknown setting 'margin'; "
+                                                                                "expected NAME=VALUE"),
+        (dict(speculation_policy="adaptive", speculation_settings="window=0"), "window=0 must be at least 1"),
+        (dict(speculation_policy="adaptive", speculation_settings="prior=high"), "prior='high' is not a number"),
     ):
         with pytest.raises(EngineError, match=message):
             SpecEngine(target, head, max_len=64, **FULL, **kwargs)
@@ -278,6 +284,9 @@ def test_default_tiers_and_no_policy_without_a_drafter(target):
                         num_steps=6, topk=4, num_draft_tokens=15)
     assert engine.policy.tiers == default_tiers(TreeShape(6, 4, 15))
     assert SpecEngine(target, method="ar", max_len=64, speculation_policy="adaptive").policy is None
+    tuned = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive", num_steps=6, topk=4,
+                       num_draft_tokens=15, speculation_settings="switch_margin=0.15, probe_every=8")
+    assert (tuned.policy.switch_margin, tuned.policy.probe_every) == (0.15, 8)
     with pytest.raises(EngineError, match="apply to a method that drafts; method ar drafts nothing"):
         SpecEngine(target, method="ar", max_len=64, speculation_policy="adaptive", speculation_tiers="1,1,1")
 
