@@ -312,8 +312,8 @@ class AdaptivePolicy:
                  switch_margin: float = 0.15):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
-        # prompts, the current EAGLE-3 head) with the step costs measured on an H200
-        # (docs/results/policy-h200/profile_eagle3.json): 0.982 of the best fixed tree's tokens per
+        # prompts, the current SmolLM2 head) with the step costs measured on an H200
+        # (docs/results/policy-h200/, its profile): 0.982 of the best fixed tree's tokens per
         # cost against 0.959; on the test split's traces 1.006 against 0.981 (docs/benchmarks.md)
         if not tiers:
             raise PolicyError("an adaptive policy needs at least one tier")
@@ -456,7 +456,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
     """The commands' default: adaptive on a GPU (and wherever tiers, a profile or settings are
     given), fixed on a CPU, where no step costs are measured. Speculative outputs are
     bit-identical to plain decoding in bf16, so the policy never changes an output, only the
-    speed: on an H200 (SmolLM2 + its EAGLE-3 head, 64 held-out chat prompts, code c76a6b7,
+    speed: on an H200 (SmolLM2 and its head, 64 held-out chat prompts, code c76a6b7,
     docs/benchmarks.md) adaptive gave 0.97-1.00 of the best of `ar` and the fixed trees at batch
     1, 8 and 64 and 0.95 at 32, where the fixed default tree fell to 0.74x `ar` at batch 64."""
     return "adaptive" if cuda or tiers or profile or settings else "fixed"
