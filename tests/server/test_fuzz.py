@@ -3,11 +3,15 @@ seed, with a canary request streaming beside them: no case gets a 5xx, the serve
 answering, and the canary's output equals its solo run (no request can hurt another).
 
 The engine is a real SpecEngine (EAGLE-3 head, float32) over a tiny random target with a short
-context, so the cases that pass validation decode for real but quickly."""
+context, so the cases that pass validation decode for real but quickly. Hypothesis draws every
+case first (with the generate phase only, what it draws does not depend on the test's outcome:
+the same cases as when each was sent as drawn), then SENDERS threads send them, so the engine
+decodes several at once as a served model does."""
 
 from __future__ import annotations
 
 import collections
+import queue
 import threading
 
 import httpx
@@ -30,6 +34,7 @@ CASES = {  # (operation, mode): examples; 5,000 in all
     ("POST", "/v1/completions", GenerationMode.POSITIVE): 1400,
     ("POST", "/v1/completions", GenerationMode.NEGATIVE): 1100,
 }
+SENDERS = 8  # cases in flight at once (twice the engine's max_batch: the refused ones need not wait)
 CANARY = {"model": MODEL, "messages": [{"role": "user", "content": "the canary sings"}], "max_tokens": 16,
           "temperature": 0, "stream": True}
 
@@ -78,35 +83,64 @@ def test_fuzzed_requests_get_no_5xx_and_do_not_disturb_a_canary(fuzz_server):
                 canary_errors.append(repr(e))
             stop.wait(0.2)  # leave the two CI cores mostly to the fuzzing
 
+    cases = []  # (method, path, request kwargs, body) of every case, drawn before any is sent
+    for (method, path, mode), n in CASES.items():
+        op = ops[(method, path)]
+
+        @settings(max_examples=n, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(case=op.as_strategy(mode))
+        def draw(case):
+            if mode == GenerationMode.POSITIVE and isinstance(case.body, dict):
+                case.body["model"] = MODEL  # else nearly every valid body names an unknown model (404)
+            kwargs = case.as_transport_kwargs(base_url=url)
+            kwargs.pop("url", None)
+            headers = {**(kwargs.pop("headers", None) or {}), "Authorization": f"Bearer {KEY}"}
+            cases.append((kwargs.pop("method"), path, {"headers": headers, **{
+                k: v for k, v in kwargs.items() if k in ("json", "content", "params", "data")}}, case.body))
+
+        draw()
+    assert len(cases) == sum(CASES.values())
+
+    lock = threading.Lock()
+    send_errors = []
+    pending = queue.Queue()
+    for case in cases:
+        pending.put(case)
+
+    def send():  # each case is one request; its status (or a failure to get one) is recorded
+        with httpx.Client(base_url=url, timeout=60) as client:
+            while True:
+                try:
+                    method, path, kwargs, body = pending.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    r = client.request(method, path, **kwargs)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    with lock:
+                        send_errors.append((repr(e), body))
+                    continue
+                with lock:
+                    statuses[r.status_code // 100] += 1
+                    if r.status_code >= 500:
+                        server_errors.append((r.status_code, r.text[:300], body))
+
     singer = threading.Thread(target=sing, daemon=True)
     singer.start()
-    client = httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {KEY}"})
+    senders = [threading.Thread(target=send, daemon=True) for _ in range(SENDERS)]
     try:
-        for (method, path, mode), n in CASES.items():
-            op = ops[(method, path)]
-
-            @settings(max_examples=n, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-                      suppress_health_check=list(HealthCheck))
-            @given(case=op.as_strategy(mode))
-            def run(case):
-                if mode == GenerationMode.POSITIVE and isinstance(case.body, dict):
-                    case.body["model"] = MODEL  # else nearly every valid body names an unknown model (404)
-                kwargs = case.as_transport_kwargs(base_url=url)
-                kwargs.pop("url", None)
-                headers = {**(kwargs.pop("headers", None) or {}), "Authorization": f"Bearer {KEY}"}
-                r = client.request(kwargs.pop("method"), path, headers=headers,
-                                   **{k: v for k, v in kwargs.items() if k in ("json", "content", "params", "data")})
-                statuses[r.status_code // 100] += 1
-                if r.status_code >= 500:
-                    server_errors.append((r.status_code, r.text[:300], case.body))
-
-            run()
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join(1800)
     finally:
         stop.set()
         singer.join(120)
-        client.close()
     total = sum(statuses.values())
     print(f"fuzzed {total} requests: status classes {dict(statuses)}; {len(canaries)} canaries equal their solo run")
+    assert not any(t.is_alive() for t in senders), "a sender did not finish"
+    assert not send_errors, f"{len(send_errors)} cases got no response, e.g. {send_errors[:3]}"
     assert total >= 5000, statuses
     assert not server_errors, f"{len(server_errors)} cases got a 5xx, e.g. {server_errors[:3]}"
     assert statuses[2] > 50 and statuses[4] > 1000, statuses  # both valid and invalid requests were made
