@@ -5,6 +5,12 @@
 #                      epochs (4x H200, `train.init_from`, lr 2e-4, the same loop-cut data)
 #   .dev/head-ft1/     .dev/head-first fine-tuned 4 epochs on answers cut at their first repeated 32-gram
 #   .dev/head-first/   the first full head (trained from random weights)
+#   .dev/qwen-head/    the current EAGLE-3 head for Qwen2.5-Coder-0.5B-Instruct (1x H200: 2 epochs at lr 1e-3,
+#                      then 2 more at 3e-4 from that head, on .dev/qwen-regen's data cut at repeated 32-grams)
+#   .dev/qwen-regen/part00  the first user turn of every ShareGPT conversation answered by
+#                      Qwen2.5-Coder-0.5B-Instruct itself (greedy, at most 512 new tokens), as
+#                      `specheads prepare --regenerate --max-turns 1` wrote it (REGEN=.dev/qwen-regen for
+#                      head_pipeline.sh)
 # (the artifacts/ paths below are the names these files have in history and cannot change;
 # docs/history/2026-11-benchmark-log.md)
 #   .dev/regen/part00  ShareGPT answered by SmolLM2-135M-Instruct itself (greedy, every turn),
@@ -34,3 +40,7 @@ restore_head artifacts/smollm2-135m-eagle3-s7.safetensors \
   b5953ba822dc2845096b72c3fe981d931f41e58ef488ada721292efad2a06897 docs/results/smollm2-eagle3-4xh200-first .dev/head-first
 restore artifacts/sharegpt-regenerated-smollm2-135m-greedy.jsonl.gz \
   9dbe7b68b20d69d360cf4928af426560dd78c9c582865dfb348cec266c756ed3 .dev/regen/part00
+restore_head artifacts/qwen2.5-coder-0.5b-eagle3.safetensors \
+  d269c1078680955bdda58edaa684ece3402f3d32f1f687d906c6d5fa095ea4f8 docs/results/qwen-coder-0.5b-eagle3-h200 .dev/qwen-head
+restore artifacts/sharegpt-first-turns-regenerated-qwen2.5-coder-0.5b-greedy.jsonl.gz \
+  b147989a0113a09e2ea02e45f0891c203afa8af5f0399a86792f39c9f5b85d55 .dev/qwen-regen/part00

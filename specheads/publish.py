@@ -210,7 +210,15 @@ def _training_section(meta: dict) -> list[str]:
     if run:
         lines.append(f"- TTT steps {run.get('ttt_steps', '?')}, lr {run.get('lr', '?')}, batch size "
                      f"{run.get('batch_size', '?')} x grad accum {run.get('grad_accum', 1)}, "
-                     f"epochs {run.get('epochs', '?')}")
+                     f"epochs {run.get('epochs', '?')}"
+                     + (f", starting from an earlier head (`{scrub_paths(run['init_from'])}`)" if run.get("init_from")
+                        else ""))
+    gguf = next((t for t in (meta.get("target"), data.get("target")) if isinstance(t, str)
+                 and t.lower().endswith(".gguf")), None)
+    if gguf:  # the head learned the dequantized weights' hidden states, not the original checkpoint's
+        lines.append(f"- target: dequantized from the GGUF file `{Path(gguf).name}` on load; the head was trained "
+                     "on that model's hidden states, which differ slightly from the original checkpoint's, so "
+                     "acceptance with the original weights can differ a little")
     return lines + [""]
 
 
@@ -235,8 +243,11 @@ def _acceptance_section(meta: dict) -> list[str]:
 
 def _bench_section(bench: dict | None) -> list[str]:
     lines = ["## Decoding benchmark", ""]
+    if bench and bench.get("categories"):
+        return lines + _suite_rows(bench)
     if not bench or not bench.get("rows"):
-        return lines + ["Not measured (publish with `--bench results.json` from `scripts/bench.py` to add it).", ""]
+        return lines + ["Not measured (publish with `--bench` and the JSON of `scripts/bench.py` or of "
+                        "`specheads evaluate` to add it).", ""]
     lines += [f"`scripts/bench.py` on {bench.get('card', '?')}, {bench.get('dtype', '?')}, "
               f"{bench.get('max_new_tokens', '?')} new tokens, {bench.get('date', '?')}, draft as benchmarked "
               f"`{bench.get('draft', '?')}`:", "",
@@ -247,6 +258,28 @@ def _bench_section(bench: dict | None) -> list[str]:
         lines.append(f"| {r.get('prompts', '?')} | {r.get('batch', '?')} | {r.get('method', '?')} | "
                      f"{_fmt(r.get('tokens_per_s'), 1)} | {_fmt(accept, 2) if accept is not None else '-'} | "
                      f"{_fmt(r['speedup_vs_ar'], 2) if r.get('speedup_vs_ar') is not None else '-'} |")
+    return lines + [""]
+
+
+def _suite_rows(suite: dict) -> list[str]:
+    """The evaluation suite's JSON (`specheads evaluate --out`): a row per category and method."""
+    methods = [m["name"] for m in suite.get("methods", []) if m.get("name") != "ar"]
+    lines = [f"`specheads evaluate` ({suite.get('split', '?')} split) on {suite.get('card', '?')}, "
+             f"{str(suite.get('dtype', '?')).replace('torch.', '')}, batch {suite.get('batch_size', '?')}, "
+             f"{suite.get('max_new_tokens', '?')} new tokens, greedy, {suite.get('date', '?')}; acceptance = "
+             "tokens a verify step emits, speedup = tokens/s over plain decoding of the same prompts:", "",
+             "| category | prompts | plain tokens/s | " + " | ".join(f"{m} accept | {m} speedup" for m in methods) + " |",
+             "|---|---|---|" + "---|---|" * len(methods)]
+
+    def cells(row: dict) -> str:
+        return " | ".join(f"{_fmt((row.get(m) or {}).get('mean_accept_length'), 2)} | "
+                          f"{_fmt((row.get(m) or {}).get('speedup_vs_ar'), 2)}x" for m in methods)
+
+    for name, row in suite["categories"].items():
+        ar = row.get("ar") or {}
+        lines.append(f"| {name} | {ar.get('prompts', '?')} | {_fmt(ar.get('tokens_per_s'), 0)} | {cells(row)} |")
+    if suite.get("chat_macro_average"):
+        lines.append(f"| chat (mean of the non-coding categories) | | | {cells(suite['chat_macro_average'])} |")
     return lines + [""]
 
 

@@ -148,6 +148,39 @@ def test_model_card_with_bench_and_without_metadata(trained, tmp_path):
         publish_head(trained, REPO, dry_run=True, output=tmp_path / "c", bench=tmp_path / "nope.json")
 
 
+def test_card_shows_an_evaluation_suite_json(trained, tmp_path):
+    suite = {"card": "NVIDIA H200", "dtype": "torch.bfloat16", "date": "2026-11-29", "split": "test", "batch_size": 1,
+             "max_new_tokens": 256,
+             "methods": [{"name": "ar"}, {"name": "eagle3@4,4,10"}],
+             "categories": {
+                 "writing": {"ar": {"prompts": 64, "tokens_per_s": 1011.6},
+                             "eagle3@4,4,10": {"mean_accept_length": 3.214, "speedup_vs_ar": 1.9049}},
+                 "coding": {"ar": {"prompts": 64, "tokens_per_s": 1015.2},
+                            "eagle3@4,4,10": {"mean_accept_length": 2.887, "speedup_vs_ar": 1.7}}},
+             "chat_macro_average": {"eagle3@4,4,10": {"mean_accept_length": 3.214, "speedup_vs_ar": 1.9049}}}
+    (tmp_path / "suite.json").write_text(json.dumps(suite))
+    card = (publish_head(trained, REPO, dry_run=True, output=tmp_path / "s", bench=tmp_path / "suite.json").folder
+            / "README.md").read_text()
+    assert "| category | prompts | plain tokens/s | eagle3@4,4,10 accept | eagle3@4,4,10 speedup |" in card
+    assert "| writing | 64 | 1012 | 3.21 | 1.90x |" in card and "| coding | 64 | 1015 | 2.89 | 1.70x |" in card
+    assert "| chat (mean of the non-coding categories) | | | 3.21 | 1.90x |" in card
+    assert "(test split) on NVIDIA H200, bfloat16, batch 1, 256 new tokens" in card
+
+
+def test_card_says_a_gguf_target_was_dequantized_and_names_the_starting_head(trained):
+    head = load_head(trained)
+    meta = {"target": "/tmp/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "data": {"regenerated": True},
+            "run_config": {"train": {"lr": 3e-4, "init_from": "/tmp/runs/qwen/final"}}}
+    card = model_card(head.config, meta, meta["target"], REPO, "bfloat16", None,
+                      base_model="Qwen/Qwen2.5-Coder-0.5B-Instruct")
+    assert "dequantized from the GGUF file `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf`" in card
+    assert "starting from an earlier head (`<local>/final`)" in card and "/tmp/" not in card
+    meta["target"] = "Org/Target-1B"  # a hub checkpoint: nothing dequantized, no earlier head
+    del meta["run_config"]["train"]["init_from"]
+    card = model_card(head.config, meta, meta["target"], REPO, "bfloat16", None)
+    assert "dequantized" not in card and "earlier head" not in card
+
+
 def test_card_names_a_hub_target_as_base_model(trained):
     head = load_head(trained)
     front = _front_matter(model_card(head.config, {"license": "mit"}, "Org/Target-1B", REPO, "bfloat16", None))
