@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage a Qwen2.5-Coder GGUF on the device machine, one chunk a call (a call carries at most
-# 64 MiB with the working tree; the 0.5B's 491 MB go in 9 chunks, the 1.5B's 1.1 GB in 21).
+# 64 MiB with the working tree; the 0.5B's 491 MB go in 10 chunks of 52 MB, the 1.5B's 1.1 GB in 22).
 #   here, once:  bash scripts/fetch_qwen_pair.sh --split   (.dev/qwen/split-SIZE/partNN and SHA256)
 #   calls, back to back (the machine stays warm ~30 s between calls), chunk NN carried with SHA256:
 #       carry [".dev/qwen/split-0.5b/partNN", ".dev/qwen/split-0.5b/SHA256"]
