@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from specheads.runtime.defaults import DEFAULT_TREE
+from specheads.runtime.defaults import TREE_DEFAULT_HELP, resolve_tree
 
 CODING_PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -270,8 +270,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell after the warm-up (the median)")
     ap.add_argument("--peers", nargs="*", default=["hf", "hf-static-compile"])
     ap.add_argument("--peer-batch-sizes", type=int, nargs="*", default=[1], help="batch sizes the peers run at")
-    ap.add_argument("--tree", default=",".join(map(str, DEFAULT_TREE)), help="num_steps,topk,num_draft_tokens of eagle3-tree")
-    ap.add_argument("--chain-steps", type=int, default=DEFAULT_TREE[0])
+    ap.add_argument("--tree", default=None, help=f"num_steps,topk,num_draft_tokens of KIND-tree ({TREE_DEFAULT_HELP})")
+    ap.add_argument("--chain-steps", type=int, default=None, help="KIND-chain's depth (default: the head's tree's, else 6)")
     ap.add_argument("--verify-shape", choices=["none", "llama-8b"], default="none")
     ap.add_argument("--max-len", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0 samples, seeded (--seed)")
@@ -299,7 +299,9 @@ def main() -> None:
     if sampled and args.peers:
         print(f"sampling: the peers ({', '.join(args.peers)}) are skipped (their noise is not ours)", flush=True)
         args.peers = []
-    tree = tuple(int(x) for x in args.tree.split(","))
+    tree = resolve_tree(*((int(x) for x in args.tree.split(",")) if args.tree else (None, None, None)), head)
+    if args.chain_steps is None:  # the head's depth (else the default tree's), whatever --tree says
+        args.chain_steps = resolve_tree(None, None, None, head)[0]
 
     default_policy = args.speculation_policy or "fixed"
 

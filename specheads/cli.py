@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from specheads.runtime.defaults import DEFAULT_TREE
+from specheads.runtime.defaults import TREE_DEFAULT_HELP, resolve_tree
 
 METHOD_HELP = ("the drafter: ar (none), ngram, or a head kind such as eagle3 (default: the head's kind with "
                "--draft, else ar)")
@@ -269,8 +269,9 @@ def cmd_generate(args) -> int:
         else None
     # only a change from the drafter's default is passed (a head kind without the option is not handed it)
     drafter_options = {"lm_head_int8": False} if head is not None and args.draft_lm_head == "bf16" else {}
-    engine = SpecEngine(model, head, method=args.method, num_steps=args.num_steps, topk=args.topk,
-                        num_draft_tokens=args.num_draft_tokens, static_tree=args.static_tree, max_len=args.max_len,
+    steps, topk, n = resolve_tree(args.num_steps, args.topk, args.num_draft_tokens, head)
+    engine = SpecEngine(model, head, method=args.method, num_steps=steps, topk=topk,
+                        num_draft_tokens=n, static_tree=args.static_tree, max_len=args.max_len,
                         drafter_options=drafter_options, **_policy_options(args, device == "cuda"))
     prompts = []
     for text in args.prompt:
@@ -318,9 +319,12 @@ def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts per category")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0])
-    p.add_argument("--topk", type=int, default=DEFAULT_TREE[1])
-    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2])
+    p.add_argument("--num-steps", type=int, default=None, help=f"the tree of a method named without @S,K,N ({TREE_DEFAULT_HELP})")
+    p.add_argument("--topk", type=int, default=None)
+    p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--save-tree", action="store_true",
+                   help="with --split validation and a head folder: record the fastest of the head's trees measured "
+                        "(mean speedup over the categories) as the head's default tree in its specheads.json")
     p.add_argument("--estimate", action="store_true",
                    help="also estimate each method's acceptance without the decode loop (teacher-forced drafts on "
                         "ar's answers), beside the measured one")
@@ -330,9 +334,10 @@ def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
 def cmd_evaluate(args) -> int:
     import torch
 
-    from specheads.evaluation.run import environment, evaluate, parse_methods, print_table, save
+    from specheads.evaluation.run import (check_save_tree, choose_tree, environment, evaluate, parse_methods,
+                                          print_table, save)
     from specheads.evaluation.suite import SuiteError, load_suite
-    from specheads.heads.format import load_head
+    from specheads.heads.format import load_head, save_head_tree
     from specheads.target.loader import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -340,7 +345,9 @@ def cmd_evaluate(args) -> int:
     head = load_head(args.draft, device=device, dtype=dtype) if args.draft else None
     kind = head.kind if head is not None else "eagle3"
     methods = parse_methods(args.methods or ([kind] if head is not None else ["ngram"]),
-                            (args.num_steps, args.topk, args.num_draft_tokens), kind)
+                            resolve_tree(args.num_steps, args.topk, args.num_draft_tokens, head), kind)
+    if args.save_tree:
+        check_save_tree(args.split, args.draft, methods, kind)
     drafting = [m.name for m in methods if m.method not in ("ar", "ngram")]
     if drafting and head is None:
         raise SuiteError(f"methods {', '.join(drafting)} need a draft head (--draft)")
@@ -367,6 +374,11 @@ def cmd_evaluate(args) -> int:
     partial.unlink(missing_ok=True)
     print_table(report)
     print(f"wrote {js} and {png}")
+    if args.save_tree:
+        tree, chosen_on = choose_tree(report, methods, kind)
+        save_head_tree(args.draft, tree, {**chosen_on, "report": str(js)})
+        print(f"{args.draft}: default tree {','.join(map(str, tree))} (mean speedup {chosen_on['speedup']:.3f}x over "
+              f"{len(chosen_on['categories'])} categories of the validation split)")
     return 0
 
 
@@ -481,9 +493,9 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' (default: env SPECHEADS_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the `model` clients pass (default: the target's name)")
     p.add_argument("--method", default=None, help=METHOD_HELP)
-    p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0], help="draft depth (requests may ask for less)")
-    p.add_argument("--topk", type=int, default=DEFAULT_TREE[1], help="branching per node; 1 = chain")
-    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2], help="tree nodes verified per step (requests may ask for less)")
+    p.add_argument("--num-steps", type=int, default=None, help=f"draft depth (requests may ask for less; {TREE_DEFAULT_HELP})")
+    p.add_argument("--topk", type=int, default=None, help="branching per node; 1 = chain")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="tree nodes verified per step (requests may ask for less)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together")
     p.add_argument("--max-len", type=int, default=None, help="cache length per request: prompt + output")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; more get 429")
@@ -539,9 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-steps", type=int, default=DEFAULT_TREE[0], help="draft depth")
-    p.add_argument("--topk", type=int, default=DEFAULT_TREE[1], help="branching per node; 1 = chain")
-    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_TREE[2], help="tree nodes verified per step")
+    p.add_argument("--num-steps", type=int, default=None, help=f"draft depth ({TREE_DEFAULT_HELP})")
+    p.add_argument("--topk", type=int, default=None, help="branching per node; 1 = chain")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="tree nodes verified per step")
     p.add_argument("--static-tree", default=None, help="fixed tree, e.g. '0;1;0,0;0,1;0,0,0'")
     _add_policy_args(p)
     _add_kernel_args(p)

@@ -184,6 +184,15 @@ def model_card(cfg, meta: dict, target: str | None, repo_id: str, dtype: str, be
         f"    specheads generate --target {serve_target} --draft {repo_id} --prompt \"Hello\"",
         f"    specheads serve --target {serve_target} --draft {repo_id}", "",
     ]
+    tree = meta.get("tree") or {}
+    if tree.get("num_steps"):  # recorded by `specheads evaluate --save-tree`
+        how = tree.get("chosen_on") or {}
+        lines += [f"specheads drafts with this head's own tree by default: {tree['num_steps']} steps, topk "
+                  f"{tree['topk']}, {tree['num_draft_tokens']} draft tokens, the fastest of "
+                  f"{len(how.get('candidates') or {}) or 'the'} trees measured on the evaluation suite's "
+                  f"{how.get('split', 'validation')} split ({_fmt(how.get('speedup'), 2)}x plain decoding on "
+                  f"average{', ' + how['card'] if how.get('card') else ''}). `--num-steps`, `--topk` and "
+                  "`--num-draft-tokens` override it.", ""]
     refused = getattr(cfg, "refused_exports", dict)()  # engines whose loader does not take this head's shape
     for fmt, command in kind.launch.items():
         if fmt in refused:

@@ -78,6 +78,34 @@ def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str =
     return out
 
 
+def check_save_tree(split: str, draft: str | None, methods: list[Method], kind: str) -> None:
+    """--save-tree's preconditions, before any decoding: the validation split (the test split is only
+    reported), a local head folder, and at least one tree of the head's kind to choose from."""
+    if split != "validation":
+        raise SuiteError("--save-tree chooses on the validation split: pass --split validation (the test split "
+                         "is only reported)")
+    if draft is None or not Path(draft).is_dir():
+        raise SuiteError(f"--save-tree writes into the head's folder: --draft {draft!r} is not a local folder")
+    if not [m for m in methods if m.method == kind and m.topk > 1]:
+        raise SuiteError(f"--save-tree needs a tree of the head's kind among the methods, e.g. --methods "
+                         f"{kind}@6,4,15 {kind}@4,4,10")
+
+
+def choose_tree(report: dict, methods: list[Method], kind: str) -> tuple[tuple[int, int, int], dict]:
+    """The head's tree (topk > 1) with the best mean speedup over the report's categories, and how
+    it was chosen (each candidate's mean speedup, the categories and prompts, the card and date)."""
+    cells = report["categories"]
+    trees = [m for m in methods if m.method == kind and m.topk > 1]
+    means = {m.name: sum(cells[c][m.name]["speedup_vs_ar"] for c in cells) / len(cells) for m in trees}
+    best = max(trees, key=lambda m: means[m.name])
+    prompts = {c: cells[c]["ar"]["prompts"] for c in cells}
+    return (best.num_steps, best.topk, best.num_draft_tokens), {
+        "split": report.get("split"), "categories": list(cells), "prompts": prompts, "card": report.get("card"),
+        "date": report.get("date"), "batch_size": report.get("batch_size"),
+        "max_new_tokens": report.get("max_new_tokens"), "speedup": round(means[best.name], 4),
+        "candidates": {name: round(v, 4) for name, v in means.items()}}
+
+
 def contexts(target, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int, max_prompt_tokens: int,
              batch_size: int = 8) -> list[list[int]]:
     """Each prompt's token ids up to its last user turn, earlier answers decoded greedily by the

@@ -20,6 +20,8 @@ from specheads.heads.registry import DEFAULT_KIND, HeadKind, HeadKindError, head
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "specheads.json"
+TREE_KEY = "tree"  # specheads.json: the tree this head drafts by default, chosen on the validation split
+TREE_FIELDS = ("num_steps", "topk", "num_draft_tokens")
 
 
 
@@ -146,4 +148,40 @@ def load_head(folder: str | Path, device="cpu", dtype: torch.dtype | None = None
     head = kind.module(cfg)
     float_dtype = dtype or next(t.dtype for t in tensors.values() if t.is_floating_point())
     head.load_state_dict(tensors, strict=True)
+    head.tree = head_tree(folder)  # None: the runtime's default tree
     return head.to(device=device, dtype=float_dtype)
+
+
+def head_tree(folder: str | Path) -> tuple[int, int, int] | None:
+    """The (num_steps, topk, num_draft_tokens) a head folder's specheads.json names as its default
+    tree (`specheads evaluate --save-tree` writes it), checked; None when it names none."""
+    path = Path(folder) / META_FILE
+    if not path.is_file():
+        return None
+    entry = json.loads(path.read_text()).get(TREE_KEY)
+    if entry is None:
+        return None
+    want = (f"expected {{\"num_steps\": S, \"topk\": K, \"num_draft_tokens\": N}} with S, K >= 1 and "
+            "1 <= N <= K + (S - 1) K^2 (the nodes a tree of that depth and branching can hold)")
+    try:
+        steps, topk, n = (entry[f] for f in TREE_FIELDS)
+    except (KeyError, TypeError):
+        raise HeadFormatError(f"{path}: {TREE_KEY!r} is {entry!r}; {want}") from None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (steps, topk, n)) \
+            or steps < 1 or topk < 1 or not 1 <= n <= topk + (steps - 1) * topk * topk:
+        raise HeadFormatError(f"{path}: {TREE_KEY!r} is {entry!r}; {want}")
+    return steps, topk, n
+
+
+def save_head_tree(folder: str | Path, tree: tuple[int, int, int], chosen_on: dict) -> Path:
+    """Record `tree` as the head's default in its specheads.json, with how it was chosen."""
+    path = Path(folder) / META_FILE
+    if not path.is_file():
+        raise HeadFormatError(f"{folder}: no {META_FILE} to record the tree in (a head folder written by specheads)")
+    meta = json.loads(path.read_text())
+    meta[TREE_KEY] = {**dict(zip(TREE_FIELDS, (int(v) for v in tree))), "chosen_on": chosen_on}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    head_tree(folder)  # what was written reads back
+    return path

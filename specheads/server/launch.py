@@ -10,20 +10,21 @@ import time
 
 import uvicorn
 
-from specheads.runtime.defaults import DEFAULT_TREE
+from specheads.runtime.defaults import resolve_tree
 from specheads.server.app import ServerConfig, create_app
 
 log = logging.getLogger(__name__)
 
 
-def load_engine(target: str | None, draft: str | None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
-                topk: int = DEFAULT_TREE[1], num_draft_tokens: int = DEFAULT_TREE[2], max_batch: int = 8,
+def load_engine(target: str | None, draft: str | None, method: str | None = None, num_steps: int | None = None,
+                topk: int | None = None, num_draft_tokens: int | None = None, max_batch: int = 8,
                 max_len: int | None = None, draft_lm_head_int8: bool = True, speculation_policy: str | None = None,
                 speculation_tiers: str | None = None, speculation_profile: str | None = None,
                 speculation_settings: str | None = None):
     """(engine, tokenizer, target folder) on the GPU if there is one. draft_lm_head_int8: the
     head's drafter drafts with an int8 lm_head (changes drafts only, never the output).
-    speculation_policy: fixed or adaptive (None: runtime.policy.default_policy)."""
+    speculation_policy: fixed or adaptive (None: runtime.policy.default_policy). A tree value left
+    None comes from the head's own tree, else from the runtime's default (defaults.resolve_tree)."""
     import torch
 
     from specheads.drafters import method_needs_head
@@ -38,6 +39,7 @@ def load_engine(target: str | None, draft: str | None, method: str | None = None
     head = load_draft(draft, tok, device=device, dtype=dtype) if draft and method_needs_head(method) else None
     policy = speculation_policy or default_policy(device == "cuda", speculation_tiers, speculation_profile,
                                                   speculation_settings)
+    num_steps, topk, num_draft_tokens = resolve_tree(num_steps, topk, num_draft_tokens, head)
     engine = SpecEngine(model, head, method=method, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
                         max_len=max_len, max_batch=max_batch,
                         drafter_options=_drafter_options(head, draft_lm_head_int8), speculation_policy=policy,
