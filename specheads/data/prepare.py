@@ -166,10 +166,11 @@ def prepare(opts: PrepareOptions) -> dict:
     mix = None
     if sources is None:
         conversations = list(
-            tqdm(read_conversations(opts.data, skips, opts.limit), desc="read", unit="conv", leave=False)
+            tqdm(read_conversations(opts.data, skips, opts.limit, answered=not opts.regenerate), desc="read",
+                 unit="conv", leave=False)
         )
     else:
-        conversations, mix = mix_conversations(sources, skips, opts.limit, opts.mix_seed)
+        conversations, mix = mix_conversations(sources, skips, opts.limit, opts.mix_seed, answered=not opts.regenerate)
     phase("target_and_read")
     if opts.regenerate:
         from specheads.data.regenerate import regenerate_on

@@ -2,11 +2,14 @@
 
 Every row becomes `Conversation(id, messages)` with messages `[{"role", "content"}]`
 and roles in {system, user, assistant}. Rows that cannot be read are counted by reason
-by the caller; nothing is dropped silently.
+by the caller; nothing is dropped silently. Rows of prompts alone (user turns, no answer) are
+read only where the target answers them (`prepare --regenerate`); a source of nothing but
+such rows is an error otherwise.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections import Counter
@@ -23,6 +26,12 @@ DEFAULT_DATA = "sharegpt"  # the embedded default: the (truncated) file in share
 # conversations, about 4,000 with a reply)
 CHITCHAT_DATA = "chitchat"
 CHITCHAT_PACKAGE = "chitchat-dataset==0.9.0"
+# programming prompts built from the CPython standard library's functions (PSF-2.0) by
+# scripts/build_code_prompts.py, shipped in this package: one user turn each, no answer, so they
+# are read only for `prepare --regenerate`, where the target answers them
+CODE_PROMPTS_DATA = "code-prompts"
+CODE_PROMPTS_FILE = Path(__file__).parent / "code_prompts.jsonl.gz"
+CODE_PROMPTS_INFO = Path(__file__).parent / "code_prompts.json"  # what built it: counts, Python version, licence
 
 ROLE_ALIASES = {
     "human": "user",
@@ -103,6 +112,14 @@ def chitchat_rows(path: Path) -> Iterator[dict]:
         yield {"id": conv_id, "messages": turns} if turns is not None else {"id": conv_id, "messages": "?"}
 
 
+def code_prompt_rows() -> Iterator[dict]:
+    """The packaged code prompts: {"id", "messages": [one user turn]} rows."""
+    with gzip.open(CODE_PROMPTS_FILE, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
 def iter_json_objects(path: Path) -> Iterator[dict]:
     """Objects of a top-level JSON array, one by one; stops cleanly at a cut-off tail.
 
@@ -158,6 +175,9 @@ def _iter_rows(source: str) -> Iterator[dict]:
     if source == CHITCHAT_DATA:
         yield from chitchat_rows(embedded_chitchat())
         return
+    if source == CODE_PROMPTS_DATA:
+        yield from code_prompt_rows()
+        return
     path = Path(source).expanduser()
     if source == DEFAULT_DATA:
         path = embedded_sharegpt()
@@ -183,9 +203,14 @@ def _iter_rows(source: str) -> Iterator[dict]:
     yield from datasets.load_dataset(name, split=split or "train")
 
 
-def read_conversations(source: str, skips: SkipLog, limit: int | None = None) -> Iterator[Conversation]:
-    """Yields well-formed conversations; records every skipped row in `skips`."""
-    kept = 0
+def read_conversations(source: str, skips: SkipLog, limit: int | None = None,
+                       answered: bool = True) -> Iterator[Conversation]:
+    """Yields well-formed conversations; records every skipped row in `skips`.
+
+    `answered`: a conversation needs an assistant answer (False: a user turn will do, for
+    `prepare --regenerate`, where the target writes every answer); a source none of whose rows
+    has one is then an error that names it and says to regenerate."""
+    kept = unanswered = 0
     for idx, row in enumerate(_iter_rows(source)):
         row_id = str(row.get("id", idx)) if isinstance(row, dict) else str(idx)
         if not isinstance(row, dict):
@@ -202,13 +227,23 @@ def read_conversations(source: str, skips: SkipLog, limit: int | None = None) ->
         if not messages:
             skips.skip("empty conversation", row_id)
             continue
-        if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+        if not answered:
+            if not any(m["role"] == "user" for m in messages):
+                skips.skip("no user turn", row_id)
+                continue
+        elif not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
             skips.skip("no assistant turn", row_id)
+            unanswered += 1
             continue
         yield Conversation(row_id, messages)
         kept += 1
         if limit is not None and kept >= limit:
             return
+    if kept == 0 and unanswered:
+        raise DataError(
+            f"no usable conversations in data {source!r}: none of its rows has an assistant answer "
+            f"({unanswered} skipped as 'no assistant turn'); prompts alone need `prepare --regenerate`, "
+            "which has the target answer them")
 
 
 def check_data_source(source: str) -> None:
@@ -218,6 +253,10 @@ def check_data_source(source: str) -> None:
         return
     if source == CHITCHAT_DATA:
         embedded_chitchat()
+        return
+    if source == CODE_PROMPTS_DATA:
+        if not CODE_PROMPTS_FILE.is_file():
+            raise FileNotFoundError(f"{CODE_PROMPTS_FILE} is missing: build it with scripts/build_code_prompts.py")
         return
     path = Path(source).expanduser()
     if os.sep in source or path.suffix in (".json", ".jsonl", ".parquet"):

@@ -43,7 +43,7 @@ def test_ratios_are_normalised_and_labels_unique(two_sources):
 
 @pytest.mark.parametrize("raw, message", [
     ([], "data.sources is empty"),
-    ([{"name": "nosuch"}], r"data.sources\[0\]: unknown source 'nosuch'; known: sharegpt, chitchat, jsonl"),
+    ([{"name": "nosuch"}], r"data.sources\[0\]: unknown source 'nosuch'; known: sharegpt, chitchat, code-prompts, jsonl"),
     ([{"name": "sharegpt"}, {"name": "sharegpt", "ratio": 0}], r"data.sources\[1\]: ratio must be a positive"),
     ([{"name": "jsonl"}], "a jsonl source needs a path"),
     ([{"name": "chitchat", "path": "x.jsonl"}], "takes no path"),
@@ -153,7 +153,7 @@ def test_chitchat_rows_alternate_user_and_assistant(tmp_path, monkeypatch):
     convs = list(read_conversations("chitchat", skips))
     assert [c.id for c in convs] == ["c1"]
     assert skips.counts == {"no assistant turn": 1, "row has neither 'messages' nor 'conversations'": 1}
-    assert set(mix_module.SOURCES) >= {"sharegpt", "chitchat", "jsonl"}
+    assert set(mix_module.SOURCES) >= {"sharegpt", "chitchat", "code-prompts", "jsonl"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("chitchat_dataset") is None, reason="chitchat-dataset is not installed")

@@ -99,7 +99,7 @@ def test_no_assistant_turns_fails_before_writing(tmp_path, tiny_target_dir):
     with pytest.raises(DataError, match="no usable conversations") as e:
         prepare(PrepareOptions(target=str(tiny_target_dir), data=str(src), output=str(out), max_length=64,
                                draft_vocab_size=DRAFT_VOCAB))
-    assert "no assistant turn" in str(e.value)
+    assert "no assistant turn" in str(e.value) and str(src) in str(e.value) and "--regenerate" in str(e.value)
     assert not out.exists()
 
 
