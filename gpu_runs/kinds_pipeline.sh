@@ -14,7 +14,8 @@
 # Env: BUDGET (s, default 550), KINDS ("eagle3 mtp eagle medusa"), EPOCHS (1), BATCH (16 conversations
 #      an optimizer step, one process a kind), ROOT (/tmp/kinds), REGEN (.dev/regen), NGPU (all; 0 = CPU),
 #      PREPARE_ARGS (--cut-loops 32, as the current head's data), TRAIN_ARGS (extra --set ... for every
-#      kind), CHAT_PER_CATEGORY (10: 70 chat prompts), CODING (64), SPLIT (test; validation for an ablation), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
+#      kind), CHAT_PER_CATEGORY (10: 70 chat prompts), CODING (64; with SPLIT=validation 40, all it has),
+#      SPLIT (test; validation for an ablation: the suite's validation part, 40 prompts a category), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
 #      BENCH_NEED (s left that a bench of one prompt set needs to start, 200), PY (python3), ARGS_<kind> (extra
 #      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; a variant KIND+LABEL in KINDS is
 #      a run of its own with ARGS_KIND_LABEL, e.g. KINDS="mtp mtp+rand" ARGS_mtp_rand="--set
@@ -22,7 +23,22 @@
 #      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6),
 #      TREES ("S,K,N ..." candidate trees for every kind; TREES_<kind> for one: each kind benches the one with the
 #      best mean speedup at batch 1 on the validation split's chat prompts, TUNE_PER_CATEGORY (8) of each chat
-#      category, `specheads evaluate` with TUNE_ARGS; bench/KIND-tree.json records the choice; unset: 6,4,15 for all).
+#      category, `specheads evaluate` with TUNE_ARGS; bench/KIND-tree.json records the choice; unset: 6,4,15 for all;
+#      with SPLIT=validation the benches then run on prompts the tree was chosen on).
+# An ablation's variants (issue 20; gpu_runs/README.md, "An ablation on the validation split"):
+#      EPOCHS_<kind> (that run's epochs instead of EPOCHS, e.g. EPOCHS_eagle3_4ep=4);
+#      DATA_<kind> ("SOURCE[:FRACTION] ...": that run's own data, e.g. DATA_eagle3_code="code-prompts:1"): each
+#      SOURCE (a packaged source of `prepare --data`: code-prompts, chitchat) is answered once by the target
+#      (`prepare --data SOURCE --regenerate PREPARE_ARGS REGEN_ARGS`, REGEN_ARGS default --batch-size 512: greedy,
+#      every turn, at most 512 new tokens, as .dev/regen's ShareGPT was), kept in ROOT/regen-SOURCE for every run
+#      naming it and returned once as $OUT/regen-SOURCE.jsonl.gz (saved here as REGEN-SOURCE/part00, e.g.
+#      .dev/regen-code-prompts/part00, and carried, a later machine takes it instead of regenerating); the run's
+#      data is then the whole ShareGPT regeneration plus FRACTION (0 < FRACTION <= 1, default 1: all) of each
+#      SOURCE's answered conversations: `prepare PREPARE_ARGS --set data.sources=[{name: jsonl, path: ..., ratio:
+#      COUNT}, ...] --limit SUM` (each part's conversation count as its ratio) into ROOT/prepared-SPEC (shared by
+#      the runs naming the same SPEC). Once trained, such a run is also evaluated on the shared data's held-out
+#      split (`specheads eval --rows EVAL_ROWS`, 256: runs/KIND/eval_shared.json), the conversations every other
+#      row's held-out figures come from. DATA_NEED (s left that a regeneration or a variant's prepare needs, 300).
 set -uo pipefail
 source gpu_runs/env.sh  # a TARGET set before (the CPU dry run) wins over env.sh's
 T0=$SECONDS
@@ -37,6 +53,9 @@ PREPARE_ARGS=${PREPARE_ARGS---cut-loops 32}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 BENCH_ARGS=${BENCH_ARGS:-}
 BENCH_NEED=${BENCH_NEED:-200}
+SPLIT=${SPLIT:-test}
+REGEN_ARGS=${REGEN_ARGS---batch-size 512}
+DATA_NEED=${DATA_NEED:-300}
 CHAT_CATEGORIES=${CHAT_CATEGORIES:-writing roleplay reasoning math extraction stem humanities}
 if [ -z "${NGPU:-}" ]; then NGPU=$(nvidia-smi -L 2>/dev/null | wc -l); fi
 DATA=$ROOT/prepared
@@ -67,8 +86,8 @@ if [ ! -f $DATA/prepare_report.json ]; then
   cp $DATA/prepare_report.json $ROOT/
 fi
 if [ ! -f $ROOT/prompts/prompts.json ]; then
-  $PY gpu_runs/kinds_table.py prompts --out $ROOT/prompts --per-category ${CHAT_PER_CATEGORY:-10} --coding ${CODING:-64} \
-    --split ${SPLIT:-test}
+  $PY gpu_runs/kinds_table.py prompts --out $ROOT/prompts --per-category ${CHAT_PER_CATEGORY:-10} \
+    --coding ${CODING:-$([ $SPLIT = validation ] && echo 40 || echo 64)} --split $SPLIT
 fi
 # the code that ran: the device's git HEAD may be an older commit than the tree it was given, so
 # also a hash of specheads/ (here, of a commit: python3 gpu_runs/code_hash.py --commit COMMIT)
@@ -77,16 +96,82 @@ cat > $ROOT/settings.json <<EOF
 {"kinds": [$(printf '"%s",' $KINDS | sed 's/,$//')], "epochs": $EPOCHS, "batch": $BATCH, "card": "$CARD",
  "max_new_tokens": 256, "commit": "$(git rev-parse --short HEAD 2>/dev/null || echo ?)", "code_sha1": "$(code_sha1)",
  "prepare_args": "$PREPARE_ARGS", "train_args": "$TRAIN_ARGS", "bench_args": "$BENCH_ARGS",
- "kind_args": {$(for k in $KINDS; do v=ARGS_${k//[^A-Za-z0-9_]/_}; printf '"%s": "%s",' $k "${!v:-}"; done | sed 's/,$//')}}
+ "kind_args": {$(for k in $KINDS; do v=ARGS_${k//[^A-Za-z0-9_]/_}; printf '"%s": "%s",' $k "${!v:-}"; done | sed 's/,$//')},
+ "kind_epochs": {$(for k in $KINDS; do v=EPOCHS_${k//[^A-Za-z0-9_]/_}; printf '"%s": %s,' $k "${!v:-$EPOCHS}"; done | sed 's/,$//')},
+ "kind_data": {$(for k in $KINDS; do v=DATA_${k//[^A-Za-z0-9_]/_}; printf '"%s": "%s",' $k "${!v:-}"; done | sed 's/,$//')},
+ "split": "$SPLIT", "regen_args": "$REGEN_ARGS"}
 EOF
+
+# ---------------------------------------------------------------- a variant's own data (DATA_<kind>), once
+data_spec() { local v=DATA_${1//[^A-Za-z0-9_]/_}; echo "${!v:-}"; }
+data_of() {  # the prepared folder kind $1 trains on
+  local spec; spec=$(data_spec $1)
+  if [ -n "$spec" ]; then echo "$ROOT/prepared-$(echo $spec | tr -c 'A-Za-z0-9.\n-' '_')"; else echo $DATA; fi
+}
+answered() {  # $1: a source; 0 once the target's answers are in $ROOT/regen-$1/regenerated.jsonl.gz
+  local src=$1 dir=$ROOT/regen-$1 l
+  [ -f $dir/done ] && return 0
+  mkdir -p $dir
+  if ls $REGEN-$src/part* >/dev/null 2>&1; then  # answered on an earlier machine ($OUT/regen-SOURCE.jsonl.gz)
+    cat $REGEN-$src/part* > $dir/regenerated.jsonl.gz && echo "saved: $REGEN-$src" > $dir/done
+    echo "kinds: $src answered as $REGEN-$src saved it"; return 0
+  fi
+  l=$(left)
+  [ $l -lt $DATA_NEED ] && { echo "kinds: $src regeneration next call ($l s left)"; return 1; }
+  echo "kinds: the target answers $src ($l s left)"
+  # a cut run resumes: prepare --regenerate saves its state a chunk at a time in $dir
+  timeout -s TERM -k 20 $(( l - 60 )) $PY -m specheads.cli prepare --target $TARGET --output $dir --data $src \
+    --regenerate $([ "$NGPU" -gt 1 ] && echo --devices $NGPU) $PREPARE_ARGS $REGEN_ARGS > $ROOT/logs/$src.regen.log 2>&1
+  grep -v -E "it/s\]|conv/s\]|turn/s\]|s/turn\]|^frame #" $ROOT/logs/$src.regen.log | tail -8
+  [ -f $dir/prepare_report.json ] || { echo "kinds: $src regeneration to be continued"; return 1; }
+  echo regenerated > $dir/done
+  cp $dir/regenerated.jsonl.gz $OUT/regen-$src.jsonl.gz
+}
+variant_data() {  # $1: a kind with DATA_<kind>; 0 once its prepared folder is there
+  local spec out item src frac n0 n limit srcs l log
+  spec=$(data_spec $1); out=$(data_of $1)
+  [ -f $out/prepare_report.json ] && return 0
+  for item in $spec; do answered ${item%%:*} || return 1; done
+  n0=$(zcat $ROOT/regenerated.jsonl.gz | wc -l); limit=$n0
+  srcs="{name: jsonl, path: '$ROOT/regenerated.jsonl.gz', ratio: $n0}"
+  for item in $spec; do
+    src=${item%%:*}; frac=1; [ "$item" != "$src" ] && frac=${item#*:}
+    n=$(zcat $ROOT/regen-$src/regenerated.jsonl.gz | wc -l)
+    n=$(awk -v n=$n -v f=$frac 'BEGIN { if (!(f > 0 && f <= 1)) exit 1; printf "%d", n * f + 0.5 }') \
+      || { echo "kinds: $1: the fraction $frac of $src is not in (0, 1]"; return 1; }
+    [ $n -ge 1 ] || { echo "kinds: $1: $item leaves no conversation of $src"; return 1; }
+    srcs="$srcs, {name: jsonl, path: '$ROOT/regen-$src/regenerated.jsonl.gz', ratio: $n}"; limit=$(( limit + n ))
+  done
+  l=$(left)
+  [ $l -lt $DATA_NEED ] && { echo "kinds: $1's data ($spec) next call ($l s left)"; return 1; }
+  echo "kinds: $1's data: the ShareGPT regeneration ($n0) + $spec, $limit conversations ($l s left)"
+  log=$ROOT/logs/data-${out##*/prepared-}.prepare.log
+  timeout -s TERM -k 20 $(( l - 60 )) $PY -m specheads.cli prepare --target $TARGET --output $out \
+    --set "data.sources=[$srcs]" --limit $limit $PREPARE_ARGS > $log 2>&1
+  grep -v -E "it/s\]|conv/s\]|turn/s\]|s/turn\]|^frame #" $log | tail -12
+  [ -f $out/prepare_report.json ] || { echo "kinds: $1's data to be continued"; return 1; }
+}
+for kind in $KINDS; do  # before any training, so that a regeneration has the GPU alone
+  [ -n "$(data_spec $kind)" ] && variant_data $kind
+done
 
 last_step() {  # the newest finished checkpoint's step (0 if none)
   ls -d $1/checkpoints/step_* 2>/dev/null | sed 's/.*step_//' | grep -E '^[0-9]+$' | sort -n | tail -1 | grep . || echo 0
 }
 
 # ---------------------------------------------------------------- one kind: train (resuming), then bench
-kind_job() {  # $1: a kind, or a variant KIND+LABEL (its own run, with ARGS_KIND_LABEL)
+kind_job() {  # $1: a kind, or a variant KIND+LABEL (its own run, with ARGS_, EPOCHS_ and DATA_KIND_LABEL)
   local kind=$1 run=$ROOT/runs/$1 t s0 rc l src extra=ARGS_${1//[^A-Za-z0-9_]/_} head=${1%%+*}
+  local ep=EPOCHS_${1//[^A-Za-z0-9_]/_} epochs data spec
+  epochs=${!ep:-$EPOCHS}; data=$(data_of $1); spec=$(data_spec $1)
+  [ -f $data/prepare_report.json ] || { echo "kinds: $kind waits for its data ($spec)"; return; }
+  mkdir -p $run
+  cp $data/prepare_report.json $run/data_report.json
+  # what this run is (the table reads it: runs of several machines' kinds.tgz unpacked into one folder)
+  cat > $run/variant.json <<EOF
+{"kind": "$kind", "head": "$head", "epochs": $epochs, "args": "${!extra:-}", "train_args": "$TRAIN_ARGS",
+ "data_spec": "$spec", "data": "$data", "split": "$SPLIT"}
+EOF
   if [ ! -f $run/final/model.safetensors ]; then
     l=$(left)
     [ $l -lt 120 ] && { echo "kinds: $kind trains next call"; return; }
@@ -94,8 +179,8 @@ kind_job() {  # $1: a kind, or a variant KIND+LABEL (its own run, with ARGS_KIND
     echo "kinds: $kind trains from step $s0 ($l s left)"
     # SIGTERM 45 s before the end: the trainer finishes its step, saves a checkpoint and exits
     timeout -s TERM -k 30 $(( l - 45 )) $PY train/train.py --config configs/smollm2-135m-eagle3.yaml \
-      --target $TARGET --data $DATA --output-dir $run --set head.kind=$head \
-      --set train.batch_size=$BATCH --set train.epochs=$EPOCHS --set train.deepspeed=null \
+      --target $TARGET --data $data --output-dir $run --set head.kind=$head \
+      --set train.batch_size=$BATCH --set train.epochs=$epochs --set train.deepspeed=null \
       --set train.save_every=200 --set train.eval_every=100000 --set train.log_every=25 $TRAIN_ARGS ${!extra:-} \
       >> $ROOT/logs/$kind.train.log 2>&1
     rc=$?
@@ -104,6 +189,14 @@ kind_job() {  # $1: a kind, or a variant KIND+LABEL (its own run, with ARGS_KIND
     [ -f $run/final/model.safetensors ] || { echo "kinds: $kind training to be continued (rc $rc)"; return; }
   fi
   [ -f $run/params.json ] || $PY gpu_runs/kinds_table.py params $run/final > $run/params.json
+  if [ -n "$spec" ] && [ ! -f $run/eval_shared.json ]; then  # held out: the conversations of the other runs
+    l=$(left)
+    [ $l -lt 90 ] && { echo "kinds: $kind held-out evaluation on the shared data next call"; return; }
+    timeout -s TERM -k 10 $(( l - 15 )) $PY -m specheads.cli eval --draft $run/final --data $DATA --target $TARGET \
+      --rows ${EVAL_ROWS:-256} --json > $run/.eval_shared.json 2>> $ROOT/logs/$kind.train.log \
+      && mv $run/.eval_shared.json $run/eval_shared.json \
+      || { echo "kinds: $kind held-out evaluation on the shared data failed or cut"; tail -5 $ROOT/logs/$kind.train.log; return; }
+  fi
   # the tree: chosen on the validation split's chat prompts where TREES (or TREES_<kind>) names candidates
   local trees=TREES_${1//[^A-Za-z0-9_]/_} cands tree_arg="" t
   cands=${!trees:-${TREES:-}}
@@ -177,6 +270,6 @@ if [ $all -eq 1 ] || [ "${TABLE_ANYWAY:-0}" = 1 ]; then
 fi
 # what comes back each call (small files only: no weights, no checkpoints)
 tar -czf $OUT/kinds.tgz -C $ROOT --exclude=checkpoints --exclude=final --exclude=prepared --exclude=regenerated.jsonl.gz \
-  --exclude='*.safetensors' --exclude='hidden_cache' .
+  --exclude='prepared-*' --exclude='regen-*' --exclude='*.safetensors' --exclude='hidden_cache' .
 ls -la $OUT
 if [ $all -eq 1 ]; then echo "kinds: table ready"; else echo "kinds: to be continued"; fi

@@ -16,16 +16,23 @@ ROOT is the pipeline's folder (default /tmp/kinds); per kind it reads
     runs/KIND/metrics.jsonl      the trainer's curves (loss records: step, elapsed_s since that call's start)
     runs/KIND/train_summary.json the trainer's summary with the held-out eval/* keys (written once trained)
     runs/KIND/params.json        `params` above
+    runs/KIND/variant.json       what the run is: its epochs, extra args and data (DATA_ spec, "" = the shared data)
+    runs/KIND/data_report.json   the prepare report of the data it trained on (train tokens, the mix)
+    runs/KIND/eval_shared.json   a run on its own data (DATA_<kind>): `specheads eval` on the shared data's
+                                 held-out split, the conversations of every other run's held-out figures
     bench/KIND-SOURCE.json       scripts/bench.py with --methods ar KIND-tree (SOURCE: chat, coding)
     bench/KIND-tree.json         `pick-tree` above, where the kind's tree was chosen on the validation split
-and settings.json (epochs, batch, kinds, ...) and prepare_report.json.
+and settings.json (epochs, batch, kinds, ...) and prepare_report.json. Runs of several machines (each
+call's kinds.tgz unpacked into one ROOT) make one table: the kinds of settings.json, then any other
+run folder, each described by its own variant.json.
 
 Time per epoch is the training loop's seconds per optimizer step (metrics.jsonl, summed over the
 calls it took; target load, evaluation and checkpoints not counted) times the steps of one
 epoch; GPU-minutes are the training processes' whole wall time (calls.jsonl), one GPU each.
 Simulated acceptance is the trainer's held-out chain acceptance (eval/accept_length: a chain as
 deep as the head drafts, at most train.ttt_steps); served acceptance is scripts/bench.py's mean
-acceptance length of the KIND-tree rows.
+acceptance length of the KIND-tree rows. A run on its own data shows its figures on the shared
+data's held-out split (eval_shared.json; its own split's stay in the JSON as own_heldout_*).
 """
 
 from __future__ import annotations
@@ -138,12 +145,17 @@ def bench_rows(root: Path, kind: str) -> dict:
     return cells
 
 
-def run_epochs(settings: dict, kind: str) -> float:
-    """The epochs a run trained: the pipeline's EPOCHS, unless TRAIN_ARGS or the run's own
-    ARGS_<kind> set train.epochs (the later one wins, as on the trainer's command line)."""
-    args = f"{settings.get('train_args', '')} {(settings.get('kind_args') or {}).get(kind, '')}"
+def run_epochs(settings: dict, kind: str, variant: dict | None = None) -> float:
+    """The epochs a run trained: the pipeline's EPOCHS (or the run's EPOCHS_<kind>), unless
+    TRAIN_ARGS or the run's own ARGS_<kind> set train.epochs (the later one wins, as on the
+    trainer's command line). `variant`: the run's variant.json, where the pipeline wrote one."""
+    if variant:
+        args, epochs = f"{variant.get('train_args', '')} {variant.get('args', '')}", variant.get("epochs")
+    else:
+        args = f"{settings.get('train_args', '')} {(settings.get('kind_args') or {}).get(kind, '')}"
+        epochs = (settings.get("kind_epochs") or {}).get(kind)
     given = re.findall(r"train\.epochs=(\S+)", args)
-    return float(given[-1] if given else settings.get("epochs", 1))
+    return float(given[-1] if given else epochs if epochs is not None else settings.get("epochs", 1))
 
 
 def kind_row(root: Path, kind: str, settings: dict) -> dict:
@@ -152,9 +164,14 @@ def kind_row(root: Path, kind: str, settings: dict) -> dict:
     params = read_json(run / "params.json") or {}
     calls = read_jsonl(run / "calls.jsonl")
     metrics = read_jsonl(run / "metrics.jsonl")
+    variant = read_json(run / "variant.json")
     seconds, steps = loop_seconds(metrics)
-    epochs = run_epochs(settings, kind)
+    epochs = run_epochs(settings, kind, variant)
     total = summary.get("steps")
+    data = (variant or {}).get("data_spec", (settings.get("kind_data") or {}).get(kind, "")) or ""
+    prep = read_json(run / "data_report.json") or ({} if data else read_json(root / "prepare_report.json") or {})
+    shared = read_json(run / "eval_shared.json") if data else None
+    held = shared or summary  # a run on its own data: held out on the shared data's conversations
     row = {
         "kind": kind,
         "trained": bool(summary),
@@ -168,10 +185,18 @@ def kind_row(root: Path, kind: str, settings: dict) -> dict:
         "s_per_epoch": seconds / steps * total / epochs if steps and total else None,
         "gpu_minutes": round(sum(c.get("wall_s", 0) for c in calls) / 60, 2) if calls else None,
         "tokens": summary.get("tokens"),
-        "heldout_acc": summary.get("eval/acc"),
-        "heldout_chain_acc": summary.get("eval/chain_acc"),
-        "sim_accept": summary.get("eval/accept_length"),
-        "sim_accept_opening": summary.get("eval/accept_length_opening"),
+        "data": data,  # DATA_<kind> ("" = the shared data)
+        "train_tokens": prep.get("train_tokens"),
+        "conversations": prep.get("conversations"),
+        "mix": [{k: r.get(k) for k in ("label", "path", "drawn", "share", "loss_token_share")}
+                for r in (prep.get("mix") or {}).get("sources", [])] or None,
+        "heldout_on": "own" if data and not shared else "shared",
+        "heldout_acc": held.get("eval/acc"),
+        "heldout_chain_acc": held.get("eval/chain_acc"),
+        "sim_accept": held.get("eval/accept_length"),
+        "sim_accept_opening": held.get("eval/accept_length_opening"),
+        **({"own_heldout_acc": summary.get("eval/acc"), "own_sim_accept": summary.get("eval/accept_length")}
+           if shared else {}),
         "tree": (read_json(root / "bench" / f"{kind}-tree.json") or {}).get("chosen"),
         "cells": {},
     }
@@ -210,7 +235,9 @@ def goals(rows: list[dict]) -> list[dict]:
 
 def build(root: Path) -> dict:
     settings = read_json(root / "settings.json") or {}
-    kinds = settings.get("kinds") or sorted(p.name for p in (root / "runs").iterdir() if p.is_dir())
+    found = sorted(p.name for p in (root / "runs").iterdir() if p.is_dir()) if (root / "runs").is_dir() else []
+    kinds = list(settings.get("kinds") or [])
+    kinds += [k for k in found if k not in kinds]  # runs of other machines' calls unpacked here too
     rows = [kind_row(root, k, settings) for k in kinds]
     ar = {}
     for cell in (f"{s}-b{b}" for s in SOURCES for b in BATCHES):
@@ -231,16 +258,17 @@ def fmt(x, spec: str, none: str = "-") -> str:
 
 
 def markdown(table: dict) -> str:
-    head = ["kind", "params (M)", "s / epoch", "GPU-min", "held-out acc per depth", "sim. accept",
+    head = ["kind", "params (M)", "train tokens (M)", "s / epoch", "GPU-min", "held-out acc per depth", "sim. accept",
             "served accept chat / coding"]
     head += [f"{s} b{b} tok/s (x ar)" for s in SOURCES for b in BATCHES] + ["= ar b1 (chat b1/b8, coding b1/b8)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ar = table["ar"]
     ar_cells = [f"{ar[c]['median']:.0f} ({ar[c]['min']:.0f}-{ar[c]['max']:.0f})" if c in ar else "-"
                 for c in (f"{s}-b{b}" for s in SOURCES for b in BATCHES)]
-    lines.append("| ar (median of the kinds' runs) | | | | | | | " + " | ".join(ar_cells) + " | |")
+    lines.append("| ar (median of the kinds' runs) | | | | | | | | " + " | ".join(ar_cells) + " | |")
     for r in table["rows"]:
         acc = "/".join(f"{a:.2f}" for a in r["heldout_acc"]) if r["heldout_acc"] else "-"
+        own = " (own split)" if r["heldout_on"] == "own" and r["heldout_acc"] else ""  # no eval_shared.json
         cells, same = [], []
         for s in SOURCES:
             for b in BATCHES:
@@ -252,18 +280,28 @@ def markdown(table: dict) -> str:
         params = fmt(r["trainable_params"] / 1e6 if r["trainable_params"] else None, ".1f")
         shape = r.get("shape") or {}
         label = r["kind"] + (f" ({shape['num_modules']} modules)" if head_kind(r["kind"]) == "mtp" and "num_modules" in shape else
-                             f" ({shape['num_heads']} heads)" if "num_heads" in shape else "")
+                             f" ({shape['num_heads']} heads)" if "num_heads" in shape else
+                             f" ({shape['num_layers']} layers)" if head_kind(r["kind"]) == "eagle3"
+                             and (shape.get("num_layers") or 1) > 1 else "")
         if r.get("tree"):
             label += f", tree {r['tree']}"
         if r["epochs"] != float(table["settings"].get("epochs", 1)):  # a run's own train.epochs
             label += f", {r['epochs']:g} epochs"
-        lines.append(f"| {label} | {params} | {fmt(r['s_per_epoch'], '.0f')} | {fmt(r['gpu_minutes'], '.1f')} "
-                     f"| {acc} | {fmt(r['sim_accept'], '.2f')} | {served} | " + " | ".join(cells)
+        if r["data"]:
+            label += f", data + {r['data']}"
+        tokens = fmt(r["train_tokens"] / 1e6 if r["train_tokens"] else None, ".1f")
+        lines.append(f"| {label} | {params} | {tokens} | {fmt(r['s_per_epoch'], '.0f')} "
+                     f"| {fmt(r['gpu_minutes'], '.1f')} "
+                     f"| {acc}{own} | {fmt(r['sim_accept'], '.2f')}{own} | {served} | " + " | ".join(cells)
                      + f" | {'/'.join(same)} |")
     s = table["settings"]
     notes = [f"\n{s.get('card', '?')}, bf16, greedy; each kind trained alone on one GPU ({s.get('epochs')} epoch(s), "
              f"batch {s.get('batch')} conversations, configs/smollm2-135m-eagle3.yaml's lr and ttt_steps) on the same "
-             f"prepared data ({table['data'].get('train_tokens')} train tokens); `scripts/bench.py --methods ar KIND-tree "
+             f"prepared data ({table['data'].get('train_tokens')} train tokens)"
+             + ("; a row with `data + SOURCE:FRACTION` trained on the whole ShareGPT regeneration plus that share of "
+                "SOURCE's prompts answered by the target (DATA_<kind>), its held-out figures on the shared data's "
+                "held-out conversations" if any(r["data"] for r in table["rows"]) else "")
+             + "; `scripts/bench.py --methods ar KIND-tree "
              f"--speculation-policy fixed --max-new-tokens {s.get('max_new_tokens', 256)}` (tree "
              + ("6,4,15 where none is named (chosen trees: the best of TREES on the validation split's chat "
                 "categories, batch 1)" if any(r.get("tree") for r in table["rows"]) else "6,4,15")
@@ -318,16 +356,27 @@ def fake_root(root: Path) -> None:
     import random
 
     rng = random.Random(0)
-    kinds = ["eagle3", "mtp", "eagle", "medusa", "mtp+rand"]  # the last: a variant of mtp (its own run)
+    kinds = ["eagle3", "mtp", "eagle", "medusa", "mtp+rand", "eagle3+code"]  # variants of mtp and eagle3 (own runs)
     (root / "prompts").mkdir(parents=True, exist_ok=True)
     (root / "prompts" / "prompts.json").write_text(json.dumps({"chat": 28, "coding": 28}))
     (root / "settings.json").write_text(json.dumps({"kinds": kinds, "epochs": 1, "batch": 16, "card": "FAKE GPU",
                                                     "max_new_tokens": 256, "train_args": "--set train.lr=1e-3",
-                                                    "kind_args": {"mtp+rand": "--set train.epochs=2"}}))
+                                                    "kind_args": {"mtp+rand": "--set train.epochs=2"},
+                                                    "kind_data": {"eagle3+code": "code-prompts:1"}}))
     (root / "prepare_report.json").write_text(json.dumps({"train_tokens": 11372416, "conversations": {"train": 5}}))
-    for i, kind in enumerate(kinds):
+    # eagle3+4ep: a run of another machine's call (not in this settings.json), described by its variant.json
+    for i, kind in enumerate(kinds + ["eagle3+4ep"]):
         run = root / "runs" / kind
         run.mkdir(parents=True, exist_ok=True)
+        if kind == "eagle3+code":  # its own data, also evaluated on the shared held-out split
+            (run / "variant.json").write_text(json.dumps({"kind": kind, "epochs": 1, "args": "", "train_args": "",
+                                                          "data_spec": "code-prompts:1"}))
+            (run / "data_report.json").write_text(json.dumps({"train_tokens": 13_000_000, "mix": {"sources": [
+                {"label": "jsonl#0", "drawn": 100, "share": 0.84}, {"label": "jsonl#1", "drawn": 19, "share": 0.16}]}}))
+            (run / "eval_shared.json").write_text(json.dumps({"eval/acc": [0.9] * 7, "eval/accept_length": 4.5}))
+        if kind == "eagle3+4ep":
+            (run / "variant.json").write_text(json.dumps({"kind": kind, "epochs": 4, "args": "--set train.lr=1e-3",
+                                                          "train_args": "", "data_spec": ""}))
         depth = {"mtp": 3, "medusa": 4}.get(head_kind(kind), 7)
         # two calls: steps 1..500 (2 s a step), then 501..1000 (1 s a step); medusa in one call
         recs = []
@@ -393,7 +442,7 @@ def selfcheck() -> None:
         assert rows["eagle"]["cells"] == {} and not rows["eagle"]["trained"]
         assert abs(rows["eagle3"]["cells"]["chat-b1"]["speedup_vs_ar"] - 2.5) < 1e-9
         assert rows["medusa"]["served_accept_coding"] == 3.5 - 3 * 0.2
-        assert table["ar"]["chat-b1"]["runs"] == 4
+        assert table["ar"]["chat-b1"]["runs"] == 6
         got = {g["goal"].split()[0]: g["met"] for g in table["goals"]}
         assert got["mtp"] is True and got["medusa"] is True and got["eagle"] is None, got
         # the variant: its own row, read from its bench files' mtp-tree rows; the goals read the kind's run
@@ -404,7 +453,17 @@ def selfcheck() -> None:
         assert rows["mtp+rand"]["epochs"] == 2 and rows["mtp"]["epochs"] == 1
         assert abs(rows["mtp+rand"]["s_per_epoch"] - 750) < 1e-6
         assert rows["eagle3"]["tree"] == "7,8,31" and rows["mtp"]["tree"] is None
-        assert "| eagle3, tree 7,8,31 |" in (Path(tmp) / "out" / "kinds_table.md").read_text()
+        md = (Path(tmp) / "out" / "kinds_table.md").read_text()
+        assert "| eagle3, tree 7,8,31 | 10.0 | 11.4 |" in md
+        # an ablation's variants: its own data (held-out figures on the shared split), its own epochs, and a
+        # run of another machine's call listed after this settings.json's kinds
+        assert [r["kind"] for r in table["rows"]][-2:] == ["eagle3+code", "eagle3+4ep"]
+        code, longer = rows["eagle3+code"], rows["eagle3+4ep"]
+        assert code["data"] == "code-prompts:1" and code["train_tokens"] == 13_000_000 and len(code["mix"]) == 2
+        assert code["heldout_acc"] == [0.9] * 7 and code["sim_accept"] == 4.5 and code["heldout_on"] == "shared"
+        assert code["own_sim_accept"] == 3.5 and rows["eagle3"]["train_tokens"] == 11372416
+        assert "| eagle3+code, data + code-prompts:1 | 60.0 | 13.0 |" in md
+        assert longer["epochs"] == 4 and longer["data"] == "" and "| eagle3+4ep, 4 epochs |" in md
         for ext in (".json", ".md", ".png"):
             assert (Path(tmp) / "out" / f"kinds_table{ext}").stat().st_size > 0
     print("selfcheck: ok")

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Issue 20's ablation for SmolLM2-135M-Instruct: EAGLE-3 heads that differ in one thing each, judged on
+# the evaluation suite's validation part (gpu_runs/README.md, "An ablation on the validation split"):
+#   eagle3           the baseline: 2 epochs on the saved ShareGPT regeneration (.dev/regen), as the kinds table
+#   eagle3+code      more data: that plus the 3,115 code prompts answered by the target (DATA_)
+#   eagle3+2layers   capacity: two draft decoder layers (ARGS_)
+#   eagle3+4ep       longer training: 4 epochs (EPOCHS_)
+# Each machine runs a subset (KINDS=...), repeating the call until "kinds: table ready"; the runs of
+# several machines make one table here from their kinds.tgz. Every setting can be overridden from the
+# environment; the rest are gpu_runs/kinds_pipeline.sh's.
+export SPLIT=${SPLIT:-validation} EPOCHS=${EPOCHS:-2} BENCH_ARGS=${BENCH_ARGS---repeats 1} ROOT=${ROOT:-/tmp/ablation}
+export KINDS=${KINDS:-eagle3 eagle3+code eagle3+2layers eagle3+4ep}
+export DATA_eagle3_code=${DATA_eagle3_code-code-prompts:1}
+export ARGS_eagle3_2layers=${ARGS_eagle3_2layers---set head.num_layers=2}
+export EPOCHS_eagle3_4ep=${EPOCHS_eagle3_4ep:-4}
+exec bash gpu_runs/kinds_pipeline.sh
