@@ -40,6 +40,31 @@ from tests.helpers import (  # noqa: E402
 )
 
 
+# The slowest test files, slowest first (seconds on a 2-core machine, 2026-11-29). Under
+# `-n 2 --dist loadfile` (.ci/run) a worker takes the next file as it runs out of tests, in
+# collection order: starting with the long ones keeps the two workers' ends close together.
+SLOW_FILES_FIRST = (
+    "tests/training/test_deepspeed.py",  # ~145
+    "tests/runtime/test_head_kinds_runtime.py",  # ~115
+    "tests/server/test_fuzz.py",  # ~80
+    "tests/kernels/test_causal_attention.py",  # ~60
+    "tests/runtime/test_engine.py",  # ~55
+    "tests/kernels/test_compile_sm90.py",  # ~45
+    "tests/kernels/test_bounds.py",  # ~40
+    "tests/runtime/test_tiers_compile_sm90.py",  # ~40
+    "tests/runtime/test_tiers.py",  # ~40
+    "tests/target/test_model.py",  # ~35
+    "tests/test_kinds_pipeline.py",  # ~35, one test
+    "tests/evaluation/test_estimate.py",  # ~30
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(item.nodeid.split("::")[0], len(rank)), order[id(item)]))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """SPECHEADS_CACHE (GGUF conversions) points at a session temp folder for every test."""
