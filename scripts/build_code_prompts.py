@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specheads.data.sources import CODE_PROMPTS_FILE, CODE_PROMPTS_INFO  # noqa: E402
-from specheads.evaluation.suite import load_suite, ngrams  # noqa: E402
+from specheads.evaluation.suite import ngrams, suite_ngrams  # noqa: E402
 
 SEED = "specheads-code-prompts-v1"
 # a licence grant besides the PSF's: such a module is left out, so that every prompt is under the PSF's alone
@@ -224,14 +224,6 @@ def prompts_of(module: str, source: str, dropped: Counter) -> tuple[int, list[di
             continue
         out.append({"id": fid, "template": kind, "prompt": prompt})
     return seen, out
-
-
-def suite_ngrams() -> set[int]:
-    seen: set[int] = set()
-    for p in load_suite("all"):
-        for turn in p.turns:
-            seen.update(ngrams(turn))
-    return seen
 
 
 def build(stdlib: Path) -> tuple[list[dict], dict]:

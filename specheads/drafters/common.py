@@ -10,6 +10,7 @@ import torch
 from specheads.drafters import DrafterError, DraftSetup
 from specheads.heads.registry import head_kind
 from specheads.kernels.draft import select_tree
+from specheads.runtime.defaults import tree_pool
 from specheads.runtime.tree import Tree
 
 
@@ -43,7 +44,7 @@ class CandidatePool:
 
     def __init__(self, steps: int, topk: int, num_draft_tokens: int | None):
         self.steps, self.topk = steps, topk
-        self.size = topk + (steps - 1) * topk * topk
+        self.size = tree_pool(steps, topk)
         self.num_draft = steps if topk == 1 else min(num_draft_tokens or self.size, self.size)
 
     def tier(self, shape, rows: int, device) -> "CandidatePool":

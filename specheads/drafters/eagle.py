@@ -10,6 +10,7 @@ from specheads.drafters.common import HeadCacheRows, check_head_setup, tier_copy
 from specheads.kernels.draft import feed_inputs, select_tree, topk_expand
 from specheads.kernels.fused import embedding
 from specheads.kernels.path import take_path
+from specheads.runtime.defaults import tree_pool
 from specheads.runtime.tree import Tree, parse_static_tree
 
 
@@ -40,7 +41,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
             self.num_draft = len(self.static)
             self.abilities = Abilities(on_device=True, trees=True, tiers=False)  # one fixed shape
         else:
-            self.num_draft = min(num_draft_tokens, topk + (num_steps - 1) * topk * topk)
+            self.num_draft = min(num_draft_tokens, tree_pool(num_steps, topk))
             if topk == 1:
                 self.num_draft = num_steps
         cfg = head.config

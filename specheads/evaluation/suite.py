@@ -84,6 +84,12 @@ def ngrams(text: str, n: int = 8) -> set[int]:
     return {hash(tuple(words[i: i + n])) for i in range(len(words) - n + 1)}
 
 
+def suite_ngrams(path: Path | None = None) -> set[int]:
+    """The word 8-grams of every turn of every prompt of the suite (both splits): what training
+    data must not share."""
+    return {g for p in load_suite("all", path=path) for turn in p.turns for g in ngrams(turn)}
+
+
 def loop_share(tokens: list[int], n: int = 32) -> float:
     """The share of tokens that lie inside an n-gram occurring at least twice in `tokens`: a
     looping answer is easy to draft and inflates acceptance."""

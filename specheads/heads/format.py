@@ -16,6 +16,7 @@ import torch
 from specheads.heads.fetch import resolve_head  # a hub id becomes its cached snapshot folder
 from specheads.heads.kind import HeadFormatError  # noqa: F401  (there: heads raise it without this module)
 from specheads.heads.registry import DEFAULT_KIND, HeadKind, HeadKindError, head_kind, head_kinds, kind_of
+from specheads.runtime.defaults import tree_pool
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -168,7 +169,7 @@ def head_tree(folder: str | Path) -> tuple[int, int, int] | None:
     except (KeyError, TypeError):
         raise HeadFormatError(f"{path}: {TREE_KEY!r} is {entry!r}; {want}") from None
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (steps, topk, n)) \
-            or steps < 1 or topk < 1 or not 1 <= n <= topk + (steps - 1) * topk * topk:
+            or steps < 1 or topk < 1 or not 1 <= n <= tree_pool(steps, topk):
         raise HeadFormatError(f"{path}: {TREE_KEY!r} is {entry!r}; {want}")
     return steps, topk, n
 

@@ -12,6 +12,13 @@ DEFAULT_TREE = (6, 4, 15)
 TREE_DEFAULT_HELP = "default: the head's tree (specheads.json, chosen on the validation split), else 6,4,15"
 
 
+def tree_pool(num_steps: int, topk: int) -> int:
+    """The candidates a dynamic tree of this depth and branching chooses its nodes from: the root's
+    topk children, then topk x topk children of a depth's topk frontier nodes per deeper depth (the
+    most nodes such a tree can hold)."""
+    return topk + (num_steps - 1) * topk * topk
+
+
 def resolve_tree(num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                  head=None) -> tuple[int, int, int]:
     """The tree a run drafts with: each value given wins; the rest come from the head's own tree

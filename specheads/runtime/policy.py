@@ -55,6 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specheads.runtime.defaults import tree_pool
+
 POLICIES = ("fixed", "adaptive")
 PROFILE_FORMAT = "specheads-speculation-profile/1"
 PLAIN_KEY = "plain"
@@ -78,7 +80,7 @@ class TreeShape:
     @property
     def pool(self) -> int:
         """The candidates a dynamic tree of this depth and branching chooses its nodes from."""
-        return self.topk + (self.steps - 1) * self.topk * self.topk
+        return tree_pool(self.steps, self.topk)
 
 
 TIERS_HELP = "tiers as STEPS,TOPK,DRAFT_TOKENS separated by ';', e.g. \"1,1,1;2,1,2;4,1,4;6,4,15\""

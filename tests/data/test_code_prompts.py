@@ -18,7 +18,7 @@ from specheads.config import load_config
 from specheads.data.mix import SOURCES, mix_conversations, parse_sources
 from specheads.data.prepare import REGENERATED_FILE, PrepareOptions, prepare
 from specheads.data.sources import CODE_PROMPTS_FILE, CODE_PROMPTS_INFO, DataError, SkipLog, read_conversations
-from specheads.evaluation.suite import load_suite, ngrams
+from specheads.evaluation.suite import ngrams, suite_ngrams
 from tests.helpers import DRAFT_VOCAB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,10 +65,7 @@ def test_the_file_holds_one_user_turn_per_stdlib_function(rows):
 
 
 def test_no_prompt_shares_a_word_8gram_with_the_suite(rows):
-    suite = set()
-    for p in load_suite("all"):
-        for turn in p.turns:
-            suite.update(ngrams(turn))
+    suite = suite_ngrams()
     assert len(suite) > 10_000
     shared = [r["id"] for r in rows if not ngrams(r["messages"][0]["content"]).isdisjoint(suite)]
     assert shared == []

@@ -31,9 +31,9 @@ SITE = Path(os.environ.get("SPECHEADS_SPECULATORS_SITE", Path(sys.prefix) / "spe
 
 LOAD = r"""
 import json, sys, torch
+from safetensors.torch import load_file
 from speculators import SpeculatorModel
 folder, case = sys.argv[1], torch.load(sys.argv[2])
-from safetensors.torch import load_file
 model = SpeculatorModel.from_pretrained(folder).float().eval()
 saved, state = load_file(folder + "/model.safetensors"), model.state_dict()
 # the library attaches the verifier's embedding only where the loaded one holds a NaN, but the
@@ -45,9 +45,7 @@ model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
 with torch.no_grad():
     tokens = model(hidden_states=case["aux"], input_ids=case["ids"], document_ids=torch.zeros_like(case["ids"]),
                    ttt_steps=1)
-import speculators
 print(json.dumps({
-    "version": speculators.__version__ if hasattr(speculators, "__version__") else None,
     "class": type(model).__name__,
     "not_in_file": sorted(set(state) - set(saved)), "not_in_model": sorted(set(saved) - set(state)),
     "unequal": sorted(k for k in set(saved) & set(state) if not torch.equal(saved[k].float(), state[k].float())),
