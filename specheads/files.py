@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import os
 from pathlib import Path
 
 
@@ -13,3 +15,25 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def read_text(path) -> str:
+    """A text file's contents; gzip-compressed where its name ends in .gz."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    return path.read_text(encoding="utf-8")
+
+
+def write_text(path, text: str) -> None:
+    """Write a text file (gzip-compressed where its name ends in .gz) aside, then move it into
+    place: a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".gz":
+        with gzip.open(tmp, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

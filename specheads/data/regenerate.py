@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from specheads.data.chat import render
-from specheads.data.sources import Conversation, DataError
+from specheads.data.sources import Conversation, DataError, has_answer
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from specheads.target.chat import stop_token_ids
@@ -68,9 +68,9 @@ def regenerate(
 
 
 def _answered(conversations: list[Conversation], messages: list[list[dict]]) -> list[Conversation]:
-    """The conversations with their regenerated messages, less those left without an answer."""
-    return [Conversation(c.id, m) for c, m in zip(conversations, messages)
-            if any(t["role"] == "assistant" for t in m)]
+    """The conversations with their regenerated messages, less those left without an answer (no
+    assistant turn, or only whitespace ones: what reading the saved file back would skip)."""
+    return [Conversation(c.id, m) for c, m in zip(conversations, messages) if has_answer(m)]
 
 
 def _regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns, state_path, chunk,

@@ -56,6 +56,12 @@ class Conversation:
     messages: list[dict]
 
 
+def has_answer(messages: list[dict]) -> bool:
+    """Some assistant turn says something (not only whitespace): a conversation without one
+    teaches a head nothing, and reading one back skips it as "no assistant turn"."""
+    return any(m["role"] == "assistant" and m["content"].strip() for m in messages)
+
+
 @dataclass
 class SkipLog:
     """Counts skipped rows by reason, with one example id per reason."""
@@ -231,7 +237,7 @@ def read_conversations(source: str, skips: SkipLog, limit: int | None = None,
             if not any(m["role"] == "user" for m in messages):
                 skips.skip("no user turn", row_id)
                 continue
-        elif not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+        elif not has_answer(messages):
             skips.skip("no assistant turn", row_id)
             unanswered += 1
             continue

@@ -33,6 +33,7 @@ import json
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -199,30 +200,41 @@ def rank_settings(rows: list[dict]) -> list[dict]:
     return sorted(ranked, key=lambda v: -v["worst"])
 
 
-def load_or_trace(path, key: dict, tiers, answer, trace) -> dict:
-    """The traces file at `path` (JSON: the run's key, prompts, answers, traces by tier): the
-    tiers it lacks are traced (`trace(tiers, prompts, answers)`) and the file saved again; a file
-    of another run (split, prompts, head, tokens) is refused. Without a file: `answer()` gives
-    (prompts, answers) first."""
-    from pathlib import Path
+def load_answers(path, key: dict, answer) -> dict:
+    """The traces file at `path` (JSON, gzip where it ends in .gz: the run's key, prompts, answers,
+    traces by tier), or a new one from `answer()` -> (prompts, answers), saved at once (a run cut
+    short keeps its answers); a file of another run (split, prompts, head, tokens) is refused."""
+    from specheads.files import read_text, write_text
 
-    data = None
     if path is not None and Path(path).exists():
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_text(path))
         if data.get("key") != key:
             raise ValueError(f"traces file {str(path)!r} belongs to another run ({data.get('key')}, not {key}): "
                              f"pass a new --traces path")
-    if data is None:
-        prompts, answers = answer()
-        data = {"key": key, "prompts": prompts, "answers": answers, "traces": {}}
-    missing = [t for t in tiers if str(t) not in data["traces"]]
-    if missing:
-        got = trace(missing, data["prompts"], data["answers"])
-        data["traces"].update({str(t): v for t, v in got.items()})
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(json.dumps(data))
+        return data
+    prompts, answers = answer()
+    data = {"key": key, "prompts": prompts, "answers": answers, "traces": {}}
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, json.dumps(data))
     return data
+
+
+def add_traces(path, data: dict, tiers, trace) -> dict:
+    """Trace the tiers `data` lacks (`trace(tiers, prompts, answers)`), one at a time, saving the
+    file after each (a run cut short keeps the tiers it finished)."""
+    from specheads.files import write_text
+
+    for t in [t for t in tiers if str(t) not in data["traces"]]:
+        data["traces"].update({str(k): v for k, v in trace([t], data["prompts"], data["answers"]).items()})
+        if path is not None:
+            write_text(path, json.dumps(data))
+    return data
+
+
+def load_or_trace(path, key: dict, tiers, answer, trace) -> dict:
+    """`load_answers`, then `add_traces`: every tier's traces of the run `key` names."""
+    return add_traces(path, load_answers(path, key, answer), tiers, trace)
 
 
 def measure_profile(path, models, tiers, max_batch: int, max_len: int) -> None:
@@ -245,7 +257,6 @@ def measure_profile(path, models, tiers, max_batch: int, max_len: int) -> None:
 
 def main(argv=None) -> int:
     import argparse
-    from pathlib import Path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default=None)
@@ -266,7 +277,8 @@ def main(argv=None) -> int:
                     help="the static cost model's parameters where no --profile is given, e.g. saturation_tokens=64 "
                          "draft_depth_cost=0.07 (one --static set a run; default: StaticCost's)")
     ap.add_argument("--traces", default=None, help="keep the answers and acceptance traces in this JSON file "
-                    "(reused by later runs of the same prompts and head; missing tiers are traced and added)")
+                    "(reused by later runs of the same prompts and head; missing tiers are traced and added; "
+                    "gzip-compressed where the name ends in .gz)")
     ap.add_argument("--out", default="policy_sim")
     args = ap.parse_args(argv)
 
@@ -323,13 +335,16 @@ def main(argv=None) -> int:
         print(f"tracing {', '.join(map(str, todo))} over {len(prompts)} answers", flush=True)
         return tier_traces(target, head, head.kind, todo, prompts, longer)
 
-    data = load_or_trace(args.traces, key, sorted(set(tiers + fixed), key=order), answer, trace)
-    traces = {t: data["traces"][str(t)] for t in set(tiers + fixed)}
-    prompt_lens = [len(c) for c in data["prompts"]]
-    new_tokens = [max(min(len(a), args.max_new_tokens), 1) for a in data["answers"]]
+    # answers, then the card's step costs (a minute or two), then the traces (the longest part), each
+    # saved as it is done: a run cut short by a time limit keeps what it finished for the next
+    data = load_answers(args.traces, key, answer)
     if args.profile and not Path(args.profile).exists():
         measure_profile(args.profile, models, tiers, max(args.batch_sizes),
                         max(len(p) + len(a) for p, a in zip(data["prompts"], data["answers"])) + tiers[-1].num_draft + 2)
+    data = add_traces(args.traces, data, sorted(set(tiers + fixed), key=order), trace)
+    traces = {t: data["traces"][str(t)] for t in set(tiers + fixed)}
+    prompt_lens = [len(c) for c in data["prompts"]]
+    new_tokens = [max(min(len(a), args.max_new_tokens), 1) for a in data["answers"]]
     cost = SpeculationProfile.load(args.profile) if args.profile else static_cost(args.static)
     rows = compare(tiers, traces, prompt_lens, new_tokens, args.batch_sizes, cost, buckets=cost is not None,
                    settings_grid=grid(args.grid), fixed_trees=fixed)

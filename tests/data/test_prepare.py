@@ -342,3 +342,26 @@ def test_prepare_on_worker_processes_equals_one_process(tmp_path, tiny_target_di
     assert all(torch.equal(va[k], vb[k]) for k in va)
     with pytest.raises(ValueError, match="num_proc must be >= 1"):
         prepare(PrepareOptions(output=str(tmp_path / "bad"), num_proc=0, **common))
+
+
+def test_regeneration_drops_what_reading_it_back_would(tmp_path):
+    """An answer of only whitespace (a target that answers with newlines) is dropped when the
+    regeneration is collected, as reading the saved file back drops it: re-preparing from the
+    saved regeneration sees the same conversations as the prepare that wrote it."""
+    from specheads.data.prepare import write_conversations
+    from specheads.data.regenerate import _answered
+    from specheads.data.sources import Conversation
+
+    user = {"role": "user", "content": "hi"}
+    convs = [Conversation(str(i), [user]) for i in range(4)]
+    answers = [[user, {"role": "assistant", "content": "hello"}],
+               [user, {"role": "assistant", "content": "\n\n  \n"}],
+               [user],
+               [user, {"role": "assistant", "content": " "}, user, {"role": "assistant", "content": "ok"}]]
+    kept = _answered(convs, answers)
+    assert [c.id for c in kept] == ["0", "3"]
+    path = tmp_path / "regenerated.jsonl.gz"
+    write_conversations(path, kept)
+    skips = SkipLog()
+    assert [c.id for c in read_conversations(str(path), skips)] == ["0", "3"]
+    assert skips.total == 0

@@ -4,6 +4,9 @@ float32, no run-ahead), alone and in a continuous batch; and its settings grid i
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pytest
 
 from specheads.evaluation.policy_sim import (
@@ -128,10 +131,31 @@ def test_traces_file_keeps_answers_and_adds_missing_tiers(tmp_path):
     key = {"split": "validation", "limit": 2}
     first = load_or_trace(path, key, TIERS[:2], answer, trace)
     again = load_or_trace(path, key, TIERS, answer, trace)
-    assert calls == ["answer", ("1,1,1", "2,1,2"), ("3,3,8",)]
+    assert calls == ["answer", ("1,1,1",), ("2,1,2",), ("3,3,8",)]
     assert again["traces"]["3,3,8"] == [[3, 3]] and again["answers"] == first["answers"] == [[3, 4, 5]]
     with pytest.raises(ValueError, match="another run"):
         load_or_trace(path, {"split": "test", "limit": 2}, TIERS, answer, trace)
+
+
+@pytest.mark.parametrize("name", ["traces.json", "traces.json.gz"])
+def test_a_run_cut_short_keeps_its_answers_and_finished_tiers(tmp_path, name):
+    """Answers are saved before any tracing and each tier as it is traced (a GPU call's time limit
+    may stop the run anywhere); a .gz name is read and written compressed."""
+    path = tmp_path / name
+
+    def trace(tiers, prompts, answers):
+        if str(tiers[0]) == "2,1,2":
+            raise TimeoutError("the call's time limit")
+        return {t: [[t.steps] * 2] for t in tiers}
+
+    key = {"split": "validation", "limit": 2}
+    with pytest.raises(TimeoutError):
+        load_or_trace(path, key, TIERS, lambda: ([[1, 2]], [[3, 4, 5]]), trace)
+    kept = json.loads(gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_text())
+    assert kept["answers"] == [[3, 4, 5]] and set(kept["traces"]) == {"1,1,1"}
+    rest = load_or_trace(path, key, TIERS, lambda: pytest.fail("answered again"),
+                         lambda tiers, p, a: {t: [[t.steps]] for t in tiers})
+    assert rest["traces"] == {"1,1,1": [[1, 1]], "2,1,2": [[2]], "3,3,8": [[3]]}
 
 
 def test_the_report_may_not_overwrite_the_traces(tmp_path):
