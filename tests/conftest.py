@@ -114,6 +114,26 @@ def tiny_target_dir(tmp_path_factory, tokenizer) -> Path:
 
 
 @pytest.fixture(scope="session")
+def chatty_target_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny target whose greedy answers are text. The tied target's above echo the prompt's last
+    token, the newline after "assistant", so every answer is whitespace, which regeneration drops
+    (a conversation needs an answer that says something): this one has its own LM head."""
+    folder = tmp_path_factory.mktemp("tiny-llama-chatty")
+    save_random_target(folder, tiny_llama_config(len(tokenizer), tie_word_embeddings=False), tokenizer, seed=0,
+                       randomize=True, embed_std=1.0)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def chatty_target(chatty_target_dir):
+    """(TargetModel, tokenizer) of the chatty tiny target, float32 on CPU."""
+    from specheads.target.loader import load_target
+
+    model, tok, _ = load_target(chatty_target_dir)
+    return model, tok
+
+
+@pytest.fixture(scope="session")
 def tiny_target(tiny_target_dir):
     """(TargetModel, tokenizer) of the tiny target, float32 on CPU."""
     from specheads.target.loader import load_target

@@ -121,9 +121,9 @@ def test_prepare_without_regenerate_names_the_source_and_the_flag(tmp_path, tiny
         assert not out.exists()
 
 
-def test_prepare_with_regenerate_answers_the_prompts(tmp_path, tiny_target_dir, rows):
+def test_prepare_with_regenerate_answers_the_prompts(tmp_path, chatty_target_dir, rows):
     out = tmp_path / "o"
-    rep = prepare(PrepareOptions(target=str(tiny_target_dir), data="code-prompts", output=str(out), max_length=512,
+    rep = prepare(PrepareOptions(target=str(chatty_target_dir), data="code-prompts", output=str(out), max_length=512,
                                  limit=3, regenerate=True, regen_max_new_tokens=4, draft_vocab_size=DRAFT_VOCAB,
                                  devices="cpu"))
     with gzip.open(out / REGENERATED_FILE, "rt") as f:

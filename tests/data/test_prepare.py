@@ -123,7 +123,7 @@ def test_draft_vocab_capped_at_the_target_vocab(tmp_path, tiny_target_dir, share
     assert rep["draft_vocab_coverage"] == 1.0
 
 
-def test_regenerate_turns_are_the_targets_greedy_answers(tiny_target):
+def test_regenerate_turns_are_the_targets_greedy_answers(chatty_target):
     """Self-distillation: each assistant turn is the target's greedy continuation of the
     conversation so far (including its own earlier answers)."""
     from specheads.data.chat import render
@@ -132,7 +132,7 @@ def test_regenerate_turns_are_the_targets_greedy_answers(tiny_target):
     from specheads.runtime.engine import decode
     from specheads.runtime.sampling import SamplingParams
 
-    model, tok = tiny_target
+    model, tok = chatty_target
     convs = [
         Conversation("a", [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hello world"},
                            {"role": "assistant", "content": "old"}, {"role": "user", "content": "Why?"},
@@ -154,7 +154,7 @@ def test_regenerate_turns_are_the_targets_greedy_answers(tiny_target):
         assert a[i]["content"] == tok.decode(expected)
 
 
-def test_regeneration_resumes_after_a_kill(tmp_path, tiny_target):
+def test_regeneration_resumes_after_a_kill(tmp_path, chatty_target):
     """A regeneration killed mid-round continues from its saved chunks: the finished answers
     are not generated again, and the result equals an uninterrupted run's."""
     from specheads.data.regenerate import regenerate
@@ -162,12 +162,13 @@ def test_regeneration_resumes_after_a_kill(tmp_path, tiny_target):
     from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
 
-    model, tok = tiny_target
+    model, tok = chatty_target
     convs = [Conversation(f"c{i}", [{"role": "user", "content": f"Question number {i}?"},
                                     {"role": "assistant", "content": "old"},
                                     {"role": "user", "content": "And then?"}]) for i in range(3)]
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_new_tokens=5)
     reference = regenerate(model, tok, convs, params, max_length=128, batch_size=2, chunk=2)
+    assert [c.id for c in reference] == ["c0", "c1", "c2"]
 
     real, calls = SpecEngine.generate, []
 
@@ -202,8 +203,8 @@ def test_regeneration_resumes_after_a_kill(tmp_path, tiny_target):
     assert calls == [2, 1, 2, 1]
 
 
-def test_prepare_with_regeneration(tmp_path, tiny_target_dir, sharegpt_json, tokenizer):
-    rep = prepare(PrepareOptions(target=str(tiny_target_dir), data=str(sharegpt_json), output=str(tmp_path / "o"),
+def test_prepare_with_regeneration(tmp_path, chatty_target_dir, sharegpt_json, tokenizer):
+    rep = prepare(PrepareOptions(target=str(chatty_target_dir), data=str(sharegpt_json), output=str(tmp_path / "o"),
                                  max_length=96, limit=4, regenerate=True, regen_max_new_tokens=5,
                                  draft_vocab_size=DRAFT_VOCAB, devices="cpu"))
     assert rep["regenerated"] is True
@@ -226,20 +227,20 @@ def test_prepare_with_regeneration(tmp_path, tiny_target_dir, sharegpt_json, tok
             assert row["input_ids"] == ids and row["loss_mask"] == mask
 
 
-def test_regeneration_over_two_processes_equals_one(tmp_path, tiny_target, tiny_target_dir):
+def test_regeneration_over_two_processes_equals_one(tmp_path, chatty_target, chatty_target_dir):
     """Conversations spread over two worker processes come back in input order with the
     answers a single process gives; each worker saves its own resumable state."""
     from specheads.data.regenerate import regenerate, regenerate_on, state_files
     from specheads.data.sources import Conversation
     from specheads.runtime.sampling import SamplingParams
 
-    model, tok = tiny_target
+    model, tok = chatty_target
     convs = [Conversation(f"c{i}", [{"role": "user", "content": f"Tell me about thing {i}" + " please" * (i % 3)},
                                     {"role": "assistant", "content": "old"},
                                     {"role": "user", "content": "More?"}][: 1 + 2 * (i % 2)]) for i in range(5)]
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
     one = regenerate(model, tok, convs, params, max_length=128, batch_size=2)
-    two = regenerate_on(["cpu", "cpu"], tiny_target_dir, convs, params, max_length=128, batch_size=2,
+    two = regenerate_on(["cpu", "cpu"], chatty_target_dir, convs, params, max_length=128, batch_size=2,
                         state_dir=tmp_path)
     assert [c.id for c in two] == [c.id for c in one] == [f"c{i}" for i in range(5)]
     assert [c.messages for c in two] == [c.messages for c in one]
@@ -248,7 +249,7 @@ def test_regeneration_over_two_processes_equals_one(tmp_path, tiny_target, tiny_
     assert [c["id"] for c in saved["convs"]] == ["c1", "c3"]
     # a worker that fails names its device, without waiting for the others to finish
     with pytest.raises(RuntimeError, match=r"cuda:5 \(shard 1 of 2\)"):
-        regenerate_on(["cpu", "cuda:5"], tiny_target_dir, convs * 40, replace(params, max_new_tokens=64),
+        regenerate_on(["cpu", "cuda:5"], chatty_target_dir, convs * 40, replace(params, max_new_tokens=64),
                       max_length=128, batch_size=2)
 
 
