@@ -446,7 +446,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculation-settings", default=None, metavar="NAME=VALUE,...",
                    help="the adaptive policy's settings, e.g. 'switch_margin=0.15' (a smaller tier replaces the "
                         "full tree only where it promises that share more tokens/s); names: window, prior, "
-                        "prior_weight, pooled_window, probe_every, explore_every, switch_margin "
+                        "prior_weight, pooled_window, probe_every, probe_backoff, explore_every, switch_margin "
                         "(specheads/runtime/policy.py)")
     p.add_argument("--speculation-profile", default=None, metavar="JSON",
                    help="the adaptive policy's step costs: loaded from this file where it exists; buckets it lacks "

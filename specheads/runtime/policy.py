@@ -18,7 +18,13 @@ depth no step reached yet accepts as the one above it. A row that drafts nothing
 turned speculation off) counts one token; a request's own depth cap (SpecControl.num_steps) cuts
 its sum short. A depth a tier offered but the drafter left empty (an n-gram without a match)
 counts as rejected there. Plain steps observe nothing, so after `probe_every` plain steps in a
-row the best tier runs once anyway (a probe: acceptance may have risen). Optionally
+row the best tier runs once anyway (a probe: acceptance may have risen). A probe that leaves
+plain decoding the choice doubles the run before the next one, up to `probe_backoff` times
+`probe_every`; a step that drafts on its merits brings it back to `probe_every`. A probe is
+dear where drafting loses (a wide batch verifies every row's drafts, and a host drafter's
+proposal stops the next step from being launched ahead): at `probe_every` 32, the probes alone
+were the 3-4% of the steps that drafted where n-gram and sampled EAGLE-3 decoded plainly at
+batch 32 and 64, and those ran 8-12% below plain decoding (docs/benchmarks.md). Optionally
 (`explore_every` > 0; default off), where a step drafts, a tier that has not run for that many
 steps runs instead of the best one (the longest-idle first; every tier once at the start), so
 that every tier's record stays fresh. Off by default: a tier is judged by its own record across
@@ -311,7 +317,7 @@ class AdaptivePolicy:
 
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
-                 switch_margin: float = 0.15):
+                 switch_margin: float = 0.15, probe_backoff: int = 8):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -322,6 +328,9 @@ class AdaptivePolicy:
         self.tiers = list(tiers)
         self.cost = cost
         self.probe_every = probe_every
+        self.probe_backoff = probe_backoff  # the longest run between probes, in probe_every's (1: no backoff)
+        self.probe_interval = probe_every  # plain steps in a row before the next probe
+        self.probing = False  # the last choice was a probe (doubles the interval once launched)
         self.plain_run = 0  # plain steps launched in a row while rows wanted drafts
         self.explore_every = explore_every  # 0: never
         # a smaller tier than the full tree must promise this much more (a share) to run instead:
@@ -439,7 +448,11 @@ class AdaptivePolicy:
         best = int(np.argmax(rates[1:])) + 1
         if best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin):
             best = len(self.tiers)  # the full tree: the smaller one does not gain enough
-        if rates[best] > rates[0] or self.plain_run + 1 >= self.probe_every:
+        merit = bool(rates[best] > rates[0])
+        if merit:
+            self.probe_interval = self.probe_every
+        self.probing = not merit and self.plain_run + 1 >= self.probe_interval
+        if merit or self.probing:
             if self.explore_every and self.idle.max() >= self.explore_every:
                 # the longest-idle tier (the larger one of a tie: the full tree first at the start)
                 return len(self.tiers) - int(np.argmax(self.idle[::-1]))
@@ -449,6 +462,9 @@ class AdaptivePolicy:
     def launched(self, tier: int) -> None:
         """The engine launched a step of this tier (where some row wanted drafts)."""
         self.plain_run = self.plain_run + 1 if tier == 0 else 0
+        if tier and self.probing:  # (a host drafter's plan may be made twice a step: doubled once, here)
+            self.probe_interval = min(2 * self.probe_interval, self.probe_every * self.probe_backoff)
+        self.probing = False
         if tier:
             self.idle += 1
             self.idle[tier - 1] = 0
@@ -466,7 +482,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 
 # the adaptive policy's settings a user may change (AdaptivePolicy's keyword arguments), by type
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
-                   "explore_every": int, "switch_margin": float}
+                   "explore_every": int, "switch_margin": float, "probe_backoff": int}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 
@@ -481,7 +497,7 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
         raise PolicyError(f"{what}: {name}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
-    low = 1 if name in ("window", "pooled_window", "probe_every") else 0
+    low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff") else 0
     if name != "prior" and not (v >= low and math.isfinite(v)):
         raise PolicyError(f"{what}: {name}={v} must be at least {low}")
     return v

@@ -115,17 +115,49 @@ def test_a_smaller_tier_must_beat_the_full_tree_by_the_switch_margin():
         assert policy.choose([(row, 6)], 1, 512) == 0  # no drafts pay: plain, whatever the margin
 
 
+def probes(policy, row, steps: int, accepted: int | None = None, twice: bool = False) -> list[int]:
+    """The steps (0-based) at which the policy drafted over `steps` steps; a drafting step
+    accepts `accepted` drafts where given (observed after it), else is not observed. `twice`:
+    each step's plan is made twice, as for a host drafter whose plan ahead was dropped."""
+    drafted = []
+    for i in range(steps):
+        tier = policy.choose([(row, 6)], 1, 512)
+        if twice:
+            tier = policy.choose([(row, 6)], 1, 512)
+        policy.launched(tier)
+        if tier:
+            drafted.append(i)
+            if accepted is not None:
+                policy.observe([row], tier, [policy.tiers[tier - 1].steps], [accepted])
+    return drafted
+
+
 def test_a_probe_follows_a_run_of_plain_steps():
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), probe_every=4)
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), probe_every=4, probe_backoff=1)
     row = policy.new_row()
     for t in range(1, len(TIERS) + 1):
         observe(policy, row, t, accepted=0)
-    choices = []
-    for _ in range(8):
-        tier = policy.choose([(row, 6)], 1, 512)
-        policy.launched(tier)
-        choices.append(tier)
-    assert choices[:3] == [0, 0, 0] and choices[3] > 0 and choices[4:7] == [0, 0, 0] and choices[7] > 0
+    assert probes(policy, row, 8) == [3, 7]
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_probes_that_find_nothing_back_off_and_drafting_on_merit_resets_them(twice):
+    """A probe after which plain decoding is still the choice doubles the run before the next
+    (4, 8, 16, then 16 plain steps: probe_backoff 4 x probe_every 4); once drafts are accepted again the
+    policy drafts on its merits, and the next plain run is probed after probe_every again. A
+    plan made twice a step (a host drafter) doubles the run once."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), probe_every=4, probe_backoff=4)
+    row = policy.new_row()
+    for t in range(1, len(TIERS) + 1):
+        observe(policy, row, t, accepted=0)
+    assert probes(policy, row, 64, accepted=0, twice=twice) == [3, 11, 27, 43, 59]
+    for t in range(1, len(TIERS) + 1):
+        observe(policy, row, t, accepted=6, steps=60)
+    assert policy.choose([(row, 6)], 1, 512) > 0 and policy.probe_interval == 4  # drafts pay again
+    policy.launched(policy.choose([(row, 6)], 1, 512))
+    for t in range(1, len(TIERS) + 1):
+        observe(policy, row, t, accepted=0, steps=600)
+    assert probes(policy, row, 4) == [3]
 
 
 def test_a_request_cap_and_rows_without_drafts_count():

@@ -233,9 +233,8 @@ def test_a_loaded_profile_where_speculation_loses_decodes_plainly(target, heads,
     path = tmp_path / "costs.json"
     cpu_profile(probe, verify_ms_per_token=5.0).save(path)
     engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=3, speculation_policy="adaptive",
-                        speculation_profile=path, **FULL)
+                        speculation_profile=path, speculation_settings="probe_every=1000000000", **FULL)
     assert engine.policy.cost.measured
-    engine.policy.probe_every = 10**9
     tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 3)
     assert tokens == reference
     assert all(t is None for steps in trees for t, _ in steps)  # every step a plain decode step
