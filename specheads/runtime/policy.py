@@ -22,9 +22,9 @@ row the best tier runs once anyway (a probe: acceptance may have risen). A probe
 plain decoding the choice doubles the run before the next one, up to `probe_backoff` times
 `probe_every`; a step that drafts on its merits brings it back to `probe_every`. A probe is
 dear where drafting loses (a wide batch verifies every row's drafts, and a host drafter's
-proposal stops the next step from being launched ahead): at `probe_every` 32, the probes alone
-were the 3-4% of the steps that drafted where n-gram and sampled EAGLE-3 decoded plainly at
-batch 32 and 64, and those ran 8-12% below plain decoding (docs/benchmarks.md). Optionally
+proposal stops the next step from being launched ahead): on an H200 at `probe_every` 32, n-gram
+and sampled EAGLE-3 drafted in 3-4% of their steps at batch 32 and 64 (about one probe every 32
+steps, the rest plain) and ran 8-12% below plain decoding (docs/benchmarks.md). Optionally
 (`explore_every` > 0; default off), where a step drafts, a tier that has not run for that many
 steps runs instead of the best one (the longest-idle first; every tier once at the start), so
 that every tier's record stays fresh. Off by default: a tier is judged by its own record across
