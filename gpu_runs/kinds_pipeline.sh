@@ -10,7 +10,10 @@
 # Each call returns $OUT/kinds.tgz (every kind's calls, curves, summary, bench files and logs, the
 # table once made) and, at the end, $OUT/kinds_table.{json,md,png}. Everything else stays in
 # $ROOT (/tmp: lost once the machine goes cold; the next call then starts again from staging).
-# Kinds share the GPUs: kind i runs on GPU i mod NGPU, one after another where fewer GPUs.
+# Kinds share the GPUs: kind i runs in slot i mod (NGPU x PER_GPU), on GPU slot mod NGPU; a slot's kinds run
+# one after another. PER_GPU (1) > 1 trains that many kinds at once on each GPU (small heads leave a card
+# idle between kernels); a kind then benches only once the other slots' kinds on its GPU are trained, so
+# that no training shares the GPU a bench times.
 # Env: BUDGET (s, default 550), KINDS ("eagle3 mtp eagle medusa"), EPOCHS (1), BATCH (16 conversations
 #      an optimizer step, one process a kind), ROOT (/tmp/kinds), REGEN (.dev/regen), NGPU (all; 0 = CPU),
 #      PREPARE_ARGS (--cut-loops 32, as the current head's data), TRAIN_ARGS (extra --set ... for every
@@ -41,6 +44,7 @@
 #      row's held-out figures come from. DATA_NEED (s left that a regeneration or a variant's prepare needs, 300).
 set -uo pipefail
 source gpu_runs/env.sh  # a TARGET set before (the CPU dry run) wins over env.sh's
+source gpu_runs/slots.sh  # which slot and GPU a kind runs on; neighbours_trained
 T0=$SECONDS
 BUDGET=${BUDGET:-550}
 KINDS=${KINDS:-eagle3 mtp eagle medusa}
@@ -53,6 +57,7 @@ PREPARE_ARGS=${PREPARE_ARGS---cut-loops 32}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 BENCH_ARGS=${BENCH_ARGS:-}
 BENCH_NEED=${BENCH_NEED:-200}
+PER_GPU=${PER_GPU:-1}
 SPLIT=${SPLIT:-test}
 REGEN_ARGS=${REGEN_ARGS---batch-size 512}
 DATA_NEED=${DATA_NEED:-300}
@@ -99,7 +104,7 @@ cat > $ROOT/settings.json <<EOF
  "kind_args": {$(for k in $KINDS; do v=ARGS_${k//[^A-Za-z0-9_]/_}; printf '"%s": "%s",' $k "${!v:-}"; done | sed 's/,$//')},
  "kind_epochs": {$(for k in $KINDS; do v=EPOCHS_${k//[^A-Za-z0-9_]/_}; printf '"%s": %s,' $k "${!v:-$EPOCHS}"; done | sed 's/,$//')},
  "kind_data": {$(for k in $KINDS; do v=DATA_${k//[^A-Za-z0-9_]/_}; printf '"%s": "%s",' $k "${!v:-}"; done | sed 's/,$//')},
- "split": "$SPLIT", "regen_args": "$REGEN_ARGS"}
+ "split": "$SPLIT", "regen_args": "$REGEN_ARGS", "per_gpu": $PER_GPU}
 EOF
 
 # ---------------------------------------------------------------- a variant's own data (DATA_<kind>), once
@@ -197,6 +202,12 @@ EOF
       && mv $run/.eval_shared.json $run/eval_shared.json \
       || { echo "kinds: $kind held-out evaluation on the shared data failed or cut"; tail -5 $ROOT/logs/$kind.train.log; return; }
   fi
+  # PER_GPU > 1: a bench times its GPU alone, once the kinds of the other slots on it are trained
+  while [ "$PER_GPU" -gt 1 ] && ! neighbours_trained $kind; do
+    l=$(left)
+    [ $l -lt $BENCH_NEED ] && { echo "kinds: $kind benches next call (its GPU still trains)"; return; }
+    sleep ${BARRIER_POLL:-10}
+  done
   # the tree: chosen on the validation split's chat prompts where TREES (or TREES_<kind>) names candidates
   local trees=TREES_${1//[^A-Za-z0-9_]/_} cands tree_arg="" t
   cands=${!trees:-${TREES:-}}
@@ -235,17 +246,18 @@ EOF
   echo "kinds: $kind done"
 }
 
-slot_jobs() {  # the kinds of slot $1, one after another, on GPU $1 (or the CPU)
+slot_jobs() {  # the kinds of slot $1, one after another, on GPU $1 mod GPUS (or the CPU)
   local slot=$1 i=0 kind
   for kind in $KINDS; do
     if [ $(( i % SLOTS )) -eq $slot ]; then
-      if [ "$NGPU" -gt 0 ]; then CUDA_VISIBLE_DEVICES=$slot kind_job $kind; else kind_job $kind; fi
+      if [ "$NGPU" -gt 0 ]; then CUDA_VISIBLE_DEVICES=$(( slot % GPUS )) kind_job $kind; else kind_job $kind; fi
     fi
     i=$(( i + 1 ))
   done
 }
 
-SLOTS=$(( NGPU > 0 ? NGPU : 1 ))
+GPUS=$(( NGPU > 0 ? NGPU : 1 ))
+SLOTS=$(( GPUS * PER_GPU ))
 # the kinds share the host's cores: a kind's bench (batch-1 timing is host-bound) beside others' training
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / SLOTS > 0 ? $(nproc) / SLOTS : 1 ))}
 pids=()

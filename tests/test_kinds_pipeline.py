@@ -1,8 +1,9 @@
 """gpu_runs/ablation.sh (gpu_runs/kinds_pipeline.sh for issue 20's ablation) on CPU with a tiny target:
 two of its variants, one on data of its own (DATA_: the code prompts answered by the target, mixed
 with the ShareGPT regeneration) and one with epochs of its own (EPOCHS_, here 2 against EPOCHS=1),
-on the validation split. The commands only: a few steps each, no benchmarks (BENCH_NEED past the
-budget), the table from what there is."""
+on the validation split, trained at once (PER_GPU=2: two slots). The commands only: a few steps
+each, no benchmarks (BENCH_NEED past the budget), the table from what there is. And where kinds
+run: slots, their GPUs, and whom a kind's bench waits for (gpu_runs/slots.sh)."""
 
 import gzip
 import json
@@ -34,7 +35,7 @@ def test_ablation_variants_data_and_epochs(tmp_path, tokenizer):
                 {"role": "assistant", "content": random_sentence(rng, 8, 14)}]}) + "\n")
     root, out = tmp_path / "kinds", tmp_path / "out"
     env = {**os.environ, "NGPU": "0", "PY": sys.executable, "TARGET": str(target), "REGEN": str(regen),
-           "ROOT": str(root), "OUT": str(out), "BATCH": "4", "KINDS": "eagle3+code eagle3+4ep",
+           "ROOT": str(root), "OUT": str(out), "BATCH": "4", "KINDS": "eagle3+code eagle3+4ep", "PER_GPU": "2",
            "EPOCHS": "1", "EPOCHS_eagle3_4ep": "2",  # ablation.sh's DATA_eagle3_code and SPLIT
            "CHAT_PER_CATEGORY": "1", "CODING": "1", "BENCH_NEED": "100000", "TABLE_ANYWAY": "1", "EVAL_ROWS": "2",
            "PREPARE_ARGS": "--cut-loops 32 --eval-fraction 0.1 --max-length 512 --num-proc 1",
@@ -69,6 +70,9 @@ def test_ablation_variants_data_and_epochs(tmp_path, tokenizer):
     assert long_cfg["data"]["path"] == str(root / "prepared") and long_cfg["train"]["epochs"] == 2
     shared = json.loads((root / "runs" / "eagle3+code" / "eval_shared.json").read_text())
     assert shared["eval/acc"] and shared["eval/accept_length"] > 0
+    assert json.loads((root / "settings.json").read_text())["per_gpu"] == 2
+    assert "eagle3+code" in (root / "logs" / "slot0.txt").read_text()  # one kind a slot, side by side
+    assert "eagle3+4ep" in (root / "logs" / "slot1.txt").read_text()
     prompts = json.loads((root / "prompts" / "prompts.json").read_text())
     assert prompts["split"] == "validation" and prompts["coding"] == 1
 
@@ -80,3 +84,28 @@ def test_ablation_variants_data_and_epochs(tmp_path, tokenizer):
     assert rows["eagle3+4ep"]["epochs"] == 2 and rows["eagle3+code"]["epochs"] == 1
     md = (out / "kinds_table.md").read_text()
     assert "| eagle3+code, data + code-prompts:1 |" in md and "| eagle3+4ep, 2 epochs |" in md
+
+
+def test_slots_and_whom_a_bench_waits_for(tmp_path):
+    """Five kinds on 2 GPUs x 2 slots: kind i in slot i mod 4, slot s on GPU s mod 2. A kind's bench
+    waits for the kinds of the other slot on its GPU (a's for c; c's for a and e, which shares a's
+    slot), never for its own slot's (they run after it) or another GPU's."""
+    def trained(kind: str) -> bool:
+        script = f"KINDS='a b c d e' SLOTS=4 GPUS=2 ROOT={tmp_path}; source gpu_runs/slots.sh; neighbours_trained {kind}"
+        return subprocess.run(["bash", "-c", script], cwd=ROOT).returncode == 0
+
+    def finish(kind: str) -> None:
+        (tmp_path / "runs" / kind / "final").mkdir(parents=True)
+        (tmp_path / "runs" / kind / "final" / "model.safetensors").write_bytes(b"")
+
+    assert not trained("a") and not trained("c") and not trained("b")
+    finish("c")
+    assert trained("a") and not trained("c")
+    finish("a")
+    assert not trained("c")  # e: slot 0, GPU 0, still training
+    finish("e")
+    assert trained("c") and not trained("b")
+    finish("d")
+    assert trained("b") and not trained("d")  # d waits for b, the other slot on GPU 1
+    finish("b")
+    assert trained("d")
