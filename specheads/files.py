@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -26,14 +27,19 @@ def read_text(path) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def write_text(path, text: str) -> None:
-    """Write a text file (gzip-compressed where its name ends in .gz) aside, then move it into
-    place: a reader never sees half a file."""
+@contextlib.contextmanager
+def open_aside(path):
+    """A text file to write (gzip-compressed where its name ends in .gz), written aside and moved
+    into place once the block ends without an error: a reader never sees half a file, and a
+    write cut short leaves the old one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".gz":
-        with gzip.open(tmp, "wt", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        tmp.write_text(text, encoding="utf-8")
+    with (gzip.open(tmp, "wt", encoding="utf-8") if path.suffix == ".gz" else open(tmp, "w", encoding="utf-8")) as f:
+        yield f
     os.replace(tmp, path)
+
+
+def write_text(path, text: str) -> None:
+    """Write a text file whole (`open_aside`)."""
+    with open_aside(path) as f:
+        f.write(text)

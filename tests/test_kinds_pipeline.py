@@ -13,18 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import random_sentence, save_random_target, tiny_llama_config
+from tests.helpers import random_sentence
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_ablation_variants_data_and_epochs(tmp_path, tokenizer):
+def test_ablation_variants_data_and_epochs(tmp_path, chatty_target_dir):
     from datasets import load_from_disk
 
-    # a tiny target of flat next-token distributions: the shared one (peaked, tied embeddings) answers
-    # with blank lines alone, which a mix does not read as answers
-    target = tmp_path / "target"
-    save_random_target(target, tiny_llama_config(len(tokenizer)), tokenizer, seed=0, randomize=True)
+    target = chatty_target_dir  # its answers are text (a mix reads blank ones as none)
     rng = random.Random(3)
     regen = tmp_path / "regen"  # the saved ShareGPT regeneration (.dev/regen/part00's shape)
     regen.mkdir()

@@ -61,14 +61,12 @@ def is_eval(conv_id: str, fraction: float) -> bool:
 
 
 def write_conversations(path: Path, conversations) -> None:
-    """{id, messages} JSON lines, gzip (written aside, then moved into place)."""
-    import gzip
+    """{id, messages} JSON lines, gzip (written aside, then moved into place: files.open_aside)."""
+    from specheads.files import open_aside
 
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+    with open_aside(path) as f:
         for c in conversations:
             f.write(json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
 
 
 _WORKER_TOKENIZER = None

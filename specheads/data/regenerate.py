@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -25,6 +24,7 @@ from tqdm.auto import tqdm
 
 from specheads.data.chat import render
 from specheads.data.sources import Conversation, DataError, has_answer
+from specheads.files import write_text
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from specheads.target.chat import stop_token_ids
@@ -43,9 +43,7 @@ def _fingerprint(conversations, params, max_length, max_turns, chunk) -> str:
 
 
 def _save(path: Path, state: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(state))
 
 
 def regenerate(
