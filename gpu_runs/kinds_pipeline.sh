@@ -41,7 +41,8 @@
 #      COUNT}, ...] --limit SUM` (each part's conversation count as its ratio) into ROOT/prepared-SPEC (shared by
 #      the runs naming the same SPEC). Once trained, such a run is also evaluated on the shared data's held-out
 #      split (`specheads eval --rows EVAL_ROWS`, 256: runs/KIND/eval_shared.json), the conversations every other
-#      row's held-out figures come from. DATA_NEED (s left that a regeneration or a variant's prepare needs, 300).
+#      row's held-out figures come from, once `kinds_table.py held-out-check` (runs/KIND/heldout_check.json)
+#      finds that its data trains on none of them (a mix holds out what its sources hold out). DATA_NEED (s left that a regeneration or a variant's prepare needs, 300).
 set -uo pipefail
 source gpu_runs/env.sh  # a TARGET set before (the CPU dry run) wins over env.sh's
 source gpu_runs/slots.sh  # which slot and GPU a kind runs on; neighbours_trained
@@ -194,7 +195,11 @@ EOF
     [ -f $run/final/model.safetensors ] || { echo "kinds: $kind training to be continued (rc $rc)"; return; }
   fi
   [ -f $run/params.json ] || $PY gpu_runs/kinds_table.py params $run/final > $run/params.json
-  if [ -n "$spec" ] && [ ! -f $run/eval_shared.json ]; then  # held out: the conversations of the other runs
+  if [ -n "$spec" ] && [ ! -f $run/heldout_check.json ]; then  # did its data train on the others' held-out ones?
+    $PY gpu_runs/kinds_table.py held-out-check $DATA $data > $run/heldout_check.json \
+      || echo "kinds: $kind's data trains on the shared held-out conversations ($(cat $run/heldout_check.json)): its own split's figures stand"
+  fi
+  if [ -n "$spec" ] && [ ! -f $run/eval_shared.json ] && grep -q '"in_run_train": 0' $run/heldout_check.json; then
     l=$(left)
     [ $l -lt 90 ] && { echo "kinds: $kind held-out evaluation on the shared data next call"; return; }
     timeout -s TERM -k 10 $(( l - 15 )) $PY -m specheads.cli eval --draft $run/final --data $DATA --target $TARGET \

@@ -9,6 +9,9 @@
     python3 gpu_runs/kinds_table.py pick-tree EVAL_JSON --out KIND-tree.json
         the tree of `specheads evaluate --methods ar KIND@S,K,N ...` (validation split) with the best mean
         speedup over ar on the chat categories; prints S,K,N (the pipeline's TREES tuning)
+    python3 gpu_runs/kinds_table.py held-out-check SHARED_DATA RUN_DATA
+        how many of the shared data's held-out conversations a run's own data (a mix) trains on, as JSON;
+        exit 1 if any (its figures on them would not be held out): the pipeline runs it before eval_shared
     python3 gpu_runs/kinds_table.py selfcheck             # the table from fake run files (CPU, seconds)
 
 ROOT is the pipeline's folder (default /tmp/kinds); per kind it reads
@@ -20,6 +23,8 @@ ROOT is the pipeline's folder (default /tmp/kinds); per kind it reads
     runs/KIND/data_report.json   the prepare report of the data it trained on (train tokens, the mix)
     runs/KIND/eval_shared.json   a run on its own data (DATA_<kind>): `specheads eval` on the shared data's
                                  held-out split, the conversations of every other run's held-out figures
+    runs/KIND/heldout_check.json `held-out-check` above; where the run trained on any of those conversations
+                                 its eval_shared.json is not used (its own split's figures are shown)
     bench/KIND-SOURCE.json       scripts/bench.py with --methods ar KIND-tree (SOURCE: chat, coding)
     bench/KIND-tree.json         `pick-tree` above, where the kind's tree was chosen on the validation split
 and settings.json (epochs, batch, kinds, ...) and prepare_report.json. Runs of several machines (each
@@ -49,6 +54,22 @@ BATCHES = (1, 8)
 # goals at batch 1 on chat (issue 23: mtp; issue 24: eagle, medusa): speedup over our ar
 GOALS = {"mtp": 2.0, "eagle": 1.8, "medusa": 1.5}
 MTP_WITHIN_EAGLE3 = 0.10  # issue 23: mtp's speedup within 10% of eagle3's
+
+
+# ------------------------------------------------------------------ held out for every run
+def source_id(conv_id: str) -> str:
+    """A mixed conversation's id in its source: the mix puts `label:` in front (specheads.data.mix)."""
+    label, sep, rest = conv_id.partition(":")
+    return rest if sep and re.fullmatch(r"[A-Za-z0-9_.-]+(#\d+)?", label) else conv_id
+
+
+def heldout_check(shared_dir: str, run_dir: str) -> dict:
+    """How many of the shared data's held-out conversations (by id) the run's data trains on."""
+    from datasets import load_from_disk
+
+    held = set(load_from_disk(shared_dir)["eval"]["id"])
+    trained = {source_id(i) for i in load_from_disk(run_dir)["train"]["id"]}
+    return {"shared_heldout": len(held), "in_run_train": len(held & trained)}
 
 
 # ------------------------------------------------------------------ prompts
@@ -170,7 +191,9 @@ def kind_row(root: Path, kind: str, settings: dict) -> dict:
     total = summary.get("steps")
     data = (variant or {}).get("data_spec", (settings.get("kind_data") or {}).get(kind, "")) or ""
     prep = read_json(run / "data_report.json") or ({} if data else read_json(root / "prepare_report.json") or {})
-    shared = read_json(run / "eval_shared.json") if data else None
+    check = read_json(run / "heldout_check.json") or {}
+    leaked = check.get("in_run_train", 0)  # shared held-out conversations the run trained on
+    shared = read_json(run / "eval_shared.json") if data and not leaked else None
     held = shared or summary  # a run on its own data: held out on the shared data's conversations
     row = {
         "kind": kind,
@@ -191,6 +214,7 @@ def kind_row(root: Path, kind: str, settings: dict) -> dict:
         "mix": [{k: r.get(k) for k in ("label", "path", "drawn", "share", "loss_token_share")}
                 for r in (prep.get("mix") or {}).get("sources", [])] or None,
         "heldout_on": "own" if data and not shared else "shared",
+        **({"shared_heldout_trained_on": leaked, "shared_heldout": check.get("shared_heldout")} if leaked else {}),
         "heldout_acc": held.get("eval/acc"),
         "heldout_chain_acc": held.get("eval/chain_acc"),
         "sim_accept": held.get("eval/accept_length"),
@@ -269,6 +293,8 @@ def markdown(table: dict) -> str:
     for r in table["rows"]:
         acc = "/".join(f"{a:.2f}" for a in r["heldout_acc"]) if r["heldout_acc"] else "-"
         own = " (own split)" if r["heldout_on"] == "own" and r["heldout_acc"] else ""  # no eval_shared.json
+        if r.get("shared_heldout_trained_on") and own:
+            own = f" (own split: trained on {r['shared_heldout_trained_on']} of the shared {r['shared_heldout']})"
         cells, same = [], []
         for s in SOURCES:
             for b in BATCHES:
@@ -466,6 +492,12 @@ def selfcheck() -> None:
         assert longer["epochs"] == 4 and longer["data"] == "" and "| eagle3+4ep, 4 epochs |" in md
         for ext in (".json", ".md", ".png"):
             assert (Path(tmp) / "out" / f"kinds_table{ext}").stat().st_size > 0
+        # a variant whose data trained on the shared held-out conversations: its own split's figures instead
+        (root / "runs" / "eagle3+code" / "heldout_check.json").write_text(
+            json.dumps({"shared_heldout": 340, "in_run_train": 332}))
+        code = next(r for r in write_table(root, Path(tmp) / "out" / "kinds_table")["rows"] if r["kind"] == "eagle3+code")
+        assert code["heldout_on"] == "own" and code["sim_accept"] == 3.5 and code["shared_heldout_trained_on"] == 332
+        assert "(own split: trained on 332 of the shared 340)" in (Path(tmp) / "out" / "kinds_table.md").read_text()
     print("selfcheck: ok")
 
 
@@ -486,6 +518,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("pick-tree")
     p.add_argument("report", help="`specheads evaluate` JSON with ar and KIND@S,K,N methods")
     p.add_argument("--out", required=True, help="the choice as JSON (bench/KIND-tree.json)")
+    p = sub.add_parser("held-out-check")
+    p.add_argument("shared", help="the shared prepared data (every other run's held-out conversations)")
+    p.add_argument("run_data", help="the run's own prepared data")
     sub.add_parser("selfcheck")
     args = ap.parse_args(argv)
     if args.cmd == "prompts":
@@ -494,6 +529,10 @@ def main(argv=None) -> int:
         print(json.dumps(head_params(args.head)))
     elif args.cmd == "table":
         write_table(Path(args.root), Path(args.out))
+    elif args.cmd == "held-out-check":
+        check = heldout_check(args.shared, args.run_data)
+        print(json.dumps(check))
+        return 1 if check["in_run_train"] else 0
     elif args.cmd == "pick-tree":
         choice = pick_tree(read_json(Path(args.report)) or {})
         Path(args.out).write_text(json.dumps(choice, indent=1) + "\n")

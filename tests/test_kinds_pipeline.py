@@ -67,6 +67,10 @@ def test_ablation_variants_data_and_epochs(tmp_path, chatty_target_dir):
     assert long_cfg["data"]["path"] == str(root / "prepared") and long_cfg["train"]["epochs"] == 2
     shared = json.loads((root / "runs" / "eagle3+code" / "eval_shared.json").read_text())
     assert shared["eval/acc"] and shared["eval/accept_length"] > 0
+    # the mix held out every shared held-out conversation (the split hashes the source's id), so the
+    # figures on them are held out for this run too
+    check = json.loads((root / "runs" / "eagle3+code" / "heldout_check.json").read_text())
+    assert check["shared_heldout"] > 0 and check["in_run_train"] == 0, check
     assert json.loads((root / "settings.json").read_text())["per_gpu"] == 2
     assert "eagle3+code" in (root / "logs" / "slot0.txt").read_text()  # one kind a slot, side by side
     assert "eagle3+4ep" in (root / "logs" / "slot1.txt").read_text()

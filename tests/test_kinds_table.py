@@ -15,6 +15,37 @@ def test_kinds_table_selfcheck(capsys):
     assert "selfcheck: ok" in capsys.readouterr().out
 
 
+def test_held_out_check_finds_conversations_a_run_trained_on(tmp_path, tiny_target_dir):
+    """`held-out-check`: 0 for a mix that draws the shared data (it holds out what its source holds
+    out), and the count, exit 1, for data split otherwise (here a smaller eval fraction)."""
+    import json
+    import subprocess
+    import sys
+
+    from specheads.data.prepare import PrepareOptions, prepare
+    from tests.helpers import DRAFT_VOCAB, messages_rows
+
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in messages_rows(40, seed=3)))
+    common = dict(target=str(tiny_target_dir), max_length=128, draft_vocab_size=DRAFT_VOCAB)
+    prepare(PrepareOptions(data=str(src), output=str(tmp_path / "shared"), eval_fraction=0.3, **common))
+    prepare(PrepareOptions(sources=[{"name": "jsonl", "path": str(src), "ratio": 1},
+                                    {"name": "jsonl", "path": str(src), "ratio": 1}],
+                           output=str(tmp_path / "mix"), eval_fraction=0.3, **common))
+    prepare(PrepareOptions(data=str(src), output=str(tmp_path / "other"), eval_fraction=0.05, **common))
+    tool = Path(__file__).resolve().parents[1] / "gpu_runs" / "kinds_table.py"
+
+    def check(run_data):
+        done = subprocess.run([sys.executable, str(tool), "held-out-check", str(tmp_path / "shared"), str(run_data)],
+                              capture_output=True, text=True)
+        return done.returncode, json.loads(done.stdout)
+
+    rc, got = check(tmp_path / "mix")
+    assert rc == 0 and got["in_run_train"] == 0 and got["shared_heldout"] > 0, got
+    rc, got = check(tmp_path / "other")
+    assert rc == 1 and 0 < got["in_run_train"] <= got["shared_heldout"], got
+
+
 def test_code_hash_of_a_folder_equals_that_of_its_commit(tmp_path):
     """gpu_runs/code_hash.py: the hash the pipeline records on the device (of the carried folder)
     is the one computed here from the commit, so a table names the code that ran."""

@@ -9,7 +9,8 @@ conversations in all (None: as many as every source can give at its ratio), each
 by largest remainder; a source with fewer conversations than its share gives all it has, and
 the report says so. Conversation ids get the source's label in front (`name:` or `name#i:`
 where a name repeats), so ids of different sources never collide and the realised mix can be
-counted after tokenization. Each source is read whole to draw from it, so the prepare
+counted after tokenization; the eval split still hashes the source's own id (`Conversation.key`),
+so a mix holds out the conversations its sources hold out when prepared alone. Each source is read whole to draw from it, so the prepare
 report's skip counts cover every row read, drawn or not.
 """
 
@@ -107,7 +108,7 @@ def mix_conversations(sources: list[Source], skips: SkipLog, limit: int | None,
     for s, pool, want in zip(sources, pools, wanted):
         take = min(want, len(pool))
         picked = sorted(rng.sample(range(len(pool)), take))  # the source's own order among those drawn
-        mixed += [Conversation(f"{s.label}:{pool[i].id}", pool[i].messages) for i in picked]
+        mixed += [Conversation(f"{s.label}:{pool[i].id}", pool[i].messages, pool[i].key) for i in picked]
         rows.append({"label": s.label, "name": s.name, **({"path": s.path} if s.path else {}),
                      "ratio": round(s.ratio, 6), "available": len(pool), "wanted": want, "drawn": take,
                      **({"short_by": want - take} if take < want else {})})

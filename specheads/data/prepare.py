@@ -4,8 +4,8 @@ Output folder: a `datasets.DatasetDict` (train / eval) saved with `save_to_disk`
 `vocab_map.safetensors` (d2t, t2d, token counts) and `prepare_report.json`; with
 `--regenerate` also `regenerated.jsonl.gz`, the conversations as the target answered them
 (one {id, messages} a line), which `prepare --data` takes again without regenerating.
-The eval split is fixed by a hash of each conversation's id, so it does not move when
-`--limit` or the data order changes.
+The eval split is fixed by a hash of each conversation's id (in a mix, of its id in its source:
+`Conversation.key`), so it does not move when `--limit`, the data order or the mix changes.
 """
 
 from __future__ import annotations
@@ -61,12 +61,14 @@ def is_eval(conv_id: str, fraction: float) -> bool:
 
 
 def write_conversations(path: Path, conversations) -> None:
-    """{id, messages} JSON lines, gzip (written aside, then moved into place: files.open_aside)."""
+    """{id, messages} JSON lines, gzip (written aside, then moved into place: files.open_aside); a
+    conversation whose split key is not its id (drawn by a mix) keeps it as `split_key`."""
     from specheads.files import open_aside
 
     with open_aside(path) as f:
         for c in conversations:
-            f.write(json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) + "\n")
+            key = {"split_key": c.split_key} if c.split_key and c.split_key != c.id else {}
+            f.write(json.dumps({"id": c.id, **key, "messages": c.messages}, ensure_ascii=False) + "\n")
 
 
 _WORKER_TOKENIZER = None
@@ -204,7 +206,7 @@ def prepare(opts: PrepareOptions) -> dict:
             continue
         ids, mask, was_truncated = row
         truncated += was_truncated
-        split = splits["eval" if is_eval(conv.id, opts.eval_fraction) else "train"]
+        split = splits["eval" if is_eval(conv.key, opts.eval_fraction) else "train"]
         split["input_ids"].append(ids)
         split["loss_mask"].append(mask)
         split["id"].append(conv.id)

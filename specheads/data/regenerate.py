@@ -68,7 +68,7 @@ def regenerate(
 def _answered(conversations: list[Conversation], messages: list[list[dict]]) -> list[Conversation]:
     """The conversations with their regenerated messages, less those left without an answer (no
     assistant turn, or only whitespace ones: what reading the saved file back would skip)."""
-    return [Conversation(c.id, m) for c, m in zip(conversations, messages) if has_answer(m)]
+    return [Conversation(c.id, m, c.split_key) for c, m in zip(conversations, messages) if has_answer(m)]
 
 
 def _regenerate(model, tokenizer, conversations, params, max_length, batch_size, max_turns, state_path, chunk,

@@ -54,6 +54,14 @@ class DataError(ValueError):
 class Conversation:
     id: str
     messages: list[dict]
+    # what the eval split hashes (prepare.is_eval); "" means the id. A mix puts its source's label in
+    # front of the id but keeps the source's key here, so a conversation held out when its source is
+    # prepared alone stays held out in every mix that draws it (and after its regeneration)
+    split_key: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.split_key or self.id
 
 
 def has_answer(messages: list[dict]) -> bool:
@@ -241,7 +249,7 @@ def read_conversations(source: str, skips: SkipLog, limit: int | None = None,
             skips.skip("no assistant turn", row_id)
             unanswered += 1
             continue
-        yield Conversation(row_id, messages)
+        yield Conversation(row_id, messages, str(row.get("split_key") or ""))
         kept += 1
         if limit is not None and kept >= limit:
             return

@@ -100,6 +100,36 @@ def test_prepare_records_the_realised_mix(tmp_path, tiny_target_dir, sharegpt_js
     assert report["data"] == "jsonl#0+jsonl#1"
 
 
+def test_a_mix_holds_out_what_its_sources_hold_out(tmp_path, tiny_target_dir, two_sources):
+    """The eval split hashes a conversation's id in its source, not the mix's labelled id: a
+    conversation held out when its source is prepared alone is held out in the mix too (else a head
+    trained on the mix would be judged on conversations it trained on), also after the mix is
+    written out and read back as one file (a saved regeneration)."""
+    from datasets import load_from_disk
+
+    from specheads.data.prepare import write_conversations
+
+    big, small = two_sources
+    common = dict(target=str(tiny_target_dir), max_length=128, draft_vocab_size=DRAFT_VOCAB, eval_fraction=0.3)
+    prepare(PrepareOptions(data=big, output=str(tmp_path / "alone"), **common))
+    alone = load_from_disk(str(tmp_path / "alone"))
+    held_out = set(alone["eval"]["id"])
+    assert held_out and set(alone["train"]["id"])
+    prepare(PrepareOptions(sources=[{"name": "jsonl", "path": big, "ratio": 40}, {"name": "jsonl", "path": small, "ratio": 12}],
+                           output=str(tmp_path / "mixed"), limit=52, **common))
+    mixed = load_from_disk(str(tmp_path / "mixed"))
+    assert {i.split(":", 1)[1] for i in mixed["eval"]["id"] if i.startswith("jsonl#0:")} == held_out
+    assert not {i.split(":", 1)[1] for i in mixed["train"]["id"] if i.startswith("jsonl#0:")} & held_out
+
+    convs, _ = mix_conversations(parse_sources([{"name": "jsonl", "path": big, "ratio": 40},
+                                                {"name": "jsonl", "path": small, "ratio": 12}]), SkipLog(), limit=52)
+    write_conversations(tmp_path / "saved.jsonl.gz", convs)
+    back = list(read_conversations(str(tmp_path / "saved.jsonl.gz"), SkipLog()))
+    assert [(c.id, c.key) for c in back] == [(c.id, c.id.split(":", 1)[1]) for c in convs]
+    prepare(PrepareOptions(data=str(tmp_path / "saved.jsonl.gz"), output=str(tmp_path / "again"), **common))
+    assert set(load_from_disk(str(tmp_path / "again"))["eval"]["id"]) == set(mixed["eval"]["id"])
+
+
 def test_one_source_reads_as_data_does(tmp_path, tiny_target_dir, sharegpt_json):
     """The default (one source) keeps the plain reader: ids unprefixed, no mix in the report."""
     report = prepare(PrepareOptions(target=str(tiny_target_dir), sources=[{"name": "jsonl", "path": str(sharegpt_json)}],
