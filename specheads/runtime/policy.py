@@ -349,6 +349,11 @@ class AdaptivePolicy:
         self.tier_mean, self.tier_count = np.zeros((n, d)), np.zeros((n, d))  # every row, per tier
         self.all_mean, self.all_count = np.zeros(d), np.zeros(d)  # every row, every tier
         self._reach = np.array([[j < t.steps for j in range(d)] for t in self.tiers])  # [T, D]
+        # the tiers whose records a step of each tier updates: itself, and for a chain (topk 1) every
+        # other chain, since a chain drafts the same top-1 token at each depth whatever its length (a
+        # chain tier that one unlucky step made look poor is still judged by the chains that run)
+        chains = [i for i, t in enumerate(self.tiers) if t.topk == 1]
+        self._shares = [chains if i in chains else [i] for i in range(n)]
         # each slot's expected tokens per tier [T] as last worked out, for its depth cap then and
         # the records' version (observe changes every row's estimate through the pooled records):
         # the many plain steps between observations choose from these, not from the records again
@@ -386,12 +391,12 @@ class AdaptivePolicy:
         # a depth is a trial where its parent was reached (depth <= accepted + 1) and it was offered
         trials = ((depth <= acc) & (depth < np.asarray(offered)[:, None])).astype(float)  # [R, D]
         hits = trials * (depth < acc)
-        t = tier - 1
-        mean, count = self.mean[slots, t], self.count[slots, t]  # the rows under this tier
-        _running_mean(mean, count, trials, hits, self.window)
-        self.mean[slots, t], self.count[slots, t] = mean, count
         k, h = trials.sum(0), hits.sum(0)
-        _running_mean(self.tier_mean[t], self.tier_count[t], k, h, self.pooled_window)
+        for t in self._shares[tier - 1]:
+            mean, count = self.mean[slots, t], self.count[slots, t]  # the rows under this tier
+            _running_mean(mean, count, trials, hits, self.window)
+            self.mean[slots, t], self.count[slots, t] = mean, count
+            _running_mean(self.tier_mean[t], self.tier_count[t], k, h, self.pooled_window)
         _running_mean(self.all_mean, self.all_count, k, h, self.pooled_window)
 
     def acceptance(self, rows: list[int]) -> np.ndarray:
