@@ -317,7 +317,7 @@ class AdaptivePolicy:
 
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
-                 switch_margin: float = 0.15, probe_backoff: int = 8):
+                 switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 1):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -352,7 +352,8 @@ class AdaptivePolicy:
         # the tiers whose records a step of each tier updates: itself, and for a chain (topk 1) every
         # other chain, since a chain drafts the same top-1 token at each depth whatever its length (a
         # chain tier that one unlucky step made look poor is still judged by the chains that run)
-        chains = [i for i, t in enumerate(self.tiers) if t.topk == 1]
+        # (share_chains=0: each tier its own record, as before; for comparing the two)
+        chains = [i for i, t in enumerate(self.tiers) if t.topk == 1] if share_chains else []
         self._shares = [chains if i in chains else [i] for i in range(n)]
         # each slot's expected tokens per tier [T] as last worked out, for its depth cap then and
         # the records' version (observe changes every row's estimate through the pooled records):
@@ -487,7 +488,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 
 # the adaptive policy's settings a user may change (AdaptivePolicy's keyword arguments), by type
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
-                   "explore_every": int, "switch_margin": float, "probe_backoff": int}
+                   "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 
@@ -503,6 +504,8 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
     low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff") else 0
+    if name == "share_chains" and v not in (0, 1):
+        raise PolicyError(f"{what}: share_chains={v} must be 0 or 1")
     if name != "prior" and not (v >= low and math.isfinite(v)):
         raise PolicyError(f"{what}: {name}={v} must be at least {low}")
     return v

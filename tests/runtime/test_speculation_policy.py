@@ -197,6 +197,10 @@ def test_chains_share_their_records_and_a_tree_keeps_its_own():
         assert policy.count[rows, chain].tolist() == [[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
         assert policy.tier_count[chain].tolist() == [2, 1, 0, 0, 0, 0]
     assert not policy.count[rows, 3].any() and not policy.tier_count[3].any()
+    apart = AdaptivePolicy(TIERS, TableCost(gpu_like), share_chains=0)  # each tier its own record
+    row = apart.new_row()
+    apart.observe([row], 2, [2], [2])
+    assert apart.count[row, 1].tolist() == [1, 1, 0, 0, 0, 0] and not apart.count[row, [0, 2, 3]].any()
 
 
 def test_a_chain_judged_on_one_poor_step_is_judged_again_by_the_chains_that_run():

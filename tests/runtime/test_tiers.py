@@ -262,6 +262,7 @@ def test_policy_input_errors_name_the_input(target, heads, tmp_path):
                                                                                 "expected NAME=VALUE"),
         (dict(speculation_policy="adaptive", speculation_settings="window=0"), "window=0 must be at least 1"),
         (dict(speculation_policy="adaptive", speculation_settings="prior=high"), "prior='high' is not a number"),
+        (dict(speculation_policy="adaptive", speculation_settings="share_chains=2"), "share_chains=2 must be 0 or 1"),
     ):
         with pytest.raises(EngineError, match=message):
             SpecEngine(target, head, max_len=64, **FULL, **kwargs)
