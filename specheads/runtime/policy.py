@@ -317,7 +317,8 @@ class AdaptivePolicy:
 
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
-                 switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 1):
+                 switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 1,
+                 bound_trees: int = 0):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -355,6 +356,14 @@ class AdaptivePolicy:
         # (share_chains=0: each tier its own record, as before; for comparing the two)
         chains = [i for i, t in enumerate(self.tiers) if t.topk == 1] if share_chains else []
         self._shares = [chains if i in chains else [i] for i in range(n)]
+        # bound_trees=1: a tree tier's estimate at each depth is at least the chains' (its top-k holds
+        # their top-1 token), so a tree judged on a poor stretch recovers as the chains that run instead
+        # do. Off by default: replayed on the validation split's traces with the H200's costs it made a
+        # smaller switch_margin safe (0.999 of the best fixed tree at 0.05, 0.958 without) but cost
+        # batch 8 at the default margin (0.952 against 1.000; docs/benchmarks.md)
+        self._chains = [i for i, t in enumerate(self.tiers) if t.topk == 1]
+        self._trees = [i for i, t in enumerate(self.tiers) if t.topk > 1]
+        self._bound = True if bound_trees and self._chains and self._trees else None
         # each slot's expected tokens per tier [T] as last worked out, for its depth cap then and
         # the records' version (observe changes every row's estimate through the pooled records):
         # the many plain steps between observations choose from these, not from the records again
@@ -418,7 +427,10 @@ class AdaptivePolicy:
         prior = w * np.divide(expected, seen, out=np.ones_like(expected), where=seen > 0)  # w steps at the tiers' rate
         ease = np.divide(hits + prior, expected + prior, out=np.ones_like(hits), where=expected + prior > 0)
         own = np.clip(tier[None] * ease[:, None, :], 0.0, 1.0)  # [R, T, D]
-        return _shrink(mean, count, own, w)
+        q = _shrink(mean, count, own, w)
+        if self._bound is not None:  # a tree drafts each chain's top-1 token among its top-k
+            q[:, self._trees] = np.maximum(q[:, self._trees], q[:, self._chains].max(1, keepdims=True))
+        return q
 
     def expected_tokens(self, rows: list[int], caps: list[int]) -> np.ndarray:
         """[R, T]: each row's expected tokens per step under each tier (worked out again only for
@@ -452,8 +464,8 @@ class AdaptivePolicy:
             return 0
         rates = self.rates(rows, batch, kv, host_ms)
         best = int(np.argmax(rates[1:])) + 1
-        if best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin):
-            best = len(self.tiers)  # the full tree: the smaller one does not gain enough
+        if best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin) and rates[-1] > rates[0]:
+            best = len(self.tiers)  # the full tree: the smaller one does not gain enough (and it beats plain)
         merit = bool(rates[best] > rates[0])
         if merit:
             self.probe_interval = self.probe_every
@@ -488,7 +500,8 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 
 # the adaptive policy's settings a user may change (AdaptivePolicy's keyword arguments), by type
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
-                   "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int}
+                   "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int,
+                   "bound_trees": int}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 
@@ -504,8 +517,8 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
     low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff") else 0
-    if name == "share_chains" and v not in (0, 1):
-        raise PolicyError(f"{what}: share_chains={v} must be 0 or 1")
+    if name in ("share_chains", "bound_trees") and v not in (0, 1):
+        raise PolicyError(f"{what}: {name}={v} must be 0 or 1")
     if name != "prior" and not (v >= low and math.isfinite(v)):
         raise PolicyError(f"{what}: {name}={v} must be at least {low}")
     return v

@@ -132,6 +132,34 @@ def probes(policy, row, steps: int, accepted: int | None = None, twice: bool = F
     return drafted
 
 
+def test_the_margin_never_trades_a_tier_that_beats_plain_decoding_for_plain_decoding():
+    """The switch margin prefers the full tree to a smaller tier that gains little over it, but only
+    where the full tree beats plain decoding too: else the smaller tier runs (it did not, and a row
+    whose full tree did not pay decoded plainly though a short chain would have paid)."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), switch_margin=0.15)
+    row = policy.new_row()
+    policy.rates = lambda *a, **k: np.array([1.0, 1.05, 0.5, 0.5, 0.95])  # plain, the chains, the full tree
+    assert policy.choose([(row, FULL.steps)], 1, 256) == 1
+    policy.rates = lambda *a, **k: np.array([1.0, 1.05, 0.5, 0.5, 1.01])  # the full tree beats plain: it runs
+    assert policy.choose([(row, FULL.steps)], 1, 256) == len(TIERS)
+
+
+def test_bound_trees_keeps_a_tree_estimate_at_least_the_chains():
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), bound_trees=1)
+    rows = [policy.new_row() for _ in range(4)]
+    policy.observe(rows, 4, [6] * 4, [0] * 4)  # the full tree: every first draft rejected, once
+    for _ in range(40):
+        policy.observe(rows, 3, [4] * 4, [4] * 4)  # the 4-deep chain: every draft accepted since
+    q = policy.acceptance(rows)
+    assert (q[:, 3, :4] >= q[:, 2, :4]).all() and (q[:, 3, 0] > 0.9).all()
+    free = AdaptivePolicy(TIERS, TableCost(gpu_like))  # the default: the tree's own record
+    rows = [free.new_row() for _ in range(4)]
+    free.observe(rows, 4, [6] * 4, [0] * 4)
+    for _ in range(40):
+        free.observe(rows, 3, [4] * 4, [4] * 4)
+    assert (free.acceptance(rows)[:, 3, 0] < free.acceptance(rows)[:, 2, 0]).all()
+
+
 def test_a_probe_follows_a_run_of_plain_steps():
     policy = AdaptivePolicy(TIERS, TableCost(gpu_like), probe_every=4, probe_backoff=1)
     row = policy.new_row()
