@@ -17,6 +17,9 @@
 #                      regenerated.jsonl.gz as `specheads prepare --regenerate` wrote it (head_pipeline.sh
 #                      prepares from it instead of regenerating; here: copy it to a .jsonl.gz name and
 #                      pass that to `specheads prepare --data`)
+#   .dev/regen-code-prompts/part00  the code prompts shipped with specheads (`--data code-prompts`) answered
+#                      by SmolLM2-135M-Instruct the same way (kinds_pipeline.sh takes it for DATA_ code-prompts
+#                      instead of answering them again: REGEN-SOURCE)
 # Each file is checked against its sha256. Needs the full history (not a shallow clone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,3 +47,5 @@ restore_head artifacts/qwen2.5-coder-0.5b-eagle3.safetensors \
   d269c1078680955bdda58edaa684ece3402f3d32f1f687d906c6d5fa095ea4f8 docs/results/qwen-coder-0.5b-eagle3-h200 .dev/qwen-head
 restore artifacts/sharegpt-first-turns-regenerated-qwen2.5-coder-0.5b-greedy.jsonl.gz \
   b147989a0113a09e2ea02e45f0891c203afa8af5f0399a86792f39c9f5b85d55 .dev/qwen-regen/part00
+restore artifacts/code-prompts-regenerated-smollm2-135m-greedy.jsonl.gz \
+  908d01fb48234bcee2ef9c1539ac55450b50b6ee8273615adfc04b59303b9847 .dev/regen-code-prompts/part00
