@@ -44,11 +44,14 @@ def cpu_plan(path: str | Path | None = None, conversations: int | None = None, s
 
 
 def gpu_plan() -> DemoPlan:
-    """The full recipe: every conversation, answered by the target itself (first turn), batched on all GPUs."""
-    opts = PrepareOptions(output="prepared/demo-gpu", max_length=2048, regenerate=True, regen_batch_size=512,
-                          regen_max_turns=1, devices="all")
+    """The full recipe: every conversation of the config's sources (ShareGPT and the packaged code
+    prompts), answered by the target itself (first turn), batched on all GPUs."""
     cfg = load_config(GPU_CONFIG if GPU_CONFIG.is_file() else None, ["train.deepspeed=null"],
-                      **{"data.path": opts.output, "output_dir": "runs/demo-gpu"})
+                      **{"data.path": "prepared/demo-gpu", "output_dir": "runs/demo-gpu"})
+    sources = [s.model_dump(exclude_none=True) for s in cfg.data.sources]
+    opts = PrepareOptions(output=cfg.data.path, max_length=2048, regenerate=True, regen_batch_size=512,
+                          regen_max_turns=1, devices="all", sources=sources if len(sources) > 1 else None,
+                          mix_seed=cfg.data.mix_seed)
     return DemoPlan(opts, cfg)
 
 

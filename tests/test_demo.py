@@ -122,3 +122,17 @@ def test_demo_holds_out_enough_conversations(default_cache, tmp_path):
     held_out = report["conversations"]["eval"]
     assert held_out >= MIN_HELD_OUT and plan.run.data.eval_max_rows >= held_out
     assert report["conversations"]["train"] >= 200
+
+
+def test_the_gpu_recipe_mixes_the_code_prompts_in():
+    """The full recipe's data (configs/smollm2-135m-eagle3.yaml): ShareGPT and the packaged code
+    prompts by ratio, answered by the target (code prompts hold no answers), prepared where it trains."""
+    from specheads.data.mix import parse_sources
+    from specheads.demo import gpu_plan
+
+    plan = gpu_plan()
+    names = [s["name"] for s in plan.prepare.sources]
+    assert names == ["sharegpt", "code-prompts"] and plan.prepare.regenerate
+    assert [round(s.ratio, 3) for s in parse_sources(plan.prepare.sources)] == [0.845, 0.155]
+    assert plan.prepare.output == plan.run.data.path == "prepared/demo-gpu" and plan.run.train.deepspeed is None
+

@@ -130,6 +130,27 @@ def test_a_mix_holds_out_what_its_sources_hold_out(tmp_path, tiny_target_dir, tw
     assert set(load_from_disk(str(tmp_path / "again"))["eval"]["id"]) == set(mixed["eval"]["id"])
 
 
+def test_a_regenerated_mix_with_the_code_prompts(tmp_path, chatty_target_dir, sharegpt_json):
+    """The full recipe's kind of mix (configs/smollm2-135m-eagle3.yaml): chat conversations and the
+    packaged code prompts by ratio, every answer written by the target; the saved regeneration keeps
+    each conversation's split key, so prepared again from it the held-out split stays the same."""
+    from datasets import load_from_disk
+
+    common = dict(target=str(chatty_target_dir), max_length=512, draft_vocab_size=DRAFT_VOCAB, eval_fraction=0.3)
+    out = tmp_path / "mixed"
+    report = prepare(PrepareOptions(sources=[{"name": "jsonl", "path": str(sharegpt_json), "ratio": 0.5},
+                                             {"name": "code-prompts", "ratio": 0.5}], limit=8, regenerate=True,
+                                    regen_max_new_tokens=6, regen_batch_size=8, output=str(out), **common))
+    drawn = {r["name"]: r["drawn"] for r in report["mix"]["sources"]}
+    assert drawn == {"jsonl": 4, "code-prompts": 4}, report["mix"]
+    ds = load_from_disk(str(out))
+    ids = set(ds["train"]["id"]) | set(ds["eval"]["id"])
+    assert any(i.startswith("code-prompts:") for i in ids) and any(i.startswith("jsonl") for i in ids), (ids, report.get("skipped"))
+    prepare(PrepareOptions(data=str(out / "regenerated.jsonl.gz"), output=str(tmp_path / "again"), **common))
+    again = load_from_disk(str(tmp_path / "again"))
+    assert set(again["eval"]["id"]) == set(ds["eval"]["id"]) and set(again["train"]["id"]) == set(ds["train"]["id"])
+
+
 def test_one_source_reads_as_data_does(tmp_path, tiny_target_dir, sharegpt_json):
     """The default (one source) keeps the plain reader: ids unprefixed, no mix in the report."""
     report = prepare(PrepareOptions(target=str(tiny_target_dir), sources=[{"name": "jsonl", "path": str(sharegpt_json)}],
