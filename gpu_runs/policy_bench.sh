@@ -4,14 +4,17 @@
 # 64, median of REPEATS (3) runs a cell, on one prompt set of the evaluation suite's test split.
 #   bash gpu_runs/policy_bench.sh chat|coding     (one GPU; on several: gpu_runs/parallel.sh)
 # chat = the seven single-turn chat categories taken in turn; N prompts (64). Carry .dev/head.
+# SPLIT=validation takes the suite's validation part instead of its test part (40 coding prompts there).
 # The adaptive engines' step costs are measured once and kept in $OUT/profile (bench.py
 # --speculation-profile-dir). bench.py saves after every row, so a run cut short keeps its rows.
 set -uo pipefail
 source gpu_runs/env.sh
 set_name=${1:-}
+# SPLIT=validation: the suite's validation part (choosing the policy's settings; test: reporting)
+suite=suite; [ "${SPLIT:-test}" = validation ] && suite=suite-validation
 case "$set_name" in
-  chat) prompts="suite:writing,roleplay,reasoning,math,extraction,stem,humanities" ;;
-  coding) prompts="suite:coding" ;;
+  chat) prompts="$suite:writing,roleplay,reasoning,math,extraction,stem,humanities" ;;
+  coding) prompts="$suite:coding" ;;
   *) echo "policy_bench.sh: chat or coding, not '$set_name'" >&2; exit 2 ;;
 esac
 shift

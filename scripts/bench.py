@@ -248,7 +248,8 @@ def main() -> None:
     ap.add_argument("--draft", default=None)
     ap.add_argument("--prompts", nargs="+", default=["sharegpt", "coding"],
                     help="sharegpt, coding, suite:CATEGORY[,CATEGORY...] (the evaluation suite's test split, "
-                         "single-turn prompts), or a .txt / .json file")
+                         "single-turn prompts; suite-validation:... its validation split, for choosing settings), "
+                         "or a .txt / .json file")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
@@ -361,11 +362,13 @@ def main() -> None:
             texts = sharegpt_prompts(args.num_prompts)
         elif source == "coding":
             texts = CODING_PROMPTS[: args.num_prompts]
-        elif source.startswith("suite:"):
+        elif source.startswith(("suite:", "suite-validation:")):
             from specheads.evaluation.suite import single_turn_texts
 
-            texts = single_turn_texts("test", source[len("suite:"):].split(","), args.num_prompts)
-            source = "suite-" + source[len("suite:"):].replace(",", "+")
+            split = "validation" if source.startswith("suite-validation:") else "test"
+            cats = source.split(":", 1)[1]
+            texts = single_turn_texts(split, cats.split(","), args.num_prompts)
+            source = ("suite-" if split == "test" else "suite-validation-") + cats.replace(",", "+")
         elif source.endswith(".json"):  # a list of prompt texts (e.g. held-out ShareGPT turns saved elsewhere)
             texts = json.loads(Path(source).read_text())[: args.num_prompts]
             source = Path(source).stem
