@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -322,7 +323,9 @@ def main() -> None:
             options["speculation_tiers"] = args.speculation_tiers
             options["speculation_settings"] = args.speculation_settings
             if args.speculation_profile_dir:
-                options["speculation_profile"] = Path(args.speculation_profile_dir) / f"{method.replace('@', '_')}.json"
+                # letters, digits, '.', '_' and '-' only: a device call returns no other file names
+                name = re.sub(r"[^A-Za-z0-9._-]", "_", method.replace("@", "_").replace(",", "-"))
+                options["speculation_profile"] = Path(args.speculation_profile_dir) / f"{name}.json"
         if method == "ngram":
             return SpecEngine(target, method="ngram", num_draft_tokens=args.ngram_tokens, max_len=args.max_len,
                               max_batch=b, **options)
