@@ -57,15 +57,11 @@ MTP_WITHIN_EAGLE3 = 0.10  # issue 23: mtp's speedup within 10% of eagle3's
 
 
 # ------------------------------------------------------------------ held out for every run
-def source_id(conv_id: str) -> str:
-    """A mixed conversation's id in its source: the mix puts `label:` in front (specheads.data.mix)."""
-    label, sep, rest = conv_id.partition(":")
-    return rest if sep and re.fullmatch(r"[A-Za-z0-9_.-]+(#\d+)?", label) else conv_id
-
-
 def heldout_check(shared_dir: str, run_dir: str) -> dict:
     """How many of the shared data's held-out conversations (by id) the run's data trains on."""
     from datasets import load_from_disk
+
+    from specheads.data.mix import source_id
 
     held = set(load_from_disk(shared_dir)["eval"]["id"])
     trained = {source_id(i) for i in load_from_disk(run_dir)["train"]["id"]}

@@ -62,7 +62,7 @@ def cmd_prepare(args) -> int:
         from specheads.config import load_config
 
         data = load_config(args.config, args.overrides).data
-        sources, mix_seed = [s.model_dump(exclude_none=True) for s in data.sources], data.mix_seed
+        sources, mix_seed = data.source_dicts(), data.mix_seed
     report = prepare(
         PrepareOptions(
             target=args.target, data=args.data, sources=sources, mix_seed=mix_seed, output=args.output, max_length=args.max_length, limit=args.limit,

@@ -50,6 +50,10 @@ class DataSection(_Strict):
     max_length: int | None = Field(None, ge=16)  # cut sequences at train time (None: as prepared)
     eval_max_rows: int = Field(256, ge=0)
 
+    def source_dicts(self) -> list[dict]:
+        """The sources as PrepareOptions.sources takes them."""
+        return [s.model_dump(exclude_none=True) for s in self.sources]
+
 
 class HeadSection(_Strict):
     kind: str = "eagle3"  # a registered head kind (specheads.heads.registry)

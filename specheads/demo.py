@@ -48,10 +48,8 @@ def gpu_plan() -> DemoPlan:
     prompts), answered by the target itself (first turn), batched on all GPUs."""
     cfg = load_config(GPU_CONFIG if GPU_CONFIG.is_file() else None, ["train.deepspeed=null"],
                       **{"data.path": "prepared/demo-gpu", "output_dir": "runs/demo-gpu"})
-    sources = [s.model_dump(exclude_none=True) for s in cfg.data.sources]
     opts = PrepareOptions(output=cfg.data.path, max_length=2048, regenerate=True, regen_batch_size=512,
-                          regen_max_turns=1, devices="all", sources=sources if len(sources) > 1 else None,
-                          mix_seed=cfg.data.mix_seed)
+                          regen_max_turns=1, devices="all", sources=cfg.data.source_dicts(), mix_seed=cfg.data.mix_seed)
     return DemoPlan(opts, cfg)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 
 from specheads.data.sources import (CHITCHAT_DATA, CHITCHAT_PACKAGE, CODE_PROMPTS_DATA, DEFAULT_DATA, Conversation,
@@ -89,6 +90,17 @@ def shares(total: int, ratios: list[float]) -> list[int]:
     return parts
 
 
+def labelled(label: str, conv_id: str) -> str:
+    """A drawn conversation's id in the mix: its source's label in front."""
+    return f"{label}:{conv_id}"
+
+
+def source_id(conv_id: str) -> str:
+    """A mixed conversation's id in its source (`labelled` undone); other ids as they are."""
+    label, sep, rest = conv_id.partition(":")
+    return rest if sep and re.fullmatch(r"[A-Za-z0-9_.-]+(#\d+)?", label) else conv_id
+
+
 def mix_conversations(sources: list[Source], skips: SkipLog, limit: int | None,
                       seed: int = 0, answered: bool = True) -> tuple[list[Conversation], dict]:
     """The mixed conversations (in a seeded random order) and the mix's report: per source its
@@ -108,7 +120,7 @@ def mix_conversations(sources: list[Source], skips: SkipLog, limit: int | None,
     for s, pool, want in zip(sources, pools, wanted):
         take = min(want, len(pool))
         picked = sorted(rng.sample(range(len(pool)), take))  # the source's own order among those drawn
-        mixed += [Conversation(f"{s.label}:{pool[i].id}", pool[i].messages, pool[i].key) for i in picked]
+        mixed += [Conversation(labelled(s.label, pool[i].id), pool[i].messages, pool[i].key) for i in picked]
         rows.append({"label": s.label, "name": s.name, **({"path": s.path} if s.path else {}),
                      "ratio": round(s.ratio, 6), "available": len(pool), "wanted": want, "drawn": take,
                      **({"short_by": want - take} if take < want else {})})

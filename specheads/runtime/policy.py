@@ -354,16 +354,15 @@ class AdaptivePolicy:
         # other chain, since a chain drafts the same top-1 token at each depth whatever its length (a
         # chain tier that one unlucky step made look poor is still judged by the chains that run)
         # (share_chains=0: each tier its own record, as before; for comparing the two)
-        chains = [i for i, t in enumerate(self.tiers) if t.topk == 1] if share_chains else []
-        self._shares = [chains if i in chains else [i] for i in range(n)]
+        self._chains = [i for i, t in enumerate(self.tiers) if t.topk == 1]
+        self._trees = [i for i, t in enumerate(self.tiers) if t.topk > 1]
+        self._shares = [self._chains if share_chains and i in self._chains else [i] for i in range(n)]
         # bound_trees=1: a tree tier's estimate at each depth is at least the chains' (its top-k holds
         # their top-1 token), so a tree judged on a poor stretch recovers as the chains that run instead
         # do. Off by default: replayed on the validation split's traces with the H200's costs it made a
         # smaller switch_margin safe (0.999 of the best fixed tree at 0.05, 0.958 without) but cost
         # batch 8 at the default margin (0.952 against 1.000; docs/benchmarks.md)
-        self._chains = [i for i, t in enumerate(self.tiers) if t.topk == 1]
-        self._trees = [i for i, t in enumerate(self.tiers) if t.topk > 1]
-        self._bound = True if bound_trees and self._chains and self._trees else None
+        self._bound = bool(bound_trees and self._chains and self._trees)
         # each slot's expected tokens per tier [T] as last worked out, for its depth cap then and
         # the records' version (observe changes every row's estimate through the pooled records):
         # the many plain steps between observations choose from these, not from the records again
@@ -428,7 +427,7 @@ class AdaptivePolicy:
         ease = np.divide(hits + prior, expected + prior, out=np.ones_like(hits), where=expected + prior > 0)
         own = np.clip(tier[None] * ease[:, None, :], 0.0, 1.0)  # [R, T, D]
         q = _shrink(mean, count, own, w)
-        if self._bound is not None:  # a tree drafts each chain's top-1 token among its top-k
+        if self._bound:  # a tree drafts each chain's top-1 token among its top-k
             q[:, self._trees] = np.maximum(q[:, self._trees], q[:, self._chains].max(1, keepdims=True))
         return q
 
