@@ -317,7 +317,7 @@ class AdaptivePolicy:
 
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
-                 switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 1,
+                 switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
                  bound_trees: int = 0):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
@@ -350,10 +350,12 @@ class AdaptivePolicy:
         self.tier_mean, self.tier_count = np.zeros((n, d)), np.zeros((n, d))  # every row, per tier
         self.all_mean, self.all_count = np.zeros(d), np.zeros(d)  # every row, every tier
         self._reach = np.array([[j < t.steps for j in range(d)] for t in self.tiers])  # [T, D]
-        # the tiers whose records a step of each tier updates: itself, and for a chain (topk 1) every
-        # other chain, since a chain drafts the same top-1 token at each depth whatever its length (a
-        # chain tier that one unlucky step made look poor is still judged by the chains that run)
-        # (share_chains=0: each tier its own record, as before; for comparing the two)
+        # the tiers whose records a step of each tier updates: itself, and with share_chains=1 for a
+        # chain (topk 1) every other chain, since a chain drafts the same top-1 token at each depth
+        # whatever its length (a chain tier that one unlucky step made look poor is still judged by
+        # the chains that run). Off by default: on an H200 (64 validation chat prompts, median of 3)
+        # each tier's own record ran at 1.002 / 1.054 / 1.165 of sharing at batch 1 / 8 / 32; the
+        # replays had preferred sharing (docs/benchmarks.md)
         self._chains = [i for i, t in enumerate(self.tiers) if t.topk == 1]
         self._trees = [i for i, t in enumerate(self.tiers) if t.topk > 1]
         self._shares = [self._chains if share_chains and i in self._chains else [i] for i in range(n)]

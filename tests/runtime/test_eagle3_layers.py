@@ -81,7 +81,8 @@ def test_the_tiers_of_the_adaptive_policy_share_every_layers_cache(target, head,
     from tests.runtime.test_tiers import run
 
     engine = SpecEngine(target, head, max_len=64, max_batch=3, speculation_policy="adaptive",
-                        speculation_tiers="1,1,1;2,1,2;3,2,5", num_steps=4, topk=3, num_draft_tokens=8)
+                        speculation_tiers="1,1,1;2,1,2;3,2,5", num_steps=4, topk=3, num_draft_tokens=8,
+                        speculation_settings="explore_every=3")  # every tier runs, whatever it accepts
     tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 3)
     assert tokens == reference
     assert len({t for steps in trees for t, _ in steps}) >= 2  # more than one tree size ran

@@ -217,15 +217,15 @@ def test_a_step_counts_each_depth_up_to_the_first_rejection():
 def test_chains_share_their_records_and_a_tree_keeps_its_own():
     """A chain drafts the same top-1 token at each depth whatever its length, so a step of one
     chain tier is a step of every chain tier (at the depths each reaches); the full tree's top-k
-    record stays its own."""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    record stays its own (share_chains=1; off by default, as the H200 chose on validation prompts)."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), share_chains=1)
     rows = [policy.new_row() for _ in range(2)]
     policy.observe(rows, 2, [2, 2], [2, 0])  # chain 2: one row accepts both drafts, the other none
     for chain in range(3):  # 1,1,1  2,1,2  4,1,4
         assert policy.count[rows, chain].tolist() == [[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
         assert policy.tier_count[chain].tolist() == [2, 1, 0, 0, 0, 0]
     assert not policy.count[rows, 3].any() and not policy.tier_count[3].any()
-    apart = AdaptivePolicy(TIERS, TableCost(gpu_like), share_chains=0)  # each tier its own record
+    apart = AdaptivePolicy(TIERS, TableCost(gpu_like))  # the default: each tier its own record
     row = apart.new_row()
     apart.observe([row], 2, [2], [2])
     assert apart.count[row, 1].tolist() == [1, 1, 0, 0, 0, 0] and not apart.count[row, [0, 2, 3]].any()
@@ -235,8 +235,8 @@ def test_a_chain_judged_on_one_poor_step_is_judged_again_by_the_chains_that_run(
     """A longer chain whose one step went badly is not starved: the short chain that runs instead
     keeps its first depth's estimate current. (Before, that estimate stayed at the one poor step's
     record and the policy never chose the longer chain again: replayed at batch 8 with the H200's
-    step costs, it ran the one-deep chain in 99% of its steps.)"""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    step costs, it ran the one-deep chain in 99% of its steps.) With share_chains=1."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), share_chains=1)
     rows = [policy.new_row() for _ in range(8)]
     policy.observe(rows, 3, [4] * 8, [0] * 8)  # 4,1,4: every first draft rejected, once
     for _ in range(40):
