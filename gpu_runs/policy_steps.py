@@ -45,6 +45,8 @@ METHODS = {  # name -> SpecEngine keywords
     "tree": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15),
     "chain": dict(method="eagle3", num_steps=6, topk=1, num_draft_tokens=6),
     "adaptive": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive"),
+    "ngram": dict(method="ngram", num_draft_tokens=8),
+    "ngram-adaptive": dict(method="ngram", num_draft_tokens=8, speculation_policy="adaptive"),
 }
 
 
@@ -65,8 +67,8 @@ def instrument(engine) -> dict:
 
     launch, finish = engine._launch, engine._finish
 
-    def _launch(ahead):
-        out = launch(ahead)
+    def _launch(ahead, **kw):
+        out = launch(ahead, **kw)
         tally["tiers"][out.tier] += 1
         tally["ahead"][ahead] += 1
         return out
@@ -110,13 +112,13 @@ def main() -> None:
     for b in args.batch_sizes:
         for name in args.methods:
             kw = METHODS[name]
-            engine = SpecEngine(target, head if kw["method"] != "ar" else None, max_batch=b, **kw)
+            engine = SpecEngine(target, head if kw["method"] == "eagle3" else None, max_batch=b, **kw)
             if DEV == "cuda":
                 engine.capture_common(range(1, b + 1))  # as a server does at start
             engine.generate(prompts, params, stops)  # warm-up: every bucket met captured (and timed)
             for run in range(args.runs):
                 tally = instrument(engine)
-                prof = cProfile.Profile() if args.cprofile and name == "adaptive" and run == args.runs - 1 else None
+                prof = cProfile.Profile() if args.cprofile and name.endswith("adaptive") and run == args.runs - 1 else None
                 sync()
                 t0 = time.perf_counter()
                 if prof:

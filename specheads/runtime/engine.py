@@ -38,9 +38,9 @@ the device, so with a device drafter (or none) the next step is launched before
 the host reads the current one's result: the GPU never waits for the host's bookkeeping.
 A host drafter's steps wait for the tokens before them, except plain decode steps (tier 0),
 which run ahead too.
-A row that finished in the step being read has run one step too many; that step's output
-is dropped, and the row's cleanup is queued behind it. Rows within one step of their
-token budget are not run ahead, so no step writes past the cache.
+A row that finished in the step being read (a stop, or its token budget) has run one step
+too many; that step's output is dropped, and the row's cleanup is queued behind it. A step
+is not run ahead where a row's cache could not hold it after the step in flight.
 """
 
 from __future__ import annotations
@@ -393,12 +393,15 @@ class SpecEngine:
                 if self.rows:
                     self._inflight = self._launch(ahead=0)
                 return outputs
-        if not self.rows:
-            return outputs + self._drain()
-        current = self._inflight or self._launch(ahead=0)
-        plan = self._plan_ahead(current)
-        self._inflight = self._launch(ahead=1, plan=plan) if plan is not None else None
-        outputs += self._finish(current)
+        if not self.rows:  # the last rows finished behind a step run ahead: read it
+            outputs += self._drain()
+        else:
+            current = self._inflight or self._launch(ahead=0)
+            plan = self._plan_ahead(current)
+            self._inflight = self._launch(ahead=1, plan=plan) if plan is not None else None
+            outputs += self._finish(current)
+            if not self.rows and not self.waiting:  # every row left: the step behind holds none, read it
+                outputs += self._drain()
         if self._untimed and not self.rows and not self.waiting and self._inflight is None:
             self._time_untimed()  # idle now: no request waits on the timing
         return outputs
@@ -426,10 +429,13 @@ class SpecEngine:
     def _plan_ahead(self, current: _Launch) -> tuple | None:
         """The plan of a step launched behind `current` before its result is read, or None where
         the next step must wait for it."""
-        # every row keeps budget for the step in flight and one more: the step in flight emits at
-        # most its tree's depth + 1 tokens (a plain step one), not the engine's largest tree's
+        # the step behind must fit in the cache after the step in flight, which commits at most its
+        # tree's depth + 1 tokens (a plain step one). A row that reaches its token budget (or a stop)
+        # in the step in flight runs one step too many, dropped as after a stop: at batch 64 on an
+        # H200 holding back every row near its budget kept a fifth of the steps from running ahead
         depth = self.policy.tiers[current.tier - 1].steps if current.tier else 0
-        if not self.overlap or self.waiting or any(r.emitted + depth + 1 >= r.budget for r in self.rows):
+        if not self.overlap or self.waiting or (
+                max(r.committed for r in self.rows) + depth + 1 + self.tree_nodes + 1 > self.cap):
             return None
         plan = self._plan(ahead=1)
         # a host drafter proposes from the tokens of the step in flight: only a plain step runs ahead

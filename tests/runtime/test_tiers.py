@@ -142,11 +142,11 @@ def test_tiers_with_steps_run_ahead_and_at_bucket_shapes(target, heads, referenc
     assert ahead.count(1) >= 3
 
 
-def test_a_small_step_in_flight_lets_rows_near_their_budget_run_ahead(target, heads, reference):
-    """The step launched ahead needs budget left after the step in flight, which emits at most its
-    own tree's depth + 1 tokens: with plain and 1-deep steps in flight, rows within the full
-    tree's depth of their budget still run ahead (every plain step, before, stopped running
-    ahead once any row of the batch came that close), and the output stays the target's."""
+def test_rows_near_their_budget_run_ahead(target, heads, reference):
+    """A row that reaches its token budget in the step in flight runs one step too many, dropped
+    as after a stop: rows within the full tree's depth of their budget still run ahead (before,
+    one such row of the batch stopped every step from running ahead), the output stays the
+    target's, and nothing is left in flight once every request is done."""
     engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=4, **FULL)
     engine.policy = scripted(engine.full_tree, schedule=[0, 0, 1, 0, 4])
     near = []
@@ -161,6 +161,35 @@ def test_a_small_step_in_flight_lets_rows_near_their_budget_run_ahead(target, he
     tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
     assert tokens == reference
     assert sum(near) >= 3  # launched ahead where the largest tree's reserve would have forbidden it
+    assert engine._inflight is None and not engine.has_work
+
+
+def test_no_step_runs_ahead_past_the_cache(target, heads):
+    """Answers that end at the cache's end: a step runs ahead only where every row's cache holds
+    it after the step in flight (its depth + 1 tokens, then the full tree), and the output is the
+    target's."""
+    new = 20
+    max_len = max(len(p) for p in PROMPTS) + new  # the longest prompt's answer fills its cache
+    params = SamplingParams(max_new_tokens=new)
+    want = [r.token_ids for r in SpecEngine(target, method="ar", max_len=max_len).generate(PROMPTS, params)]
+    engine = SpecEngine(target, heads["eagle3"], max_len=max_len, max_batch=4, **FULL)
+    engine.policy = scripted(engine.full_tree, schedule=[0, 4, 1, 4])
+    launch, ahead_at_end = engine._launch, []
+
+    def logged(ahead=0, plan=None):
+        if ahead:
+            current = engine._inflight_depth
+            most = max(r.committed for r in engine.rows) + current + 1 + engine.tree_nodes + 1
+            assert most <= engine.cap, (most, engine.cap)
+            ahead_at_end.append(most > engine.cap - 2 * (engine.depth + 1))
+        out = launch(ahead=ahead, plan=plan)
+        engine._inflight_depth = engine.policy.tiers[out.tier - 1].steps if out.tier else 0
+        return out
+
+    engine._launch = logged
+    tokens, _ = run(engine, PROMPTS, params, 4)
+    assert tokens == want
+    assert any(ahead_at_end)  # some step ran ahead within two steps of a cache's end
 
 
 @needs_triton
