@@ -5,7 +5,7 @@ inside), waiting for the card, reading the result, prefills, and any step costs 
 policy times mid-run; launches counted by tier and by whether they ran ahead of the step before.
 
     python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N]
-        [--methods ar tree chain adaptive]          (TARGET in the environment)
+        [--methods ar tree chain adaptive chain1 chain2 chain4 ngram ngram-adaptive]   (TARGET in the environment)
 
 Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
 functions of the last adaptive run, cProfile, with --cprofile)."""
@@ -45,6 +45,10 @@ METHODS = {  # name -> SpecEngine keywords
     "tree": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15),
     "chain": dict(method="eagle3", num_steps=6, topk=1, num_draft_tokens=6),
     "adaptive": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive"),
+    # fixed chains, to set each one's time a step beside the speculation profile's for its tier
+    "chain1": dict(method="eagle3", num_steps=1, topk=1, num_draft_tokens=1),
+    "chain2": dict(method="eagle3", num_steps=2, topk=1, num_draft_tokens=2),
+    "chain4": dict(method="eagle3", num_steps=4, topk=1, num_draft_tokens=4),
     "ngram": dict(method="ngram", num_draft_tokens=8),
     "ngram-adaptive": dict(method="ngram", num_draft_tokens=8, speculation_policy="adaptive"),
 }
@@ -139,6 +143,8 @@ def main() -> None:
                 cell = {"method": name, "batch": b, "run": run, "wall_ms": wall, "tokens": tokens,
                         "tokens_per_s": tokens / wall * 1000, "launches": launches,
                         "ms_per_launch": wall / max(launches, 1),
+                        # a step's share of the run without the prefills (beside the profile's step_ms)
+                        "step_ms": (wall - tally["ms"].get("prefill", 0.0)) / max(launches, 1),
                         "tiers": {("plain" if t == 0 else str(tiers[t - 1])): c for t, c in sorted(tally["tiers"].items())},
                         "ahead_share": tally["ahead"][1] / max(launches, 1),
                         "host_ms": {k: round(v, 2) for k, v in tally["ms"].items()}, "calls": dict(tally["n"])}
@@ -149,7 +155,7 @@ def main() -> None:
                 report["cells"].append(cell)
                 h = cell["host_ms"]
                 print(f"{name:9s} b{b:<3d} run {run}: {cell['tokens_per_s']:8.0f} tok/s  {launches:5d} launches "
-                      f"{cell['ms_per_launch']:6.3f} ms each, ahead {cell['ahead_share']:.0%}  wait {h.get('wait', 0):7.1f}"
+                      f"{cell['ms_per_launch']:6.3f} ms each ({cell['step_ms']:.3f} without prefills), ahead {cell['ahead_share']:.0%}  wait {h.get('wait', 0):7.1f}"
                       f"  launch {h.get('launch', 0):6.1f} (choose {h.get('choose', 0):5.1f})  finish-wait "
                       f"{h.get('finish', 0) - h.get('wait', 0):6.1f}  prefill {h.get('prefill', 0):6.1f}  "
                       f"measure {h.get('measure_costs', 0):6.1f} ({cell['calls'].get('measure_costs', 0)})  "
