@@ -5,7 +5,7 @@ inside), waiting for the card, reading the result, prefills, and any step costs 
 policy times mid-run; launches counted by tier and by whether they ran ahead of the step before.
 
     python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N]
-        [--methods ar tree chain adaptive chain1 chain2 chain4 ngram ngram-adaptive]   (TARGET in the environment)
+        [--methods ar tree chain adaptive chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive]   (TARGET in the environment)
 
 Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
 functions of the last adaptive run, cProfile, with --cprofile)."""
@@ -49,6 +49,12 @@ METHODS = {  # name -> SpecEngine keywords
     "chain1": dict(method="eagle3", num_steps=1, topk=1, num_draft_tokens=1),
     "chain2": dict(method="eagle3", num_steps=2, topk=1, num_draft_tokens=2),
     "chain4": dict(method="eagle3", num_steps=4, topk=1, num_draft_tokens=4),
+    # drafting engines whose policy never drafts (prior 0, no probes): what a plain step costs
+    # there against `ar`'s, the policy's bookkeeping included
+    "plain-eagle3": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive",
+                         speculation_settings="prior=0,probe_every=1000000"),
+    "plain-ngram": dict(method="ngram", num_draft_tokens=8, speculation_policy="adaptive",
+                        speculation_settings="prior=0,probe_every=1000000"),
     "ngram": dict(method="ngram", num_draft_tokens=8),
     "ngram-adaptive": dict(method="ngram", num_draft_tokens=8, speculation_policy="adaptive"),
 }

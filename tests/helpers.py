@@ -27,6 +27,20 @@ TINY_HIDDEN = 64
 DRAFT_VOCAB = 200
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative: str):
+    """A script of the repository (e.g. "gpu_runs/kinds_table.py") imported as a module."""
+    import importlib.util
+
+    path = REPO / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def random_sentence(rng: random.Random, lo: int = 3, hi: int = 12) -> str:
     text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
     return text[0].upper() + text[1:] + rng.choice([".", "?", "!", ""])

@@ -1,17 +1,14 @@
 """gpu_runs/kinds_table.py (the head-kinds table of issues 23 and 24) builds its table from fake run files."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 
 def test_kinds_table_selfcheck(capsys):
-    path = Path(__file__).resolve().parents[1] / "gpu_runs" / "kinds_table.py"
-    spec = importlib.util.spec_from_file_location("kinds_table", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.selfcheck()
+    load_script("gpu_runs/kinds_table.py").selfcheck()
     assert "selfcheck: ok" in capsys.readouterr().out
 
 
@@ -52,9 +49,7 @@ def test_code_hash_of_a_folder_equals_that_of_its_commit(tmp_path):
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("code_hash", root / "gpu_runs" / "code_hash.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("gpu_runs/code_hash.py")
     if subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("not a git checkout")
     subprocess.run(f"git -C {root} archive HEAD specheads | tar -x -C {tmp_path}", shell=True, check=True)
@@ -69,10 +64,7 @@ def test_scaling_table_from_fake_runs(tmp_path):
     card, and each step's loss against one card's at the same global batch."""
     import json
 
-    spec = importlib.util.spec_from_file_location("scaling_table", Path(__file__).resolve().parents[1] / "gpu_runs"
-                                                  / "scaling_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("gpu_runs/scaling_table.py")
 
     def write(name, per_s, loss_scale=1.0, slow_start=True):
         run = tmp_path / name

@@ -2,27 +2,17 @@
 their signatures (the script once stopped at its first step when the engine's launch took a plan)
 and count every launch by tier without changing the output."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
+from tests.helpers import load_script
 from tests.runtime.spec_helpers import make_target, random_head, random_prompts
 
 
 
-def load_script():
-    path = Path(__file__).resolve().parents[1] / "gpu_runs" / "policy_steps.py"
-    spec = importlib.util.spec_from_file_location("policy_steps", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("name", ["ar", "adaptive", "chain2", "ngram-adaptive"])
+@pytest.mark.parametrize("name", ["ar", "adaptive", "chain2", "ngram-adaptive", "plain-ngram"])
 def test_the_step_timers_follow_the_engine(name):
-    steps = load_script()
+    steps = load_script("gpu_runs/policy_steps.py")
     target = make_target(seed=0, vocab=64)
     prompts = random_prompts(4, 64, [5, 3, 7, 4], seed=3)
     params = SamplingParams(max_new_tokens=12)
@@ -37,3 +27,5 @@ def test_the_step_timers_follow_the_engine(name):
     assert tally["n"]["finish"] >= tally["n"]["launch"] - 1 and tally["n"]["prefill"] > 0
     if engine.policy is not None and name != "ar":
         assert tally["n"]["choose"] > 0
+    if name.startswith("plain-"):  # the policy that never drafts
+        assert set(tally["tiers"]) == {0}

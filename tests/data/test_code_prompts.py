@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import platform
 import subprocess
@@ -19,7 +18,7 @@ from specheads.data.mix import SOURCES, mix_conversations, parse_sources
 from specheads.data.prepare import REGENERATED_FILE, PrepareOptions, prepare
 from specheads.data.sources import CODE_PROMPTS_FILE, CODE_PROMPTS_INFO, DataError, SkipLog, read_conversations
 from specheads.evaluation.suite import ngrams, suite_ngrams
-from tests.helpers import DRAFT_VOCAB
+from tests.helpers import DRAFT_VOCAB, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDER = ROOT / "scripts" / "build_code_prompts.py"
@@ -34,10 +33,7 @@ def rows() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def builder():
-    spec = importlib.util.spec_from_file_location("build_code_prompts", BUILDER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(str(BUILDER.relative_to(ROOT)))
 
 
 @pytest.fixture()

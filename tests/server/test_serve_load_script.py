@@ -3,16 +3,11 @@ client, prompt by prompt."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from tests.helpers import load_script
 
 
 def _script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "serve_load.py"
-    spec = importlib.util.spec_from_file_location("serve_load", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/serve_load.py")
 
 
 def test_identical_answers_against_ar_with_one_client():
