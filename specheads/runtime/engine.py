@@ -138,6 +138,7 @@ class GenerationResult:
     accepted_tokens: int = 0
     accept_per_position: list = field(default_factory=list)  # [k]: steps that produced >= k accepted drafts
     steps_by_tree: dict = field(default_factory=dict)  # verify steps by the tree verified ("S,K,N"; "none")
+    seconds: float = 0.0  # from the request's admission to its last token read (generate)
 
     @property
     def mean_accept_length(self) -> float:
@@ -600,7 +601,8 @@ class SpecEngine:
                             max_new_tokens=min(params.max_new_tokens, self.max_len - len(prompts[i])))
                 h = self.add(Request(prompts[i], p, stops))
                 of_handle[h] = i
-                results[i] = GenerationResult([], "", accept_per_position=[0] * (self.num_steps + 1))
+                results[i] = GenerationResult([], "", accept_per_position=[0] * (self.num_steps + 1),
+                                              seconds=time.perf_counter())
             for out in self.step():
                 r = results[of_handle[out.handle]]
                 r.token_ids += out.new_tokens
@@ -616,6 +618,7 @@ class SpecEngine:
                         r.accept_per_position[k] += 1
                 if out.finish_reason:
                     r.finish_reason = out.finish_reason
+                    r.seconds = time.perf_counter() - r.seconds
                     if progress is not None:
                         progress(1)
         return results
