@@ -38,12 +38,16 @@ class NgramDrafter(Drafter):
         live = {id(seq) for seq in histories}
         for k in [k for k in self._index if k not in live]:  # finished requests drop theirs (in place: tiers share it)
             del self._index[k]
+        offered = []
         for i, seq in enumerate(histories):
             cont = self._lookup(seq)
             drafts[i, : len(cont)] = torch.as_tensor(cont, dtype=torch.long)
             valid[i, : len(cont)] = True
+            offered.append(len(cont))
         dev = roots.device
-        return chain_tree(roots, drafts.to(dev), valid.to(dev))
+        tree = chain_tree(roots, drafts.to(dev), valid.to(dev))
+        tree.offered = offered
+        return tree
 
     def _lookup(self, seq: list[int]) -> list[int]:
         index = self._index.get(id(seq))

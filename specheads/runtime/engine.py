@@ -37,7 +37,9 @@ Overlap: every input of a step (roots, committed lengths, the drafter's state) l
 the device, so with a device drafter (or none) the next step is launched before
 the host reads the current one's result: the GPU never waits for the host's bookkeeping.
 A host drafter's steps wait for the tokens before them, except plain decode steps (tier 0),
-which run ahead too.
+which run ahead too. Under the adaptive policy a host drafter of chains proposes before the
+policy chooses, where the tokens are known: rows it has nothing for do not draft, and a step
+where no row has anything decodes plainly (the proposal serves the step it plans).
 A row that finished in the step being read (a stop, or its token budget) has run one step
 too many; that step's output is dropped, and the row's cleanup is queued behind it. A step
 is not run ahead where a row's cache could not hold it after the step in flight.
@@ -162,6 +164,7 @@ class _Row:
     finished: bool = False  # left the engine (steps launched before that are dropped)
     depth_cap: int = 0  # the deepest draft the row may verify (its request's num_steps, the engine's depth)
     acceptance: object = None  # the speculation policy's record of the row (runtime.policy)
+    match_rate: float = 1.0  # a host drafter's chance to propose something for the row (averaged)
 
 
 @dataclass
@@ -176,6 +179,7 @@ class _Launch:
     drafting: list = field(default_factory=list)  # per row: it drafted (limits at launch)
     batch: int = 0  # the batch bucket
     host_s: float = 0.0  # host time of the launch (a host drafter's proposal included)
+    offered: list | None = None  # per row: the draft tokens a host drafter proposed (None: not known)
 
 
 def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
@@ -264,6 +268,7 @@ class SpecEngine:
         self._measuring = False  # the policy's costs are timed here, as buckets are captured
         self._untimed: set[tuple[int, int]] = set()  # buckets met without times: timed once the engine is idle
         self._host_ms: dict[int, float] = {}  # per batch bucket: host time of a host drafter's step
+        self._proposal = None  # (tree, seconds): a host drafter's proposal made with the step's plan
         self.graph_report: dict = {}
         try:
             self.policy = self._build_policy(speculation_policy, speculation_tiers, speculation_settings)
@@ -463,26 +468,61 @@ class SpecEngine:
         logprobs = any(r.request.top_logprobs is not None for r in self.rows)
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         tier = 0
+        self._proposal = None
         if any(r.speculate for r in self.rows):
             if self._measuring and not self.policy.cost.has(b, kv, self.policy.tiers):
                 self._cost_bucket(b, kv)
             # a host drafter's step also costs the host's time (measured costs are times; static ones are not)
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
-            tier = self.policy.choose([(r.acceptance, r.depth_cap) if r.speculate else None for r in self.rows],
-                                      b, kv, host_ms)
+            tier = self.policy.choose(self._policy_rows(ahead), b, kv, host_ms)
         return b, kv, sampled, tier, logprobs
+
+    def _policy_rows(self, ahead: int) -> list:
+        """What the policy weighs per row: (record, depth cap), or None for a row that drafts nothing.
+        A host drafter that proposes chains is asked first where the tokens are known (no step in
+        flight): a row it has nothing for counts one token, and one it has a shorter chain for is
+        capped there, so the policy drafts where there is something to verify (the proposal serves
+        the step). Planned behind a step in flight, each row also carries its chance of a proposal
+        (a third item): its share of proposals so far."""
+        if not self._propose_first:
+            return [(r.acceptance, r.depth_cap) if r.speculate else None for r in self.rows]
+        if ahead:
+            return [(r.acceptance, r.depth_cap, r.match_rate) if r.speculate else None for r in self.rows]
+        t0 = time.perf_counter()
+        drafter = self.drafter
+        tree = drafter.propose(DraftContext(len(self.rows), self.cap, self.root[:len(self.rows)],
+                                            [r.history for r in self.rows] if drafter.needs.history else None))
+        self._proposal = (tree, time.perf_counter() - t0)
+        if tree.offered is None:
+            return [(r.acceptance, r.depth_cap) if r.speculate else None for r in self.rows]
+        out = []
+        for r, n in zip(self.rows, tree.offered):
+            if r.speculate:
+                r.match_rate += 0.1 * ((n > 0) - r.match_rate)
+            out.append((r.acceptance, min(r.depth_cap, n)) if r.speculate and n > 0 else None)
+        return out
+
+    @property
+    def _propose_first(self) -> bool:
+        """A host drafter of chains under the adaptive policy: its proposal comes before the choice."""
+        return (self._host_drafts and not self.drafter.abilities.trees
+                and getattr(self.policy, "name", None) == "adaptive")
 
     def _launch(self, ahead: int, plan: tuple | None = None) -> _Launch:
         """Queue one step for the active rows; `ahead` steps are in flight before it (`plan`:
         its plan, where the caller made it already: the policy chooses once a step)."""
         n = len(self.rows)
         b, kv, sampled, tier, logprobs = plan or self._plan(ahead)
+        proposal, self._proposal = self._proposal, None  # made with this plan, or None
         t0 = time.perf_counter()  # the host's share of the step (a bucket's first plan may time its graphs)
         if any(r.speculate for r in self.rows):
             self.policy.launched(tier)
+        offered = None
         if tier and self._host_drafts:
-            self._host_tree(n, b, tier)
+            tree = self._host_tree(n, b, tier, proposal[0] if proposal else None)
+            offered = tree.offered
+            t0 -= proposal[1] if proposal else 0.0
         out = self._run(b, kv, sampled, tier, logprobs)
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
@@ -501,7 +541,7 @@ class SpecEngine:
             event = torch.cuda.Event()
             event.record()
         return _Launch(list(self.rows), host, event, host_lp, tier, [r.speculate for r in self.rows], b,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, offered)
 
     def _finish(self, launch: _Launch) -> list[StepOutput]:
         """Read a launched step's result (the one host sync of a step) and emit its tokens."""
@@ -523,8 +563,10 @@ class SpecEngine:
                 out.no_draft_reason = "auto" if row.request.spec.enabled == "auto" else "request"
             if tree is not None and launch.drafting[i]:
                 out.draft_tree = tree
-                for kept, value in zip(seen, (row.acceptance, min(tree.steps, row.depth_cap), n_acc - 1)):
-                    kept.append(value)
+                offered = min(tree.steps, row.depth_cap, launch.offered[i] if launch.offered else tree.steps)
+                if offered > 0:  # (a row its host drafter had nothing for tells the policy nothing)
+                    for kept, value in zip(seen, (row.acceptance, offered, n_acc - 1)):
+                        kept.append(value)
             if row.request.spec.enabled == "auto" and self.drafter is not None and reason is None:
                 self._auto(row, drafted, n_acc - 1)
             if lp is not None and row.request.top_logprobs is not None:
@@ -965,18 +1007,29 @@ class SpecEngine:
         if self.drafter is not None:
             self.drafter.clear_row(row)
 
-    def _host_tree(self, n: int, b: int, tier: int) -> None:
+    def _host_tree(self, n: int, b: int, tier: int, proposal: Tree | None = None) -> Tree:
+        """The host drafter's tree for this tier into the step's inputs; `proposal`: the full tier's
+        chain proposed already (a smaller chain tier verifies its first nodes: a chain's prefix)."""
         drafter = self._drafters[tier]
-        histories = [r.history for r in self.rows] if drafter.needs.history else None
-        tree = drafter.propose(DraftContext(n, self.cap, self.root[:n], histories))
         size = 1 + drafter.num_draft
-        if tree.size != size:
-            raise EngineError(f"drafter proposed {tree.size - 1} nodes; the engine was built for {size - 1}")
+        if proposal is None:
+            histories = [r.history for r in self.rows] if drafter.needs.history else None
+            tree = drafter.propose(DraftContext(n, self.cap, self.root[:n], histories))
+            if tree.size != size:
+                raise EngineError(f"drafter proposed {tree.size - 1} nodes; the engine was built for {size - 1}")
+        else:
+            if proposal.size != 1 + self.drafter.num_draft:
+                raise EngineError(f"drafter proposed {proposal.size - 1} nodes; the engine was built for "
+                                  f"{self.drafter.num_draft}")
+            tree = Tree(proposal.tokens[:, :size], proposal.parents[:, :size], proposal.depth[:, :size],
+                        proposal.valid[:, :size], size - 1, None,
+                        None if proposal.offered is None else [min(o, size - 1) for o in proposal.offered])
         t = self.tree_in
         for dst, src in ((t.tokens, tree.tokens), (t.parents, tree.parents), (t.depth, tree.depth),
                          (t.valid, tree.valid), (t.rank, tree.ranks())):
             dst[:n, :size].copy_(src)
         t.valid[n:b] = False  # padding rows: the root alone
+        return tree
 
     # ------------------------------------------------------------------ the step
     def _run(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False) -> torch.Tensor:

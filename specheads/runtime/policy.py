@@ -16,8 +16,11 @@ under every tier, and that toward the same at depth j - 1 (depth 1: toward `prio
 request has not run is judged by that tier's record, scaled by how the request fares, and a
 depth no step reached yet accepts as the one above it. A row that drafts nothing (its request
 turned speculation off) counts one token; a request's own depth cap (SpecControl.num_steps) cuts
-its sum short. A depth a tier offered but the drafter left empty (an n-gram without a match)
-counts as rejected there. Plain steps observe nothing, so after `probe_every` plain steps in a
+its sum short. A host drafter of chains (n-gram) proposes before the choice where it can (no step
+in flight): a row it has nothing for counts one token and one with a shorter chain is capped
+there, and only what it proposed is recorded; planned behind a step in flight, a row's drafts
+count at its share of steps with a proposal (a third item of its entry). A depth a tier offered
+but the drafter left empty otherwise counts as rejected there. Plain steps observe nothing, so after `probe_every` plain steps in a
 row the best tier runs once anyway (a probe: acceptance may have risen). A probe that leaves
 plain decoding the choice doubles the run before the next one, up to `probe_backoff` times
 `probe_every`; a step that drafts on its merits brings it back to `probe_every`. A probe is
@@ -451,11 +454,15 @@ class AdaptivePolicy:
         return 1.0 + (np.cumprod(q, axis=2) * reach).sum(2)
 
     def rates(self, rows: list, batch: int, kv: int, host_ms: float = 0.0) -> np.ndarray:
-        """Expected tokens per unit of cost of plain decoding (index 0) and of each tier."""
+        """Expected tokens per unit of cost of plain decoding (index 0) and of each tier. A row is
+        None (it drafts nothing: one token), (record, depth cap), or (record, depth cap, chance):
+        the chance that it drafts at all (a host drafter's proposal, not yet made)."""
         drafting = [r for r in rows if r is not None]
         tokens = np.full(len(self.tiers), float(len(rows) - len(drafting)))
         if drafting:
-            tokens += self.expected_tokens([r for r, _ in drafting], [c for _, c in drafting]).sum(0)
+            extra = self.expected_tokens([r[0] for r in drafting], [r[1] for r in drafting]) - 1.0
+            chance = np.array([r[2] if len(r) > 2 else 1.0 for r in drafting])
+            tokens += len(drafting) + (chance[:, None] * extra).sum(0)
         cost = np.array([self.cost.step(batch, kv, t) + host_ms for t in self.tiers])
         return np.concatenate([[len(rows) / self.cost.step(batch, kv, None)], tokens / cost])
 

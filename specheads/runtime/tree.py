@@ -23,6 +23,9 @@ class Tree:
     valid: torch.Tensor
     max_depth: int  # known on the host: no device sync to read it
     rank: torch.Tensor | None = None  # [B, N+1] order of the nodes by draft score (root 0); None: node order
+    # a host drafter's chain: each row's draft tokens before its first padding node, known on the host
+    # (None: not known); the policy then weighs only the rows that draft something
+    offered: list[int] | None = None
 
     @property
     def size(self) -> int:

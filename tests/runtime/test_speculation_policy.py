@@ -245,6 +245,20 @@ def test_a_chain_judged_on_one_poor_step_is_judged_again_by_the_chains_that_run(
     assert (q[:, 2, 0] > 0.9).all(), q[:, 2, 0]  # 4,1,4's first depth as the short chain saw it
 
 
+def test_a_rows_chance_of_drafting_scales_its_expected_drafts():
+    """(record, cap, chance): a host drafter's row weighed before its proposal is made; chance 1 is
+    the row as it stands, chance 0 one token (as a row that drafts nothing), and between them the
+    drafts' expected tokens scale."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    rows = [policy.new_row() for _ in range(2)]
+    observe(policy, rows[0], 4, accepted=3, steps=8)
+    sure, none = policy.rates([(rows[0], 6), (rows[1], 6)], 2, 512), policy.rates([(rows[0], 6), None], 2, 512)
+    assert policy.rates([(rows[0], 6), (rows[1], 6, 1.0)], 2, 512) == pytest.approx(sure)
+    assert policy.rates([(rows[0], 6), (rows[1], 6, 0.0)], 2, 512) == pytest.approx(none)
+    half = policy.rates([(rows[0], 6), (rows[1], 6, 0.5)], 2, 512)
+    assert half[1:] == pytest.approx((sure[1:] + none[1:]) / 2) and half[0] == sure[0]
+
+
 def test_running_means_forget_beyond_their_window():
     policy = AdaptivePolicy(TIERS, TableCost(gpu_like), window=4)
     row = policy.new_row()

@@ -420,3 +420,47 @@ def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, 
     assert "captured" in fresh.graph_summary() and "graph memory" in fresh.graph_summary()
     tokens, _ = run(fresh, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
     assert tokens == reference
+
+
+def test_a_host_drafter_proposes_before_the_policy_chooses(target, reference):
+    """n-gram under the adaptive policy: where the tokens are known the proposal comes first, a row
+    it has nothing for counts one token (all such rows: a plain step), one with a shorter chain is
+    capped there, the proposal itself is verified (no second lookup), the policy records only rows
+    that drafted, each at most its proposal's length, and the output stays the target's."""
+    engine = SpecEngine(target, method="ngram", num_draft_tokens=5, max_len=64, max_batch=3,
+                        speculation_policy="adaptive")
+    policy, drafter = engine.policy, engine.drafter
+    proposals, choices, records = [], [], []
+    propose, choose, observe = drafter.propose, policy.choose, policy.observe
+
+    def proposing(ctx):
+        tree = propose(ctx)
+        proposals.append(list(tree.offered))
+        return tree
+
+    def choosing(rows, batch, kv, host_ms=0.0):
+        tier = choose(rows, batch, kv, host_ms)
+        choices.append((rows, tier, len(proposals)))
+        return tier
+
+    def observing(rows, tier, offered, accepted):
+        records.append((tier, list(offered), list(accepted)))
+        return observe(rows, tier, offered, accepted)
+
+    drafter.propose, policy.choose, policy.observe = proposing, choosing, observing
+    tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 3)
+    assert tokens == reference
+    fresh = [(rows, tier, proposals[n - 1]) for rows, tier, n in choices if rows and all(len(r) == 2 for r in rows
+                                                                                           if r is not None)
+             and n > 0 and len(proposals[n - 1]) == len(rows)]
+    assert fresh, "some steps were planned with a proposal in hand"
+    for rows, tier, offered in fresh:
+        for r, n in zip(rows, offered):
+            assert (r is None) == (n == 0) and (r is None or r[1] == min(n, 5))
+        if all(n == 0 for n in offered):
+            assert tier == 0  # nothing to verify anywhere: a plain step
+    assert any(tier for _, tier, _ in fresh) and any(not tier for _, tier, _ in fresh)
+    assert records and all(0 < o for _, offered, _ in records for o in offered)
+    assert all(a <= o for _, offered, accepted in records for o, a in zip(offered, accepted))
+    steps = sum(len(t) for t in trees)
+    assert len(proposals) <= steps  # one lookup a planned step at most: the launch reuses it
