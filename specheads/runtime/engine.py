@@ -443,7 +443,7 @@ class SpecEngine:
         if not self.overlap or self.waiting or (
                 max(r.committed for r in self.rows) + depth + 1 + self.tree_nodes + 1 > self.cap):
             return None
-        plan = self._plan(ahead=1)
+        plan = self._plan(ahead=1, inflight=depth)
         # a host drafter proposes from the tokens of the step in flight: only a plain step runs ahead
         return None if self._host_drafts and plan[3] != 0 else plan
 
@@ -457,13 +457,17 @@ class SpecEngine:
         """The target layers whose outputs the drafter reads."""
         return tuple(self.drafter.needs.capture_layers) if self.drafter is not None else ()
 
-    def _plan(self, ahead: int) -> tuple:
+    def _plan(self, ahead: int, inflight: int | None = None) -> tuple:
         """The next step's shape for the active rows: (b, kv, sampled, tier, logprobs), with
-        `ahead` steps in flight before it; the policy picks the tier."""
+        `ahead` steps in flight before it (`inflight`: their depth, where known; else the largest
+        tree's); the policy picks the tier."""
         n = len(self.rows)
         b = self._batch_bucket(n) if self.buckets else n
-        need = max(r.committed for r in self.rows) + ahead * (self.depth + 1) + self.tree_nodes + 1
-        kv = self._context_bucket(need) if self.buckets else min(need, self.cap)
+        # the context the step reads: the rows' committed tokens, what the step in flight commits
+        # (its depth + 1), then the step's own tree
+        before = max(r.committed for r in self.rows) + ahead * ((self.depth if inflight is None else inflight) + 1)
+        bucket = (lambda need: self._context_bucket(need)) if self.buckets else (lambda need: min(need, self.cap))
+        kv = bucket(before + self.tree_nodes + 1)
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         logprobs = any(r.request.top_logprobs is not None for r in self.rows)
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
@@ -476,6 +480,8 @@ class SpecEngine:
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
             tier = self.policy.choose(self._policy_rows(ahead), b, kv, host_ms)
+        if not tier:  # a plain step verifies the root alone: as `ar` steps, it reads no further
+            kv = bucket(before + 2)
         return b, kv, sampled, tier, logprobs
 
     def _policy_rows(self, ahead: int) -> list:

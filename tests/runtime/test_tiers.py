@@ -464,3 +464,32 @@ def test_a_host_drafter_proposes_before_the_policy_chooses(target, reference):
     assert all(a <= o for _, offered, accepted in records for o, a in zip(offered, accepted))
     steps = sum(len(t) for t in trees)
     assert len(proposals) <= steps  # one lookup a planned step at most: the launch reuses it
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+def test_a_plain_step_reads_the_context_ar_reads(heads, method):
+    """A plain step in a drafting engine verifies the root alone: its context bucket leaves room
+    for the step in flight as it is (not the largest tree's depth) and for one token, as `ar`'s
+    does, so it does not cross into a larger bucket (a slower graph) earlier than `ar`. Prompts of
+    about 90 tokens: with the largest tree's room their steps would pass the 128-token bucket."""
+    target = make_target(seed=0, vocab=VOCAB, max_positions=256)  # room past the 128 bucket (the head
+    head, name, tree = drafter_args(method, target, heads)          # never drafts: its training is moot)
+    prompts = random_prompts(3, VOCAB, [92, 88, 85], seed=5)
+    params = SamplingParams(max_new_tokens=NEW)
+    plans, outputs = {}, {}
+    for key, engine in (("ar", SpecEngine(target, method="ar", max_len=200, max_batch=3)),
+                        ("plain", SpecEngine(target, head, method=name, max_len=200, max_batch=3, **tree))):
+        engine.buckets = True  # the graphs' shapes, run eagerly
+        if key == "plain":
+            engine.policy = scripted(engine.full_tree, tiers_for(method), schedule=[0])
+        plan, seen = engine._plan, plans.setdefault(key, [])
+
+        def logged(ahead, inflight=None, plan=plan, seen=seen, engine=engine):
+            out = plan(ahead, inflight) if inflight is not None else plan(ahead)
+            seen.append(out[1])
+            return out
+
+        engine._plan = logged
+        outputs[key], _ = run(engine, prompts, params, 3)
+    assert outputs["plain"] == outputs["ar"]
+    assert plans["plain"] == plans["ar"] and set(plans["ar"]) == {128}
