@@ -466,7 +466,7 @@ class SpecEngine:
         # the context the step reads: the rows' committed tokens, what the step in flight commits
         # (its depth + 1), then the step's own tree
         before = max(r.committed for r in self.rows) + ahead * ((self.depth if inflight is None else inflight) + 1)
-        bucket = (lambda need: self._context_bucket(need)) if self.buckets else (lambda need: min(need, self.cap))
+        bucket = self._context_bucket if self.buckets else (lambda need: min(need, self.cap))
         kv = bucket(before + self.tree_nodes + 1)
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         logprobs = any(r.request.top_logprobs is not None for r in self.rows)
@@ -496,9 +496,7 @@ class SpecEngine:
         if ahead:
             return [(r.acceptance, r.depth_cap, r.match_rate) if r.speculate else None for r in self.rows]
         t0 = time.perf_counter()
-        drafter = self.drafter
-        tree = drafter.propose(DraftContext(len(self.rows), self.cap, self.root[:len(self.rows)],
-                                            [r.history for r in self.rows] if drafter.needs.history else None))
+        tree = self._propose(self.drafter)
         self._proposal = (tree, time.perf_counter() - t0)
         if tree.offered is None:
             return [(r.acceptance, r.depth_cap) if r.speculate else None for r in self.rows]
@@ -640,7 +638,7 @@ class SpecEngine:
             raise EngineError("generate() needs an idle engine; this one is serving requests")
         base = params.seed if params.seed is not None else random.getrandbits(32)
         todo = deque(range(len(prompts)))
-        of_handle, results = {}, [None] * len(prompts)
+        of_handle, results, admitted = {}, [None] * len(prompts), {}
         stops = frozenset(stop_ids)
         while todo or self.has_work:
             while todo and self.free_slots > 0:
@@ -649,8 +647,8 @@ class SpecEngine:
                             max_new_tokens=min(params.max_new_tokens, self.max_len - len(prompts[i])))
                 h = self.add(Request(prompts[i], p, stops))
                 of_handle[h] = i
-                results[i] = GenerationResult([], "", accept_per_position=[0] * (self.num_steps + 1),
-                                              seconds=time.perf_counter())
+                results[i] = GenerationResult([], "", accept_per_position=[0] * (self.num_steps + 1))
+                admitted[h] = time.perf_counter()
             for out in self.step():
                 r = results[of_handle[out.handle]]
                 r.token_ids += out.new_tokens
@@ -666,7 +664,7 @@ class SpecEngine:
                         r.accept_per_position[k] += 1
                 if out.finish_reason:
                     r.finish_reason = out.finish_reason
-                    r.seconds = time.perf_counter() - r.seconds
+                    r.seconds = time.perf_counter() - admitted[out.handle]
                     if progress is not None:
                         progress(1)
         return results
@@ -1016,25 +1014,22 @@ class SpecEngine:
     def _host_tree(self, n: int, b: int, tier: int, proposal: Tree | None = None) -> Tree:
         """The host drafter's tree for this tier into the step's inputs; `proposal`: the full tier's
         chain proposed already (a smaller chain tier verifies its first nodes: a chain's prefix)."""
-        drafter = self._drafters[tier]
-        size = 1 + drafter.num_draft
-        if proposal is None:
-            histories = [r.history for r in self.rows] if drafter.needs.history else None
-            tree = drafter.propose(DraftContext(n, self.cap, self.root[:n], histories))
-            if tree.size != size:
-                raise EngineError(f"drafter proposed {tree.size - 1} nodes; the engine was built for {size - 1}")
-        else:
-            if proposal.size != 1 + self.drafter.num_draft:
-                raise EngineError(f"drafter proposed {proposal.size - 1} nodes; the engine was built for "
-                                  f"{self.drafter.num_draft}")
-            tree = Tree(proposal.tokens[:, :size], proposal.parents[:, :size], proposal.depth[:, :size],
-                        proposal.valid[:, :size], size - 1, None,
-                        None if proposal.offered is None else [min(o, size - 1) for o in proposal.offered])
+        size = 1 + self._drafters[tier].num_draft
+        tree = self._propose(self._drafters[tier]) if proposal is None else proposal.chain_prefix(size)
         t = self.tree_in
         for dst, src in ((t.tokens, tree.tokens), (t.parents, tree.parents), (t.depth, tree.depth),
                          (t.valid, tree.valid), (t.rank, tree.ranks())):
             dst[:n, :size].copy_(src)
         t.valid[n:b] = False  # padding rows: the root alone
+        return tree
+
+    def _propose(self, drafter) -> Tree:
+        """A host drafter's tree for the active rows (checked for the size the engine was built for)."""
+        n = len(self.rows)
+        tree = drafter.propose(DraftContext(n, self.cap, self.root[:n],
+                                            [r.history for r in self.rows] if drafter.needs.history else None))
+        if tree.size != 1 + drafter.num_draft:
+            raise EngineError(f"drafter proposed {tree.size - 1} nodes; the engine was built for {drafter.num_draft}")
         return tree
 
     # ------------------------------------------------------------------ the step

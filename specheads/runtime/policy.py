@@ -20,8 +20,8 @@ its sum short. A host drafter of chains (n-gram) proposes before the choice wher
 in flight): a row it has nothing for counts one token and one with a shorter chain is capped
 there, and only what it proposed is recorded; planned behind a step in flight, a row's drafts
 count at its share of steps with a proposal (a third item of its entry). A depth a tier offered
-but the drafter left empty otherwise counts as rejected there. Plain steps observe nothing, so after `probe_every` plain steps in a
-row the best tier runs once anyway (a probe: acceptance may have risen). A probe that leaves
+but the drafter left empty otherwise counts as rejected there. Plain steps observe nothing, so
+after `probe_every` plain steps in a row the best tier runs once anyway (a probe: acceptance may have risen). A probe that leaves
 plain decoding the choice doubles the run before the next one, up to `probe_backoff` times
 `probe_every`; a step that drafts on its merits brings it back to `probe_every`. A probe is
 dear where drafting loses (a wide batch verifies every row's drafts, and a host drafter's

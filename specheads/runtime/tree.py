@@ -31,6 +31,14 @@ class Tree:
     def size(self) -> int:
         return self.tokens.shape[1]
 
+    def chain_prefix(self, size: int) -> "Tree":
+        """A chain's first `size` nodes (the root included): a shorter chain of the same drafts."""
+        if size == self.size:
+            return self
+        offered = None if self.offered is None else [min(o, size - 1) for o in self.offered]
+        return Tree(self.tokens[:, :size], self.parents[:, :size], self.depth[:, :size], self.valid[:, :size],
+                    size - 1, None, offered)
+
     def ranks(self) -> torch.Tensor:
         """Parents always rank before their children, so the nodes of rank <= n form a tree."""
         if self.rank is not None:
