@@ -5,10 +5,11 @@ inside), waiting for the card, reading the result, prefills, and any step costs 
 policy times mid-run; launches counted by tier and by whether they ran ahead of the step before.
 
     python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N]
-        [--methods ar tree chain adaptive chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive]   (TARGET in the environment)
+        [--trace] [--methods ar tree chain adaptive chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive]   (TARGET in the environment)
 
 Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
-functions of the last adaptive run, cProfile, with --cprofile)."""
+functions of the last adaptive run, cProfile, with --cprofile; each step and each choice of the
+policy in the last run, with --trace)."""
 from __future__ import annotations
 
 import argparse
@@ -60,10 +61,15 @@ METHODS = {  # name -> SpecEngine keywords
 }
 
 
-def instrument(engine) -> dict:
-    """Wrap the engine's step parts with host timers; returns the live tally."""
-    tally = {"ms": defaultdict(float), "n": Counter(), "tiers": Counter(), "ahead": Counter()}
+def instrument(engine, trace: bool = False) -> dict:
+    """Wrap the engine's step parts with host timers; returns the live tally. With `trace`, the
+    tally also lists every step (`steps`: when its result was read, rows, batch bucket, tier,
+    tokens emitted, drafts accepted) and every choice of the policy (`choices`: rows, buckets,
+    the expected tokens per ms of plain decoding and of each tier, the tier chosen)."""
+    tally = {"ms": defaultdict(float), "n": Counter(), "tiers": Counter(), "ahead": Counter(),
+             "steps": [], "choices": []}
     ms, n = tally["ms"], tally["n"]
+    t_start = time.perf_counter()
 
     def timed(name, fn):
         def wrapper(*a, **k):
@@ -88,14 +94,29 @@ def instrument(engine) -> dict:
             t0 = time.perf_counter()
             l.event.synchronize()
             ms["wait"] += 1000 * (time.perf_counter() - t0)
-        return finish(l)
+        out = finish(l)
+        if trace:
+            tally["steps"].append({"t_ms": round(1000 * (time.perf_counter() - t_start), 3), "rows": len(l.rows),
+                                   "b": l.batch, "tier": l.tier, "tokens": sum(len(o.new_tokens) for o in out),
+                                   "accepted": sum(o.accepted for o in out)})
+        return out
 
     engine._launch = timed("launch", _launch)
     engine._finish = timed("finish", _finish)
     engine._prefill = timed("prefill", engine._prefill)
     engine._measure_costs = timed("measure_costs", engine._measure_costs)
     if engine.policy is not None:
-        engine.policy.choose = timed("choose", engine.policy.choose)
+        choose = engine.policy.choose
+
+        def _choose(rows, batch, kv, host_ms=0.0, remaining=None):
+            tier = choose(rows, batch, kv, host_ms, remaining=remaining)
+            if trace and hasattr(engine.policy, "rates") and any(r is not None for r in rows):
+                rates = engine.policy.rates(rows, batch, kv, host_ms, remaining)
+                tally["choices"].append({"rows": len(rows), "b": batch, "kv": kv, "tier": tier,
+                                         "drain": remaining is not None,
+                                         "rates": [round(float(x), 3) for x in rates]})
+            return tier
+        engine.policy.choose = timed("choose", _choose)
         engine.policy.observe = timed("observe", engine.policy.observe)
     return tally
 
@@ -110,6 +131,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--cprofile", action="store_true")
+    ap.add_argument("--trace", action="store_true", help="list each step and each choice of the last run (JSON)")
     args = ap.parse_args()
 
     target, tok, _ = load_target(os.environ["TARGET"], dtype=DTYPE, device=DEV)
@@ -127,7 +149,7 @@ def main() -> None:
                 engine.capture_common(range(1, b + 1))  # as a server does at start
             engine.generate(prompts, params, stops)  # warm-up: every bucket met captured (and timed)
             for run in range(args.runs):
-                tally = instrument(engine)
+                tally = instrument(engine, trace=args.trace and run == args.runs - 1)
                 prof = cProfile.Profile() if args.cprofile and name.endswith("adaptive") and run == args.runs - 1 else None
                 sync()
                 t0 = time.perf_counter()
@@ -154,6 +176,8 @@ def main() -> None:
                         "tiers": {("plain" if t == 0 else str(tiers[t - 1])): c for t, c in sorted(tally["tiers"].items())},
                         "ahead_share": tally["ahead"][1] / max(launches, 1),
                         "host_ms": {k: round(v, 2) for k, v in tally["ms"].items()}, "calls": dict(tally["n"])}
+                if tally["steps"]:
+                    cell["steps"], cell["choices"] = tally["steps"], tally["choices"]
                 if prof:
                     s = io.StringIO()
                     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)

@@ -20,7 +20,7 @@ def test_the_step_timers_follow_the_engine(name):
     head = random_head(target) if kw["method"] == "eagle3" else None
     want = [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(prompts, params)]
     engine = SpecEngine(target, head, max_len=64, max_batch=2, **kw)
-    tally = steps.instrument(engine)
+    tally = steps.instrument(engine, trace=True)
     got = [r.token_ids for r in engine.generate(prompts, params)]
     assert got == want
     assert tally["n"]["launch"] == sum(tally["tiers"].values()) > 0
@@ -29,3 +29,8 @@ def test_the_step_timers_follow_the_engine(name):
         assert tally["n"]["choose"] > 0
     if name.startswith("plain-"):  # the policy that never drafts
         assert set(tally["tiers"]) == {0}
+    # the trace: one entry a step read, tokens as emitted after the prefills, a choice per plan
+    assert len(tally["steps"]) == tally["n"]["finish"]
+    assert sum(s["tokens"] for s in tally["steps"]) == sum(len(t) for t in got) - len(prompts)
+    if getattr(engine.policy, "name", None) == "adaptive" and not name.startswith("plain-"):
+        assert tally["choices"] and all(len(c["rates"]) == len(engine.policy.tiers) + 1 for c in tally["choices"])

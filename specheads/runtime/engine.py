@@ -267,6 +267,7 @@ class SpecEngine:
         self._profile_path = Path(speculation_profile) if speculation_profile else None
         self._measuring = False  # the policy's costs are timed here, as buckets are captured
         self._untimed: set[tuple[int, int]] = set()  # buckets met without times: timed once the engine is idle
+        self.drain = False  # no request waits for a row (generate() once its last prompt is in)
         self._host_ms: dict[int, float] = {}  # per batch bucket: host time of a host drafter's step
         self._proposal = None  # (tree, seconds): a host drafter's proposal made with the step's plan
         self.graph_report: dict = {}
@@ -467,22 +468,29 @@ class SpecEngine:
         # (its depth + 1), then the step's own tree
         before = max(r.committed for r in self.rows) + ahead * ((self.depth if inflight is None else inflight) + 1)
         bucket = self._context_bucket if self.buckets else (lambda need: min(need, self.cap))
-        kv = bucket(before + self.tree_nodes + 1)
+        # each step reads its own tree's room: a plain step (the root alone, as `ar` steps) and a
+        # short chain may fit a smaller bucket than the full tree, and the policy prices each so
+        tiers = self.policy.tiers if self.policy is not None else []
+        kvs = [bucket(before + 2)] + [bucket(before + t.num_draft + 2) for t in tiers]
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         logprobs = any(r.request.top_logprobs is not None for r in self.rows)
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         tier = 0
         self._proposal = None
         if any(r.speculate for r in self.rows):
-            if self._measuring and not self.policy.cost.has(b, kv, self.policy.tiers):
-                self._cost_bucket(b, kv)
+            if self._measuring:
+                for kv in sorted(set(kvs[1:])):
+                    if not self.policy.cost.has(b, kv, self.policy.tiers):
+                        self._cost_bucket(b, kv)
             # a host drafter's step also costs the host's time (measured costs are times; static ones are not)
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
-            tier = self.policy.choose(self._policy_rows(ahead), b, kv, host_ms)
-        if not tier:  # a plain step verifies the root alone: as `ar` steps, it reads no further
-            kv = bucket(before + 2)
-        return b, kv, sampled, tier, logprobs
+            if self.drain:  # the batch ends with its slowest row: the policy weighs what each may still emit
+                left = [r.budget - r.emitted - ahead for r in self.rows]
+                tier = self.policy.choose(self._policy_rows(ahead), b, kvs, host_ms, remaining=left)
+            else:
+                tier = self.policy.choose(self._policy_rows(ahead), b, kvs, host_ms)
+        return b, kvs[tier], sampled, tier, logprobs
 
     def _policy_rows(self, ahead: int) -> list:
         """What the policy weighs per row: (record, depth cap), or None for a row that drafts nothing.
@@ -636,10 +644,16 @@ class SpecEngine:
                 raise EngineError(f"prompt {i} has {len(p)} tokens; the cache holds {self.max_len} (prompt + output)")
         if self.has_work:
             raise EngineError("generate() needs an idle engine; this one is serving requests")
-        base = params.seed if params.seed is not None else random.getrandbits(32)
         todo = deque(range(len(prompts)))
-        of_handle, results, admitted = {}, [None] * len(prompts), {}
         stops = frozenset(stop_ids)
+        try:
+            return self._generate(prompts, params, stops, todo, progress)
+        finally:
+            self.drain = False
+
+    def _generate(self, prompts, params, stops, todo, progress) -> list[GenerationResult]:
+        base = params.seed if params.seed is not None else random.getrandbits(32)
+        of_handle, results, admitted = {}, [None] * len(prompts), {}
         while todo or self.has_work:
             while todo and self.free_slots > 0:
                 i = todo.popleft()
@@ -649,6 +663,9 @@ class SpecEngine:
                 of_handle[h] = i
                 results[i] = GenerationResult([], "", accept_per_position=[0] * (self.num_steps + 1))
                 admitted[h] = time.perf_counter()
+            # every prompt is in: the batch drains, and ends with its slowest row (the policy may
+            # weigh that; a server's batch never drains this way: requests keep coming)
+            self.drain = not todo
             for out in self.step():
                 r = results[of_handle[out.handle]]
                 r.token_ids += out.new_tokens

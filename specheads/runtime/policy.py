@@ -40,7 +40,13 @@ gains where the tiers' rates are close.
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
 
-Costs, per (batch bucket, context bucket, tier):
+A row's expected tokens are worked out again from the records at most every `refresh` (4)
+observations (at once for a new row or a changed depth cap): at batch 32 and 64 working out every
+row's each step took 0.2-0.3 ms of the host's time, a fifth of a step of the card.
+
+Costs, per (batch bucket, context bucket, tier), each step priced at the context bucket it would
+read (the rows' context, the step in flight, its own tree's nodes: a plain step or a short chain
+may fit a smaller bucket than the full tree, and runs there):
 - measured (`SpeculationProfile`): the time of each tier's captured step graph (its draft at
   its depth, the verify of its tokens, accept and commit, timed together as they replay) and of
   the plain decode step, on the card when the engine captures its graphs (`SpecEngine.
@@ -184,8 +190,11 @@ class SpeculationProfile:
     def key(tier: TreeShape | None) -> str:
         return PLAIN_KEY if tier is None else str(tier)
 
+    version = 0  # bumped by add: a policy's cached step costs are worked out again
+
     def add(self, tier: TreeShape | None, batch: int, kv: int, ms: float) -> None:
         self.step_ms.setdefault(self.key(tier), {}).setdefault(int(batch), {})[int(kv)] = float(ms)
+        self.version += 1
 
     def has(self, batch: int, kv: int, tiers) -> bool:
         return all(kv in self.step_ms.get(self.key(t), {}).get(batch, {}) for t in [None, *tiers])
@@ -303,7 +312,7 @@ class FixedPolicy:
     def observe(self, rows: list, tier: int, offered: list[int], accepted: list[int]) -> None:
         pass
 
-    def choose(self, rows: list, batch: int, kv: int, host_ms: float = 0.0) -> int:
+    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, remaining=None) -> int:
         return 1
 
     def launched(self, tier: int) -> None:
@@ -321,7 +330,7 @@ class AdaptivePolicy:
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
-                 bound_trees: int = 0):
+                 bound_trees: int = 0, refresh: int = 4, drain: int = 1):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -370,8 +379,17 @@ class AdaptivePolicy:
         self._bound = bool(bound_trees and self._chains and self._trees)
         # each slot's expected tokens per tier [T] as last worked out, for its depth cap then and
         # the records' version (observe changes every row's estimate through the pooled records):
-        # the many plain steps between observations choose from these, not from the records again
+        # the many plain steps between observations choose from these, and a drafting step from
+        # estimates at most `refresh` observations old (working every row's out again each step
+        # took 0.2-0.3 ms of the host's time a step at batch 32 and 64 on an H200's host, where a
+        # step of the card takes 1-1.5 ms; docs/benchmarks.md)
+        self.refresh = refresh
+        # drain=1: where the engine says the batch drains (an offline batch's last prompts are in:
+        # no request waits for a row), tiers are ranked by the time the slowest row needs (rates)
+        self.drain = bool(drain)
         self.version = 0
+        self._tier, self._tier_version = None, -1
+        self._costs: dict = {}  # (batch, context buckets, the cost's version) -> step costs [1 + T]
         self._tokens, self._tokens_cap, self._tokens_version = np.zeros((0, n)), np.zeros(0, int), np.zeros(0, int)
 
     def new_row(self) -> int:
@@ -407,8 +425,11 @@ class AdaptivePolicy:
         hits = trials * (depth < acc)
         k, h = trials.sum(0), hits.sum(0)
         for t in self._shares[tier - 1]:
-            mean, count = self.mean[slots, t], self.count[slots, t]  # the rows under this tier
-            _running_mean(mean, count, trials, hits, self.window)
+            # the rows under this tier: _running_mean with at most one trial a depth, inline (the
+            # policy's host time is a step's at a wide batch)
+            mean, count = self.mean[slots, t], self.count[slots, t]
+            count = np.minimum(count + trials, self.window)
+            mean += trials / np.maximum(count, 1.0) * (hits - mean)
             self.mean[slots, t], self.count[slots, t] = mean, count
             _running_mean(self.tier_mean[t], self.tier_count[t], k, h, self.pooled_window)
         _running_mean(self.all_mean, self.all_count, k, h, self.pooled_window)
@@ -416,11 +437,7 @@ class AdaptivePolicy:
     def acceptance(self, rows: list[int]) -> np.ndarray:
         """q [R, T, D]: each row's estimated acceptance per tier and depth."""
         w = self.prior_weight
-        pooled = np.empty(self.depth)  # every row, every tier; a depth without data: the one above
-        above = self.prior
-        for d in range(self.depth):
-            above = pooled[d] = _shrink(self.all_mean[d], self.all_count[d], above, w)
-        tier = _shrink(self.tier_mean, self.tier_count, pooled[None], w)  # [T, D]
+        tier = self._tier_estimate()  # [T, D]
         slots = np.asarray(rows)
         mean, count = self.mean[slots], self.count[slots]  # [R, T, D]
         # the row's ease: its accepted drafts over what every row's record under the same tiers
@@ -436,11 +453,25 @@ class AdaptivePolicy:
             q[:, self._trees] = np.maximum(q[:, self._trees], q[:, self._chains].max(1, keepdims=True))
         return q
 
+    def _tier_estimate(self) -> np.ndarray:
+        """[T, D]: every row's acceptance under each tier, shrunk toward every tier's (worked out
+        once a version of the records)."""
+        if self._tier_version != self.version:
+            w = self.prior_weight
+            pooled = np.empty(self.depth)  # every row, every tier; a depth without data: the one above
+            above = self.prior
+            for d in range(self.depth):
+                above = pooled[d] = _shrink(self.all_mean[d], self.all_count[d], above, w)
+            self._tier = _shrink(self.tier_mean, self.tier_count, pooled[None], w)
+            self._tier_version = self.version
+        return self._tier
+
     def expected_tokens(self, rows: list[int], caps: list[int]) -> np.ndarray:
         """[R, T]: each row's expected tokens per step under each tier (worked out again only for
         rows whose records or depth cap changed since)."""
         slots, caps = np.asarray(rows), np.asarray(caps)
-        stale = (self._tokens_version[slots] != self.version) | (self._tokens_cap[slots] != caps)
+        seen = self._tokens_version[slots]
+        stale = (seen < 0) | (self.version - seen >= self.refresh) | (self._tokens_cap[slots] != caps)
         tokens = self._tokens[slots]
         if stale.any():  # (a slot listed twice with two caps keeps the last)
             fresh, fresh_caps = slots[stale], caps[stale]
@@ -453,24 +484,54 @@ class AdaptivePolicy:
         reach = self._reach[None] & (np.arange(self.depth)[None, None, :] < np.asarray(caps)[:, None, None])
         return 1.0 + (np.cumprod(q, axis=2) * reach).sum(2)
 
-    def rates(self, rows: list, batch: int, kv: int, host_ms: float = 0.0) -> np.ndarray:
-        """Expected tokens per unit of cost of plain decoding (index 0) and of each tier. A row is
-        None (it drafts nothing: one token), (record, depth cap), or (record, depth cap, chance):
-        the chance that it drafts at all (a host drafter's proposal, not yet made)."""
-        drafting = [r for r in rows if r is not None]
-        tokens = np.full(len(self.tiers), float(len(rows) - len(drafting)))
-        if drafting:
-            extra = self.expected_tokens([r[0] for r in drafting], [r[1] for r in drafting]) - 1.0
-            chance = np.array([r[2] if len(r) > 2 else 1.0 for r in drafting])
-            tokens += len(drafting) + (chance[:, None] * extra).sum(0)
-        cost = np.array([self.cost.step(batch, kv, t) + host_ms for t in self.tiers])
-        return np.concatenate([[len(rows) / self.cost.step(batch, kv, None)], tokens / cost])
+    def costs(self, batch: int, kv) -> np.ndarray:
+        """[1 + T]: the step cost of plain decoding and of each tier at this batch bucket; kv is
+        the context bucket of them all, or one per entry (a step reads its own tree's room: a
+        plain step or a short chain may fit a smaller bucket than the full tree)."""
+        kvs = tuple(int(k) for k in kv) if np.ndim(kv) else (int(kv),) * (1 + len(self.tiers))
+        if len(kvs) != 1 + len(self.tiers):
+            raise PolicyError(f"context buckets {kvs}: expected one, or one for plain decoding and each of the "
+                              f"{len(self.tiers)} tiers")
+        key = (batch, kvs, getattr(self.cost, "version", 0))
+        costs = self._costs.get(key)
+        if costs is None:
+            if len(self._costs) >= 4096:
+                self._costs.clear()
+            costs = self._costs[key] = np.array([self.cost.step(batch, k, t) for k, t in zip(kvs, [None, *self.tiers])])
+        return costs
 
-    def choose(self, rows: list, batch: int, kv: int, host_ms: float = 0.0) -> int:
-        """The tier of the most expected tokens per unit of cost (0: plain decoding), or a probe."""
+    def rates(self, rows: list, batch: int, kv, host_ms: float = 0.0, remaining=None) -> np.ndarray:
+        """Expected tokens per unit of cost of plain decoding (index 0) and of each tier (kv: as
+        `costs`). A row is None (it drafts nothing: one token), (record, depth cap), or (record,
+        depth cap, chance): the chance that it drafts at all (a host drafter's proposal, not yet made).
+
+        With `remaining` (per row, the tokens it may still emit) and the `drain` setting on, the
+        batch drains (no request waits for a row) and ends with its slowest row: each entry is
+        then the rows' remaining tokens over the time the slowest of them needs at that step's
+        rate, sum(remaining) / (cost x max over rows of remaining / expected tokens). One row
+        (or rows alike) ranks as without it."""
+        drafting = [i for i, r in enumerate(rows) if r is not None]
+        per_row = np.ones((len(rows), len(self.tiers)))  # expected tokens a step, per row and tier
+        if drafting:
+            picked = [rows[i] for i in drafting]
+            extra = self.expected_tokens([r[0] for r in picked], [r[1] for r in picked]) - 1.0
+            if max(map(len, picked)) > 2:
+                chance = np.array([r[2] if len(r) > 2 else 1.0 for r in picked])
+                extra = chance[:, None] * extra
+            per_row[drafting] += extra
+        costs = self.costs(batch, kv)
+        if remaining is not None and self.drain and len(rows) > 1:
+            left = np.maximum(np.asarray(remaining, dtype=float), 1.0)
+            steps = np.concatenate([[left.max()], (left[:, None] / per_row).max(0)])
+            return left.sum() / (np.concatenate([[costs[0]], costs[1:] + host_ms]) * steps)
+        return np.concatenate([[len(rows) / costs[0]], per_row.sum(0) / (costs[1:] + host_ms)])
+
+    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, remaining=None) -> int:
+        """The tier of the most expected tokens per unit of cost (0: plain decoding), or a probe
+        (`remaining`: as `rates`)."""
         if all(r is None for r in rows):
             return 0
-        rates = self.rates(rows, batch, kv, host_ms)
+        rates = self.rates(rows, batch, kv, host_ms, remaining)
         best = int(np.argmax(rates[1:])) + 1
         if best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin) and rates[-1] > rates[0]:
             best = len(self.tiers)  # the full tree: the smaller one does not gain enough (and it beats plain)
@@ -509,7 +570,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 # the adaptive policy's settings a user may change (AdaptivePolicy's keyword arguments), by type
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
                    "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int,
-                   "bound_trees": int}
+                   "bound_trees": int, "refresh": int, "drain": int}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 
@@ -524,8 +585,8 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
         raise PolicyError(f"{what}: {name}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
-    low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff") else 0
-    if name in ("share_chains", "bound_trees") and v not in (0, 1):
+    low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff", "refresh") else 0
+    if name in ("share_chains", "bound_trees", "drain") and v not in (0, 1):
         raise PolicyError(f"{what}: {name}={v} must be 0 or 1")
     if name != "prior" and not (v >= low and math.isfinite(v)):
         raise PolicyError(f"{what}: {name}={v} must be at least {low}")

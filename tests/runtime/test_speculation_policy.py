@@ -285,7 +285,7 @@ def test_kept_estimates_equal_fresh_ones_as_records_rows_and_caps_change():
     after every observation, a row's release and reuse and a changed depth cap it must equal the
     estimate worked out from the records again."""
     rng = np.random.default_rng(3)
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=1)  # worked out again after every observation
     rows = [policy.new_row() for _ in range(6)]
     caps = [FULL.steps] * 6
     for step in range(40):
@@ -305,6 +305,41 @@ def test_kept_estimates_equal_fresh_ones_as_records_rows_and_caps_change():
     fresh = policy.new_row()  # a new row's estimate is its own, not a released slot's
     assert np.array_equal(policy.expected_tokens([fresh], [FULL.steps]),
                           policy._expected_tokens(np.asarray([fresh]), [FULL.steps]))
+
+
+def test_estimates_are_worked_out_again_after_refresh_observations():
+    """By default a row's estimate is kept for `refresh` observations (the policy's host time is a
+    step's at a wide batch): unchanged before, equal to a fresh one at the refresh; a new row and a
+    changed depth cap are worked out at once."""
+    rng = np.random.default_rng(5)
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    assert policy.refresh == 4
+    rows = [policy.new_row() for _ in range(5)]
+    caps = [FULL.steps] * 5
+
+    def fresh():
+        return policy._expected_tokens(np.asarray(rows), caps)
+
+    def observe_some():
+        depth = TIERS[-1].steps
+        policy.observe(rows, len(TIERS), [depth] * len(rows), rng.integers(0, depth + 1, len(rows)).tolist())
+
+    for _ in range(3):
+        observe_some()
+    first = policy.expected_tokens(rows, caps)
+    assert np.array_equal(first, fresh())
+    for _ in range(policy.refresh - 1):
+        observe_some()
+        assert np.array_equal(policy.expected_tokens(rows, caps), first)  # kept
+    assert not np.allclose(fresh(), first)  # (the records did move)
+    observe_some()
+    assert np.array_equal(policy.expected_tokens(rows, caps), fresh())  # refreshed
+    observe_some()
+    caps[2] = 2
+    policy.release(rows[4])
+    rows[4] = policy.new_row()
+    kept, now = policy.expected_tokens(rows, caps), fresh()
+    assert np.array_equal(kept[[2, 4]], now[[2, 4]]) and not np.array_equal(kept[0], now[0])
 
 
 def test_unseen_tiers_and_depths_borrow_from_what_was_seen():
@@ -433,3 +468,54 @@ def test_the_commands_default_is_adaptive_on_a_gpu_and_where_its_options_are_giv
     assert default_policy(False, tiers="1,1,1;2,1,2") == "adaptive"
     assert default_policy(False, profile="costs.json") == "adaptive"
     assert default_policy(False, settings="switch_margin=0.1") == "adaptive"
+
+
+def test_each_entry_is_priced_at_its_own_context_bucket():
+    """rates takes one context bucket for all, or one for plain decoding and one per tier (a plain
+    step or a short chain may fit a smaller bucket than the full tree); costs are kept per batch
+    and buckets and worked out again once the profile gains a time."""
+    profile = SpeculationProfile("card", {})
+    for t in [None, *TIERS]:
+        for kv, ms in ((512, 1.0), (1024, 1.5)):
+            profile.add(t, 64, kv, ms * (1 + (t.num_draft if t else 0) / 16))
+    policy = AdaptivePolicy(TIERS, profile)
+    rows = [(policy.new_row(), FULL.steps) for _ in range(64)]
+    one = policy.costs(64, 1024)
+    assert one.tolist() == [profile.step(64, 1024, t) for t in [None, *TIERS]]
+    mixed = [512, 512, 512, 1024, 1024]  # plain and the two short chains still fit 512
+    assert policy.costs(64, mixed).tolist() == [profile.step(64, kv, t) for kv, t in zip(mixed, [None, *TIERS])]
+    r_one, r_mixed = policy.rates(rows, 64, 1024), policy.rates(rows, 64, mixed)
+    assert r_mixed[0] == pytest.approx(1.5 * r_one[0]) and r_mixed[-1] == pytest.approx(r_one[-1])
+    profile.add(None, 64, 512, 2.0)  # a new time: the kept costs give way
+    assert policy.costs(64, mixed)[0] == 2.0
+    with pytest.raises(PolicyError, match="one for plain decoding and each of the 4 tiers"):
+        policy.costs(64, [512, 1024])
+
+
+def test_a_draining_batch_is_ranked_by_its_slowest_row():
+    """Given what each row may still emit (the engine's batch drains), tiers rank by the time the
+    slowest row needs: seven rows that accept every draft and one that accepts none, all with 100
+    tokens to go, decode plainly (drafting would not bring the last row's end closer, and costs
+    more a step), where tokens per cost would draft deep; with the poor row 10 tokens from its end
+    drafting pays again. One row ranks as without it, and `drain=0` ignores it."""
+    def chains_cost(batch, tier):
+        return 1.0 if tier is None else (1.0 + 0.3 * tier.steps if tier.topk == 1 else 4.0)
+
+    def build(**kw):
+        policy = AdaptivePolicy(TIERS, TableCost(chains_cost), **kw)
+        rows = [policy.new_row() for _ in range(8)]
+        for i, tier in enumerate(policy.tiers, 1):
+            for row in rows:
+                observe(policy, row, i, accepted=tier.steps if row != rows[-1] else 0)
+        return policy, [(r, FULL.steps) for r in rows]
+
+    policy, rows = build()
+    assert policy.drain
+    plain = policy.choose(rows, 8, 512, remaining=[100] * 8)
+    deep = policy.choose(rows, 8, 512)
+    assert plain == 0 and policy.tiers[deep - 1] == TreeShape(4, 1, 4)
+    assert policy.choose(rows, 8, 512, remaining=[100] * 7 + [10]) == deep
+    one = policy.rates(rows[:1], 1, 512, remaining=[37])
+    assert one == pytest.approx(policy.rates(rows[:1], 1, 512))
+    off, rows_off = build(drain=0)
+    assert off.choose(rows_off, 8, 512, remaining=[100] * 8) == deep

@@ -49,7 +49,7 @@ class ScriptedPolicy:
     def observe(self, rows, tier, offered, accepted):
         self.observed += [(tier, o, a) for o, a in zip(offered, accepted)]
 
-    def choose(self, rows, batch, kv, host_ms=0.0):
+    def choose(self, rows, batch, kv, host_ms=0.0, remaining=None):
         return self.schedule[self.launches % len(self.schedule)]
 
     def launched(self, tier):
@@ -290,6 +290,7 @@ def test_policy_input_errors_name_the_input(target, heads, tmp_path):
         (dict(speculation_policy="adaptive", speculation_settings="margin=0.1"), "unknown setting 'margin'; "
                                                                                 "expected NAME=VALUE"),
         (dict(speculation_policy="adaptive", speculation_settings="window=0"), "window=0 must be at least 1"),
+        (dict(speculation_policy="adaptive", speculation_settings="refresh=0"), "refresh=0 must be at least 1"),
         (dict(speculation_policy="adaptive", speculation_settings="prior=high"), "prior='high' is not a number"),
         (dict(speculation_policy="adaptive", speculation_settings="share_chains=2"), "share_chains=2 must be 0 or 1"),
     ):
@@ -438,8 +439,8 @@ def test_a_host_drafter_proposes_before_the_policy_chooses(target, reference):
         proposals.append(list(tree.offered))
         return tree
 
-    def choosing(rows, batch, kv, host_ms=0.0):
-        tier = choose(rows, batch, kv, host_ms)
+    def choosing(rows, batch, kv, host_ms=0.0, **kw):
+        tier = choose(rows, batch, kv, host_ms, **kw)
         choices.append((rows, tier, len(proposals)))
         return tier
 
@@ -493,3 +494,64 @@ def test_a_plain_step_reads_the_context_ar_reads(heads, method):
         outputs[key], _ = run(engine, prompts, params, 3)
     assert outputs["plain"] == outputs["ar"]
     assert plans["plain"] == plans["ar"] and set(plans["ar"]) == {128}
+
+
+def test_each_tier_reads_its_own_context_bucket():
+    """A step reads its own tree's room, not the largest tree's: the policy is offered one context
+    bucket for plain decoding and one per tier (each the smallest that holds the step: the rows'
+    context, what the step in flight commits, then the tier's nodes and one), the step runs at the
+    chosen one's, and with contexts near the 128-token bucket's end a chain still reads 128 where
+    the full tree reads the next bucket. The output stays the target's."""
+    target = make_target(seed=0, vocab=VOCAB, max_positions=256)
+    prompts = random_prompts(3, VOCAB, [96, 100, 90], seed=7)
+    params = SamplingParams(max_new_tokens=NEW)
+    want = [r.token_ids for r in SpecEngine(target, method="ar", max_len=200, max_batch=3).generate(prompts, params)]
+    engine = SpecEngine(target, random_head(target), max_len=200, max_batch=3, **FULL)
+    engine.buckets = True  # the graphs' shapes, run eagerly
+    engine.policy = scripted(engine.full_tree, TIERS, schedule=[1, 2, 4, 3])
+    tiers, offered, ran = engine.policy.tiers, [], []
+    choose, plan = engine.policy.choose, engine._plan
+
+    def choosing(rows, batch, kv, host_ms=0.0, **kw):
+        offered.append(list(kv))
+        return choose(rows, batch, kv, host_ms, **kw)
+
+    def planned(ahead, inflight=None):
+        out = plan(ahead, inflight) if inflight is not None else plan(ahead)
+        ran.append((out[3], out[1], offered[-1]))
+        return out
+
+    engine.policy.choose, engine._plan = choosing, planned
+    got, _ = run(engine, prompts, params, 3)
+    assert got == want
+    assert ran and all(len(kvs) == 1 + len(tiers) for _, _, kvs in ran)
+    for tier, kv, kvs in ran:
+        assert kv == kvs[tier]  # the step reads the bucket it was priced at
+        assert kvs == sorted(kvs)  # (plain's room is the least, and tiers go by draft tokens)
+    split = [(kvs[1], kvs[-1]) for _, _, kvs in ran if kvs[1] != kvs[-1]]
+    assert split and all(small == 128 < large for small, large in split)
+
+
+def test_generate_says_when_its_batch_drains(target, heads, reference):
+    """generate() tells the policy what each row may still emit once its last prompt is in (the
+    batch then ends with its slowest row), not before, and never on a server's add/step; the
+    output stays the target's and the engine forgets the state after."""
+    engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=2, **FULL,
+                        speculation_policy="adaptive", speculation_tiers=TIERS)
+    choose, calls = engine.policy.choose, []
+
+    def choosing(rows, batch, kv, host_ms=0.0, remaining=None):
+        calls.append((len(rows), remaining))
+        return choose(rows, batch, kv, host_ms, remaining=remaining)
+
+    engine.policy.choose = choosing
+    params = SamplingParams(max_new_tokens=NEW)
+    got = [r.token_ids for r in engine.generate(PROMPTS, params)]
+    assert got == reference and not engine.drain
+    flags = [remaining is not None for _, remaining in calls]
+    assert flags[0] is False and flags[-1] is True  # the first wave had prompts waiting; the last did not
+    assert flags == sorted(flags)  # once the last prompt is in, to the end
+    assert all(len(remaining) == n and max(remaining) <= NEW for n, remaining in calls if remaining is not None)
+    calls.clear()
+    tokens, _ = run(engine, PROMPTS, params, 2)  # add/step, as a server: requests may keep coming
+    assert tokens == reference and calls and all(remaining is None for _, remaining in calls)
