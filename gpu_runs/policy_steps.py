@@ -4,7 +4,7 @@ engine step's host work timed by part: planning and launching a step (the policy
 inside), waiting for the card, reading the result, prefills, and any step costs the adaptive
 policy times mid-run; launches counted by tier and by whether they ran ahead of the step before.
 
-    python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N]
+    python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N] [--set chat|coding]
         [--trace] [--methods ar tree chain adaptive chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive]   (TARGET in the environment)
 
 Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
@@ -108,12 +108,11 @@ def instrument(engine, trace: bool = False) -> dict:
     if engine.policy is not None:
         choose = engine.policy.choose
 
-        def _choose(rows, batch, kv, host_ms=0.0, remaining=None):
-            tier = choose(rows, batch, kv, host_ms, remaining=remaining)
+        def _choose(rows, batch, kv, host_ms=0.0):
+            tier = choose(rows, batch, kv, host_ms)
             if trace and hasattr(engine.policy, "rates") and any(r is not None for r in rows):
-                rates = engine.policy.rates(rows, batch, kv, host_ms, remaining)
+                rates = engine.policy.rates(rows, batch, kv, host_ms)
                 tally["choices"].append({"rows": len(rows), "b": batch, "kv": kv, "tier": tier,
-                                         "drain": remaining is not None,
                                          "rates": [round(float(x), 3) for x in rates]})
             return tier
         engine.policy.choose = timed("choose", _choose)
@@ -129,6 +128,8 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--set", default="chat", choices=["chat", "coding"],
+                    help="the suite's test prompts: the seven single-turn chat categories in turn, or coding")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--trace", action="store_true", help="list each step and each choice of the last run (JSON)")
@@ -136,11 +137,12 @@ def main() -> None:
 
     target, tok, _ = load_target(os.environ["TARGET"], dtype=DTYPE, device=DEV)
     head = load_head(args.head, device=DEV, dtype=DTYPE)
-    texts = single_turn_texts("test", CHAT, args.prompts)
+    texts = single_turn_texts("test", CHAT if args.set == "chat" else ["coding"], args.prompts)
     prompts = [tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),
                    add_special_tokens=False)["input_ids"] for t in texts]
     stops, params = stop_token_ids(tok), SamplingParams(max_new_tokens=args.max_new_tokens)
-    report = {"card": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "prompts": len(prompts), "cells": []}
+    report = {"card": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "set": args.set, "prompts": len(prompts),
+              "cells": []}
     for b in args.batch_sizes:
         for name in args.methods:
             kw = METHODS[name]

@@ -32,6 +32,7 @@ peers, which sample with other noise, are skipped).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -80,12 +81,51 @@ def sync():
         torch.cuda.synchronize()
 
 
+class Stalls:
+    """What may stall a timed run besides its steps: the garbage collector's passes (their ms, by
+    generation) and step costs the adaptive policy timed mid-run (the engine's _measure_costs)."""
+
+    def __init__(self, engine):
+        self.engine, self.gc_ms, self.timed_ms, self._t = engine, {}, [], 0.0
+
+    def _gc(self, phase, info):
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.gc_ms.setdefault(info["generation"], []).append(1000 * (time.perf_counter() - self._t))
+
+    def __enter__(self):
+        measure = self.engine._measure_costs
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return measure(*a, **k)
+            finally:
+                self.timed_ms.append(1000 * (time.perf_counter() - t))
+
+        self.engine._measure_costs = timed
+        gc.callbacks.append(self._gc)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._gc)
+        del self.engine._measure_costs  # back to the class's method
+
+    def report(self) -> dict:
+        return {"gc_passes": {str(g): len(ms) for g, ms in sorted(self.gc_ms.items())},
+                "gc_ms": round(sum(sum(ms) for ms in self.gc_ms.values()), 2),
+                "gc_max_ms": round(max((max(ms) for ms in self.gc_ms.values()), default=0.0), 2),
+                "costs_timed_ms": round(sum(self.timed_ms), 2), "costs_timed": len(self.timed_ms)}
+
+
 def run_ours(engine, prompt_ids, params, stops):
     """All prompts through one engine; its max_batch rows stay full (a finished row takes the next prompt)."""
-    t0 = time.time()
-    results = engine.generate(prompt_ids, params, stops)
-    sync()
-    wall = time.time() - t0
+    with Stalls(engine) as stalls:
+        t0 = time.time()
+        results = engine.generate(prompt_ids, params, stops)
+        sync()
+        wall = time.time() - t0
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.steps for r in results)
     accepted = sum(r.accepted_tokens for r in results)
@@ -98,8 +138,8 @@ def run_ours(engine, prompt_ids, params, stops):
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "request_s_mean": sum(r.seconds for r in results) / max(len(results), 1),
             "mean_accept_length": 1 + accepted / steps if steps else None,
-            "steps_by_tree": {t: round(n / steps, 4) for t, n in sorted(trees.items())} if steps else {}}, \
-        [r.token_ids for r in results]
+            "steps_by_tree": {t: round(n / steps, 4) for t, n in sorted(trees.items())} if steps else {},
+            "stalls": stalls.report()}, [r.token_ids for r in results]
 
 
 def run_repeats(engine, prompt_ids, params, stops, repeats: int):
@@ -108,6 +148,7 @@ def run_repeats(engine, prompt_ids, params, stops, repeats: int):
     order = sorted(range(repeats), key=lambda i: runs[i][0]["tokens_per_s"])
     res, outs = runs[order[repeats // 2]]
     res["tokens_per_s_runs"] = [r["tokens_per_s"] for r, _ in runs]
+    res["stalls_runs"] = [r["stalls"] for r, _ in runs]  # (the median hides a stalled run)
     res["identical_across_repeats"] = all(o == runs[0][1] for _, o in runs)
     return res, outs
 

@@ -25,3 +25,24 @@ def test_a_run_times_its_requests_from_their_admission():
     res, outs = bench.run_ours(engine, prompts, SamplingParams(max_new_tokens=10), ())
     assert outs == [r.token_ids for r in results]
     assert 0 < res["request_s_mean"] <= res["wall_s"] and res["tokens_per_s"] > 0
+
+
+def test_a_run_reports_what_may_stall_it():
+    """Each timed run counts the collector's passes and the step costs timed mid-run, and hands
+    the engine its own method back."""
+    import gc
+
+    bench = load_script("scripts/bench.py")
+    target = make_target(seed=0, vocab=64)
+    prompts = random_prompts(3, 64, [5, 3, 7], seed=3)
+    engine = SpecEngine(target, method="ar", max_len=64, max_batch=2)
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)  # a pass on every allocation: the run sees some
+    try:
+        res, _ = bench.run_ours(engine, prompts, SamplingParams(max_new_tokens=6), ())
+    finally:
+        gc.set_threshold(*threshold)
+    stalls = res["stalls"]
+    assert sum(stalls["gc_passes"].values()) > 0 and 0 < stalls["gc_max_ms"] <= stalls["gc_ms"]
+    assert stalls["costs_timed"] == 0 and "_measure_costs" not in vars(engine)
+    assert not any(isinstance(getattr(cb, "__self__", None), bench.Stalls) for cb in gc.callbacks)

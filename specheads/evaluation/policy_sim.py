@@ -91,7 +91,6 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
     steps_by_tier counts by the policy's tier index (0: plain)."""
     cost = cost or StaticCost()
     tiers = policy.tiers if policy is not None else []
-    tree_nodes = tiers[-1].num_draft if tiers else 0  # the cache a step needs past the context
     res = SimResult()
     todo = deque(range(len(new_tokens)))
     active: list[list] = []  # [request, tokens emitted, the policy's record]
@@ -113,12 +112,15 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
             continue
         n = len(active)
         b = min(next_pow2(n), batch) if buckets else n
-        need = max(prompt_lens[i] + e for i, e, _ in active) + tree_nodes + 1
-        kv = max(next_pow2(need), 128) if buckets else need
-        tier = policy.choose([(slot, tiers[-1].steps) for _, _, slot in active], b, kv) if policy is not None else 0
+        # the context each entry's step reads, as the engine's: the rows' context, then the step's
+        # own tree (a plain step the root alone)
+        context = max(prompt_lens[i] + e for i, e, _ in active)
+        kvs = [max(next_pow2(need), 128) if buckets else need
+               for need in [context + 1] + [context + t.num_draft + 1 for t in tiers]]
+        tier = policy.choose([(slot, tiers[-1].steps) for _, _, slot in active], b, kvs) if policy is not None else 0
         if policy is not None:
             policy.launched(tier)
-        res.cost += cost.step(b, kv, tiers[tier - 1] if tier else None)
+        res.cost += cost.step(b, kvs[tier], tiers[tier - 1] if tier else None)
         res.steps += 1
         res.steps_by_tier[tier] += 1
         res.row_steps_by_tier[tier] += n

@@ -40,9 +40,12 @@ gains where the tiers' rates are close.
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
 
-A row's expected tokens are worked out again from the records at most every `refresh` (4)
-observations (at once for a new row or a changed depth cap): at batch 32 and 64 working out every
-row's each step took 0.2-0.3 ms of the host's time, a fifth of a step of the card.
+In a batch of more than `FRESH_ROWS` (8) rows, a row's expected tokens are worked out again from
+the records at most every `refresh` (4) observations (at once for a new row or a changed depth
+cap): at batch 32 and 64 working out every row's each step took 0.2-0.3 ms of the host's time, a
+fifth of a step of the card. A smaller batch's are worked out after every observation: cheap
+there, and the replay of the validation split's traces with the H200's costs lost 0.4-0.8% of
+tokens per cost at batch 1 and 8 with `refresh` 4 (docs/benchmarks.md).
 
 Costs, per (batch bucket, context bucket, tier), each step priced at the context bucket it would
 read (the rows' context, the step in flight, its own tree's nodes: a plain step or a short chain
@@ -75,6 +78,7 @@ from specheads.runtime.defaults import tree_pool
 POLICIES = ("fixed", "adaptive")
 PROFILE_FORMAT = "specheads-speculation-profile/1"
 PLAIN_KEY = "plain"
+FRESH_ROWS = 8  # up to this many rows, every row's estimate is worked out after each observation
 
 
 class PolicyError(ValueError):
@@ -312,7 +316,7 @@ class FixedPolicy:
     def observe(self, rows: list, tier: int, offered: list[int], accepted: list[int]) -> None:
         pass
 
-    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, remaining=None) -> int:
+    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0) -> int:
         return 1
 
     def launched(self, tier: int) -> None:
@@ -330,7 +334,7 @@ class AdaptivePolicy:
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
-                 bound_trees: int = 0, refresh: int = 4, drain: int = 1):
+                 bound_trees: int = 0, refresh: int = 4):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -379,14 +383,11 @@ class AdaptivePolicy:
         self._bound = bool(bound_trees and self._chains and self._trees)
         # each slot's expected tokens per tier [T] as last worked out, for its depth cap then and
         # the records' version (observe changes every row's estimate through the pooled records):
-        # the many plain steps between observations choose from these, and a drafting step from
-        # estimates at most `refresh` observations old (working every row's out again each step
-        # took 0.2-0.3 ms of the host's time a step at batch 32 and 64 on an H200's host, where a
-        # step of the card takes 1-1.5 ms; docs/benchmarks.md)
+        # the many plain steps between observations choose from these, and a drafting step in a
+        # batch of more than FRESH_ROWS rows from estimates at most `refresh` observations old
+        # (working every row's out again each step took 0.2-0.3 ms of the host's time a step at
+        # batch 32 and 64 on an H200's host, where a step of the card takes 1-1.5 ms)
         self.refresh = refresh
-        # drain=1: where the engine says the batch drains (an offline batch's last prompts are in:
-        # no request waits for a row), tiers are ranked by the time the slowest row needs (rates)
-        self.drain = bool(drain)
         self.version = 0
         self._tier, self._tier_version = None, -1
         self._costs: dict = {}  # (batch, context buckets, the cost's version) -> step costs [1 + T]
@@ -471,7 +472,8 @@ class AdaptivePolicy:
         rows whose records or depth cap changed since)."""
         slots, caps = np.asarray(rows), np.asarray(caps)
         seen = self._tokens_version[slots]
-        stale = (seen < 0) | (self.version - seen >= self.refresh) | (self._tokens_cap[slots] != caps)
+        refresh = self.refresh if len(slots) > FRESH_ROWS else 1
+        stale = (seen < 0) | (self.version - seen >= refresh) | (self._tokens_cap[slots] != caps)
         tokens = self._tokens[slots]
         if stale.any():  # (a slot listed twice with two caps keeps the last)
             fresh, fresh_caps = slots[stale], caps[stale]
@@ -500,38 +502,26 @@ class AdaptivePolicy:
             costs = self._costs[key] = np.array([self.cost.step(batch, k, t) for k, t in zip(kvs, [None, *self.tiers])])
         return costs
 
-    def rates(self, rows: list, batch: int, kv, host_ms: float = 0.0, remaining=None) -> np.ndarray:
+    def rates(self, rows: list, batch: int, kv, host_ms: float = 0.0) -> np.ndarray:
         """Expected tokens per unit of cost of plain decoding (index 0) and of each tier (kv: as
         `costs`). A row is None (it drafts nothing: one token), (record, depth cap), or (record,
-        depth cap, chance): the chance that it drafts at all (a host drafter's proposal, not yet made).
-
-        With `remaining` (per row, the tokens it may still emit) and the `drain` setting on, the
-        batch drains (no request waits for a row) and ends with its slowest row: each entry is
-        then the rows' remaining tokens over the time the slowest of them needs at that step's
-        rate, sum(remaining) / (cost x max over rows of remaining / expected tokens). One row
-        (or rows alike) ranks as without it."""
-        drafting = [i for i, r in enumerate(rows) if r is not None]
-        per_row = np.ones((len(rows), len(self.tiers)))  # expected tokens a step, per row and tier
+        depth cap, chance): the chance that it drafts at all (a host drafter's proposal, not yet made)."""
+        drafting = [r for r in rows if r is not None]
+        tokens = np.full(len(self.tiers), float(len(rows) - len(drafting)))
         if drafting:
-            picked = [rows[i] for i in drafting]
-            extra = self.expected_tokens([r[0] for r in picked], [r[1] for r in picked]) - 1.0
-            if max(map(len, picked)) > 2:
-                chance = np.array([r[2] if len(r) > 2 else 1.0 for r in picked])
+            extra = self.expected_tokens([r[0] for r in drafting], [r[1] for r in drafting]) - 1.0
+            if max(map(len, drafting)) > 2:
+                chance = np.array([r[2] if len(r) > 2 else 1.0 for r in drafting])
                 extra = chance[:, None] * extra
-            per_row[drafting] += extra
+            tokens += len(drafting) + extra.sum(0)
         costs = self.costs(batch, kv)
-        if remaining is not None and self.drain and len(rows) > 1:
-            left = np.maximum(np.asarray(remaining, dtype=float), 1.0)
-            steps = np.concatenate([[left.max()], (left[:, None] / per_row).max(0)])
-            return left.sum() / (np.concatenate([[costs[0]], costs[1:] + host_ms]) * steps)
-        return np.concatenate([[len(rows) / costs[0]], per_row.sum(0) / (costs[1:] + host_ms)])
+        return np.concatenate([[len(rows) / costs[0]], tokens / (costs[1:] + host_ms)])
 
-    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, remaining=None) -> int:
-        """The tier of the most expected tokens per unit of cost (0: plain decoding), or a probe
-        (`remaining`: as `rates`)."""
+    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0) -> int:
+        """The tier of the most expected tokens per unit of cost (0: plain decoding), or a probe."""
         if all(r is None for r in rows):
             return 0
-        rates = self.rates(rows, batch, kv, host_ms, remaining)
+        rates = self.rates(rows, batch, kv, host_ms)
         best = int(np.argmax(rates[1:])) + 1
         if best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin) and rates[-1] > rates[0]:
             best = len(self.tiers)  # the full tree: the smaller one does not gain enough (and it beats plain)
@@ -570,7 +560,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 # the adaptive policy's settings a user may change (AdaptivePolicy's keyword arguments), by type
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
                    "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int,
-                   "bound_trees": int, "refresh": int, "drain": int}
+                   "bound_trees": int, "refresh": int}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 
@@ -586,7 +576,7 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
     low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff", "refresh") else 0
-    if name in ("share_chains", "bound_trees", "drain") and v not in (0, 1):
+    if name in ("share_chains", "bound_trees") and v not in (0, 1):
         raise PolicyError(f"{what}: {name}={v} must be 0 or 1")
     if name != "prior" and not (v >= low and math.isfinite(v)):
         raise PolicyError(f"{what}: {name}={v} must be at least {low}")

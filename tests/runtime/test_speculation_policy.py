@@ -308,14 +308,16 @@ def test_kept_estimates_equal_fresh_ones_as_records_rows_and_caps_change():
 
 
 def test_estimates_are_worked_out_again_after_refresh_observations():
-    """By default a row's estimate is kept for `refresh` observations (the policy's host time is a
-    step's at a wide batch): unchanged before, equal to a fresh one at the refresh; a new row and a
-    changed depth cap are worked out at once."""
+    """In a batch wider than FRESH_ROWS a row's estimate is kept for `refresh` observations (the
+    policy's host time is a step's there): unchanged before, equal to a fresh one at the refresh; a
+    new row and a changed depth cap are worked out at once. A narrower batch's are always fresh."""
+    from specheads.runtime.policy import FRESH_ROWS
+
     rng = np.random.default_rng(5)
     policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
     assert policy.refresh == 4
-    rows = [policy.new_row() for _ in range(5)]
-    caps = [FULL.steps] * 5
+    rows = [policy.new_row() for _ in range(FRESH_ROWS + 4)]
+    caps = [FULL.steps] * len(rows)
 
     def fresh():
         return policy._expected_tokens(np.asarray(rows), caps)
@@ -340,6 +342,8 @@ def test_estimates_are_worked_out_again_after_refresh_observations():
     rows[4] = policy.new_row()
     kept, now = policy.expected_tokens(rows, caps), fresh()
     assert np.array_equal(kept[[2, 4]], now[[2, 4]]) and not np.array_equal(kept[0], now[0])
+    few, few_caps = rows[:FRESH_ROWS], caps[:FRESH_ROWS]
+    assert np.array_equal(policy.expected_tokens(few, few_caps), policy._expected_tokens(np.asarray(few), few_caps))
 
 
 def test_unseen_tiers_and_depths_borrow_from_what_was_seen():
@@ -491,31 +495,3 @@ def test_each_entry_is_priced_at_its_own_context_bucket():
     with pytest.raises(PolicyError, match="one for plain decoding and each of the 4 tiers"):
         policy.costs(64, [512, 1024])
 
-
-def test_a_draining_batch_is_ranked_by_its_slowest_row():
-    """Given what each row may still emit (the engine's batch drains), tiers rank by the time the
-    slowest row needs: seven rows that accept every draft and one that accepts none, all with 100
-    tokens to go, decode plainly (drafting would not bring the last row's end closer, and costs
-    more a step), where tokens per cost would draft deep; with the poor row 10 tokens from its end
-    drafting pays again. One row ranks as without it, and `drain=0` ignores it."""
-    def chains_cost(batch, tier):
-        return 1.0 if tier is None else (1.0 + 0.3 * tier.steps if tier.topk == 1 else 4.0)
-
-    def build(**kw):
-        policy = AdaptivePolicy(TIERS, TableCost(chains_cost), **kw)
-        rows = [policy.new_row() for _ in range(8)]
-        for i, tier in enumerate(policy.tiers, 1):
-            for row in rows:
-                observe(policy, row, i, accepted=tier.steps if row != rows[-1] else 0)
-        return policy, [(r, FULL.steps) for r in rows]
-
-    policy, rows = build()
-    assert policy.drain
-    plain = policy.choose(rows, 8, 512, remaining=[100] * 8)
-    deep = policy.choose(rows, 8, 512)
-    assert plain == 0 and policy.tiers[deep - 1] == TreeShape(4, 1, 4)
-    assert policy.choose(rows, 8, 512, remaining=[100] * 7 + [10]) == deep
-    one = policy.rates(rows[:1], 1, 512, remaining=[37])
-    assert one == pytest.approx(policy.rates(rows[:1], 1, 512))
-    off, rows_off = build(drain=0)
-    assert off.choose(rows_off, 8, 512, remaining=[100] * 8) == deep

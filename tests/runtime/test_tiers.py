@@ -49,7 +49,7 @@ class ScriptedPolicy:
     def observe(self, rows, tier, offered, accepted):
         self.observed += [(tier, o, a) for o, a in zip(offered, accepted)]
 
-    def choose(self, rows, batch, kv, host_ms=0.0, remaining=None):
+    def choose(self, rows, batch, kv, host_ms=0.0):
         return self.schedule[self.launches % len(self.schedule)]
 
     def launched(self, tier):
@@ -412,7 +412,15 @@ def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, 
 
     fresh = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=4, use_graphs=True,
                        speculation_policy="adaptive", speculation_tiers=TIERS, **FULL)
-    n = fresh.capture_common((1, 2))
+    import gc
+
+    gc.unfreeze()
+    try:
+        n = fresh.capture_common((1, 2))
+        # start-up's objects are left out of the collector's later passes
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
     report = fresh.graph_report
     steps = [k for k in fresh.graphs if k[0] != "prefill"]
     assert n == len(fresh.graphs) and len(steps) == 2 * len(report["context_buckets"]) * (1 + len(TIERS.split(";")) + 1)
@@ -439,8 +447,8 @@ def test_a_host_drafter_proposes_before_the_policy_chooses(target, reference):
         proposals.append(list(tree.offered))
         return tree
 
-    def choosing(rows, batch, kv, host_ms=0.0, **kw):
-        tier = choose(rows, batch, kv, host_ms, **kw)
+    def choosing(rows, batch, kv, host_ms=0.0):
+        tier = choose(rows, batch, kv, host_ms)
         choices.append((rows, tier, len(proposals)))
         return tier
 
@@ -512,9 +520,9 @@ def test_each_tier_reads_its_own_context_bucket():
     tiers, offered, ran = engine.policy.tiers, [], []
     choose, plan = engine.policy.choose, engine._plan
 
-    def choosing(rows, batch, kv, host_ms=0.0, **kw):
+    def choosing(rows, batch, kv, host_ms=0.0):
         offered.append(list(kv))
-        return choose(rows, batch, kv, host_ms, **kw)
+        return choose(rows, batch, kv, host_ms)
 
     def planned(ahead, inflight=None):
         out = plan(ahead, inflight) if inflight is not None else plan(ahead)
@@ -531,27 +539,3 @@ def test_each_tier_reads_its_own_context_bucket():
     split = [(kvs[1], kvs[-1]) for _, _, kvs in ran if kvs[1] != kvs[-1]]
     assert split and all(small == 128 < large for small, large in split)
 
-
-def test_generate_says_when_its_batch_drains(target, heads, reference):
-    """generate() tells the policy what each row may still emit once its last prompt is in (the
-    batch then ends with its slowest row), not before, and never on a server's add/step; the
-    output stays the target's and the engine forgets the state after."""
-    engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=2, **FULL,
-                        speculation_policy="adaptive", speculation_tiers=TIERS)
-    choose, calls = engine.policy.choose, []
-
-    def choosing(rows, batch, kv, host_ms=0.0, remaining=None):
-        calls.append((len(rows), remaining))
-        return choose(rows, batch, kv, host_ms, remaining=remaining)
-
-    engine.policy.choose = choosing
-    params = SamplingParams(max_new_tokens=NEW)
-    got = [r.token_ids for r in engine.generate(PROMPTS, params)]
-    assert got == reference and not engine.drain
-    flags = [remaining is not None for _, remaining in calls]
-    assert flags[0] is False and flags[-1] is True  # the first wave had prompts waiting; the last did not
-    assert flags == sorted(flags)  # once the last prompt is in, to the end
-    assert all(len(remaining) == n and max(remaining) <= NEW for n, remaining in calls if remaining is not None)
-    calls.clear()
-    tokens, _ = run(engine, PROMPTS, params, 2)  # add/step, as a server: requests may keep coming
-    assert tokens == reference and calls and all(remaining is None for _, remaining in calls)
