@@ -479,7 +479,7 @@ class SpecEngine:
         self._proposal = None
         if any(r.speculate for r in self.rows):
             if self._measuring:
-                for kv in sorted(set(kvs[1:])):
+                for kv in sorted(set(kvs)):
                     if not self.policy.cost.has(b, kv, self.policy.tiers):
                         self._cost_bucket(b, kv)
             # a host drafter's step also costs the host's time (measured costs are times; static ones are not)
