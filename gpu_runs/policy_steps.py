@@ -106,16 +106,17 @@ def instrument(engine, trace: bool = False) -> dict:
     engine._prefill = timed("prefill", engine._prefill)
     engine._measure_costs = timed("measure_costs", engine._measure_costs)
     if engine.policy is not None:
-        choose = engine.policy.choose
+        choose = timed("choose", engine.policy.choose)
 
         def _choose(rows, batch, kv, host_ms=0.0):
             tier = choose(rows, batch, kv, host_ms)
             if trace and hasattr(engine.policy, "rates") and any(r is not None for r in rows):
+                # (worked out again for the trace, outside the choice's timer)
                 rates = engine.policy.rates(rows, batch, kv, host_ms)
                 tally["choices"].append({"rows": len(rows), "b": batch, "kv": kv, "tier": tier,
                                          "rates": [round(float(x), 3) for x in rates]})
             return tier
-        engine.policy.choose = timed("choose", _choose)
+        engine.policy.choose = _choose if trace else choose
         engine.policy.observe = timed("observe", engine.policy.observe)
     return tally
 

@@ -470,14 +470,14 @@ class SpecEngine:
         bucket = self._context_bucket if self.buckets else (lambda need: min(need, self.cap))
         # each step reads its own tree's room: a plain step (the root alone, as `ar` steps) and a
         # short chain may fit a smaller bucket than the full tree, and the policy prices each so
-        tiers = self.policy.tiers if self.policy is not None else []
-        kvs = [bucket(before + 2)] + [bucket(before + t.num_draft + 2) for t in tiers]
+        kvs = [bucket(before + 2)]
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         logprobs = any(r.request.top_logprobs is not None for r in self.rows)
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         tier = 0
         self._proposal = None
         if any(r.speculate for r in self.rows):
+            kvs += [bucket(before + t.num_draft + 2) for t in self.policy.tiers]
             if self._measuring:
                 for kv in sorted(set(kvs)):
                     if not self.policy.cost.has(b, kv, self.policy.tiers):

@@ -426,11 +426,8 @@ class AdaptivePolicy:
         hits = trials * (depth < acc)
         k, h = trials.sum(0), hits.sum(0)
         for t in self._shares[tier - 1]:
-            # the rows under this tier: _running_mean with at most one trial a depth, inline (the
-            # policy's host time is a step's at a wide batch)
-            mean, count = self.mean[slots, t], self.count[slots, t]
-            count = np.minimum(count + trials, self.window)
-            mean += trials / np.maximum(count, 1.0) * (hits - mean)
+            mean, count = self.mean[slots, t], self.count[slots, t]  # the rows under this tier
+            _running_mean(mean, count, trials, hits, self.window)
             self.mean[slots, t], self.count[slots, t] = mean, count
             _running_mean(self.tier_mean[t], self.tier_count[t], k, h, self.pooled_window)
         _running_mean(self.all_mean, self.all_count, k, h, self.pooled_window)
