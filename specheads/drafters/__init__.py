@@ -2,7 +2,7 @@
 
 A method name picks a drafter: "ar" decodes without one; every head kind in
 `specheads.heads.registry` is a method (its head's drafter, e.g. "eagle3"); other drafters
-register a builder with `register_method` ("ngram" is built in).
+register a builder with `register_method` ("ngram" and "ngram-host" are built in).
 
     from specheads.drafters import DraftSetup, Drafter, register_method
 
@@ -108,11 +108,17 @@ def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
 
 
 def _ngram(setup: DraftSetup) -> Drafter:
+    from specheads.drafters.ngram import DeviceNgramDrafter
+    return DeviceNgramDrafter(setup.num_draft_tokens, **setup.options)
+
+
+def _ngram_host(setup: DraftSetup) -> Drafter:
     from specheads.drafters.ngram import NgramDrafter
     return NgramDrafter(setup.num_draft_tokens, **setup.options)
 
 
 register_method("ngram", _ngram, about="prompt lookup: the tokens after the latest earlier match of the history's suffix")
+register_method("ngram-host", _ngram_host, about="ngram's lookup on the host (the same drafts; its reference)")
 
 
 def _draft_model(setup: DraftSetup) -> Drafter:

@@ -12,6 +12,9 @@ Life of a drafter inside an engine (rows are cache rows; active rows are packed 
     propose(DraftContext) -> Tree        a step's tree for rows [:b]
     commit(StepResult)                   the accepted paths of that step, with the target's
                                          outputs at every node
+    keep_up(DraftContext)                (device drafters) a plain step, where the engine verifies
+                                         the roots alone: the state brought up to date before it;
+                                         `commit` then takes the root's one-node path
     move_row / clear_row / park_rows     rows leave (the last row moves into the freed one),
                                          padding rows return to an idle state
     state()                              the small per-row tensors a step changes: the engine
@@ -155,3 +158,11 @@ class Drafter:
 
     def commit(self, step: StepResult) -> None:
         """The step's accepted paths (device work; inside the captured step for device drafters)."""
+
+    def keep_up(self, ctx: DraftContext) -> None:
+        """(device drafters) A plain step verifies every row's root alone; before its verify, take
+        in what the last step left pending, as `propose` would (the engine then commits the root's
+        one-node path), so that a drafting step after plain ones drafts from the whole context.
+        Default: propose and drop the tree (the engine calls it on its smallest tier); a drafter
+        whose `propose` does more than that overrides it."""
+        self.propose(ctx)

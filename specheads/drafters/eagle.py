@@ -154,6 +154,10 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
                               positions, self.k[:, :b], self.v[:, :b], positions, mask[:, None])
         return out, last, depth_positions
 
+    def keep_up(self, ctx: DraftContext) -> None:
+        """A plain step: the pending entries fed (as a step's draft starts), no tree."""
+        self._feed(ctx.rows, ctx.kv)
+
     @staticmethod
     def _last(out: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         b = out.shape[0]

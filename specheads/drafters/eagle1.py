@@ -139,6 +139,19 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         take_path(step.path, step.accepted, step.features, step.target_tokens, self.pending_aux[:b, :cols],
                   self.pending_tok[:b, :cols], self.pending_n[:b])
 
+    def _feed(self, b: int, kv: int, masks=None):
+        """Rows [:b]'s pending entries through the head (their K/V written at their positions, the
+        committed length advanced): the head's output at every entry, each row's last entry and the
+        draft depths' positions."""
+        positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], self.width, kv,
+                                                             masks, self.steps)
+        fed = self._run(self.pending_tok[:b], self.pending_aux[:b], positions, positions, mask[:, None])
+        return fed, last, depth_positions
+
+    def keep_up(self, ctx: DraftContext) -> None:
+        """A plain step: the pending entries fed (as a step's draft starts), no tree."""
+        self._feed(ctx.rows, ctx.kv)
+
     def propose(self, ctx: DraftContext) -> Tree:
         b, kv, roots = ctx.rows, ctx.kv, ctx.roots
         head, k = self.head, self.topk
@@ -146,9 +159,7 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         width = kv + self.tree_room
         # both mask buffers start as the context (column < the new committed length)
         both = self.masks[:, :b, :, :width] if self.steps > 1 else None
-        positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], self.width, kv,
-                                                             both, self.steps)
-        fed = self._run(self.pending_tok[:b], self.pending_aux[:b], positions, positions, mask[:, None])
+        fed, last, depth_positions = self._feed(b, kv, both)
         hidden = fed.gather(1, last[:, None, None].expand(b, 1, fed.shape[-1]))  # the predicted f_L [b, 1, H]
         masks = [both[0], both[1]] if both is not None else [None, None]
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)

@@ -398,7 +398,7 @@ def test_chi_square_catches_a_biased_sampler(starget):
 
 # ------------------------------------------------------------------ errors
 def test_construction_errors(target):
-    with pytest.raises(EngineError, match=re.escape("method 'hydra' is not one of ar, ngram, draft_model, eagle3, mtp, medusa, eagle")):
+    with pytest.raises(EngineError, match=re.escape("method 'hydra' is not one of ar, ngram, ngram-host, draft_model, eagle3, mtp, medusa, eagle")):
         SpecEngine(target, method="hydra")
     with pytest.raises(EngineError, match=r"eagle3 needs a draft head"):
         SpecEngine(target, None, method="eagle3", max_len=64)
@@ -505,7 +505,7 @@ def test_host_drafter_rows_never_used_step_as_a_lone_root():
     the path [-1, ...]: the commit read the slot before the cache, an illegal address on the GPU
     when it was row 0 during graph capture)."""
     target = make_target()
-    engine = SpecEngine(target, method="ngram", num_draft_tokens=4, max_len=MAX_LEN, max_batch=4)
+    engine = SpecEngine(target, method="ngram-host", num_draft_tokens=4, max_len=MAX_LEN, max_batch=4)
     engine.buckets = True  # the graphs' shapes, eagerly: batch bucket 4 for 3 rows
     engine._allocate()
     t = engine.tree_in

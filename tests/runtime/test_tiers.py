@@ -11,6 +11,7 @@ import copy
 import json
 
 import pytest
+import torch
 
 from specheads.drafters.draft_model import DraftLM
 from specheads.runtime.engine import EngineError, Request, SpecEngine
@@ -85,13 +86,13 @@ def drafter_args(method, target, heads):
     """(head, method, tree) of each drafter that drafts tiers."""
     if method == "draft_model":  # the target itself as its draft: drafts accepted deep, state must follow
         return DraftLM(copy.deepcopy(target)), None, FULL
-    if method == "ngram":
-        return None, "ngram", dict(num_draft_tokens=5)
+    if method.startswith("ngram"):  # ngram (on the device) and ngram-host
+        return None, method, dict(num_draft_tokens=5)
     return heads[method], None, FULL
 
 
 def tiers_for(method):
-    return "1,1,1;2,1,2;4,1,4" if method == "ngram" else TIERS
+    return "1,1,1;2,1,2;4,1,4" if method.startswith("ngram") else TIERS
 
 
 def run(engine, prompts, params, max_batch):
@@ -109,7 +110,7 @@ def run(engine, prompts, params, max_batch):
     return [got[h] for h in order], [trees[h] for h in order]
 
 
-@pytest.mark.parametrize("method", ["eagle3", "eagle", "mtp", "medusa", "draft_model", "ngram"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle", "mtp", "medusa", "draft_model", "ngram", "ngram-host"])
 @pytest.mark.parametrize("max_batch", [1, 3])
 def test_greedy_output_equals_ar_while_the_tier_changes(target, heads, reference, method, max_batch):
     head, name, tree = drafter_args(method, target, heads)
@@ -119,13 +120,13 @@ def test_greedy_output_equals_ar_while_the_tier_changes(target, heads, reference
     assert tokens == reference
     seen = {t for steps in trees for t, _ in steps}
     assert seen == {None, *policy.tiers}  # every tier ran, and plain steps
-    if method != "ngram":  # drafts accepted under the smaller trees too, up to their depth
+    if not method.startswith("ngram"):  # drafts accepted under the smaller trees too, up to their depth
         small = [(t, a) for steps in trees for t, a in steps if t is not None and t != policy.tiers[-1]]
         assert any(a > 0 for _, a in small) and all(a <= t.steps for t, a in small)
     assert policy.observed and all(offered == policy.tiers[t - 1].steps for t, offered, _ in policy.observed)
 
 
-@pytest.mark.parametrize("method", ["eagle3", "draft_model", "ngram"])
+@pytest.mark.parametrize("method", ["eagle3", "draft_model", "ngram", "ngram-host"])
 @pytest.mark.parametrize("buckets", [False, True], ids=["exact", "buckets"])
 def test_tiers_with_steps_run_ahead_and_at_bucket_shapes(target, heads, reference, method, buckets):
     """The graphs' shapes (padded batches) and overlapped steps (a host drafter's plain steps run
@@ -436,7 +437,7 @@ def test_a_host_drafter_proposes_before_the_policy_chooses(target, reference):
     it has nothing for counts one token (all such rows: a plain step), one with a shorter chain is
     capped there, the proposal itself is verified (no second lookup), the policy records only rows
     that drafted, each at most its proposal's length, and the output stays the target's."""
-    engine = SpecEngine(target, method="ngram", num_draft_tokens=5, max_len=64, max_batch=3,
+    engine = SpecEngine(target, method="ngram-host", num_draft_tokens=5, max_len=64, max_batch=3,
                         speculation_policy="adaptive")
     policy, drafter = engine.policy, engine.drafter
     proposals, choices, records = [], [], []
@@ -475,7 +476,7 @@ def test_a_host_drafter_proposes_before_the_policy_chooses(target, reference):
     assert len(proposals) <= steps  # one lookup a planned step at most: the launch reuses it
 
 
-@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+@pytest.mark.parametrize("method", ["eagle3", "ngram", "ngram-host"])
 def test_a_plain_step_reads_the_context_ar_reads(heads, method):
     """A plain step in a drafting engine verifies the root alone: its context bucket leaves room
     for the step in flight as it is (not the largest tree's depth) and for one token, as `ar`'s
@@ -539,3 +540,37 @@ def test_each_tier_reads_its_own_context_bucket():
     split = [(kvs[1], kvs[-1]) for _, _, kvs in ran if kvs[1] != kvs[-1]]
     assert split and all(small == 128 < large for small, large in split)
 
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle", "mtp", "medusa", "draft_model", "ngram"])
+@pytest.mark.parametrize("plain", [1, 3])
+def test_a_device_drafter_drafts_after_plain_steps_as_after_a_fresh_prompt(target, heads, method, plain):
+    """Plain steps keep a device drafter's row state up to date (`Drafter.keep_up`): the tree it
+    drafts after `plain` of them equals the one it drafts at its first step for a prompt that is
+    the same context (the prefill's state, from the whole context at once). Before, an EAGLE-3
+    head's state stood still through plain steps and it drafted from a stale context."""
+    head, name, tree = drafter_args(method, target, heads)
+    prompt = PROMPTS[1]
+
+    def first_draft(prompt, schedule):
+        engine = SpecEngine(target, head, method=name, max_len=64, **tree)
+        engine.policy = scripted(engine.full_tree, tiers_for(method), schedule)
+        trees, emitted = [], []
+        tree_of = engine._tree
+
+        def record(b, kv, tier):  # the drafting steps' trees
+            t = tree_of(b, kv, tier)
+            if tier:
+                trees.append(t.tokens.clone())
+            return t
+        engine._tree = record
+        engine.add(Request(prompt, SamplingParams(max_new_tokens=plain + 3)))
+        while not trees:
+            emitted += [t for out in engine.step() for t in out.new_tokens]
+        return trees[0], emitted
+
+    after_plain, emitted = first_draft(prompt, [0] * plain + [4] * 8)
+    # the same context as a prompt: the tokens committed before that step's root
+    fresh, root = first_draft(prompt + emitted[:plain], [4] * 8)
+    assert root[0] == emitted[plain]  # the same root
+    assert torch.equal(after_plain, fresh)

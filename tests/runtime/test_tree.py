@@ -198,3 +198,49 @@ def test_ngram_index_equals_the_naive_search_as_histories_grow():
         if step == 60:  # a request leaves, a new one takes its row
             histories[1] = [rng.randrange(4) for _ in range(5)]
     assert len(drafter._index) == 3  # the finished request's index was dropped
+
+
+@pytest.mark.parametrize("max_ngram", [1, 3])
+def test_device_ngram_drafts_what_the_host_lookup_drafts(max_ngram):
+    """The device lookup (method ngram) against the naive search, as rows are prefilled, grow by
+    the tokens each step commits (one to several), move and restart; a shorter tier drafts the
+    full chain's first tokens."""
+    from specheads.drafters import DraftContext, PrefillBatch, StepResult
+    from specheads.drafters.ngram import DeviceNgramDrafter
+    from specheads.runtime.policy import TreeShape
+
+    rng = random.Random(2)
+    rows, cap, n = 4, 160, 5
+    drafter = DeviceNgramDrafter(num_draft_tokens=n, max_ngram=max_ngram)
+    drafter.allocate(rows, cap, torch.device("cpu"), torch.float32)
+    short = drafter.tier(TreeShape(2, 1, 2))
+
+    def prefill(start, prompts):
+        w = max(map(len, prompts)) - 1
+        ids = torch.tensor([p[:-1] + [0] * (w - len(p) + 1) for p in prompts])
+        lens = torch.tensor([len(p) - 1 for p in prompts])
+        first = torch.tensor([p[-1] for p in prompts])  # the root: the first generated token
+        drafter.prefill(PrefillBatch(start, ids, lens, first, None, torch.zeros(len(prompts), w, 1)))
+
+    histories = [[rng.randrange(4) for _ in range(rng.randint(2, 9))] for _ in range(rows)]
+    prefill(0, histories)
+    for step in range(60):
+        roots = torch.tensor([h[-1] for h in histories])
+        for d, size in ((drafter, n), (short, 2)):
+            tree = d.propose(DraftContext(rows, 150, roots))
+            for r, h in enumerate(histories):
+                want = _naive_lookup(h, size, max_ngram)
+                got = [t for t, ok in zip(tree.tokens[r, 1:].tolist(), tree.valid[r, 1:].tolist()) if ok]
+                assert got == want, (step, r, h)
+        new = [[rng.randrange(4) for _ in range(rng.randint(1, 3))] for _ in range(rows)]
+        acc = torch.tensor([len(t) for t in new])
+        path = torch.tensor([list(range(len(t))) + [-1] * (3 - len(t)) for t in new])
+        ys = torch.tensor([t + [0] * (3 - len(t)) for t in new])
+        drafter.commit(StepResult(rows, None, path, acc, ys, None, torch.zeros(rows, 3, 1)))
+        for h, t in zip(histories, new):
+            h.extend(t)
+        if step == 30:  # a request leaves: the last row moves into its place, a new one joins there
+            drafter.move_row(3, 1, len(histories[3]))
+            histories[1] = histories[3]
+            histories[3] = [rng.randrange(4) for _ in range(6)]
+            prefill(3, [histories[3]])
