@@ -12,7 +12,7 @@ Life of a drafter inside an engine (rows are cache rows; active rows are packed 
     propose(DraftContext) -> Tree        a step's tree for rows [:b]
     commit(StepResult)                   the accepted paths of that step, with the target's
                                          outputs at every node
-    keep_up(DraftContext)                (device drafters) a plain step, where the engine verifies
+    keep_up(DraftContext, wide)          (device drafters) a plain step, where the engine verifies
                                          the roots alone: the state brought up to date before it;
                                          `commit` then takes the root's one-node path
     move_row / clear_row / park_rows     rows leave (the last row moves into the freed one),
@@ -159,10 +159,12 @@ class Drafter:
     def commit(self, step: StepResult) -> None:
         """The step's accepted paths (device work; inside the captured step for device drafters)."""
 
-    def keep_up(self, ctx: DraftContext) -> None:
+    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
         """(device drafters) A plain step verifies every row's root alone; before its verify, take
         in what the last step left pending, as `propose` would (the engine then commits the root's
         one-node path), so that a drafting step after plain ones drafts from the whole context.
-        Default: propose and drop the tree (the engine calls it on its smallest tier); a drafter
-        whose `propose` does more than that overrides it."""
+        `wide`: the last step drafted (its accepted path pends); False: a plain step or a prefill
+        came last, so each row has one entry pending. Default: propose and drop the tree (the
+        engine calls it on its smallest tier); a drafter whose `propose` does more than that
+        overrides it."""
         self.propose(ctx)

@@ -207,18 +207,28 @@ class DraftModelDrafter(Drafter):
         self._ring_write(slice(0, b), positions, valid, step.target_tokens.gather(1, at))
         self.length[:b] += step.accepted
 
+    def _window(self, b: int, kv: int, logits: bool = True):
+        """The draft's forward over the window L-W+1..L at its slots (positions before 0 write to
+        the discard slot): its cache catches up with the committed tokens; the root's logits."""
+        length = self.length[:b]
+        width = kv + self._room()
+        pos = length[:, None] + self.offsets
+        ok = pos >= 0
+        tok = self.tokens[:b].gather(1, pos.clamp(min=0) % self.ring)
+        last = torch.full_like(length, self.window - 1)[:, None] if logits else None
+        return self.lm(self._ids(tok), pos.clamp(min=0), cache=self.cache, kv_len=width,
+                       cache_slots=torch.where(ok, pos, width - 1), return_logits=logits, logits_positions=last)
+
+    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
+        """A plain step: the window's forward (the draft's cache), without logits or drafts."""
+        self._window(ctx.rows, ctx.kv, logits=False)
+
     def propose(self, ctx: DraftContext) -> Tree:
         b, kv, roots = ctx.rows, ctx.kv, ctx.roots
         k, lm, dev = self.topk, self.lm, roots.device
         length = self.length[:b]
         width = kv + self._room()
-        discard = width - 1
-        # the window L-W+1..L at its slots (positions before 0 write to the discard slot)
-        pos = length[:, None] + self.offsets
-        ok = pos >= 0
-        tok = self.tokens[:b].gather(1, pos.clamp(min=0) % self.ring)
-        out = lm(self._ids(tok), pos.clamp(min=0), cache=self.cache, kv_len=width,
-                 cache_slots=torch.where(ok, pos, discard), logits_positions=torch.full_like(length, self.window - 1)[:, None])
+        out = self._window(b, kv)
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)
         front_tok, front_score, parent, front_pool = topk_expand(
             out.logits[..., : self.vocab].float(), self.pool.zero_score[:b], self.pool.no_parent[:b], k, self.target_ids,

@@ -139,7 +139,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         self.pending_n[rows] = 1
 
     # ................................................................. drafting
-    def _feed(self, b: int, kv: int, masks=None):
+    def _feed(self, b: int, kv: int, masks=None, width: int | None = None):
         """Run rows [:b]'s pending entries through the head, their K/V written in place at
         their positions; returns the head's output at every entry [b, width, H], each row's last
         entry [b] (its output predicts the root's children) and the draft depths' positions
@@ -148,15 +148,17 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         them before anyone looks."""
         head = self.head
         # causal by position: the committed entries and this feed's own earlier entries
-        positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], self.width, kv,
+        w = width or self.width  # (a narrower feed: the pending entries are at most w a row)
+        positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], w, kv,
                                                              masks, self.steps)
-        out = head.draft_step(self.pending_tok[:b], self.embed.weight, head.project(self.pending_aux[:b]), None,
-                              positions, self.k[:, :b], self.v[:, :b], positions, mask[:, None])
+        out = head.draft_step(self.pending_tok[:b, :w], self.embed.weight, head.project(self.pending_aux[:b, :w]),
+                              None, positions, self.k[:, :b], self.v[:, :b], positions, mask[:, None])
         return out, last, depth_positions
 
-    def keep_up(self, ctx: DraftContext) -> None:
-        """A plain step: the pending entries fed (as a step's draft starts), no tree."""
-        self._feed(ctx.rows, ctx.kv)
+    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
+        """A plain step: the pending entries fed (as a step's draft starts), no tree; after a plain
+        step or a prefill only the first column (one entry a row)."""
+        self._feed(ctx.rows, ctx.kv, width=self.width if wide else 1)
 
     @staticmethod
     def _last(out: torch.Tensor, last: torch.Tensor) -> torch.Tensor:

@@ -139,18 +139,20 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         take_path(step.path, step.accepted, step.features, step.target_tokens, self.pending_aux[:b, :cols],
                   self.pending_tok[:b, :cols], self.pending_n[:b])
 
-    def _feed(self, b: int, kv: int, masks=None):
+    def _feed(self, b: int, kv: int, masks=None, width: int | None = None):
         """Rows [:b]'s pending entries through the head (their K/V written at their positions, the
         committed length advanced): the head's output at every entry, each row's last entry and the
         draft depths' positions."""
-        positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], self.width, kv,
+        w = width or self.width  # (a narrower feed: the pending entries are at most w a row)
+        positions, mask, last, depth_positions = feed_inputs(self.committed[:b], self.pending_n[:b], w, kv,
                                                              masks, self.steps)
-        fed = self._run(self.pending_tok[:b], self.pending_aux[:b], positions, positions, mask[:, None])
+        fed = self._run(self.pending_tok[:b, :w], self.pending_aux[:b, :w], positions, positions, mask[:, None])
         return fed, last, depth_positions
 
-    def keep_up(self, ctx: DraftContext) -> None:
-        """A plain step: the pending entries fed (as a step's draft starts), no tree."""
-        self._feed(ctx.rows, ctx.kv)
+    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
+        """A plain step: the pending entries fed (as a step's draft starts), no tree; after a plain
+        step or a prefill only the first column (one entry a row)."""
+        self._feed(ctx.rows, ctx.kv, width=self.width if wide else 1)
 
     def propose(self, ctx: DraftContext) -> Tree:
         b, kv, roots = ctx.rows, ctx.kv, ctx.roots

@@ -67,7 +67,7 @@ class MedusaDrafter(Drafter):
         last = step.path.gather(1, (step.accepted - 1)[:, None])  # the path's last node
         self.feature[:b] = f.gather(1, last[:, :, None].expand(-1, 1, f.shape[-1])).to(self.feature.dtype)
 
-    def keep_up(self, ctx: DraftContext) -> None:
+    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
         """A plain step: nothing before the verify (its commit takes the root's feature)."""
 
     def propose(self, ctx: DraftContext) -> Tree:

@@ -157,6 +157,16 @@ class MTPDrafter(Drafter):
         return mtp_window(self.length[:b], self.tokens[:b], self.window, self.ring, self.modules, kv,
                           kv + self._room(), k)
 
+    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
+        """A plain step: every module's window (its cache catching up with the committed tokens),
+        without the drafts' logits and frontiers."""
+        b, w = ctx.rows, self.window
+        tokens, rows, positions, slots, mask = self._window(b, ctx.kv, self.topk)
+        out = self.feats[:b]
+        for d in range(self.modules):
+            out = self._run(d, tokens[d, :, :w], out, positions[:, :w], self.k[d, :b], self.v[d, :b], slots[d, :, :w],
+                            mask[d, :, :, :w], rows=rows[d, :, :w])
+
     def propose(self, ctx: DraftContext) -> Tree:
         """Module by module, one call each: the window's entries (module d's cache catching up
         with the committed tokens) and, from module 1 on, the frontier at L-1 (depth d + 1 drafts,

@@ -91,7 +91,7 @@ class DeviceNgramDrafter(Drafter):
         self.tokens[:b].scatter_(1, where, step.target_tokens.gather(1, at))
         length += step.accepted
 
-    def keep_up(self, ctx: DraftContext) -> None:
+    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
         """A plain step: nothing before the verify (its commit writes the token)."""
 
     def propose(self, ctx: DraftContext) -> Tree:

@@ -424,7 +424,8 @@ def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, 
         gc.unfreeze()
     report = fresh.graph_report
     steps = [k for k in fresh.graphs if k[0] != "prefill"]
-    assert n == len(fresh.graphs) and len(steps) == 2 * len(report["context_buckets"]) * (1 + len(TIERS.split(";")) + 1)
+    # per batch and context bucket: plain, each tier, the full tree, and plain after a drafting step
+    assert n == len(fresh.graphs) and len(steps) == 2 * len(report["context_buckets"]) * (1 + len(TIERS.split(";")) + 2)
     assert report["tiers"] == ["1,1,1", "2,1,2", "3,2,5", "4,3,8"] and report["batch_buckets"] == [1, 2]
     assert fresh.policy.cost.has(2, report["context_buckets"][-1], fresh.policy.tiers)
     assert "captured" in fresh.graph_summary() and "graph memory" in fresh.graph_summary()
@@ -543,34 +544,40 @@ def test_each_tier_reads_its_own_context_bucket():
 
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle", "mtp", "medusa", "draft_model", "ngram"])
-@pytest.mark.parametrize("plain", [1, 3])
-def test_a_device_drafter_drafts_after_plain_steps_as_after_a_fresh_prompt(target, heads, method, plain):
-    """Plain steps keep a device drafter's row state up to date (`Drafter.keep_up`): the tree it
-    drafts after `plain` of them equals the one it drafts at its first step for a prompt that is
-    the same context (the prefill's state, from the whole context at once). Before, an EAGLE-3
-    head's state stood still through plain steps and it drafted from a stale context."""
+@pytest.mark.parametrize("before, plain", [(0, 1), (0, 3), (1, 1), (2, 3)])
+def test_a_device_drafter_drafts_after_plain_steps_as_after_a_fresh_prompt(target, heads, method, before, plain):
+    """Plain steps keep a device drafter's row state up to date (`Drafter.keep_up`): after
+    `before` drafting steps and then `plain` plain ones, the tree it drafts equals the one it drafts
+    at its first step for a prompt that is the same context (the prefill's state, from the whole
+    context at once). A plain step right after a drafting one takes in that step's whole path (the
+    wide keep-up), a later one its single entry. Before, a head's state stood still through plain
+    steps and it drafted from a stale context."""
     head, name, tree = drafter_args(method, target, heads)
     prompt = PROMPTS[1]
 
-    def first_draft(prompt, schedule):
+    def draft_after(prompt, schedule, skip):
+        """The tree of the drafting step after `skip` drafting ones, and the row's tokens then (the
+        prompt, then every emitted token; the last is the step's root)."""
         engine = SpecEngine(target, head, method=name, max_len=64, **tree)
         engine.policy = scripted(engine.full_tree, tiers_for(method), schedule)
-        trees, emitted = [], []
+        engine.overlap = False  # each step planned once the one before is read: the history is the context
+        trees = []
         tree_of = engine._tree
 
-        def record(b, kv, tier):  # the drafting steps' trees
+        def record(b, kv, tier):
             t = tree_of(b, kv, tier)
             if tier:
-                trees.append(t.tokens.clone())
+                trees.append((t.tokens.clone(), list(engine.rows[0].history)))
             return t
         engine._tree = record
-        engine.add(Request(prompt, SamplingParams(max_new_tokens=plain + 3)))
-        while not trees:
-            emitted += [t for out in engine.step() for t in out.new_tokens]
-        return trees[0], emitted
+        engine.add(Request(prompt, SamplingParams(max_new_tokens=40)))
+        while len(trees) <= skip:
+            engine.step()
+        return trees[skip]
 
-    after_plain, emitted = first_draft(prompt, [0] * plain + [4] * 8)
+    drafted, history = draft_after(prompt, [4] * before + [0] * plain + [4] * 8, before)
+    assert len(history) >= len(prompt) + before + plain + 1
     # the same context as a prompt: the tokens committed before that step's root
-    fresh, root = first_draft(prompt + emitted[:plain], [4] * 8)
-    assert root[0] == emitted[plain]  # the same root
-    assert torch.equal(after_plain, fresh)
+    fresh, again = draft_after(history[:-1], [4] * 8, 0)
+    assert again == history  # the same root
+    assert torch.equal(drafted, fresh)
