@@ -5,7 +5,8 @@ inside), waiting for the card, reading the result, prefills, and any step costs 
 policy times mid-run; launches counted by tier and by whether they ran ahead of the step before.
 
     python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N] [--set chat|coding]
-        [--trace] [--methods ar tree chain adaptive chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive]   (TARGET in the environment)
+        [--trace] [--methods ar tree chain adaptive chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive
+        ngram-host ngram-host-adaptive]   (TARGET in the environment)
 
 Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
 functions of the last adaptive run, cProfile, with --cprofile; each step and each choice of the
@@ -58,6 +59,9 @@ METHODS = {  # name -> SpecEngine keywords
                         speculation_settings="prior=0,probe_every=1000000"),
     "ngram": dict(method="ngram", num_draft_tokens=8),
     "ngram-adaptive": dict(method="ngram", num_draft_tokens=8, speculation_policy="adaptive"),
+    # the same lookup on the host (its reference), beside the device one in one call
+    "ngram-host": dict(method="ngram-host", num_draft_tokens=8),
+    "ngram-host-adaptive": dict(method="ngram-host", num_draft_tokens=8, speculation_policy="adaptive"),
 }
 
 

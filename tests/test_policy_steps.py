@@ -10,7 +10,7 @@ from tests.runtime.spec_helpers import make_target, random_head, random_prompts
 
 
 
-@pytest.mark.parametrize("name", ["ar", "adaptive", "chain2", "ngram-adaptive", "plain-ngram"])
+@pytest.mark.parametrize("name", ["ar", "adaptive", "chain2", "ngram-adaptive", "plain-ngram", "ngram-host-adaptive"])
 def test_the_step_timers_follow_the_engine(name):
     steps = load_script("gpu_runs/policy_steps.py")
     target = make_target(seed=0, vocab=64)

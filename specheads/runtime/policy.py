@@ -16,7 +16,7 @@ under every tier, and that toward the same at depth j - 1 (depth 1: toward `prio
 request has not run is judged by that tier's record, scaled by how the request fares, and a
 depth no step reached yet accepts as the one above it. A row that drafts nothing (its request
 turned speculation off) counts one token; a request's own depth cap (SpecControl.num_steps) cuts
-its sum short. A host drafter of chains (n-gram) proposes before the choice where it can (no step
+its sum short. A host drafter of chains (`ngram-host`) proposes before the choice where it can (no step
 in flight): a row it has nothing for counts one token and one with a shorter chain is capped
 there, and only what it proposed is recorded; planned behind a step in flight, a row's drafts
 count at its share of steps with a proposal (a third item of its entry). A depth a tier offered
@@ -25,7 +25,7 @@ after `probe_every` plain steps in a row the best tier runs once anyway (a probe
 plain decoding the choice doubles the run before the next one, up to `probe_backoff` times
 `probe_every`; a step that drafts on its merits brings it back to `probe_every`. A probe is
 dear where drafting loses (a wide batch verifies every row's drafts, and a host drafter's
-proposal stops the next step from being launched ahead): on an H200 at `probe_every` 32, n-gram
+proposal stops the next step from being launched ahead): on an H200 at `probe_every` 32, host n-gram
 and sampled EAGLE-3 drafted in 3-4% of their steps at batch 32 and 64 (about one probe every 32
 steps, the rest plain) and ran 8-12% below plain decoding (docs/benchmarks.md). Optionally
 (`explore_every` > 0; default off), where a step drafts, a tier that has not run for that many
@@ -56,7 +56,7 @@ may fit a smaller bucket than the full tree, and runs there):
   capture_common` at a server's start), or loaded from a saved profile (JSON). A bucket without
   times takes the nearest timed one's and is timed (and added to the profile) when the engine is
   next idle: timing replays every tier's graph, a stall no running request should wait on.
-  A host drafter's steps (n-gram) also pay the proposal and the host's bookkeeping, which a
+  A host drafter's steps (`ngram-host`) also pay the proposal and the host's bookkeeping, which a
   device drafter's overlapped steps hide: measured as they run.
 - static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a
   plain decode step, verifying T tokens in all costs max(1, T / saturation_tokens) (a decode
