@@ -194,13 +194,14 @@ def test_no_step_runs_ahead_past_the_cache(target, heads):
 
 
 @needs_triton
-@pytest.mark.parametrize("method", ["eagle3", "draft_model", "ngram"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle", "draft_model", "ngram"])
 def test_tier_changes_on_the_triton_kernels(target, heads, reference, method, monkeypatch):
-    """The draft loop's, verify's and commit's Triton kernels (interpreted) at every tier's shapes."""
+    """The draft loop's, verify's and commit's Triton kernels (interpreted) at every tier's shapes,
+    and plain steps' keep-up after a drafting step (wide) and after a plain one (narrow)."""
     interpret_triton(monkeypatch)
     head, name, tree = drafter_args(method, target, heads)
     engine = SpecEngine(target, head, method=name, max_len=64, max_batch=2, **tree)
-    engine.policy = scripted(engine.full_tree, tiers_for(method), schedule=[1, 0, 2, 3, 4])
+    engine.policy = scripted(engine.full_tree, tiers_for(method), schedule=[1, 0, 0, 2, 3, 4])
     tokens, trees = run(engine, PROMPTS[:2], SamplingParams(max_new_tokens=12), 2)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert tokens == [r[:12] for r in reference[:2]]
