@@ -5,7 +5,14 @@
 #                                             coding, each run's stalls in the JSON (about 4 min)
 #   bash gpu_runs/policy_questions.sh steps   where a mostly-plain drafting engine's time goes at
 #                                             chat batch 64, and coding batch 8's choices (about 5 min)
-# Results under $OUT (policy_chat.json, policy_coding.json; steps_b64/, steps_coding_b8/).
+#   bash gpu_runs/policy_questions.sh keepup  the plain steps' keep-up and the device n-gram against
+#                                             the code in .dev/baseline (`git archive 59c42e0 specheads
+#                                             gpu_runs | tar -x -C .dev/baseline`, carried), chat batch 64
+#                                             then coding batch 1; then both lookups of this code side by
+#                                             side at coding batch 1 (about 7 min; 2026-12-01's call ran
+#                                             out of device time in its batch-1 half)
+# Results under $OUT (policy_chat.json, policy_coding.json; steps_b64/, steps_coding_b8/;
+# b64_old/, b64_new/, b1_old/, b1_new/, lookups_b1/).
 set -uo pipefail
 source gpu_runs/env.sh
 export HEAD=${HEAD:-/tmp/head}
@@ -21,5 +28,12 @@ case "${1:-}" in
       --methods ar plain-eagle3 adaptive plain-ngram ngram-adaptive 2>&1 | grep -v -i -E "warn|Assertion|Converting|Loading|Writing"
     python3 gpu_runs/policy_steps.py $HEAD --out $OUT/steps_coding_b8 --set coding --batch-sizes 8 --runs 2 \
       --trace --methods tree adaptive 2>&1 | grep -v -i -E "warn|Assertion|Converting|Loading|Writing" ;;
-  *) echo "policy_questions.sh: wide or steps, not '${1:-}'" >&2; exit 2 ;;
+  keepup)
+    [ -d .dev/baseline/specheads ] || { echo "policy_questions.sh keepup: carry .dev/baseline (see above)" >&2; exit 2; }
+    bash gpu_runs/steps_old_new.sh .dev/baseline b64 --batch-sizes 64 --runs 2 --methods ar plain-eagle3 ngram-adaptive
+    bash gpu_runs/steps_old_new.sh .dev/baseline b1 --set coding --prompts 16 --batch-sizes 1 --runs 2 \
+      --methods ar plain-eagle3 ngram ngram-adaptive
+    python3 gpu_runs/policy_steps.py $HEAD --out $OUT/lookups_b1 --set coding --prompts 16 --batch-sizes 1 --runs 2 \
+      --methods ar ngram ngram-host ngram-adaptive ngram-host-adaptive 2>&1 | grep -E "b[0-9]+ +run" ;;
+  *) echo "policy_questions.sh: wide, steps or keepup, not '${1:-}'" >&2; exit 2 ;;
 esac
