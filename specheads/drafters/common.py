@@ -75,7 +75,8 @@ class CandidatePool:
 class HeadCacheRows:
     """Row state of a drafter that keeps its head's own KV cache (k, v [rows, kv heads, slots, d]),
     the number of committed entries, and the last step's pending entries (features, tokens, how
-    many), fed at the start of the next step (the EAGLE-3 and EAGLE-1 drafters)."""
+    many), fed at the start of the next step by the drafter's `_feed(b, kv, masks, width)` (the
+    EAGLE-3 and EAGLE-1 drafters)."""
 
     def state(self) -> list[torch.Tensor]:
         """The small per-row tensors a step changes (the engine snapshots them around graph warm-up)."""
@@ -89,6 +90,11 @@ class HeadCacheRows:
 
     def park_rows(self, start: int, stop: int) -> None:
         self.committed[start:stop] = 0
+
+    def keep_up(self, ctx, wide: bool = True) -> None:
+        """A plain step: the pending entries fed (as a step's draft starts: `_feed`), no tree; after
+        a plain step or a prefill only the first column (one entry a row)."""
+        self._feed(ctx.rows, ctx.kv, width=self.width if wide else 1)
 
     def clear_row(self, row: int) -> None:
         # an idle row computes harmlessly inside a padded batch: one entry of its own to attend to

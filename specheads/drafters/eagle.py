@@ -155,11 +155,6 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
                               None, positions, self.k[:, :b], self.v[:, :b], positions, mask[:, None])
         return out, last, depth_positions
 
-    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
-        """A plain step: the pending entries fed (as a step's draft starts), no tree; after a plain
-        step or a prefill only the first column (one entry a row)."""
-        self._feed(ctx.rows, ctx.kv, width=self.width if wide else 1)
-
     @staticmethod
     def _last(out: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         b = out.shape[0]

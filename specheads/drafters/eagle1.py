@@ -149,11 +149,6 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         fed = self._run(self.pending_tok[:b, :w], self.pending_aux[:b, :w], positions, positions, mask[:, None])
         return fed, last, depth_positions
 
-    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
-        """A plain step: the pending entries fed (as a step's draft starts), no tree; after a plain
-        step or a prefill only the first column (one entry a row)."""
-        self._feed(ctx.rows, ctx.kv, width=self.width if wide else 1)
-
     def propose(self, ctx: DraftContext) -> Tree:
         b, kv, roots = ctx.rows, ctx.kv, ctx.roots
         head, k = self.head, self.topk

@@ -157,15 +157,20 @@ class MTPDrafter(Drafter):
         return mtp_window(self.length[:b], self.tokens[:b], self.window, self.ring, self.modules, kv,
                           kv + self._room(), k)
 
+    def _window_run(self, d: int, hidden, inputs, b: int):
+        """Module d over the window alone (`inputs`: `_window`'s result; hidden: its input rows)."""
+        tokens, rows, positions, slots, mask = inputs
+        w = self.window
+        return self._run(d, tokens[d, :, :w], hidden, positions[:, :w], self.k[d, :b], self.v[d, :b], slots[d, :, :w],
+                         mask[d, :, :, :w], rows=rows[d, :, :w])
+
     def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
         """A plain step: every module's window (its cache catching up with the committed tokens),
         without the drafts' logits and frontiers."""
-        b, w = ctx.rows, self.window
-        tokens, rows, positions, slots, mask = self._window(b, ctx.kv, self.topk)
-        out = self.feats[:b]
+        inputs = self._window(ctx.rows, ctx.kv, self.topk)
+        out = self.feats[: ctx.rows]
         for d in range(self.modules):
-            out = self._run(d, tokens[d, :, :w], out, positions[:, :w], self.k[d, :b], self.v[d, :b], slots[d, :, :w],
-                            mask[d, :, :, :w], rows=rows[d, :, :w])
+            out = self._window_run(d, out, inputs, ctx.rows)
 
     def propose(self, ctx: DraftContext) -> Tree:
         """Module by module, one call each: the window's entries (module d's cache catching up
@@ -175,7 +180,7 @@ class MTPDrafter(Drafter):
         b, kv, roots = ctx.rows, ctx.kv, ctx.roots
         head, k, w = self.head, self.topk, self.window
         dev = roots.device
-        tokens, rows, positions, slots, mask = self._window(b, kv, k)
+        inputs = tokens, rows, positions, slots, mask = self._window(b, kv, k)
         target_ids = head.target_ids()
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)
 
@@ -190,8 +195,7 @@ class MTPDrafter(Drafter):
                                pool_score[:, off: off + n], pool_parent[:, off: off + n], off, None, None, kv, 0,
                                **dst)[1:4:2]
 
-        out = self._run(0, tokens[0, :, :w], self.feats[:b], positions[:, :w], self.k[0, :b], self.v[0, :b],
-                        slots[0, :, :w], mask[0, :, :, :w], rows=rows[0, :, :w])
+        out = self._window_run(0, self.feats[:b], inputs, b)
         front_score, front_pool = expand(0, head.logits(out[:, w - 1:]), self.pool.zero_score[:b],
                                          self.pool.no_parent[:b], 0, k)
         off = k
@@ -202,6 +206,5 @@ class MTPDrafter(Drafter):
                 front_score, front_pool = expand(d, head.logits(out[:, w:]), front_score, front_pool, off, k * k)
                 off += k * k
             else:  # deeper than this tree: the window only (another tier drafts from it)
-                out = self._run(d, tokens[d, :, :w], out, positions[:, :w], self.k[d, :b], self.v[d, :b],
-                                slots[d, :, :w], mask[d, :, :, :w], rows=rows[d, :, :w])
+                out = self._window_run(d, out, inputs, b)
         return self.pool.tree(roots, pool)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
+from specheads.drafters.common import tier_copy
 from specheads.runtime.tree import Tree, chain_tree
 
 
@@ -55,8 +56,7 @@ class DeviceNgramDrafter(Drafter):
 
     def tier(self, shape) -> "DeviceNgramDrafter":
         """A shorter chain over the same rows' tokens."""
-        tier = DeviceNgramDrafter(shape.num_draft, self.max_ngram)
-        tier.tokens, tier.length, tier.cols = self.tokens, self.length, self.cols
+        tier = tier_copy(self, shape)
         tier.draft_cols = self.draft_cols[: shape.num_draft]
         return tier
 
