@@ -37,6 +37,7 @@ method name with `specheads.drafters.register_method`; `SpecEngine(target, metho
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -168,3 +169,13 @@ class Drafter:
         engine calls it on its smallest tier); a drafter whose `propose` does more than that
         overrides it."""
         self.propose(ctx)
+
+
+def tier_copy(drafter, shape):
+    """A shallow copy of a drafter (the same weights and per-row state tensors) drafting a tree of
+    `shape` (a runtime.policy.TreeShape); the caller gives it its own step scratch."""
+    tier = copy.copy(drafter)
+    tier.steps = tier.depth = shape.steps
+    tier.topk = shape.topk
+    tier.num_draft = shape.num_draft
+    return tier

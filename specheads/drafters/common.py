@@ -3,8 +3,6 @@ and the candidate pool of a dynamic (EAGLE-2-style) tree."""
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from specheads.drafters import DrafterError, DraftSetup
@@ -25,16 +23,6 @@ def check_head_setup(setup: DraftSetup, options=("lm_head_int8",), static_trees:
     unknown = set(setup.options) - set(options)
     if unknown:
         raise DrafterError(f"unknown {kind.name} drafter options {sorted(unknown)}; known: {sorted(options)}")
-
-
-def tier_copy(drafter, shape):
-    """A shallow copy of a drafter (the same weights and per-row state tensors) drafting a tree of
-    `shape` (a runtime.policy.TreeShape); the caller gives it its own step scratch."""
-    tier = copy.copy(drafter)
-    tier.steps = tier.depth = shape.steps
-    tier.topk = shape.topk
-    tier.num_draft = shape.num_draft
-    return tier
 
 
 class CandidatePool:

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from specheads.drafters import DrafterError, DraftSetup
-from specheads.drafters.base import Abilities, DraftContext, Drafter, PrefillBatch, StepResult
-from specheads.drafters.common import CandidatePool, tier_copy
+from specheads.drafters.base import Abilities, DraftContext, Drafter, PrefillBatch, StepResult, tier_copy
+from specheads.drafters.common import CandidatePool
 from specheads.kernels.draft import topk_expand
 from specheads.runtime.tree import Tree
 from specheads.target.model import SUPPORTED_MODEL_TYPES, KVCache

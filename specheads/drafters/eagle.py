@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from specheads.drafters import DraftSetup
-from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import HeadCacheRows, check_head_setup, tier_copy
+from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult, tier_copy
+from specheads.drafters.common import HeadCacheRows, check_head_setup
 from specheads.kernels.draft import feed_inputs, select_tree, topk_expand
 from specheads.kernels.fused import embedding
 from specheads.kernels.path import take_path

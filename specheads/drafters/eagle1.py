@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from specheads.drafters import DrafterError, DraftSetup
-from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import CandidatePool, HeadCacheRows, check_head_setup, tier_copy
+from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult, tier_copy
+from specheads.drafters.common import CandidatePool, HeadCacheRows, check_head_setup
 from specheads.kernels.draft import feed_inputs, topk_expand
 from specheads.kernels.path import take_path
 from specheads.modules import gqa_attention

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from specheads.drafters import DraftSetup
-from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import CandidatePool, check_head_setup, tier_copy
+from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult, tier_copy
+from specheads.drafters.common import CandidatePool, check_head_setup
 from specheads.kernels.draft import topk_expand
 from specheads.kernels.mtp_window import mtp_window
 from specheads.kernels.path import take_path

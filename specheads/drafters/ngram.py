@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
-from specheads.drafters.common import tier_copy
+from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult, tier_copy
 from specheads.runtime.tree import Tree, chain_tree
 
 
