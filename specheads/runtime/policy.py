@@ -40,12 +40,14 @@ gains where the tiers' rates are close.
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
 
-In a batch of more than `FRESH_ROWS` (8) rows, a row's expected tokens are worked out again from
-the records at most every `refresh` (4) observations (at once for a new row or a changed depth
-cap): at batch 32 and 64 working out every row's each step took 0.2-0.3 ms of the host's time, a
-fifth of a step of the card. A smaller batch's are worked out after every observation: cheap
-there, and the replay of the validation split's traces with the H200's costs lost 0.4-0.8% of
-tokens per cost at batch 1 and 8 with `refresh` 4 (docs/benchmarks.md).
+In a batch of more than `FRESH_ROWS` (8) rows, observations are summed per row and folded into
+the records every `refresh` (4) observations, and every row's expected tokens are worked out again
+after a fold (at once for a new row or a changed depth cap); between folds a choice whose rows,
+buckets and records are those of the last one is answered from it. At batch 32 and 64 on an
+H200's host the choice took 0.2-0.4 ms and the observation 0.15 ms a step, where a step of the
+card takes 1.1-1.8 ms (docs/benchmarks.md). A smaller batch's observations are folded at once and
+its estimates worked out after each: cheap there, and the replay of the validation split's traces
+with the H200's costs lost 0.4-0.8% of tokens per cost at batch 1 and 8 with `refresh` 4.
 
 Costs, per (batch bucket, context bucket, tier), each step priced at the context bucket it would
 read (the rows' context, the step in flight, its own tree's nodes: a plain step or a short chain
@@ -78,7 +80,7 @@ from specheads.runtime.defaults import tree_pool
 POLICIES = ("fixed", "adaptive")
 PROFILE_FORMAT = "specheads-speculation-profile/1"
 PLAIN_KEY = "plain"
-FRESH_ROWS = 8  # up to this many rows, every row's estimate is worked out after each observation
+FRESH_ROWS = 8  # up to this many rows, each observation is folded into the records at once
 
 
 class PolicyError(ValueError):
@@ -382,16 +384,26 @@ class AdaptivePolicy:
         # batch 8 at the default margin (0.952 against 1.000; docs/benchmarks.md)
         self._bound = bool(bound_trees and self._chains and self._trees)
         # each slot's expected tokens per tier [T] as last worked out, for its depth cap then and
-        # the records' version (observe changes every row's estimate through the pooled records):
-        # the many plain steps between observations choose from these, and a drafting step in a
-        # batch of more than FRESH_ROWS rows from estimates at most `refresh` observations old
-        # (working every row's out again each step took 0.2-0.3 ms of the host's time a step at
-        # batch 32 and 64 on an H200's host, where a step of the card takes 1-1.5 ms)
+        # the records' version (a fold changes every row's estimate through the pooled records): the
+        # many plain steps between folds choose from these. In a batch of more than FRESH_ROWS rows
+        # a fold comes every `refresh` observations (module docstring)
         self.refresh = refresh
-        self.version = 0
+        self.version = 0  # the records' version: one more at each fold
         self._tier, self._tier_version = None, -1
         self._costs: dict = {}  # (batch, context buckets, the cost's version) -> step costs [1 + T]
         self._tokens, self._tokens_cap, self._tokens_version = np.zeros((0, n)), np.zeros(0, int), np.zeros(0, int)
+        # observations not yet folded into the records (a batch wider than FRESH_ROWS): trials and
+        # hits per slot, tier and depth, and per tier and depth over every row
+        self._pend_trials, self._pend_hits = np.zeros((0, n, d)), np.zeros((0, n, d))
+        self._pend_k, self._pend_h = np.zeros((n, d)), np.zeros((n, d))
+        self._pend_all_k, self._pend_all_h = np.zeros(d), np.zeros(d)
+        self._pending = 0  # observations summed since the last fold
+        # [offered, accepted, depth]: a depth is a trial where its parent was reached (depth <=
+        # accepted + 1) and it was offered, a hit where it was accepted
+        o, a, j = np.ogrid[:d + 1, :d + 1, :d]
+        self._trials = ((j <= a) & (j < o)).astype(float)
+        self._hits = self._trials * (j < a)
+        self._last_rates = None  # (its key, the rates): asked again between folds with the same rows and buckets
 
     def new_row(self) -> int:
         if not self._free:  # twice the slots
@@ -402,11 +414,16 @@ class AdaptivePolicy:
             self._tokens = np.concatenate([self._tokens, np.zeros((grow, len(self.tiers)))])
             self._tokens_cap = np.concatenate([self._tokens_cap, np.zeros(grow, int)])
             self._tokens_version = np.concatenate([self._tokens_version, np.full(grow, -1)])
+            self._pend_trials = np.concatenate([self._pend_trials, np.zeros((grow,) + self.mean.shape[1:])])
+            self._pend_hits = np.concatenate([self._pend_hits, np.zeros((grow,) + self.mean.shape[1:])])
             self._free = list(range(old + grow - 1, old - 1, -1))
         slot = self._free.pop()
         self.mean[slot] = 0
         self.count[slot] = 0
+        self._pend_trials[slot] = 0
+        self._pend_hits[slot] = 0
         self._tokens_version[slot] = -1
+        self._last_rates = None  # (a slot's number may come back with a new record)
         return slot
 
     def release(self, row: int) -> None:
@@ -417,20 +434,40 @@ class AdaptivePolicy:
         tier's depth, or less under the request's cap) and the drafts it accepted."""
         if tier < 1 or not rows:
             return
-        self.version += 1
         slots = np.asarray(rows)
-        acc = np.asarray(accepted)[:, None]
-        depth = np.arange(self.depth)[None]
-        # a depth is a trial where its parent was reached (depth <= accepted + 1) and it was offered
-        trials = ((depth <= acc) & (depth < np.asarray(offered)[:, None])).astype(float)  # [R, D]
-        hits = trials * (depth < acc)
+        trials, hits = self._trials[offered, accepted], self._hits[offered, accepted]  # [R, D]
         k, h = trials.sum(0), hits.sum(0)
-        for t in self._shares[tier - 1]:
-            mean, count = self.mean[slots, t], self.count[slots, t]  # the rows under this tier
-            _running_mean(mean, count, trials, hits, self.window)
-            self.mean[slots, t], self.count[slots, t] = mean, count
-            _running_mean(self.tier_mean[t], self.tier_count[t], k, h, self.pooled_window)
-        _running_mean(self.all_mean, self.all_count, k, h, self.pooled_window)
+        for t in self._shares[tier - 1]:  # (a step's slots are distinct)
+            self._pend_trials[slots, t] += trials
+            self._pend_hits[slots, t] += hits
+            self._pend_k[t] += k
+            self._pend_h[t] += h
+        self._pend_all_k += k
+        self._pend_all_h += h
+        self._pending += 1
+        if len(slots) <= FRESH_ROWS or self._pending >= self.refresh:
+            self.fold()
+
+    def fold(self) -> None:
+        """The observations summed since the last fold into the records (each row's and the pooled
+        running means take a fold's trials as one batch of them: the exact mean until `window`)."""
+        if not self._pending:
+            return
+        self._pending = 0
+        self.version += 1
+        touched = np.flatnonzero(self._pend_trials.any(axis=(1, 2)))
+        mean, count = self.mean[touched], self.count[touched]
+        _running_mean(mean, count, self._pend_trials[touched], self._pend_hits[touched], self.window)
+        self.mean[touched], self.count[touched] = mean, count
+        self._pend_trials[touched] = 0
+        self._pend_hits[touched] = 0
+        ran = np.flatnonzero(self._pend_k.any(axis=1))
+        tier_mean, tier_count = self.tier_mean[ran], self.tier_count[ran]
+        _running_mean(tier_mean, tier_count, self._pend_k[ran], self._pend_h[ran], self.pooled_window)
+        self.tier_mean[ran], self.tier_count[ran] = tier_mean, tier_count
+        _running_mean(self.all_mean, self.all_count, self._pend_all_k, self._pend_all_h, self.pooled_window)
+        for pend in (self._pend_k, self._pend_h, self._pend_all_k, self._pend_all_h):
+            pend[:] = 0
 
     def acceptance(self, rows: list[int]) -> np.ndarray:
         """q [R, T, D]: each row's estimated acceptance per tier and depth."""
@@ -468,9 +505,7 @@ class AdaptivePolicy:
         """[R, T]: each row's expected tokens per step under each tier (worked out again only for
         rows whose records or depth cap changed since)."""
         slots, caps = np.asarray(rows), np.asarray(caps)
-        seen = self._tokens_version[slots]
-        refresh = self.refresh if len(slots) > FRESH_ROWS else 1
-        stale = (seen < 0) | (self.version - seen >= refresh) | (self._tokens_cap[slots] != caps)
+        stale = (self._tokens_version[slots] != self.version) | (self._tokens_cap[slots] != caps)
         tokens = self._tokens[slots]
         if stale.any():  # (a slot listed twice with two caps keeps the last)
             fresh, fresh_caps = slots[stale], caps[stale]
@@ -502,7 +537,12 @@ class AdaptivePolicy:
     def rates(self, rows: list, batch: int, kv, host_ms: float = 0.0) -> np.ndarray:
         """Expected tokens per unit of cost of plain decoding (index 0) and of each tier (kv: as
         `costs`). A row is None (it drafts nothing: one token), (record, depth cap), or (record,
-        depth cap, chance): the chance that it drafts at all (a host drafter's proposal, not yet made)."""
+        depth cap, chance): the chance that it drafts at all (a host drafter's proposal, not yet made).
+        Asked again between folds for the same rows and buckets, it answers with the rates it gave."""
+        key = (self.version, batch, tuple(kv) if np.ndim(kv) else kv, host_ms, getattr(self.cost, "version", 0),
+               tuple(rows))
+        if self._last_rates is not None and self._last_rates[0] == key:
+            return self._last_rates[1]
         drafting = [r for r in rows if r is not None]
         tokens = np.full(len(self.tiers), float(len(rows) - len(drafting)))
         if drafting:
@@ -512,7 +552,9 @@ class AdaptivePolicy:
                 extra = chance[:, None] * extra
             tokens += len(drafting) + extra.sum(0)
         costs = self.costs(batch, kv)
-        return np.concatenate([[len(rows) / costs[0]], tokens / (costs[1:] + host_ms)])
+        rates = np.concatenate([[len(rows) / costs[0]], tokens / (costs[1:] + host_ms)])
+        self._last_rates = (key, rates)
+        return rates
 
     def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0) -> int:
         """The tier of the most expected tokens per unit of cost (0: plain decoding), or a probe."""

@@ -267,6 +267,7 @@ def test_running_means_forget_beyond_their_window():
     assert policy.count[row, 0, 0] == 4 and policy.mean[row, 0, 0] == pytest.approx((3 / 4) ** 4)
     many = [policy.new_row() for _ in range(100)]  # one step of more rows than the pooled window: their mean
     policy.observe(many, 1, [1] * 100, [1] * 75 + [0] * 25)
+    policy.fold()  # (a step wider than FRESH_ROWS is folded in at the refresh)
     assert policy.tier_mean[0, 0] == pytest.approx(0.75) and policy.tier_count[0, 0] == policy.pooled_window
 
 
@@ -307,43 +308,78 @@ def test_kept_estimates_equal_fresh_ones_as_records_rows_and_caps_change():
                           policy._expected_tokens(np.asarray([fresh]), [FULL.steps]))
 
 
-def test_estimates_are_worked_out_again_after_refresh_observations():
-    """In a batch wider than FRESH_ROWS a row's estimate is kept for `refresh` observations (the
-    policy's host time is a step's there): unchanged before, equal to a fresh one at the refresh; a
-    new row and a changed depth cap are worked out at once. A narrower batch's are always fresh."""
+def test_a_wide_batch_folds_its_observations_every_refresh_steps():
+    """In a batch wider than FRESH_ROWS observations are summed and folded into the records every
+    `refresh` of them (the policy's host time is a step's there): records and estimates stand still
+    in between, and a fold leaves the records where folding each observation at once would (the
+    running means are exact below their windows); every row's estimate is worked out again after
+    a fold, a new row's and a changed depth cap's at once. A narrower batch folds at once."""
     from specheads.runtime.policy import FRESH_ROWS
 
     rng = np.random.default_rng(5)
     policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    each = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=1)  # folds every observation
     assert policy.refresh == 4
     rows = [policy.new_row() for _ in range(FRESH_ROWS + 4)]
+    assert [each.new_row() for _ in rows] == rows
     caps = [FULL.steps] * len(rows)
 
     def fresh():
         return policy._expected_tokens(np.asarray(rows), caps)
 
     def observe_some():
-        depth = TIERS[-1].steps
-        policy.observe(rows, len(TIERS), [depth] * len(rows), rng.integers(0, depth + 1, len(rows)).tolist())
+        tier = int(rng.integers(1, len(TIERS) + 1))
+        depth = TIERS[tier - 1].steps
+        accepted = rng.integers(0, depth + 1, len(rows)).tolist()
+        for p in (policy, each):
+            p.observe(rows, tier, [depth] * len(rows), accepted)
 
-    for _ in range(3):
-        observe_some()
     first = policy.expected_tokens(rows, caps)
-    assert np.array_equal(first, fresh())
     for _ in range(policy.refresh - 1):
         observe_some()
-        assert np.array_equal(policy.expected_tokens(rows, caps), first)  # kept
-    assert not np.allclose(fresh(), first)  # (the records did move)
-    observe_some()
-    assert np.array_equal(policy.expected_tokens(rows, caps), fresh())  # refreshed
+        assert not policy.count.any() and policy.version == 0  # summed, not folded
+        assert np.array_equal(policy.expected_tokens(rows, caps), first)
+    observe_some()  # the refresh-th: folded
+    assert policy.version == 1 and each.version == policy.refresh
+    for name in ("mean", "count", "tier_mean", "tier_count", "all_mean", "all_count"):
+        assert np.allclose(getattr(policy, name), getattr(each, name)), name
+    now = policy.expected_tokens(rows, caps)
+    assert np.array_equal(now, fresh()) and not np.allclose(now, first)
     observe_some()
     caps[2] = 2
     policy.release(rows[4])
     rows[4] = policy.new_row()
-    kept, now = policy.expected_tokens(rows, caps), fresh()
-    assert np.array_equal(kept[[2, 4]], now[[2, 4]]) and not np.array_equal(kept[0], now[0])
+    kept = policy.expected_tokens(rows, caps)
+    assert np.array_equal(kept, fresh())  # the records stood still; row 4 and cap 2 worked out anew
+    assert not np.array_equal(kept[2], now[2]) and not np.array_equal(kept[4], now[4])
     few, few_caps = rows[:FRESH_ROWS], caps[:FRESH_ROWS]
+    version = policy.version
+    policy.observe(few, len(TIERS), [FULL.steps] * len(few), [2] * len(few))  # narrow: folded at once
+    assert policy.version == version + 1 and not policy._pend_trials.any()
     assert np.array_equal(policy.expected_tokens(few, few_caps), policy._expected_tokens(np.asarray(few), few_caps))
+
+
+def test_rates_asked_again_between_folds_are_the_same():
+    """A choice between folds for the same rows, caps and buckets reuses the rates worked out last;
+    a fold, a new row or other buckets work them out again."""
+    from specheads.runtime.policy import FRESH_ROWS
+
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    rows = [(policy.new_row(), FULL.steps) for _ in range(FRESH_ROWS + 2)]
+    slots = [r[0] for r in rows]
+    policy.observe(slots, len(TIERS), [FULL.steps] * len(rows), [3] * len(rows))
+    policy.fold()
+    rates = policy.rates(rows, 16, 256)
+    assert policy.rates(rows, 16, 256) is rates
+    assert policy.rates(rows, 16, 512) is not rates and policy.rates(rows[:-1], 16, 256) is not rates
+    rates = policy.rates(rows, 16, 256)
+    policy.observe(slots, 1, [1] * len(rows), [0] * len(rows))
+    assert policy.rates(rows, 16, 256) is rates  # not yet folded
+    policy.fold()
+    again = policy.rates(rows, 16, 256)
+    assert again is not rates and again[1] < rates[1]  # chain 1 rejected everywhere since
+    policy.new_row()
+    assert policy.rates(rows, 16, 256) is not again
 
 
 def test_unseen_tiers_and_depths_borrow_from_what_was_seen():
