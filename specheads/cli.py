@@ -1,4 +1,4 @@
-"""`specheads prepare | train | eval | evaluate | demo | generate | export | publish | serve`.
+"""`specheads prepare | self-prompts | train | eval | evaluate | demo | generate | export | publish | serve`.
 
 Entry points parse arguments and call the library; errors the user can fix are printed
 as one clear line and exit with status 2.
@@ -73,6 +73,20 @@ def cmd_prepare(args) -> int:
         )
     )
     _print_prepare_report(report, args.output)
+    return 0
+
+
+def cmd_self_prompts(args) -> int:
+    from specheads.data.self_prompts import PROMPTS_FILE, SelfPromptSettings, write_self_prompts
+
+    settings = SelfPromptSettings(count=args.count, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
+                                  max_tokens=args.max_tokens, min_words=args.min_words, system=args.system,
+                                  chunk=args.chunk)
+    info = write_self_prompts(args.target, args.out, settings, batch_size=args.batch_size, device=args.device)
+    dropped = ", ".join(f"{n} {why}" for why, n in info["dropped"].items()) or "none"
+    print(f"self-prompts: kept {info['kept']} of {info['sampled']} (median {info['words_median']} words) in "
+          f"{info['seconds']} s -> {Path(args.out) / PROMPTS_FILE}; dropped: {dropped}")
+    print(f"  answer them: specheads prepare --data {Path(args.out) / PROMPTS_FILE} --regenerate ...")
     return 0
 
 
@@ -516,6 +530,22 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prepare", help="conversations -> tokenized dataset (+ optional target regeneration)")
     _add_prepare_args(p)
     p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("self-prompts", help="user prompts written by the target itself (then: prepare --regenerate)")
+    p.add_argument("--target", default=None, help="HF folder, hub id or .gguf (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="output folder: chunks as they are sampled (a rerun continues), "
+                   "then prompts.jsonl.gz and info.json")
+    p.add_argument("--count", type=int, default=1000, help="prompts sampled (fewer are kept: see info.json)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=256, help="a prompt whose turn has not ended by then is dropped")
+    p.add_argument("--min-words", type=int, default=3)
+    p.add_argument("--system", default=None, help="a system turn of your own (default: the chat template's)")
+    p.add_argument("--chunk", type=int, default=512, help="prompts saved at a time")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:K (default: the GPU if there is one)")
+    p.set_defaults(func=cmd_self_prompts)
 
     p = sub.add_parser("train", help="train a draft head (also under deepspeed / torchrun)")
     _add_train_args(p)
