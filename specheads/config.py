@@ -63,6 +63,9 @@ class HeadSection(_Strict):
     num_heads: int | None = Field(None, ge=1, le=16)  # Medusa: heads, one a draft depth
     # EAGLE-3: draft decoder layers (default 1); Medusa: residual blocks a head
     num_layers: int | None = Field(None, ge=1, le=8)
+    # Medusa: one vocabulary projection that every head reads out through (vLLM's original_lm_head),
+    # where each head has its own by default
+    shared_lm_head: bool | None = None
     # a new head's draft lm_head (and the norm before it) start as the target's rows instead of
     # random (None: the kind's default: yes for mtp, whose modules share the target's output head
     # in DeepSeek-V3, and medusa, whose heads Medusa initializes from the LM head; no for eagle3;
@@ -108,7 +111,7 @@ class HeadSection(_Strict):
         return {name: getattr(self, name) for name in SHAPE_OPTIONS if getattr(self, name) is not None}
 
 
-SHAPE_OPTIONS = ("num_modules", "num_heads", "num_layers")
+SHAPE_OPTIONS = ("num_modules", "num_heads", "num_layers", "shared_lm_head")
 
 class TrainSection(_Strict):
     mode: Literal["online", "offline"] = "online"

@@ -74,14 +74,14 @@ class MedusaDrafter(Drafter):
         b, roots = ctx.rows, ctx.roots
         head, k = self.head, self.topk
         dev = roots.device
-        feats = head.features(self.feature[:b], self.steps)  # per drafted depth [b, 1, H]
+        logits_by_depth = head.draft_logits(self.feature[:b], self.steps)  # per drafted depth [b, 1, Vd]
         target_ids = head.target_ids()
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)
         front_score, front_pool = self.pool.zero_score[:b], self.pool.no_parent[:b]
         off, width = 0, 1
         for d in range(self.steps):
             # the same logits under every frontier node
-            logits = head.logits(feats[d], d).float().expand(b, width, -1).contiguous()
+            logits = logits_by_depth[d].float().expand(b, width, -1).contiguous()
             n = width * k
             _, front_score, _, front_pool = topk_expand(
                 logits, front_score, front_pool, k, target_ids, pool_tok[:, off: off + n], pool_score[:, off: off + n],

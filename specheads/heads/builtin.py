@@ -50,6 +50,7 @@ MEDUSA = HeadKind(
     weights=medusa.weight_shapes,
     mismatches=medusa.head_mismatches,
     exporters={"vllm": medusa.vllm_config},
+    tensor_exporters={"vllm": medusa.vllm_tensors},
     hub_architectures={"vllm": (medusa.ARCHITECTURE,)},
     launch=medusa.LAUNCH,
     card_head=medusa.card_head,

@@ -6,6 +6,11 @@ norm) and predicts token i+2+k:
     x_k = h_i;  x_k = x_k + SiLU(W_{k,j} x_k + b_{k,j})  for j = 1..n     (n residual blocks)
     logits_k = lm_heads[k](x_k)                                          (draft vocabulary)
 
+With `shared_lm_head` every head reads out through one projection, `lm_heads.0` (vLLM's
+`original_lm_head`): a step then reads one vocabulary matrix where K heads read K of them (the
+drafter projects every head's features in one product), and vLLM loads it with a draft vocabulary
+(`token_map`), which it refuses for K separate heads.
+
 The heads never read each other or earlier drafts, so a step's drafts come from one hidden
 state: the drafter builds a tree of each head's top-k tokens by joint probability (the best
 `num_draft_tokens` of the candidate paths), verified losslessly like every drafter. Tensor
@@ -42,10 +47,16 @@ class MedusaConfig:
     num_layers: int = 1  # residual blocks per head
     target_layer_ids: list | None = None  # [num_layers of the target]: the final hidden state, after its norm
     target_model_type: str = "llama"
+    shared_lm_head: bool = False  # one vocabulary projection for every head
 
     def __post_init__(self):
         if self.target_layer_ids is None:
             self.target_layer_ids = [self.target_num_layers]
+
+    @property
+    def num_readouts(self) -> int:
+        """Vocabulary projections the head holds."""
+        return 1 if self.shared_lm_head else self.num_heads
 
     @classmethod
     def for_target(cls, target, draft_vocab_size: int, layer_ids=None, **overrides):
@@ -98,6 +109,7 @@ class MedusaConfig:
             "num_hidden_layers": self.num_layers,
             "truncated_vocab_size": self.draft_vocab_size,
             "medusa_fc_bias": True,
+            "original_lm_head": self.shared_lm_head,
             # vLLM renames every key holding both "num" and "layers" to num_hidden_layers: none here
             "specheads_target_depth": self.target_num_layers,
             "specheads_feature_layer": self.target_layer_ids[0],
@@ -113,7 +125,8 @@ class MedusaConfig:
                    target_hidden_size=raw["hidden_size"], target_num_layers=n,
                    num_heads=raw.get("num_heads") or raw.get("medusa_num_heads", 4),
                    num_layers=raw.get("num_hidden_layers") or raw.get("medusa_num_layers", 1),
-                   target_layer_ids=[raw.get("specheads_feature_layer", n)])
+                   target_layer_ids=[raw.get("specheads_feature_layer", n)],
+                   shared_lm_head=bool(raw.get("original_lm_head", False)))
 
 
 head_mismatches = one_feature_mismatches
@@ -126,6 +139,7 @@ def weight_shapes(cfg: MedusaConfig) -> dict[str, tuple[int, ...]]:
         for j in range(cfg.num_layers):
             out[f"blocks.{k}.layers.{j}.weight"] = (h, h)
             out[f"blocks.{k}.layers.{j}.bias"] = (h,)
+    for k in range(cfg.num_readouts):
         out[f"lm_heads.{k}.weight"] = (cfg.draft_vocab_size, h)
     out.update({"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)})
     return out
@@ -133,13 +147,26 @@ def weight_shapes(cfg: MedusaConfig) -> dict[str, tuple[int, ...]]:
 
 def vllm_config(head: "MedusaHead", dtype: torch.dtype, target_name: str | None) -> dict:
     """config.json for vLLM's Medusa model (vLLM 0.11 to 0.32; 0.33 dropped Medusa): biases on
-    (`medusa_fc_bias`), one full-vocabulary lm_head a head (docs/formats/medusa-eagle-sources.md)."""
+    (`medusa_fc_bias`); one full-vocabulary lm_head a head, or one shared projection
+    (`original_lm_head`), which may hold a draft vocabulary (`truncated_vocab_size` and the
+    `token_map` of vllm_tensors) (docs/formats/medusa-eagle-sources.md)."""
     cfg = head.config
-    if cfg.draft_vocab_size != cfg.vocab_size:
-        raise ValueError(f"vLLM's Medusa model loads full-vocabulary heads only; this head drafts over "
-                         f"{cfg.draft_vocab_size} of {cfg.vocab_size} tokens (train it with the full vocabulary to "
-                         f"export it for vLLM)")
+    if cfg.draft_vocab_size != cfg.vocab_size and not cfg.shared_lm_head:
+        raise ValueError(f"vLLM's Medusa model loads a draft vocabulary only through one shared projection "
+                         f"(original_lm_head); this head has {cfg.num_heads} projections over {cfg.draft_vocab_size} "
+                         f"of {cfg.vocab_size} tokens (train it with the full vocabulary, or with "
+                         f"head.shared_lm_head=true, to export it for vLLM)")
     return cfg.to_hf(dtype, target_name)
+
+
+def vllm_tensors(tensors: dict[str, torch.Tensor], cfg: MedusaConfig) -> dict[str, torch.Tensor]:
+    """The head's tensors as vLLM's Medusa loader reads them: with a draft vocabulary, `token_map`
+    (each draft index's target token id: the index plus its d2t offset, int64) beside the shared
+    projection; d2t and t2d stay (vLLM skips names it does not know)."""
+    out = dict(tensors)
+    if cfg.draft_vocab_size != cfg.vocab_size:
+        out["token_map"] = (torch.arange(cfg.draft_vocab_size) + tensors["d2t"].long()).to(torch.int64)
+    return out
 
 
 LAUNCH = {"vllm": ("vllm serve {target} --speculative-config "
@@ -151,7 +178,8 @@ def card_head(cfg: MedusaConfig, dtype: str) -> list[str]:
     return [
         f"| architecture | {cfg.num_heads} Medusa heads of {cfg.num_layers} residual SiLU block(s) each, hidden size "
         f"{cfg.hidden_size}, dtype {dtype} |",
-        f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens |",
+        f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens"
+        f"{', one projection shared by every head' if cfg.shared_lm_head else ', a projection a head'} |",
         "| target feature | the target's final hidden state, after its final norm |",
     ]
 
@@ -178,7 +206,7 @@ class MedusaHead(DraftVocab, nn.Module):
         self.config = cfg.validate()
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.num_heads))
         self.lm_heads = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-                                      for _ in range(cfg.num_heads))
+                                      for _ in range(cfg.num_readouts))
         self._init_draft_vocab(cfg)
 
     lm_head_from_target = True  # Medusa initializes each head's projection from the LM head
@@ -199,11 +227,23 @@ class MedusaHead(DraftVocab, nn.Module):
         """The first `heads` heads' features of the target's hidden state (None: every head)."""
         return [block(hidden) for block in self.blocks[:heads]]
 
+    def projection(self, step: int) -> nn.Linear:
+        """Head `step`'s vocabulary projection (the shared one with shared_lm_head)."""
+        return self.lm_heads[0 if self.config.shared_lm_head else step]
+
     def logits(self, features: torch.Tensor, step: int) -> torch.Tensor:
-        return self.lm_heads[step](features)
+        return self.projection(step)(features)
+
+    def draft_logits(self, hidden: torch.Tensor, heads: int) -> list[torch.Tensor]:
+        """The first `heads` heads' logits from the target's hidden state [b, 1, H]: one product for
+        every head through a shared projection, one a head otherwise."""
+        feats = self.features(hidden, heads)
+        if not self.config.shared_lm_head:
+            return [self.logits(f, d) for d, f in enumerate(feats)]
+        return list(self.lm_heads[0](torch.cat(feats, dim=1)).split(1, dim=1))
 
     def readout(self, features: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        return features, self.lm_heads[step].weight
+        return features, self.projection(step).weight
 
 
 def medusa_unroll(head: MedusaHead, embed, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int):

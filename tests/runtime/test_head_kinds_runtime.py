@@ -114,3 +114,16 @@ def test_what_a_head_cannot_do_is_refused(target, kind, size, depth):
         SpecEngine(other, head, max_len=64)
     # a tree deeper than the head's modules is cut to them (EAGLE-1: one layer, any depth)
     assert SpecEngine(target, head, num_steps=6, topk=1, max_len=64).num_steps == depth
+
+
+def test_medusa_with_one_shared_projection_drafts_well_and_exactly(target, reference):
+    """head.shared_lm_head: every head reads out through one projection (one product a step); the
+    trained head's greedy output equals plain decoding, chain and tree, batch 1 and 4, and its
+    drafts are taken."""
+    head = train_head(target, TRAIN, kind="medusa", num_heads=3, steps=200, shared_lm_head=True)
+    assert len(head.lm_heads) == 1
+    for shape, max_batch in [(s, b) for s in TREES.values() for b in (1, 4)]:
+        results = SpecEngine(target, head, max_len=64, max_batch=max_batch, **shape).generate(
+            PROMPTS, SamplingParams(max_new_tokens=NEW))
+        assert [r.token_ids for r in results] == reference
+        assert sum(r.accepted_tokens for r in results) / sum(r.steps for r in results) > 0.5
