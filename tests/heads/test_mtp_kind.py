@@ -59,7 +59,7 @@ def test_cli_trains_an_mtp_head(run):
     assert meta["config"]["target_layer_ids"] == [TINY_LAYERS]  # the final hidden state, after the target's norm
     assert meta["run_config"]["head"] == {"kind": "mtp", "intermediate_size": None, "num_modules": MODULES,
                                           "num_heads": None, "num_layers": None, "lm_head_from_target": None,
-                                          "freeze_lm_head": None}
+                                          "shared_lm_head": None, "freeze_lm_head": None}
     assert _summary(run)["steps"] == STEPS
 
 
