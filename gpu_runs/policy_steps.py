@@ -112,12 +112,12 @@ def instrument(engine, trace: bool = False) -> dict:
     if engine.policy is not None:
         choose = timed("choose", engine.policy.choose)
 
-        def _choose(rows, batch, kv, host_ms=0.0):
-            tier = choose(rows, batch, kv, host_ms)
+        def _choose(rows, batch, kv, host_ms=0.0, draining=False):
+            tier = choose(rows, batch, kv, host_ms, draining)
             if trace and hasattr(engine.policy, "rates") and any(r is not None for r in rows):
-                # (worked out again for the trace, outside the choice's timer)
-                rates = engine.policy.rates(rows, batch, kv, host_ms)
-                tally["choices"].append({"rows": len(rows), "b": batch, "kv": kv, "tier": tier,
+                # (asked again for the trace, outside the choice's timer)
+                rates = engine.policy.rates(rows, batch, kv, host_ms, draining)
+                tally["choices"].append({"rows": len(rows), "b": batch, "kv": kv, "tier": tier, "draining": draining,
                                          "rates": [round(float(x), 3) for x in rates]})
             return tier
         engine.policy.choose = _choose if trace else choose

@@ -117,7 +117,9 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
         context = max(prompt_lens[i] + e for i, e, _ in active)
         kvs = [max(next_pow2(need), 128) if buckets else need
                for need in [context + 1] + [context + t.num_draft + 1 for t in tiers]]
-        tier = policy.choose([(slot, tiers[-1].steps) for _, _, slot in active], b, kvs) if policy is not None else 0
+        # no request waits once the last one is in: the batch drains, as generate()'s does
+        tier = policy.choose([(slot, tiers[-1].steps) for _, _, slot in active], b, kvs,
+                             draining=not todo) if policy is not None else 0
         if policy is not None:
             policy.launched(tier)
         res.cost += cost.step(b, kvs[tier], tiers[tier - 1] if tier else None)

@@ -273,6 +273,9 @@ class SpecEngine:
         # the last step launched drafted: a plain step after it keeps up with that step's whole path
         # (a plain step after a plain one or a prefill, with the one entry each row has pending)
         self._drafted = False
+        # generate() has admitted its last prompt: no request waits for a row, and the policy ranks
+        # tiers for the batch's slow end (runtime/policy.py); a server's engine never drains
+        self.draining = False
         self.graph_report: dict = {}
         try:
             self.policy = self._build_policy(speculation_policy, speculation_tiers, speculation_settings)
@@ -493,7 +496,7 @@ class SpecEngine:
             # a host drafter's step also costs the host's time (measured costs are times; static ones are not)
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
-            tier = self.policy.choose(self._policy_rows(ahead), b, kvs, host_ms)
+            tier = self.policy.choose(self._policy_rows(ahead), b, kvs, host_ms, draining=self.draining)
         return b, kvs[tier], sampled, tier, logprobs
 
     def _policy_rows(self, ahead: int) -> list:
@@ -653,33 +656,37 @@ class SpecEngine:
         todo = deque(range(len(prompts)))
         of_handle, results, admitted = {}, [None] * len(prompts), {}
         stops = frozenset(stop_ids)
-        while todo or self.has_work:
-            while todo and self.free_slots > 0:
-                i = todo.popleft()
-                p = replace(params, seed=base + 1_000_003 * i,
-                            max_new_tokens=min(params.max_new_tokens, self.max_len - len(prompts[i])))
-                h = self.add(Request(prompts[i], p, stops))
-                of_handle[h] = i
-                results[i] = GenerationResult([], "", accept_per_position=[0] * (self.num_steps + 1))
-                admitted[h] = time.perf_counter()
-            for out in self.step():
-                r = results[of_handle[out.handle]]
-                r.token_ids += out.new_tokens
-                if not out.prefill:
-                    r.steps += 1
-                    accepted = out.accepted
-                    if out.finish_reason is not None:  # only what the last step produced: its tokens, a stop
-                        accepted = min(accepted, max(len(out.new_tokens) + (out.finish_reason == "stop") - 1, 0))
-                    r.accepted_tokens += accepted
-                    tree = str(out.draft_tree) if out.draft_tree is not None else "none"
-                    r.steps_by_tree[tree] = r.steps_by_tree.get(tree, 0) + 1
-                    for k in range(1, accepted + 1):
-                        r.accept_per_position[k] += 1
-                if out.finish_reason:
-                    r.finish_reason = out.finish_reason
-                    r.seconds = time.perf_counter() - admitted[out.handle]
-                    if progress is not None:
-                        progress(1)
+        try:
+            while todo or self.has_work:
+                while todo and self.free_slots > 0:
+                    i = todo.popleft()
+                    p = replace(params, seed=base + 1_000_003 * i,
+                                max_new_tokens=min(params.max_new_tokens, self.max_len - len(prompts[i])))
+                    h = self.add(Request(prompts[i], p, stops))
+                    of_handle[h] = i
+                    results[i] = GenerationResult([], "", accept_per_position=[0] * (self.num_steps + 1))
+                    admitted[h] = time.perf_counter()
+                self.draining = not todo
+                for out in self.step():
+                    r = results[of_handle[out.handle]]
+                    r.token_ids += out.new_tokens
+                    if not out.prefill:
+                        r.steps += 1
+                        accepted = out.accepted
+                        if out.finish_reason is not None:  # only what the last step produced: its tokens, a stop
+                            accepted = min(accepted, max(len(out.new_tokens) + (out.finish_reason == "stop") - 1, 0))
+                        r.accepted_tokens += accepted
+                        tree = str(out.draft_tree) if out.draft_tree is not None else "none"
+                        r.steps_by_tree[tree] = r.steps_by_tree.get(tree, 0) + 1
+                        for k in range(1, accepted + 1):
+                            r.accept_per_position[k] += 1
+                    if out.finish_reason:
+                        r.finish_reason = out.finish_reason
+                        r.seconds = time.perf_counter() - admitted[out.handle]
+                        if progress is not None:
+                            progress(1)
+        finally:
+            self.draining = False
         return results
 
     # ------------------------------------------------------------------ state

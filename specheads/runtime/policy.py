@@ -37,6 +37,13 @@ full tree at batch 64 takes 2-3x a chain's step). A smaller tier replaces the fu
 where it promises `switch_margin` (default 0.15) more: its estimate's error costs more than it
 gains where the tiers' rates are close.
 
+A batch that drains (`generate()` has admitted its last prompt: no request waits for a row) ends
+with its slowest rows, whose steps a deeper tier seldom shortens, so there (`drain` 1, the default)
+each tier is ranked by the `drain_quantile` (0.05) quantile of the rows' expected tokens instead of
+their sum: the rate of the batch's slow end. Chosen on the validation split's replay with the
+H200's step costs (docs/benchmarks.md); a server's batch, which new requests may join at any step,
+is never draining.
+
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
 
@@ -318,7 +325,7 @@ class FixedPolicy:
     def observe(self, rows: list, tier: int, offered: list[int], accepted: list[int]) -> None:
         pass
 
-    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0) -> int:
+    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False) -> int:
         return 1
 
     def launched(self, tier: int) -> None:
@@ -336,7 +343,7 @@ class AdaptivePolicy:
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
-                 bound_trees: int = 0, refresh: int = 4):
+                 bound_trees: int = 0, refresh: int = 4, drain: int = 1, drain_quantile: float = 0.05):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -388,6 +395,12 @@ class AdaptivePolicy:
         # many plain steps between folds choose from these. In a batch of more than FRESH_ROWS rows
         # a fold comes every `refresh` observations (module docstring)
         self.refresh = refresh
+        # drain 1, drain_quantile 0.05: a draining batch ranks tiers by the quantile of its rows'
+        # expected tokens (module docstring). Replayed on the validation split's traces (36 prompts,
+        # one closed batch at 32 and 64) with the H200's step costs: 1.487 and 1.217 of `ar` at batch 32
+        # and 64 against 1.464 and 1.165 without (best fixed tree 1.458 and 1.209); quantile 0.1 gave
+        # 1.462 and 1.220, 0.2 1.487 and 1.211 (docs/benchmarks.md)
+        self.drain, self.drain_quantile = bool(drain), drain_quantile
         self.version = 0  # the records' version: one more at each fold
         self._tier, self._tier_version = None, -1
         self._costs: dict = {}  # (batch, context buckets, the cost's version) -> step costs [1 + T]
@@ -534,33 +547,41 @@ class AdaptivePolicy:
             costs = self._costs[key] = np.array([self.cost.step(batch, k, t) for k, t in zip(kvs, [None, *self.tiers])])
         return costs
 
-    def rates(self, rows: list, batch: int, kv, host_ms: float = 0.0) -> np.ndarray:
+    def rates(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False) -> np.ndarray:
         """Expected tokens per unit of cost of plain decoding (index 0) and of each tier (kv: as
         `costs`). A row is None (it drafts nothing: one token), (record, depth cap), or (record,
         depth cap, chance): the chance that it drafts at all (a host drafter's proposal, not yet made).
-        Asked again between folds for the same rows and buckets, it answers with the rates it gave."""
+        `draining`: no request waits for a row (module docstring: the rows' quantile, times their
+        count). Asked again between folds for the same rows and buckets, it answers with the rates
+        it gave."""
+        draining = bool(draining and self.drain and len(rows) > 1)
         key = (self.version, batch, tuple(kv) if np.ndim(kv) else kv, host_ms, getattr(self.cost, "version", 0),
-               tuple(rows))
+               draining, tuple(rows))
         if self._last_rates is not None and self._last_rates[0] == key:
             return self._last_rates[1]
-        drafting = [r for r in rows if r is not None]
-        tokens = np.full(len(self.tiers), float(len(rows) - len(drafting)))
+        drafting = [i for i, r in enumerate(rows) if r is not None]
+        extra = np.zeros((len(rows), len(self.tiers)))  # expected tokens past the first, per row and tier
         if drafting:
-            extra = self.expected_tokens([r[0] for r in drafting], [r[1] for r in drafting]) - 1.0
-            if max(map(len, drafting)) > 2:
-                chance = np.array([r[2] if len(r) > 2 else 1.0 for r in drafting])
-                extra = chance[:, None] * extra
-            tokens += len(drafting) + extra.sum(0)
+            picked = [rows[i] for i in drafting]
+            more = self.expected_tokens([r[0] for r in picked], [r[1] for r in picked]) - 1.0
+            if max(map(len, picked)) > 2:
+                more = np.array([r[2] if len(r) > 2 else 1.0 for r in picked])[:, None] * more
+            extra[drafting] = more
+        if draining:
+            tokens = len(rows) * (1.0 + np.quantile(extra, self.drain_quantile, axis=0))
+        else:
+            tokens = len(rows) + extra.sum(0)
         costs = self.costs(batch, kv)
         rates = np.concatenate([[len(rows) / costs[0]], tokens / (costs[1:] + host_ms)])
         self._last_rates = (key, rates)
         return rates
 
-    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0) -> int:
-        """The tier of the most expected tokens per unit of cost (0: plain decoding), or a probe."""
+    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False) -> int:
+        """The tier of the most expected tokens per unit of cost (0: plain decoding), or a probe
+        (`draining`: as `rates`)."""
         if all(r is None for r in rows):
             return 0
-        rates = self.rates(rows, batch, kv, host_ms)
+        rates = self.rates(rows, batch, kv, host_ms, draining)
         best = int(np.argmax(rates[1:])) + 1
         if best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin) and rates[-1] > rates[0]:
             best = len(self.tiers)  # the full tree: the smaller one does not gain enough (and it beats plain)
@@ -599,7 +620,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 # the adaptive policy's settings a user may change (AdaptivePolicy's keyword arguments), by type
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
                    "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int,
-                   "bound_trees": int, "refresh": int}
+                   "bound_trees": int, "refresh": int, "drain": int, "drain_quantile": float}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 
@@ -615,8 +636,10 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
     low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff", "refresh") else 0
-    if name in ("share_chains", "bound_trees") and v not in (0, 1):
+    if name in ("share_chains", "bound_trees", "drain") and v not in (0, 1):
         raise PolicyError(f"{what}: {name}={v} must be 0 or 1")
+    if name == "drain_quantile" and not 0.0 <= v <= 1.0:
+        raise PolicyError(f"{what}: drain_quantile={v} must lie in [0, 1] (0: the slowest row's rate)")
     if name != "prior" and not (v >= low and math.isfinite(v)):
         raise PolicyError(f"{what}: {name}={v} must be at least {low}")
     return v

@@ -531,3 +531,64 @@ def test_each_entry_is_priced_at_its_own_context_bucket():
     with pytest.raises(PolicyError, match="one for plain decoding and each of the 4 tiers"):
         policy.costs(64, [512, 1024])
 
+
+
+def test_a_draining_batch_ranks_tiers_by_its_slow_end():
+    """Once no request waits (generate() has admitted its last prompt) a batch ends with its slowest
+    rows: each tier is ranked by the drain_quantile quantile of the rows' expected tokens, times the
+    rows, not by their sum. Rows that draft everything beside a few that draft nothing choose a
+    smaller tier as the batch drains than while requests wait; drain=0 keeps the sum."""
+    def batch_of(policy):
+        fast = [policy.new_row() for _ in range(18)]
+        slow = [policy.new_row() for _ in range(2)]
+        for _ in range(40):
+            policy.observe(fast + slow, len(TIERS), [FULL.steps] * 20, [FULL.steps] * 18 + [0] * 2)
+        return [(r, FULL.steps) for r in fast + slow]
+
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    rows = batch_of(policy)
+    busy = policy.choose(rows, 32, 512)
+    assert busy > 0
+    rates = policy.rates(rows, 32, 512, draining=True)
+    extra = policy.expected_tokens([r for r, _ in rows], [c for _, c in rows]) - 1.0
+    costs = policy.costs(32, 512)
+    want = len(rows) * (1.0 + np.quantile(extra, policy.drain_quantile, axis=0)) / costs[1:]
+    assert np.allclose(rates[1:], want) and rates[0] == pytest.approx(len(rows) / costs[0])
+    assert policy.choose(rows, 32, 512, draining=True) < busy
+    assert policy.choose(rows[:1], 32, 512, draining=True) > 0  # one row: the sum, its own rate
+    off = AdaptivePolicy(TIERS, TableCost(gpu_like), drain=0)
+    assert off.choose(batch_of(off), 32, 512, draining=True) == busy
+
+
+def test_generate_drains_once_its_last_prompt_is_in():
+    """The engine's generate() tells the policy the batch drains from the step after it admits its
+    last prompt, and not before; a server's engine (add/step) never drains."""
+    from specheads.runtime.engine import SpecEngine
+    from specheads.runtime.sampling import SamplingParams
+    from tests.runtime.spec_helpers import make_target, random_head, random_prompts
+
+    target = make_target(seed=0, vocab=64)
+    engine = SpecEngine(target, random_head(target), max_batch=2, max_len=64, num_steps=2, topk=1,
+                        num_draft_tokens=2, speculation_policy="adaptive")
+    seen = []
+    choose = engine.policy.choose
+
+    def spy(rows, batch, kv, host_ms=0.0, draining=False):
+        seen.append((len(rows), draining))
+        return choose(rows, batch, kv, host_ms, draining)
+
+    engine.policy.choose = spy
+    params = SamplingParams(max_new_tokens=6)
+    prompts = random_prompts(5, 64, [3, 4, 5, 6, 7])
+    engine.generate(prompts, params)
+    assert seen[0][1] is False and seen[-1][1] is True
+    flips = [i for i in range(1, len(seen)) if seen[i][1] != seen[i - 1][1]]
+    assert len(flips) == 1  # not draining while prompts wait, then draining to the end
+    assert not engine.draining
+    seen.clear()
+    from specheads.runtime.engine import Request
+
+    engine.add(Request(prompts[0], params, frozenset()))
+    while engine.has_work:
+        engine.step()
+    assert seen and not any(d for _, d in seen)

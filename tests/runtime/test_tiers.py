@@ -50,7 +50,7 @@ class ScriptedPolicy:
     def observe(self, rows, tier, offered, accepted):
         self.observed += [(tier, o, a) for o, a in zip(offered, accepted)]
 
-    def choose(self, rows, batch, kv, host_ms=0.0):
+    def choose(self, rows, batch, kv, host_ms=0.0, draining=False):
         return self.schedule[self.launches % len(self.schedule)]
 
     def launched(self, tier):
@@ -295,6 +295,9 @@ def test_policy_input_errors_name_the_input(target, heads, tmp_path):
         (dict(speculation_policy="adaptive", speculation_settings="refresh=0"), "refresh=0 must be at least 1"),
         (dict(speculation_policy="adaptive", speculation_settings="prior=high"), "prior='high' is not a number"),
         (dict(speculation_policy="adaptive", speculation_settings="share_chains=2"), "share_chains=2 must be 0 or 1"),
+        (dict(speculation_policy="adaptive", speculation_settings="drain=2"), "drain=2 must be 0 or 1"),
+        (dict(speculation_policy="adaptive", speculation_settings="drain_quantile=1.5"),
+         r"drain_quantile=1.5 must lie in \[0, 1\]"),
     ):
         with pytest.raises(EngineError, match=message):
             SpecEngine(target, head, max_len=64, **FULL, **kwargs)
@@ -450,8 +453,8 @@ def test_a_host_drafter_proposes_before_the_policy_chooses(target, reference):
         proposals.append(list(tree.offered))
         return tree
 
-    def choosing(rows, batch, kv, host_ms=0.0):
-        tier = choose(rows, batch, kv, host_ms)
+    def choosing(rows, batch, kv, host_ms=0.0, draining=False):
+        tier = choose(rows, batch, kv, host_ms, draining)
         choices.append((rows, tier, len(proposals)))
         return tier
 
@@ -523,9 +526,9 @@ def test_each_tier_reads_its_own_context_bucket():
     tiers, offered, ran = engine.policy.tiers, [], []
     choose, plan = engine.policy.choose, engine._plan
 
-    def choosing(rows, batch, kv, host_ms=0.0):
+    def choosing(rows, batch, kv, host_ms=0.0, draining=False):
         offered.append(list(kv))
-        return choose(rows, batch, kv, host_ms)
+        return choose(rows, batch, kv, host_ms, draining)
 
     def planned(ahead, inflight=None):
         out = plan(ahead, inflight) if inflight is not None else plan(ahead)
