@@ -11,8 +11,11 @@
 #                                             then coding batch 1; then both lookups of this code side by
 #                                             side at coding batch 1 (about 7 min; 2026-12-01's call ran
 #                                             out of device time in its batch-1 half)
+#   bash gpu_runs/policy_questions.sh drain chat|coding   the draining batch's ranking (the drain setting)
+#                                             off and on at batch 32 and 64, beside ar and chains 1 and 6
+#                                             fixed (about 4 min a set)
 # Results under $OUT (policy_chat.json, policy_coding.json; steps_b64/, steps_coding_b8/;
-# b64_old/, b64_new/, b1_old/, b1_new/, lookups_b1/).
+# b64_old/, b64_new/, b1_old/, b1_new/, lookups_b1/; drain0_SET.json, drain1_SET.json).
 set -uo pipefail
 source gpu_runs/env.sh
 export HEAD=${HEAD:-/tmp/head}
@@ -35,5 +38,11 @@ case "${1:-}" in
       --methods ar plain-eagle3 ngram ngram-adaptive
     python3 gpu_runs/policy_steps.py $HEAD --out $OUT/lookups_b1 --set coding --prompts 16 --batch-sizes 1 --runs 2 \
       --methods ar ngram ngram-host ngram-adaptive ngram-host-adaptive 2>&1 | grep -E "b[0-9]+ +run" ;;
-  *) echo "policy_questions.sh: wide, steps or keepup, not '${1:-}'" >&2; exit 2 ;;
+  drain)
+    for d in 0 1; do
+      BATCHES="32 64" bash gpu_runs/policy_bench.sh ${2:-chat} --out $OUT/drain${d}_${2:-chat} \
+        --methods ar eagle3-tree@1,1,1:fixed eagle3-chain:fixed eagle3-tree@6,4,15:adaptive ngram:adaptive \
+        --speculation-settings drain=$d
+    done ;;
+  *) echo "policy_questions.sh: wide, steps, keepup or drain, not '${1:-}'" >&2; exit 2 ;;
 esac
