@@ -399,7 +399,8 @@ class AdaptivePolicy:
         # expected tokens (module docstring). Replayed on the validation split's traces (36 prompts,
         # one closed batch at 32 and 64) with the H200's step costs: 1.487 and 1.217 of `ar` at batch 32
         # and 64 against 1.464 and 1.165 without (best fixed tree 1.458 and 1.209); quantile 0.1 gave
-        # 1.462 and 1.220, 0.2 1.487 and 1.211 (docs/benchmarks.md)
+        # 1.462 and 1.220, 0.2 1.487 and 1.211. With 72 prompts of 256 tokens: 1.666 and 1.670
+        # against 1.682 and 1.616 (best fixed 1.628 and 1.624; docs/benchmarks.md)
         self.drain, self.drain_quantile = bool(drain), drain_quantile
         self.version = 0  # the records' version: one more at each fold
         self._tier, self._tier_version = None, -1
