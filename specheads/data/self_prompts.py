@@ -128,12 +128,13 @@ def keep_prompts(samples: list[dict], settings: SelfPromptSettings, forbidden: s
     from specheads.evaluation.suite import ngrams
 
     seen, rows, dropped = set(), [], Counter()
+    min_words = max(settings.min_words, 1)
     for s in sorted(samples, key=lambda s: s["index"]):
         text = s["text"]
         if not s["ended"]:
             dropped["the turn did not end within max_tokens"] += 1
-        elif len(text.split()) < max(settings.min_words, 1):
-            dropped[f"fewer than {max(settings.min_words, 1)} words"] += 1
+        elif len(text.split()) < min_words:
+            dropped[f"fewer than {min_words} words"] += 1
         elif _normal(text) in seen:
             dropped["the same text as an earlier prompt"] += 1
         elif not ngrams(text).isdisjoint(forbidden):
@@ -175,23 +176,20 @@ def write_self_prompts(target, out: str | Path, settings: SelfPromptSettings, ba
                             f"({theirs.get('target')}, {theirs.get('settings')}); give another --out, or remove it")
     else:
         write_text(saved, json.dumps(mine, indent=1))
-    chunks = range(0, settings.count, settings.chunk)
-    todo = [k for k, _ in enumerate(chunks) if not _chunk_path(out, k).is_file()]
+    chunks = [(k, start, min(start + settings.chunk, settings.count))
+              for k, start in enumerate(range(0, settings.count, settings.chunk))]
+    todo = [c for c in chunks if not _chunk_path(out, c[0]).is_file()]
     engine = None
     if todo:
         cap = min(len(prefix_ids) + settings.max_tokens + 8, model.rotary.max_positions)
         engine = SpecEngine(model, method="ar", max_len=cap, max_batch=min(batch_size, settings.chunk))
-    bar = tqdm(total=settings.count, initial=settings.count - sum(
-        min(settings.chunk, settings.count - start) for k, start in enumerate(chunks) if k in todo),
-        desc="self-prompts", unit="prompt", disable=not progress)
-    for k, start in enumerate(chunks):
-        if k not in todo:
-            continue
-        stop = min(start + settings.chunk, settings.count)
+    bar = tqdm(total=settings.count, initial=settings.count - sum(stop - start for _, start, stop in todo),
+               desc="self-prompts", unit="prompt", disable=not progress)
+    for k, start, stop in todo:
         _write_gz_lines(_chunk_path(out, k), sample_chunk(engine, tokenizer, prefix_ids, settings, start, stop))
         bar.update(stop - start)
     bar.close()
-    samples = [s for k in range(len(chunks)) for s in _read_gz_lines(_chunk_path(out, k))]
+    samples = [s for k, _, _ in chunks for s in _read_gz_lines(_chunk_path(out, k))]
     rows, dropped = keep_prompts(samples, settings, suite_ngrams(), run_id)
     if not rows:
         raise DataError(f"self-prompts: none of the {len(samples)} prompts sampled passed the filters "

@@ -412,6 +412,7 @@ class AdaptivePolicy:
         self._pend_k, self._pend_h = np.zeros((n, d)), np.zeros((n, d))
         self._pend_all_k, self._pend_all_h = np.zeros(d), np.zeros(d)
         self._pending = 0  # observations summed since the last fold
+        self._pending_slots: list[np.ndarray] = []  # the slots each of them observed
         # [offered, accepted, depth]: a depth is a trial where its parent was reached (depth <=
         # accepted + 1) and it was offered, a hit where it was accepted
         o, a, j = np.ogrid[:d + 1, :d + 1, :d]
@@ -459,6 +460,7 @@ class AdaptivePolicy:
         self._pend_all_k += k
         self._pend_all_h += h
         self._pending += 1
+        self._pending_slots.append(slots)
         if len(slots) <= FRESH_ROWS or self._pending >= self.refresh:
             self.fold()
 
@@ -469,7 +471,9 @@ class AdaptivePolicy:
             return
         self._pending = 0
         self.version += 1
-        touched = np.flatnonzero(self._pend_trials.any(axis=(1, 2)))
+        touched = self._pending_slots[0] if len(self._pending_slots) == 1 else np.unique(
+            np.concatenate(self._pending_slots))
+        self._pending_slots = []
         mean, count = self.mean[touched], self.count[touched]
         _running_mean(mean, count, self._pend_trials[touched], self._pend_hits[touched], self.window)
         self.mean[touched], self.count[touched] = mean, count
@@ -567,7 +571,10 @@ class AdaptivePolicy:
             more = self.expected_tokens([r[0] for r in picked], [r[1] for r in picked]) - 1.0
             if max(map(len, picked)) > 2:
                 more = np.array([r[2] if len(r) > 2 else 1.0 for r in picked])[:, None] * more
-            extra[drafting] = more
+            if len(drafting) == len(rows):
+                extra = more
+            else:
+                extra[drafting] = more
         if draining:
             tokens = len(rows) * (1.0 + np.quantile(extra, self.drain_quantile, axis=0))
         else:
