@@ -43,6 +43,14 @@ from specheads.runtime.policy import POLICY_SETTINGS, AdaptivePolicy, FixedPolic
     setting_value
 
 
+HEADLESS = ("ngram", "ngram-host")  # --draft names these methods instead of a head
+
+
+def method_of(head, draft: str = "ngram") -> str:
+    """The drafting method: the head's kind, or the headless method --draft names."""
+    return head.kind if head is not None else draft
+
+
 def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list[list[int]],
                 continuations: list[list[int]], rows: int = 64) -> dict[TreeShape, list[list[int]]]:
     """traces[tier][i][j]: drafts accepted by a step of that tree rooted j tokens into
@@ -241,7 +249,7 @@ def load_or_trace(path, key: dict, tiers, answer, trace) -> dict:
     return add_traces(path, load_answers(path, key, answer), tiers, trace)
 
 
-def measure_profile(path, models, tiers, max_batch: int, max_len: int) -> None:
+def measure_profile(path, models, tiers, max_batch: int, max_len: int, draft: str = "ngram") -> None:
     """Time every tier's step (and the plain step) at every batch and context bucket up to these,
     as an adaptive engine does at a server's start, and save the profile at `path` (CUDA only)."""
     from specheads.runtime.engine import SpecEngine
@@ -251,7 +259,7 @@ def measure_profile(path, models, tiers, max_batch: int, max_len: int) -> None:
                          f"(leave --profile out for the static cost model)")
     target, _, head = models()
     full = tiers[-1]
-    engine = SpecEngine(target, head, method=head.kind, num_steps=full.steps, topk=full.topk,
+    engine = SpecEngine(target, head, method=method_of(head, draft), num_steps=full.steps, topk=full.topk,
                         num_draft_tokens=full.num_draft, max_batch=max_batch, max_len=max_len,
                         speculation_policy="adaptive", speculation_tiers=";".join(map(str, tiers)),
                         speculation_profile=str(path))
@@ -264,7 +272,8 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default=None)
-    ap.add_argument("--draft", required=True, help="a head folder or hub id (its kind drafts)")
+    ap.add_argument("--draft", required=True, help="a head folder or hub id (its kind drafts), or a method that "
+                    f"drafts without a head ({', '.join(HEADLESS)})")
     ap.add_argument("--split", default="validation", choices=["validation", "test"])
     ap.add_argument("--categories", nargs="+", default=None)
     ap.add_argument("--limit", type=int, default=8, help="prompts per category")
@@ -311,7 +320,8 @@ def main(argv=None) -> int:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             dtype = torch.bfloat16 if device == "cuda" else torch.float32
             target, tok, _ = load_target(args.target, dtype=dtype, device=device)
-            loaded.update(target=target, tok=tok, head=load_head(args.draft, device=device, dtype=dtype))
+            head = None if args.draft in HEADLESS else load_head(args.draft, device=device, dtype=dtype)
+            loaded.update(target=target, tok=tok, head=head)
         return loaded["target"], loaded["tok"], loaded["head"]
 
     def answer():
@@ -337,14 +347,15 @@ def main(argv=None) -> int:
     def trace(todo, prompts, longer):
         target, _, head = models()
         print(f"tracing {', '.join(map(str, todo))} over {len(prompts)} answers", flush=True)
-        return tier_traces(target, head, head.kind, todo, prompts, longer)
+        return tier_traces(target, head, method_of(head, args.draft), todo, prompts, longer)
 
     # answers, then the card's step costs (a minute or two), then the traces (the longest part), each
     # saved as it is done: a run cut short by a time limit keeps what it finished for the next
     data = load_answers(args.traces, key, answer)
     if args.profile and not Path(args.profile).exists():
         measure_profile(args.profile, models, tiers, max(args.batch_sizes),
-                        max(len(p) + len(a) for p, a in zip(data["prompts"], data["answers"])) + tiers[-1].num_draft + 2)
+                        max(len(p) + len(a) for p, a in zip(data["prompts"], data["answers"])) + tiers[-1].num_draft + 2,
+                        args.draft)
     data = add_traces(args.traces, data, sorted(set(tiers + fixed), key=order), trace)
     traces = {t: data["traces"][str(t)] for t in set(tiers + fixed)}
     prompt_lens = [len(c) for c in data["prompts"]]

@@ -273,8 +273,9 @@ class SpecEngine:
         # the last step launched drafted: a plain step after it keeps up with that step's whole path
         # (a plain step after a plain one or a prefill, with the one entry each row has pending)
         self._drafted = False
-        # generate() has admitted its last prompt: no request waits for a row, and the policy ranks
-        # tiers for the batch's slow end (runtime/policy.py); a server's engine never drains
+        # generate() has admitted its last prompt: no request waits for a row (the policy's `drain`
+        # setting ranks tiers for the batch's slow end then; runtime/policy.py); a server's engine
+        # never drains
         self.draining = False
         self.graph_report: dict = {}
         try:

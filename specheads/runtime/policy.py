@@ -38,11 +38,13 @@ where it promises `switch_margin` (default 0.15) more: its estimate's error cost
 gains where the tiers' rates are close.
 
 A batch that drains (`generate()` has admitted its last prompt: no request waits for a row) ends
-with its slowest rows, whose steps a deeper tier seldom shortens, so there (`drain` 1, the default)
-each tier is ranked by the `drain_quantile` (0.05) quantile of the rows' expected tokens instead of
-their sum: the rate of the batch's slow end. Chosen on the validation split's replay with the
-H200's step costs (docs/benchmarks.md); a server's batch, which new requests may join at any step,
-is never draining.
+with its slowest rows. With `drain` 1 (off by default) each tier is ranked there by the
+`drain_quantile` (0.05) quantile of the rows' expected tokens instead of their sum: the rate of
+the batch's slow end. The replay of the validation split with the H200's step costs preferred it,
+but on the card (H200, 64 prompts a set, 2026-12-02, docs/benchmarks.md) it lost three of four
+cells: at chat batch 64 the quantile of 64 rows' noisy estimates promised almost no drafts, 92% of
+the steps were plain, and it ran at 0.88x `ar` against 0.93x without; coding batch 32 went from
+1.21x to 1.02x. A server's batch, which new requests may join at any step, is never draining.
 
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
@@ -343,7 +345,7 @@ class AdaptivePolicy:
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
-                 bound_trees: int = 0, refresh: int = 4, drain: int = 1, drain_quantile: float = 0.05):
+                 bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -395,12 +397,11 @@ class AdaptivePolicy:
         # many plain steps between folds choose from these. In a batch of more than FRESH_ROWS rows
         # a fold comes every `refresh` observations (module docstring)
         self.refresh = refresh
-        # drain 1, drain_quantile 0.05: a draining batch ranks tiers by the quantile of its rows'
-        # expected tokens (module docstring). Replayed on the validation split's traces (36 prompts,
-        # one closed batch at 32 and 64) with the H200's step costs: 1.487 and 1.217 of `ar` at batch 32
-        # and 64 against 1.464 and 1.165 without (best fixed tree 1.458 and 1.209); quantile 0.1 gave
-        # 1.462 and 1.220, 0.2 1.487 and 1.211. With 72 prompts of 256 tokens: 1.666 and 1.670
-        # against 1.682 and 1.616 (best fixed 1.628 and 1.624; docs/benchmarks.md)
+        # drain 0 (drain 1, drain_quantile 0.05: a draining batch ranks tiers by the quantile of its
+        # rows' expected tokens; module docstring). The replay (validation traces, the H200's step
+        # costs, one closed batch) preferred it: 1.487 and 1.217 of `ar` at batch 32 and 64 against
+        # 1.464 and 1.165 without; on the card it lost chat batch 32 and 64 and coding batch 32
+        # (docs/results/policy-h200-2026-12-02/drain*_*.json)
         self.drain, self.drain_quantile = bool(drain), drain_quantile
         self.version = 0  # the records' version: one more at each fold
         self._tier, self._tier_version = None, -1

@@ -180,3 +180,21 @@ def test_settings_ranked_by_their_worst_batch(setup):
     assert ranked[0]["by_batch"][1] == pytest.approx(ada["tokens_per_cost"] / best_fixed)
     with pytest.raises(ValueError, match="saturation_tokens=N"):
         static_cost(["depth=3"])
+
+
+@pytest.mark.parametrize("method", ["ngram", "ngram-host"])
+def test_ngram_traces_replay_the_engine(setup, method):
+    """A headless drafter (the prompt lookup, `--draft ngram`) is traced without a head, and a
+    fixed chain's replay takes the engine's drafting steps and accepted drafts."""
+    target = setup[0]
+    chain = parse_tiers("5,1,5")[0]
+    longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=90).generate(
+        PROMPTS, SamplingParams(max_new_tokens=NEW + chain.steps + 1))]
+    traces = tier_traces(target, None, method, [chain], PROMPTS, longer)
+    engine = SpecEngine(target, method=method, num_draft_tokens=chain.num_draft, max_len=90, max_batch=2,
+                        overlap=False)
+    results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
+    res = simulate(FixedPolicy(chain), traces, [len(p) for p in PROMPTS], [NEW] * len(PROMPTS), 2)
+    assert res.drafted_steps == sum(r.steps for r in results)
+    assert res.accepted == sum(r.accepted_tokens for r in results)
+    assert res.accepted > 3, "the lookup should be accepted at times"

@@ -537,7 +537,7 @@ def test_a_draining_batch_ranks_tiers_by_its_slow_end():
     """Once no request waits (generate() has admitted its last prompt) a batch ends with its slowest
     rows: each tier is ranked by the drain_quantile quantile of the rows' expected tokens, times the
     rows, not by their sum. Rows that draft everything beside a few that draft nothing choose a
-    smaller tier as the batch drains than while requests wait; drain=0 keeps the sum."""
+    smaller tier as the batch drains than while requests wait; drain=0 (the default) keeps the sum."""
     def batch_of(policy):
         fast = [policy.new_row() for _ in range(18)]
         slow = [policy.new_row() for _ in range(2)]
@@ -545,7 +545,7 @@ def test_a_draining_batch_ranks_tiers_by_its_slow_end():
             policy.observe(fast + slow, len(TIERS), [FULL.steps] * 20, [FULL.steps] * 18 + [0] * 2)
         return [(r, FULL.steps) for r in fast + slow]
 
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), drain=1)
     rows = batch_of(policy)
     busy = policy.choose(rows, 32, 512)
     assert busy > 0
@@ -556,7 +556,7 @@ def test_a_draining_batch_ranks_tiers_by_its_slow_end():
     assert np.allclose(rates[1:], want) and rates[0] == pytest.approx(len(rows) / costs[0])
     assert policy.choose(rows, 32, 512, draining=True) < busy
     assert policy.choose(rows[:1], 32, 512, draining=True) > 0  # one row: the sum, its own rate
-    off = AdaptivePolicy(TIERS, TableCost(gpu_like), drain=0)
+    off = AdaptivePolicy(TIERS, TableCost(gpu_like))
     assert off.choose(batch_of(off), 32, 512, draining=True) == busy
 
 
