@@ -15,6 +15,10 @@ Life of a drafter inside an engine (rows are cache rows; active rows are packed 
     keep_up(DraftContext, wide)          (device drafters) a plain step, where the engine verifies
                                          the roots alone: the state brought up to date before it;
                                          `commit` then takes the root's one-node path
+    first_draft(DraftContext)            (abilities.first_draft) in a small batch's plain step, after
+                                         keep_up: each row's first draft, which the engine checks
+                                         against the target's token so that the speculation policy
+                                         sees acceptance while it drafts nothing
     move_row / clear_row / park_rows     rows leave (the last row moves into the freed one),
                                          padding rows return to an idle state
     state()                              the small per-row tensors a step changes: the engine
@@ -67,6 +71,9 @@ class Abilities:
     trees: bool = False
     # drafts smaller trees over the same per-row state (`tier`), so a policy can pick a tree per step
     tiers: bool = False
+    # tells its first draft in a plain step (`first_draft`), cheaply enough to run in every plain step
+    # of a small batch
+    first_draft: bool = False
 
 
 @dataclass
@@ -169,6 +176,12 @@ class Drafter:
         engine calls it on its smallest tier); a drafter whose `propose` does more than that
         overrides it."""
         self.propose(ctx)
+
+    def first_draft(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """(abilities.first_draft; device work, after `keep_up`, before the step's commit) Each row's
+        first draft under its root, the token `propose` would draft at depth 1 of a chain, and
+        whether it has one: (tokens [b], found [b] bool)."""
+        raise NotImplementedError
 
 
 def tier_copy(drafter, shape):

@@ -36,7 +36,7 @@ class DeviceNgramDrafter(Drafter):
     has one; the drafts are the tokens from p+1 on, position p+1 + (i mod (L-p)) for the i-th (the
     continuation repeats through the suffix). A row without a match drafts nothing."""
 
-    abilities = Abilities(on_device=True, trees=False, tiers=True)
+    abilities = Abilities(on_device=True, trees=False, tiers=True, first_draft=True)
 
     def __init__(self, num_draft_tokens: int = 8, max_ngram: int = 3):
         _check(num_draft_tokens, max_ngram)
@@ -94,6 +94,15 @@ class DeviceNgramDrafter(Drafter):
         """A plain step: nothing before the verify (its commit writes the token)."""
 
     def propose(self, ctx: DraftContext) -> Tree:
+        drafts, found = self._lookup(ctx, self.draft_cols)
+        return chain_tree(ctx.roots, drafts, found[:, None].expand_as(drafts))
+
+    def first_draft(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        drafts, found = self._lookup(ctx, self.draft_cols[:1])
+        return drafts[:, 0], found
+
+    def _lookup(self, ctx: DraftContext, draft_cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's drafts at the chain positions `draft_cols` [n] and whether it has any: ([b, n], [b])."""
         b, roots = ctx.rows, ctx.roots
         w = min(ctx.kv + 1, self.tokens.shape[1])  # the root sits inside the step's context bucket
         h, length = self.tokens[:b, :w], self.length[:b]
@@ -109,9 +118,8 @@ class DeviceNgramDrafter(Drafter):
             best = torch.where(p >= 0, p, best)
         found = best >= 0
         period = (length - best).clamp(min=1)
-        at = best[:, None] + 1 + self.draft_cols[None] % period[:, None]
-        drafts = h.gather(1, at.clamp(0, w - 1))
-        return chain_tree(roots, drafts, found[:, None].expand_as(drafts))
+        at = best[:, None] + 1 + draft_cols[None] % period[:, None]
+        return h.gather(1, at.clamp(0, w - 1)), found
 
 
 class NgramDrafter(Drafter):

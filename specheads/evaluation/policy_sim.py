@@ -39,8 +39,8 @@ import torch
 
 from specheads.evaluation.estimate import accepted_per_position, scoring_drafter
 from specheads.runtime.graphs import next_pow2
-from specheads.runtime.policy import POLICY_SETTINGS, AdaptivePolicy, FixedPolicy, StaticCost, TreeShape, \
-    setting_value
+from specheads.runtime.policy import FIRST_DRAFT_ROWS, POLICY_SETTINGS, AdaptivePolicy, FixedPolicy, StaticCost, \
+    TreeShape, setting_value
 
 
 HEADLESS = ("ngram", "ngram-host")  # --draft names these methods instead of a head
@@ -49,6 +49,14 @@ HEADLESS = ("ngram", "ngram-host")  # --draft names these methods instead of a h
 def method_of(head, draft: str = "ngram") -> str:
     """The drafting method: the head's kind, or the headless method --draft names."""
     return head.kind if head is not None else draft
+
+
+def tells_first(draft: str) -> bool:
+    """--draft's drafter tells its first draft in a plain step (`Abilities.first_draft`): the device
+    n-gram's does; no head's drafter does yet."""
+    from specheads.drafters.ngram import DeviceNgramDrafter
+
+    return draft == "ngram" and DeviceNgramDrafter.abilities.first_draft
 
 
 def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list[list[int]],
@@ -90,15 +98,19 @@ class SimResult:
 
 
 def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int], batch: int, cost=None,
-             buckets: bool = False) -> SimResult:
+             buckets: bool = False, first_drafts: bool = False) -> SimResult:
     """Serve every request (prompt i: new_tokens[i] tokens, the first from its prefill) with at
     most `batch` rows at once, a finished row taking the next request, each step's tier chosen by
     `policy` (None: plain decoding every step) and priced by `cost.step(b, kv, tier)` (default:
     the static model). buckets: price and choose at the engine's graph buckets (powers of two),
-    as it does on a GPU. traces: `tier_traces` of (at least) the policy's tiers. The result's
-    steps_by_tier counts by the policy's tier index (0: plain)."""
+    as it does on a GPU. traces: `tier_traces` of (at least) the policy's tiers. first_drafts: the
+    drafter tells its first draft in a plain step (`Abilities.first_draft`), so a batch of at most
+    FIRST_DRAFT_ROWS rows observes it there, as the engine's does. The result's steps_by_tier
+    counts by the policy's tier index (0: plain)."""
     cost = cost or StaticCost()
     tiers = policy.tiers if policy is not None else []
+    # a chain's trace: its first draft was accepted where it accepted any
+    chain = next((t for t in tiers if t.topk == 1), None) if first_drafts else None
     res = SimResult()
     todo = deque(range(len(new_tokens)))
     active: list[list] = []  # [request, tokens emitted, the policy's record]
@@ -135,9 +147,13 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
         res.steps_by_tier[tier] += 1
         res.row_steps_by_tier[tier] += n
         seen = ([], [], [])
+        firsts = ([], []) if chain is not None and not tier and b <= FIRST_DRAFT_ROWS else None
         for r in active:
             i, emitted, slot = r
             got = traces[tiers[tier - 1]][i][emitted - 1] if tier else 0
+            if firsts is not None and emitted - 1 < len(traces[chain][i]):
+                firsts[0].append(slot)
+                firsts[1].append(int(traces[chain][i][emitted - 1] > 0))
             room = new_tokens[i] - emitted
             step_tokens = min(got + 1, room)
             r[1] += step_tokens
@@ -149,6 +165,8 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
                     kept.append(value)
         if tier and policy is not None:
             policy.observe(seen[0], tier, seen[1], seen[2])
+        if firsts and firsts[0]:
+            policy.observe_first(*firsts)
     return res
 
 
@@ -164,7 +182,7 @@ def grid(spec: list[str]) -> list[dict]:
 
 
 def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buckets=False, settings_grid=({},),
-            fixed_trees=None) -> list[dict]:
+            fixed_trees=None, first_drafts: bool = False) -> list[dict]:
     """Per batch size: ar, a fixed policy at each of `fixed_trees` (default: the largest tier) and
     adaptive over `tiers` at every settings combination; each row with its speed relative to ar."""
     rows = []
@@ -177,7 +195,8 @@ def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buck
                           simulate(FixedPolicy(tree), traces, prompt_lens, new_tokens, b, cost, buckets), [tree]))
         for s in settings_grid:
             pol = AdaptivePolicy(list(tiers), cost or StaticCost(), **s)
-            cands.append(("adaptive", s, None, simulate(pol, traces, prompt_lens, new_tokens, b, cost, buckets), tiers))
+            cands.append(("adaptive", s, None, simulate(pol, traces, prompt_lens, new_tokens, b, cost, buckets,
+                                                        first_drafts), tiers))
         for name, s, tree, r, used in cands:
             rows.append({"batch": b, "policy": name, "tree": tree, "settings": s, **r.to_dict(used),
                          "speedup_vs_ar": r.tokens_per_cost / base.tokens_per_cost if base.tokens_per_cost else math.nan})
@@ -362,7 +381,7 @@ def main(argv=None) -> int:
     new_tokens = [max(min(len(a), args.max_new_tokens), 1) for a in data["answers"]]
     cost = SpeculationProfile.load(args.profile) if args.profile else static_cost(args.static)
     rows = compare(tiers, traces, prompt_lens, new_tokens, args.batch_sizes, cost, buckets=cost is not None,
-                   settings_grid=grid(args.grid), fixed_trees=fixed)
+                   settings_grid=grid(args.grid), fixed_trees=fixed, first_drafts=tells_first(args.draft))
     print(f"{'batch':>5} {'policy':>8} {'tree / settings':>40} {'accept':>6} {'x ar':>6}  steps by tier")
     for r in rows:
         what = r["tree"] or (" ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults")

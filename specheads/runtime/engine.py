@@ -65,7 +65,8 @@ from specheads.kernels.tuning import use as use_tuning
 from specheads.kernels.verify import accept, finish_step, step_inputs
 from specheads.runtime.defaults import DEFAULT_TREE, MAX_TOP_LOGPROBS
 from specheads.runtime.graphs import capture_graph, next_pow2
-from specheads.runtime.policy import POLICIES, PolicyError, SpeculationProfile, StaticCost, TreeShape, build_policy
+from specheads.runtime.policy import FIRST_DRAFT_ROWS, POLICIES, PolicyError, SpeculationProfile, StaticCost, TreeShape, \
+    build_policy
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, sample_rows
 from specheads.runtime.tree import Tree
 from specheads.target.model import KVCache
@@ -460,6 +461,10 @@ class SpecEngine:
         """A plain step takes its token into the drafter's row state (device drafters)."""
         return len(self._drafters) > 1 and not self._host_drafts
 
+    def _tells_first(self, b: int) -> bool:
+        """A plain step of this batch bucket checks the drafter's first drafts (runtime/policy.py)."""
+        return self._keeps_up and self.drafter.abilities.first_draft and b <= FIRST_DRAFT_ROWS
+
     @property
     def _host_drafts(self) -> bool:
         """The drafter proposes on the host (it needs the tokens of the step before)."""
@@ -571,6 +576,9 @@ class SpecEngine:
         t0 = time.perf_counter()
         tree = self.policy.tiers[launch.tier - 1] if launch.tier else None
         seen = ([], [], [])  # the policy's records of the rows that drafted, depths offered, drafts accepted
+        # the rows' first-draft checks of a plain step: records, hits (a custom policy may not take them)
+        firsts = ([], []) if (launch.tier == 0 and self._tells_first(launch.batch)
+                              and hasattr(self.policy, "observe_first")) else None
         outputs, done = [], []
         lp = [t.tolist() for t in launch.host_logprobs] if launch.host_logprobs is not None else None
         for i, (row, res) in enumerate(zip(launch.rows, launch.host[:len(launch.rows)].tolist())):
@@ -588,6 +596,9 @@ class SpecEngine:
                 if offered > 0:  # (a row its host drafter had nothing for tells the policy nothing)
                     for kept, value in zip(seen, (row.acceptance, offered, n_acc - 1)):
                         kept.append(value)
+            elif firsts is not None and launch.drafting[i]:
+                firsts[0].append(row.acceptance)
+                firsts[1].append(res[-1])
             if row.request.spec.enabled == "auto" and self.drafter is not None and reason is None:
                 self._auto(row, drafted, n_acc - 1)
             if lp is not None and row.request.top_logprobs is not None:
@@ -597,6 +608,8 @@ class SpecEngine:
                 done.append(row)
         if tree is not None:
             self.policy.observe(seen[0], launch.tier, seen[1], seen[2])
+        elif firsts is not None and firsts[0]:
+            self.policy.observe_first(*firsts)
         self._remove([self.rows.index(r) for r in done])
         if launch.tier and self._host_drafts and launch.event is not None:
             # a host drafter's step cannot overlap the host's work: the card waits for it
@@ -713,8 +726,11 @@ class SpecEngine:
         self.row_params = RowParams.allocate(mb, dev)
         self.depth_limit = torch.zeros(mb, dtype=torch.long, device=dev)
         self.draft_limit = torch.zeros(mb, dtype=torch.long, device=dev)
-        # per row: accepted count (with the root), bonus, drafted count, depth offered, path tokens
-        self.out = torch.zeros(mb, 4 + self.depth + 1, dtype=torch.long, device=dev)
+        # per row: accepted count (with the root), bonus, drafted count, depth offered, path tokens,
+        # and last a plain step's first-draft check (1: the target's token equals the drafter's first
+        # draft; 0: it does not, or the drafter had none, as a drafting step counts an empty draft;
+        # `_tells_first`)
+        self.out = torch.zeros(mb, 4 + self.depth + 1 + 1, dtype=torch.long, device=dev)
         pinned = dev.type == "cuda"
         self._host_out = [torch.zeros(mb, self.out.shape[1], dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         # log-probabilities at each path position of a step (filled by steps of requests that ask)
@@ -1106,8 +1122,12 @@ class SpecEngine:
         # (after a plain step or a prefill each row has one entry pending: a narrow keep-up, which at
         # batch 64 on an H200 cost an EAGLE-3 engine's plain step 8% over `ar`'s at full width)
         keep = not draft and self._keeps_up
+        first = None
         if keep:
-            self._drafters[1].keep_up(DraftContext(b, kv, self.root[:b]), wide)
+            ctx = DraftContext(b, kv, self.root[:b])
+            self._drafters[1].keep_up(ctx, wide)
+            if self._tells_first(b):  # (before the commit moves the row state past the root)
+                first = self._drafters[1].first_draft(ctx)
         tree = self._tree(b, kv, tier)
         anc, y, out = self._verify(tree, b, kv, sampled)
         logits = out.logits
@@ -1115,6 +1135,9 @@ class SpecEngine:
         # path's entries sit for the commit
         path, n_acc = finish_step(tree.tokens, tree.parents, tree.valid, tree.depth, anc, y, tree.max_depth,
                                   self.committed[:b], self.base[:b], self.root[:b], self.out[:b])
+        if first is not None:  # the root now holds the target's token after the old root
+            tokens, found = first
+            self.out[:b, -1] = (found & (tokens == self.root[:b])).long()
         if draft or keep:
             self._drafters[max(tier, 1)].commit(StepResult(b, tree, path, n_acc, y, out.aux_hidden, out.hidden))
         if tree.max_depth:  # a lone root is in place

@@ -198,3 +198,31 @@ def test_ngram_traces_replay_the_engine(setup, method):
     assert res.drafted_steps == sum(r.steps for r in results)
     assert res.accepted == sum(r.accepted_tokens for r in results)
     assert res.accepted > 3, "the lookup should be accepted at times"
+
+
+def test_ngram_first_drafts_replay_the_engines_choices(setup):
+    """The device n-gram's plain steps tell their first drafts in the engine and in the replay
+    alike: the same policy code chooses the same trees (static costs, CPU, no run-ahead)."""
+    target = setup[0]
+    tiers = parse_tiers("1,1,1;2,1,2;5,1,5")
+    longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=90).generate(
+        PROMPTS, SamplingParams(max_new_tokens=NEW + 6))]
+    traces = tier_traces(target, None, "ngram", tiers, PROMPTS, longer)
+    settings = dict(prior=0.2, probe_every=64)  # mostly plain steps, whose first drafts the policy weighs
+    for batch in (1, 3):
+        engine = SpecEngine(target, method="ngram", num_draft_tokens=5, max_len=90, max_batch=batch, overlap=False,
+                            speculation_policy="adaptive", speculation_tiers="1,1,1;2,1,2")
+        engine.policy = AdaptivePolicy(list(engine.policy.tiers), engine.policy.cost, **settings)
+        results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
+        by_tree = {}
+        for r in results:
+            for tree, n in r.steps_by_tree.items():
+                by_tree[tree] = by_tree.get(tree, 0) + n
+        lens, new = [len(p) for p in PROMPTS], [NEW] * len(PROMPTS)
+        res = simulate(AdaptivePolicy(list(tiers), StaticCost(), **settings), traces, lens, new, batch,
+                       first_drafts=True)
+        names = ["none"] + [str(t) for t in tiers]
+        assert {names[k]: n for k, n in res.row_steps_by_tier.items()} == by_tree
+        assert res.accepted == sum(r.accepted_tokens for r in results)
+        blind = simulate(AdaptivePolicy(list(tiers), StaticCost(), **settings), traces, lens, new, batch)
+        assert res.row_steps_by_tier != blind.row_steps_by_tier, "first drafts should change the choices"

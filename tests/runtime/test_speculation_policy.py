@@ -592,3 +592,28 @@ def test_generate_drains_once_its_last_prompt_is_in():
     while engine.has_work:
         engine.step()
     assert seen and not any(d for _, d in seen)
+
+
+def test_first_drafts_of_plain_steps_are_trials_at_depth_one_of_the_chains():
+    """`observe_first` (a plain step's first-draft checks) is a trial at depth 1 of every chain
+    tier, for the row and the pooled records, and leaves the tree tier and deeper depths alone; a
+    row decoding plainly on a poor record drafts again once its first drafts match."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    row = policy.new_row()
+    for _ in range(40):  # a poor stretch: the full tree's drafts all rejected
+        policy.observe([row], len(TIERS), [FULL.steps], [0])
+    assert policy.choose([(row, FULL.steps)], 1, 512) == 0
+    mean, count = policy.mean.copy(), policy.count.copy()
+    tier_count = policy.tier_count.copy()
+    for _ in range(12):
+        policy.observe_first([row], [1])
+    chains = [i for i, t in enumerate(TIERS) if t.topk == 1]
+    assert chains == [0, 1, 2]
+    assert np.all(policy.count[row, chains, 0] == count[row, chains, 0] + 12)
+    assert np.all(policy.mean[row, chains, 0] > mean[row, chains, 0])
+    assert np.array_equal(policy.count[row, 3], count[row, 3])  # the tree: untouched
+    assert np.array_equal(policy.count[row, :, 1:], count[row, :, 1:])  # deeper depths: untouched
+    assert np.all(policy.tier_count[chains, 0] == tier_count[chains, 0] + 12)
+    assert policy.choose([(row, FULL.steps)], 1, 512) > 0
+    policy.observe_first([], [])  # nothing to tell: nothing changes
+    FixedPolicy(FULL).observe_first([None], [1])

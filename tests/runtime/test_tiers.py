@@ -585,3 +585,47 @@ def test_a_device_drafter_drafts_after_plain_steps_as_after_a_fresh_prompt(targe
     fresh, again = draft_after(history[:-1], [4] * 8, 0)
     assert again == history  # the same root
     assert torch.equal(drafted, fresh)
+
+
+class FirstDraftPolicy(ScriptedPolicy):
+    """A scripted policy that numbers its rows' records in the order requests join and keeps
+    the first-draft checks of plain steps."""
+
+    def __init__(self, tiers, schedule):
+        super().__init__(tiers, schedule)
+        self.rows, self.firsts = 0, []
+
+    def new_row(self):
+        self.rows += 1
+        return self.rows - 1
+
+    def observe_first(self, rows, hits):
+        self.firsts += list(zip(rows, hits))
+
+
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_plain_steps_check_the_device_ngram_first_draft(target, reference, max_batch):
+    """In a small batch's plain steps the device n-gram tells each row's first draft and the engine
+    checks it against the target's token (`observe_first`): the checks are those of the host
+    lookup over the same history (a row without a match: a miss, as in a drafting step), the
+    output is `ar`'s, and drafting steps tell none."""
+    from specheads.drafters.ngram import NgramDrafter
+    from specheads.runtime.policy import resolve_tiers
+
+    engine = SpecEngine(target, method="ngram", max_len=64, max_batch=max_batch, num_draft_tokens=5, overlap=False)
+    schedule = [0, 0, 0, 2, 0, 0, 0, 0, 3] if max_batch == 1 else [0]
+    policy = engine.policy = FirstDraftPolicy(resolve_tiers(tiers_for("ngram"), engine.full_tree, trees=False,
+                                                            can_tier=True), schedule)
+    tokens, trees = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), max_batch)
+    assert tokens == reference
+    lookup = NgramDrafter(5)
+    for i, (prompt, out) in enumerate(zip(PROMPTS, tokens)):
+        want, j = [], 0  # j: the root's index in out (the first token came from the prefill)
+        for tree, accepted in trees[i]:
+            if tree is None:
+                cont = lookup._lookup(list(prompt) + out[: j + 1])
+                want.append(int(bool(cont) and cont[0] == out[j + 1]))
+            j += accepted + 1
+        got = [hit for row, hit in policy.firsts if row == i]
+        assert got == want
+    assert any(hit for _, hit in policy.firsts) and not all(hit for _, hit in policy.firsts)

@@ -204,7 +204,7 @@ def test_ngram_index_equals_the_naive_search_as_histories_grow():
 def test_device_ngram_drafts_what_the_host_lookup_drafts(max_ngram):
     """The device lookup (method ngram) against the naive search, as rows are prefilled, grow by
     the tokens each step commits (one to several), move and restart; a shorter tier drafts the
-    full chain's first tokens."""
+    full chain's first tokens, and the first draft a plain step tells is the chain's first."""
     from specheads.drafters import DraftContext, PrefillBatch, StepResult
     from specheads.drafters.ngram import DeviceNgramDrafter
     from specheads.runtime.policy import TreeShape
@@ -232,6 +232,10 @@ def test_device_ngram_drafts_what_the_host_lookup_drafts(max_ngram):
                 want = _naive_lookup(h, size, max_ngram)
                 got = [t for t, ok in zip(tree.tokens[r, 1:].tolist(), tree.valid[r, 1:].tolist()) if ok]
                 assert got == want, (step, r, h)
+        first, found = short.first_draft(DraftContext(rows, 150, roots))
+        for r, h in enumerate(histories):
+            want = _naive_lookup(h, 1, max_ngram)
+            assert bool(found[r]) == bool(want) and (not want or int(first[r]) == want[0]), (step, r, h)
         new = [[rng.randrange(4) for _ in range(rng.randint(1, 3))] for _ in range(rows)]
         acc = torch.tensor([len(t) for t in new])
         path = torch.tensor([list(range(len(t))) + [-1] * (3 - len(t)) for t in new])
