@@ -14,8 +14,16 @@
 #   bash gpu_runs/policy_questions.sh drain chat|coding   the draining batch's ranking (the drain setting)
 #                                             off and on at batch 32 and 64, beside ar and chains 1 and 6
 #                                             fixed (about 4 min a set)
+#   bash gpu_runs/policy_questions.sh first   the device n-gram's plain steps checking first drafts: fixed
+#                                             and adaptive n-gram at coding batch 1 (16 prompts) and 8, and a
+#                                             plain-only n-gram engine beside ar (what the lookup adds to a
+#                                             plain step), 2 runs each (about 3 min)
+#   bash gpu_runs/policy_questions.sh stream chat|coding   batch 32 and 64 fed 256 prompts (a stream: rows
+#                                             refill, so the slowest request no longer sets the run's time),
+#                                             ar, chain 1 and chain 6 fixed, adaptive; one run each (about 6 min)
 # Results under $OUT (policy_chat.json, policy_coding.json; steps_b64/, steps_coding_b8/;
-# b64_old/, b64_new/, b1_old/, b1_new/, lookups_b1/; drain0_SET.json, drain1_SET.json).
+# b64_old/, b64_new/, b1_old/, b1_new/, lookups_b1/; drain0_SET.json, drain1_SET.json; first/;
+# stream_SET.json).
 set -uo pipefail
 source gpu_runs/env.sh
 export HEAD=${HEAD:-/tmp/head}
@@ -44,5 +52,11 @@ case "${1:-}" in
         --methods ar eagle3-tree@1,1,1:fixed eagle3-chain:fixed eagle3-tree@6,4,15:adaptive ngram:adaptive \
         --speculation-settings drain=$d
     done ;;
-  *) echo "policy_questions.sh: wide, steps, keepup or drain, not '${1:-}'" >&2; exit 2 ;;
+  first)
+    python3 gpu_runs/policy_steps.py $HEAD --out $OUT/first --set coding --prompts 16 --batch-sizes 1 8 --runs 2 \
+      --methods ar plain-ngram ngram ngram-adaptive 2>&1 | grep -E "b[0-9]+ +run" ;;
+  stream)
+    N=256 REPEATS=1 BATCHES="32 64" bash gpu_runs/policy_bench.sh ${2:-chat} --out $OUT/stream_${2:-chat} \
+      --methods ar eagle3-tree@1,1,1:fixed eagle3-chain:fixed eagle3-tree@6,4,15:adaptive ;;
+  *) echo "policy_questions.sh: wide, steps, keepup, drain, first or stream, not '${1:-}'" >&2; exit 2 ;;
 esac

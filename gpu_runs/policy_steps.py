@@ -36,6 +36,16 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of this
 DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float32
 
 
+def engine_for(name: str, target, head, **kw) -> SpecEngine:
+    """The engine of a method of METHODS (the head where it drafts with one)."""
+    spec = METHODS[name]
+    engine = SpecEngine(target, head if spec["method"] == "eagle3" else None, **spec, **kw)
+    if name.startswith("plain-"):  # plain steps only, whatever a plain step's first drafts tell the policy
+        choose = engine.policy.choose
+        engine.policy.choose = lambda *a, **k: min(choose(*a, **k), 0)
+    return engine
+
+
 def sync():
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -151,7 +161,7 @@ def main() -> None:
     for b in args.batch_sizes:
         for name in args.methods:
             kw = METHODS[name]
-            engine = SpecEngine(target, head if kw["method"] == "eagle3" else None, max_batch=b, **kw)
+            engine = engine_for(name, target, head, max_batch=b)
             if DEV == "cuda":
                 engine.capture_common(range(1, b + 1))  # as a server does at start
             engine.generate(prompts, params, stops)  # warm-up: every bucket met captured (and timed)

@@ -10,7 +10,8 @@ from tests.runtime.spec_helpers import make_target, random_head, random_prompts
 
 
 
-@pytest.mark.parametrize("name", ["ar", "adaptive", "chain2", "ngram-adaptive", "plain-ngram", "ngram-host-adaptive"])
+@pytest.mark.parametrize("name", ["ar", "adaptive", "chain2", "ngram-adaptive", "plain-ngram", "plain-eagle3",
+                                  "ngram-host-adaptive"])
 def test_the_step_timers_follow_the_engine(name):
     steps = load_script("gpu_runs/policy_steps.py")
     target = make_target(seed=0, vocab=64)
@@ -19,7 +20,7 @@ def test_the_step_timers_follow_the_engine(name):
     kw = steps.METHODS[name]
     head = random_head(target) if kw["method"] == "eagle3" else None
     want = [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(prompts, params)]
-    engine = SpecEngine(target, head, max_len=64, max_batch=2, **kw)
+    engine = steps.engine_for(name, target, head, max_len=64, max_batch=2)
     tally = steps.instrument(engine, trace=True)
     got = [r.token_ids for r in engine.generate(prompts, params)]
     assert got == want

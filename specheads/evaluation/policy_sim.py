@@ -311,6 +311,9 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", default=None, help="keep the answers and acceptance traces in this JSON file "
                     "(reused by later runs of the same prompts and head; missing tiers are traced and added; "
                     "gzip-compressed where the name ends in .gz)")
+    ap.add_argument("--first-drafts", choices=["auto", "off"], default="auto",
+                    help="auto: a small batch's plain steps observe the first draft where --draft's drafter tells it "
+                         "(the device n-gram's), as the engine does; off: they observe nothing (the engine before)")
     ap.add_argument("--out", default="policy_sim")
     args = ap.parse_args(argv)
 
@@ -381,7 +384,7 @@ def main(argv=None) -> int:
     new_tokens = [max(min(len(a), args.max_new_tokens), 1) for a in data["answers"]]
     cost = SpeculationProfile.load(args.profile) if args.profile else static_cost(args.static)
     rows = compare(tiers, traces, prompt_lens, new_tokens, args.batch_sizes, cost, buckets=cost is not None,
-                   settings_grid=grid(args.grid), fixed_trees=fixed, first_drafts=tells_first(args.draft))
+                   settings_grid=grid(args.grid), fixed_trees=fixed, first_drafts=args.first_drafts == "auto" and tells_first(args.draft))
     print(f"{'batch':>5} {'policy':>8} {'tree / settings':>40} {'accept':>6} {'x ar':>6}  steps by tier")
     for r in rows:
         what = r["tree"] or (" ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults")
