@@ -44,9 +44,9 @@ def setup():
     return target, head, traces
 
 
-def engine_run(target, head, policy: str, batch: int, **settings):
+def engine_run(target, head, policy: str, batch: int, method: str = "eagle3", tree=FULL, **settings):
     kw = dict(speculation_policy=policy, speculation_tiers="1,1,1;2,1,2") if policy == "adaptive" else {}
-    engine = SpecEngine(target, head, method="eagle3", max_len=90, max_batch=batch, overlap=False, **FULL, **kw)
+    engine = SpecEngine(target, head, method=method, max_len=90, max_batch=batch, overlap=False, **tree, **kw)
     if settings:  # the adaptive policy with other settings than its defaults
         engine.policy = AdaptivePolicy(list(engine.policy.tiers), engine.policy.cost, **settings)
     results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
@@ -57,8 +57,8 @@ def engine_run(target, head, policy: str, batch: int, **settings):
     return sum(r.steps for r in results), sum(r.accepted_tokens for r in results), by_tree
 
 
-def sim_by_tree(res) -> dict:
-    names = ["none"] + [str(t) for t in TIERS]
+def sim_by_tree(res, tiers=TIERS) -> dict:
+    names = ["none"] + [str(t) for t in tiers]
     return {names[k]: n for k, n in res.row_steps_by_tier.items()}
 
 
@@ -210,19 +210,12 @@ def test_ngram_first_drafts_replay_the_engines_choices(setup):
     traces = tier_traces(target, None, "ngram", tiers, PROMPTS, longer)
     settings = dict(prior=0.2, probe_every=64)  # mostly plain steps, whose first drafts the policy weighs
     for batch in (1, 3):
-        engine = SpecEngine(target, method="ngram", num_draft_tokens=5, max_len=90, max_batch=batch, overlap=False,
-                            speculation_policy="adaptive", speculation_tiers="1,1,1;2,1,2")
-        engine.policy = AdaptivePolicy(list(engine.policy.tiers), engine.policy.cost, **settings)
-        results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
-        by_tree = {}
-        for r in results:
-            for tree, n in r.steps_by_tree.items():
-                by_tree[tree] = by_tree.get(tree, 0) + n
+        _, accepted, by_tree = engine_run(target, None, "adaptive", batch, method="ngram",
+                                          tree=dict(num_draft_tokens=5), **settings)
         lens, new = [len(p) for p in PROMPTS], [NEW] * len(PROMPTS)
         res = simulate(AdaptivePolicy(list(tiers), StaticCost(), **settings), traces, lens, new, batch,
                        first_drafts=True)
-        names = ["none"] + [str(t) for t in tiers]
-        assert {names[k]: n for k, n in res.row_steps_by_tier.items()} == by_tree
-        assert res.accepted == sum(r.accepted_tokens for r in results)
+        assert sim_by_tree(res, tiers) == by_tree
+        assert res.accepted == accepted
         blind = simulate(AdaptivePolicy(list(tiers), StaticCost(), **settings), traces, lens, new, batch)
         assert res.row_steps_by_tier != blind.row_steps_by_tier, "first drafts should change the choices"
