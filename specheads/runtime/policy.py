@@ -54,8 +54,9 @@ so a request whose drafts start to match again drafts at once, not at the next p
 replay of the device n-gram's traces with the H200's step costs (coding, batch 1) it took the
 adaptive policy from 0.968 to 1.006 of the fixed chain 8 on the validation split (40 prompts)
 and from 0.832 to 0.995 on the test split (16 prompts), where on the card (2026-12-02) adaptive
-had kept 66-72% of the fixed chain's gain. Wider batches leave it out: the lookup's kernels would
-cost every plain step, and there the policy seldom decodes plainly for long.
+had kept 66-72% of the fixed chain's gain. Wider batches leave it out: there most of n-gram's steps
+are plain (95-99% on chat at batch 32 and 64, 2026-12-01), each would pay the lookup's kernels, and
+what first drafts would win there is not measured yet.
 
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
