@@ -18,12 +18,17 @@
 #                                             and adaptive n-gram at coding batch 1 (16 prompts) and 8, and a
 #                                             plain-only n-gram engine beside ar (what the lookup adds to a
 #                                             plain step), 2 runs each (about 3 min)
+#   bash gpu_runs/policy_questions.sh gap     where a chain's run at chat batch 32 and 64 spends the time its
+#                                             step graphs do not (the replay of the same prompts with the
+#                                             card's profile prices chain 1 at 1.44x / 1.15x `ar`; the card
+#                                             measured 1.01x / 1.03x): ar, chain 1 and adaptive, each step's
+#                                             host work and the prefills timed, 2 runs (about 4 min)
 #   bash gpu_runs/policy_questions.sh stream chat|coding   batch 32 and 64 fed 256 prompts (a stream: rows
 #                                             refill, so the slowest request no longer sets the run's time),
 #                                             ar, chain 1 and chain 6 fixed, adaptive; one run each (about 6 min)
 # Results under $OUT (policy_chat.json, policy_coding.json; steps_b64/, steps_coding_b8/;
 # b64_old/, b64_new/, b1_old/, b1_new/, lookups_b1/; drain0_SET.json, drain1_SET.json; first/;
-# stream_SET.json).
+# stream_SET.json; gap/).
 set -uo pipefail
 source gpu_runs/env.sh
 export HEAD=${HEAD:-/tmp/head}
@@ -55,8 +60,11 @@ case "${1:-}" in
   first)
     python3 gpu_runs/policy_steps.py $HEAD --out $OUT/first --set coding --prompts 16 --batch-sizes 1 8 --runs 2 \
       --methods ar plain-ngram ngram ngram-adaptive 2>&1 | grep -E "b[0-9]+ +run" ;;
+  gap)
+    python3 gpu_runs/policy_steps.py $HEAD --out $OUT/gap --batch-sizes 32 64 --runs 2 --trace \
+      --methods ar chain1 adaptive 2>&1 | grep -E "b[0-9]+ +run" ;;
   stream)
     N=256 REPEATS=1 BATCHES="32 64" bash gpu_runs/policy_bench.sh ${2:-chat} --out $OUT/stream_${2:-chat} \
       --methods ar eagle3-tree@1,1,1:fixed eagle3-chain:fixed eagle3-tree@6,4,15:adaptive ;;
-  *) echo "policy_questions.sh: wide, steps, keepup, drain, first or stream, not '${1:-}'" >&2; exit 2 ;;
+  *) echo "policy_questions.sh: wide, steps, keepup, drain, first, gap or stream, not '${1:-}'" >&2; exit 2 ;;
 esac
