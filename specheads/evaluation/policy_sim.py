@@ -43,20 +43,30 @@ from specheads.runtime.policy import FIRST_DRAFT_ROWS, POLICY_SETTINGS, Adaptive
     TreeShape, setting_value
 
 
-HEADLESS = ("ngram", "ngram-host")  # --draft names these methods instead of a head
+def headless(draft: str) -> bool:
+    """--draft names a registered method that drafts without a head (the prompt lookups), not a head."""
+    from specheads.drafters import PLAIN, method_names, method_needs_head
+
+    return draft != PLAIN and draft in method_names() and not method_needs_head(draft)
 
 
-def method_of(head, draft: str = "ngram") -> str:
+def method_of(head, draft: str) -> str:
     """The drafting method: the head's kind, or the headless method --draft names."""
     return head.kind if head is not None else draft
 
 
 def tells_first(draft: str) -> bool:
-    """--draft's drafter tells its first draft in a plain step (`Abilities.first_draft`): the device
-    n-gram's does; no head's drafter does yet."""
-    from specheads.drafters.ngram import DeviceNgramDrafter
+    """--draft's drafter tells its first draft in a plain step (`Abilities.first_draft`), read from
+    the method's drafter or the head kind's drafter class (no weights loaded)."""
+    from specheads.drafters import DraftSetup, build_drafter
+    from specheads.heads.fetch import resolve_head
+    from specheads.heads.format import read_folder_config
+    from specheads.heads.registry import drafter_class
 
-    return draft == "ngram" and DeviceNgramDrafter.abilities.first_draft
+    if headless(draft):
+        return build_drafter(draft, DraftSetup(None)).abilities.first_draft
+    kind, _ = read_folder_config(resolve_head(draft))
+    return drafter_class(kind).abilities.first_draft
 
 
 def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list[list[int]],
@@ -268,7 +278,7 @@ def load_or_trace(path, key: dict, tiers, answer, trace) -> dict:
     return add_traces(path, load_answers(path, key, answer), tiers, trace)
 
 
-def measure_profile(path, models, tiers, max_batch: int, max_len: int, draft: str = "ngram") -> None:
+def measure_profile(path, models, tiers, max_batch: int, max_len: int, draft: str) -> None:
     """Time every tier's step (and the plain step) at every batch and context bucket up to these,
     as an adaptive engine does at a server's start, and save the profile at `path` (CUDA only)."""
     from specheads.runtime.engine import SpecEngine
@@ -292,7 +302,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default=None)
     ap.add_argument("--draft", required=True, help="a head folder or hub id (its kind drafts), or a method that "
-                    f"drafts without a head ({', '.join(HEADLESS)})")
+                    "drafts without a head (ngram, ngram-host)")
     ap.add_argument("--split", default="validation", choices=["validation", "test"])
     ap.add_argument("--categories", nargs="+", default=None)
     ap.add_argument("--limit", type=int, default=8, help="prompts per category")
@@ -342,7 +352,7 @@ def main(argv=None) -> int:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             dtype = torch.bfloat16 if device == "cuda" else torch.float32
             target, tok, _ = load_target(args.target, dtype=dtype, device=device)
-            head = None if args.draft in HEADLESS else load_head(args.draft, device=device, dtype=dtype)
+            head = None if headless(args.draft) else load_head(args.draft, device=device, dtype=dtype)
             loaded.update(target=target, tok=tok, head=head)
         return loaded["target"], loaded["tok"], loaded["head"]
 
@@ -384,7 +394,8 @@ def main(argv=None) -> int:
     new_tokens = [max(min(len(a), args.max_new_tokens), 1) for a in data["answers"]]
     cost = SpeculationProfile.load(args.profile) if args.profile else static_cost(args.static)
     rows = compare(tiers, traces, prompt_lens, new_tokens, args.batch_sizes, cost, buckets=cost is not None,
-                   settings_grid=grid(args.grid), fixed_trees=fixed, first_drafts=args.first_drafts == "auto" and tells_first(args.draft))
+                   settings_grid=grid(args.grid), fixed_trees=fixed,
+                   first_drafts=args.first_drafts == "auto" and tells_first(args.draft))
     print(f"{'batch':>5} {'policy':>8} {'tree / settings':>40} {'accept':>6} {'x ar':>6}  steps by tier")
     for r in rows:
         what = r["tree"] or (" ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults")

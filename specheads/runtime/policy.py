@@ -468,20 +468,8 @@ class AdaptivePolicy:
         tier's depth, or less under the request's cap) and the drafts it accepted."""
         if tier < 1 or not rows:
             return
-        slots = np.asarray(rows)
-        trials, hits = self._trials[offered, accepted], self._hits[offered, accepted]  # [R, D]
-        k, h = trials.sum(0), hits.sum(0)
-        for t in self._shares[tier - 1]:  # (a step's slots are distinct)
-            self._pend_trials[slots, t] += trials
-            self._pend_hits[slots, t] += hits
-            self._pend_k[t] += k
-            self._pend_h[t] += h
-        self._pend_all_k += k
-        self._pend_all_h += h
-        self._pending += 1
-        self._pending_slots.append(slots)
-        if len(slots) <= FRESH_ROWS or self._pending >= self.refresh:
-            self.fold()
+        self._add(np.asarray(rows), self._shares[tier - 1], self._trials[offered, accepted],
+                  self._hits[offered, accepted])
 
     def observe_first(self, rows: list[int], hits: list[int]) -> None:
         """A plain step where each of these rows' drafter told its first draft (module docstring):
@@ -489,15 +477,23 @@ class AdaptivePolicy:
         chain's first draft is the same whatever its length); a tree's top-k is not judged by it."""
         if not rows or not self._chains:
             return
-        slots = np.asarray(rows)
-        h = np.asarray(hits, dtype=float)
-        for t in self._chains:
-            self._pend_trials[slots, t, 0] += 1.0
-            self._pend_hits[slots, t, 0] += h
-            self._pend_k[t, 0] += len(slots)
-            self._pend_h[t, 0] += h.sum()
-        self._pend_all_k[0] += len(slots)
-        self._pend_all_h[0] += h.sum()
+        trials = np.zeros((len(rows), self.depth))
+        trials[:, 0] = 1.0
+        found = np.zeros_like(trials)
+        found[:, 0] = hits
+        self._add(np.asarray(rows), self._chains, trials, found)
+
+    def _add(self, slots: np.ndarray, tiers: list[int], trials: np.ndarray, hits: np.ndarray) -> None:
+        """One step's trials and hits [R, D] of these (distinct) slots, summed into the records of
+        `tiers` not yet folded and into every tier's pooled one; folded now where due."""
+        k, h = trials.sum(0), hits.sum(0)
+        for t in tiers:
+            self._pend_trials[slots, t] += trials
+            self._pend_hits[slots, t] += hits
+            self._pend_k[t] += k
+            self._pend_h[t] += h
+        self._pend_all_k += k
+        self._pend_all_h += h
         self._pending += 1
         self._pending_slots.append(slots)
         if len(slots) <= FRESH_ROWS or self._pending >= self.refresh:
