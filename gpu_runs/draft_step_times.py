@@ -9,6 +9,9 @@ graph as the rows grow is an outlier), batch rows all decoding.
         [--batch-sizes 1 8] [--steps 200] [--label new] [--accept mtp=3.21 eagle3=2.62 ...]
         [--trees 6,4,15 8,10,63] [--profile 12]
 
+A kind may carry head options: `medusa:shared_lm_head=1` (one vocabulary projection for every
+Medusa head), `medusa:num_heads=2`.
+
 --trees times every kind at each tree shape (a row per kind, tree and batch); --profile N prints,
 for each row, the N kernels that take the most GPU time in a step (torch.profiler over 20 steps),
 so the part of a step that grows with the tree's size can be named.
@@ -33,7 +36,17 @@ SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hi
 SHAPES = {"mtp": {"num_modules": 5}, "medusa": {"num_heads": 4}}
 
 
-def build(kind: str, device, dtype, layers: int):
+def kind_options(spec: str) -> tuple[str, dict]:
+    """'medusa:shared_lm_head=1,num_heads=3' -> ('medusa', {'shared_lm_head': True, 'num_heads': 3})."""
+    kind, _, opts = spec.partition(":")
+    extra = {}
+    for item in (x for x in opts.split(",") if x):
+        key, _, value = item.partition("=")
+        extra[key] = value.lower() in ("1", "true") if key == "shared_lm_head" else int(value)
+    return kind, extra
+
+
+def build(spec: str, device, dtype, layers: int):
     from transformers import LlamaConfig
 
     from specheads.target.model import TargetModel
@@ -41,12 +54,13 @@ def build(kind: str, device, dtype, layers: int):
     torch.manual_seed(0)
     cfg = LlamaConfig(**{**SMOLLM2, "num_hidden_layers": layers})
     target = TargetModel(cfg).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    kind, extra = kind_options(spec)
     if kind == "ar":
         return target, None
     from specheads.heads.registry import head_kind
 
     entry = head_kind(kind)
-    hcfg = entry.config.for_target(target, draft_vocab_size=32000, **SHAPES.get(kind, {}))
+    hcfg = entry.config.for_target(target, draft_vocab_size=32000, **{**SHAPES.get(kind, {}), **extra})
     head = entry.module(hcfg).to(device=device, dtype=dtype).eval().requires_grad_(False)
     return target, head
 
@@ -75,7 +89,7 @@ def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target, head = build(kind, device, dtype, layers)
     kw = {} if kind == "ar" else dict(num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2])
-    engine = SpecEngine(target, head, method=kind, max_batch=batch, max_len=prompt_len + 4 * steps + 64, **kw)
+    engine = SpecEngine(target, head, method=kind_options(kind)[0], max_batch=batch, max_len=prompt_len + 4 * steps + 64, **kw)
     g = torch.Generator().manual_seed(1)
     for _ in range(batch):
         prompt = torch.randint(0, SMOLLM2["vocab_size"], (prompt_len,), generator=g).tolist()
