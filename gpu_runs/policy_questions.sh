@@ -25,7 +25,8 @@
 #                                             host work and the prefills timed, 2 runs (about 4 min)
 #   bash gpu_runs/policy_questions.sh stream chat|coding   batch 32 and 64 fed 256 prompts (a stream: rows
 #                                             refill, so the slowest request no longer sets the run's time),
-#                                             ar, chain 1 and chain 6 fixed, adaptive; one run each (about 6 min)
+#                                             ar, chain 1 and chain 6 fixed, adaptive, n-gram adaptive; median
+#                                             of REPEATS (3) runs (about 8 min; coding has 80 test prompts)
 # Results under $OUT (policy_chat.json, policy_coding.json; steps_b64/, steps_coding_b8/;
 # b64_old/, b64_new/, b1_old/, b1_new/, lookups_b1/; drain0_SET.json, drain1_SET.json; first/;
 # stream_SET.json; gap/).
@@ -64,7 +65,7 @@ case "${1:-}" in
     python3 gpu_runs/policy_steps.py $HEAD --out $OUT/gap --batch-sizes 32 64 --runs 2 --trace \
       --methods ar chain1 adaptive 2>&1 | grep -E "b[0-9]+ +run" ;;
   stream)
-    N=256 REPEATS=1 BATCHES="32 64" bash gpu_runs/policy_bench.sh ${2:-chat} --out $OUT/stream_${2:-chat} \
-      --methods ar eagle3-tree@1,1,1:fixed eagle3-chain:fixed eagle3-tree@6,4,15:adaptive ;;
+    N=256 REPEATS=${REPEATS:-3} BATCHES="32 64" bash gpu_runs/policy_bench.sh ${2:-chat} --out $OUT/stream_${2:-chat} \
+      --methods ar eagle3-tree@1,1,1:fixed eagle3-chain:fixed eagle3-tree@6,4,15:adaptive ngram:adaptive ;;
   *) echo "policy_questions.sh: wide, steps, keepup, drain, first, gap or stream, not '${1:-}'" >&2; exit 2 ;;
 esac
