@@ -184,6 +184,15 @@ class _Launch:
     offered: list | None = None  # per row: the draft tokens a host drafter proposed (None: not known)
 
 
+# Up to this many prompts joining at one step are prefilled one at a time, each replaying the
+# captured prefill graph of its width, rather than in one eager forward: the eager forward's kernel
+# launches cost about 10 ms of host time for SmolLM2's 30 layers, where a graph replays a prompt in
+# about 1 ms. On an H200 at chat batch 64 fed 256 prompts, drafting engines (whose requests end at
+# scattered steps, so two or three join at once) spent 6-9 ms a prefill call against `ar`'s 4 ms,
+# 30% of the run (docs/benchmarks.md, "Speculation policy").
+STAGED_PREFILL_PROMPTS = 8
+
+
 def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
     """Consecutive runs of prompt indices whose padded size (count x longest) stays within
     budget; a prompt longer than the budget goes alone."""
@@ -813,7 +822,11 @@ class SpecEngine:
         new, self.waiting = self.waiting, []
         outputs = []
         for group in prefill_groups([len(r.request.prompt) for r in new], self.prefill_tokens):
-            outputs += self._prefill_group([new[i] for i in group])
+            if self.buckets and len(group) <= STAGED_PREFILL_PROMPTS:
+                for i in group:  # each alone, through the captured prefill of its width
+                    outputs += self._prefill_group([new[i]])
+            else:
+                outputs += self._prefill_group([new[i] for i in group])
         return outputs
 
     def _prefill_group(self, new: list[_Row]) -> list[StepOutput]:

@@ -212,7 +212,8 @@ def test_graph_bucket_shapes_run_eagerly(target, head, method):
     def checked(b, *key):
         n = len(engine.rows)
         padded.append(b > n)
-        assert (engine.committed[n:] == 0).all(), engine.committed
+        # (the staging row past the batch, where joins are prefilled, is scratch)
+        assert (engine.committed[n:engine.staging] == 0).all(), engine.committed
         return run(b, *key)
 
     engine._run = checked
@@ -252,6 +253,35 @@ def test_single_joins_prefill_at_bucket_widths(target, head, method):
     assert any(w[1] > w[2][0] for w in single)  # padded
     # prefilled in the staging row (one graph per width serves every row), then moved
     assert all(w[0] == engine.staging == engine.max_batch for w in single)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+def test_a_few_joins_prefill_alone_at_bucket_widths(target, head, method, monkeypatch):
+    """Up to STAGED_PREFILL_PROMPTS prompts joining at one step each replay the captured prefill
+    of one prompt (the staging row, bucket widths), not one eager forward of them all; more go
+    in one forward. Outputs equal plain decoding either way."""
+    import specheads.runtime.engine as engine_module
+
+    engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                        num_draft_tokens=8, max_len=100, max_batch=4)
+    engine.buckets = True
+    calls = []
+    real = engine._prefill_forward
+
+    def recording(start, ids, lens, *args):
+        calls.append((start, ids.shape[0]))
+        return real(start, ids, lens, *args)
+
+    engine._prefill_forward = recording
+    params = SamplingParams(max_new_tokens=20)
+    prompts = PROMPTS[:4]
+    expected = _ar(target, prompts, params)
+    assert [r.token_ids for r in engine.generate(prompts, params)] == expected
+    assert calls == [(engine.staging, 1)] * 4  # four joined at once: four single prefills
+    monkeypatch.setattr(engine_module, "STAGED_PREFILL_PROMPTS", 3)
+    calls.clear()
+    assert [r.token_ids for r in engine.generate(prompts, params)] == expected
+    assert calls == [(0, 4)]  # more than the limit: one forward of the four, in their rows
 
 
 def test_no_row_drafting_runs_plain_decode_steps(target, head, monkeypatch):
