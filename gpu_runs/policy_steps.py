@@ -165,6 +165,7 @@ def main() -> None:
             if DEV == "cuda":
                 engine.capture_common(range(1, b + 1))  # as a server does at start
             engine.generate(prompts, params, stops)  # warm-up: every bucket met captured (and timed)
+            own = dict(engine.policy.__dict__) if engine.policy is not None else {}  # (plain-*: its choose)
             for run in range(args.runs):
                 tally = instrument(engine, trace=args.trace and run == args.runs - 1)
                 prof = cProfile.Profile() if args.cprofile and name.endswith("adaptive") and run == args.runs - 1 else None
@@ -179,9 +180,11 @@ def main() -> None:
                     prof.disable()
                 for attr in ("_launch", "_finish", "_prefill", "_measure_costs"):
                     delattr(engine, attr)  # back to the class's methods
-                if engine.policy is not None:
+                if engine.policy is not None:  # back to the policy's own (a plain-* engine keeps its wrapper)
                     for attr in ("choose", "observe"):
                         engine.policy.__dict__.pop(attr, None)
+                        if attr in own:
+                            engine.policy.__dict__[attr] = own[attr]
                 tokens = sum(len(r.token_ids) for r in results)
                 launches = sum(tally["tiers"].values())
                 tiers = engine.policy.tiers if engine.policy is not None else []

@@ -151,7 +151,7 @@ class GenerationResult:
         return 1.0 + self.accepted_tokens / self.steps if self.steps else 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # a row is itself (rows.index, `in`), never equal to another by its fields
 class _Row:
     handle: int
     request: Request
@@ -388,6 +388,8 @@ class SpecEngine:
         if self.free_slots <= 0:
             raise EngineError(f"all {self.max_batch} rows are busy")
         self._allocate()
+        if not isinstance(request.stop_ids, frozenset):  # (_emit asks it once a step per row)
+            request.stop_ids = frozenset(request.stop_ids)
         row = _Row(self._next_handle, request, list(request.prompt), request.params.max_new_tokens, n,
                    speculate=spec.enabled is not False and self.drafter is not None,
                    acceptance=self.policy.new_row() if self.policy is not None else None)
@@ -603,12 +605,13 @@ class SpecEngine:
                 out.draft_tree = tree
                 offered = min(tree.steps, row.depth_cap, launch.offered[i] if launch.offered else tree.steps)
                 if offered > 0:  # (a row its host drafter had nothing for tells the policy nothing)
-                    for kept, value in zip(seen, (row.acceptance, offered, n_acc - 1)):
-                        kept.append(value)
+                    seen[0].append(row.acceptance)
+                    seen[1].append(offered)
+                    seen[2].append(n_acc - 1)
             elif firsts is not None and launch.drafting[i]:
                 firsts[0].append(row.acceptance)
                 firsts[1].append(res[-1])
-            if row.request.spec.enabled == "auto" and self.drafter is not None and reason is None:
+            if reason is None and self.drafter is not None and row.request.spec.enabled == "auto":
                 self._auto(row, drafted, n_acc - 1)
             if lp is not None and row.request.top_logprobs is not None:
                 out.logprobs = self._logprobs(row, lp[0][i], lp[1][i], lp[2][i], len(new))
@@ -1026,6 +1029,11 @@ class SpecEngine:
         return first
 
     def _emit(self, row: _Row, tokens: list[int]) -> tuple[list[int], str | None]:
+        stops = row.request.stop_ids
+        if len(tokens) < row.budget - row.emitted and (not stops or stops.isdisjoint(tokens)):
+            row.history += tokens  # (most steps: every token, no stop, the budget not reached)
+            row.emitted += len(tokens)
+            return tokens, None
         out = []
         for t in tokens:
             if t in row.request.stop_ids:

@@ -63,8 +63,9 @@ and sampled output follows the request's counter-based noise whatever tree was v
 
 In a batch of more than `FRESH_ROWS` (8) rows, observations are summed per row and folded into
 the records every `refresh` (4) observations, and every row's expected tokens are worked out again
-after a fold (at once for a new row or a changed depth cap); between folds a choice whose rows,
-buckets and records are those of the last one is answered from it. At batch 32 and 64 on an
+after a fold (at once for a new row or a changed depth cap); between folds a choice in the buckets
+of the last one is answered from it: a request that joined (or left) since weighs from the next
+fold, at most `refresh` steps on. At batch 32 and 64 on an
 H200's host the choice took 0.2-0.4 ms and the observation 0.15 ms a step, where a step of the
 card takes 1.1-1.8 ms (docs/benchmarks.md). A smaller batch's observations are folded at once and
 its estimates worked out after each: cheap there, and the replay of the validation split's traces
@@ -89,6 +90,7 @@ may fit a smaller bucket than the full tree, and runs there):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -118,6 +120,11 @@ class TreeShape:
     num_draft: int
 
     def __str__(self) -> str:
+        return self.label
+
+    @functools.cached_property
+    def label(self) -> str:
+        """'S,K,N' (asked per request and step by generate(): made once)."""
         return f"{self.steps},{self.topk},{self.num_draft}"
 
     @property
@@ -457,7 +464,8 @@ class AdaptivePolicy:
         self._pend_trials[slot] = 0
         self._pend_hits[slot] = 0
         self._tokens_version[slot] = -1
-        self._last_rates = None  # (a slot's number may come back with a new record)
+        if self._last_rates is not None and self._last_rates[0][-1] is not None:
+            self._last_rates = None  # (a narrow batch's key names its slots: one may come back with a new record)
         return slot
 
     def release(self, row: int) -> None:
@@ -595,8 +603,13 @@ class AdaptivePolicy:
         count). Asked again between folds for the same rows and buckets, it answers with the rates
         it gave."""
         draining = bool(draining and self.drain and len(rows) > 1)
+        # a batch wider than FRESH_ROWS keeps its rates between folds while its buckets stay: rows that
+        # join or leave meanwhile are weighed from the next fold (at most `refresh` steps on; a row
+        # more or less moves every tier's rate and plain decoding's alike), and most steps cost the
+        # host no estimate (module docstring)
+        who = None if len(rows) > FRESH_ROWS else tuple(rows)
         key = (self.version, batch, tuple(kv) if np.ndim(kv) else kv, host_ms, getattr(self.cost, "version", 0),
-               draining, tuple(rows))
+               draining, who)
         if self._last_rates is not None and self._last_rates[0] == key:
             return self._last_rates[1]
         drafting = [i for i, r in enumerate(rows) if r is not None]

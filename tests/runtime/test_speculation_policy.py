@@ -360,8 +360,9 @@ def test_a_wide_batch_folds_its_observations_every_refresh_steps():
 
 
 def test_rates_asked_again_between_folds_are_the_same():
-    """A choice between folds for the same rows, caps and buckets reuses the rates worked out last;
-    a fold, a new row or other buckets work them out again."""
+    """A wide batch's choice between folds in the same buckets reuses the rates worked out last,
+    whichever rows joined or left meanwhile (they weigh from the next fold); a fold or other buckets
+    work them out again. A narrow batch's are kept only for the same rows and caps."""
     from specheads.runtime.policy import FRESH_ROWS
 
     policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
@@ -371,15 +372,22 @@ def test_rates_asked_again_between_folds_are_the_same():
     policy.fold()
     rates = policy.rates(rows, 16, 256)
     assert policy.rates(rows, 16, 256) is rates
-    assert policy.rates(rows, 16, 512) is not rates and policy.rates(rows[:-1], 16, 256) is not rates
+    assert policy.rates(rows[:-1], 16, 256) is rates  # a row left: weighed from the next fold
+    joined = rows + [(policy.new_row(), FULL.steps)]
+    assert policy.rates(joined, 16, 256) is rates
+    assert policy.rates(rows, 16, 512) is not rates
     rates = policy.rates(rows, 16, 256)
     policy.observe(slots, 1, [1] * len(rows), [0] * len(rows))
     assert policy.rates(rows, 16, 256) is rates  # not yet folded
     policy.fold()
     again = policy.rates(rows, 16, 256)
     assert again is not rates and again[1] < rates[1]  # chain 1 rejected everywhere since
-    policy.new_row()
-    assert policy.rates(rows, 16, 256) is not again
+    few = rows[:FRESH_ROWS]
+    narrow = policy.rates(few, 8, 256)
+    assert policy.rates(few, 8, 256) is narrow and policy.rates(few[:-1], 8, 256) is not narrow
+    narrow = policy.rates(few, 8, 256)
+    policy.new_row()  # (a slot's number may come back with another record)
+    assert policy.rates(few, 8, 256) is not narrow
 
 
 def test_unseen_tiers_and_depths_borrow_from_what_was_seen():

@@ -1,0 +1,128 @@
+"""The host's share of a decode step, the device's work stubbed out: each step's result is set
+(every row accepts a random number of its drafts, up to the tier's depth) instead of computed, so
+what is timed is the engine's and the policy's Python per step (planning, the policy's choice,
+reading the result, emitting tokens, observing, rows leaving and joining), on whatever machine runs
+it. A tiny random target (its prefills are real, and small). Old and new code side by side: run
+it from each checkout (PYTHONPATH) on the same machine.
+
+    python3 gpu_runs/host_steps.py [--methods ar chain1 chain2 adaptive] [--batch 64] [--prompts 320]
+        [--max-new-tokens 200] [--repeats 5] [--out FILE.json]
+
+Prints, per method, the best and median wall time of `generate()` over the repeats without its
+prefills, and ms a step (the steps the results count)."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig
+
+from specheads.heads.registry import head_kind
+from specheads.runtime.engine import SpecEngine
+from specheads.runtime.sampling import SamplingParams
+from specheads.target.model import TargetModel
+
+METHODS = {"ar": {}, "chain1": dict(num_steps=1, topk=1, num_draft_tokens=1),
+           "chain2": dict(num_steps=2, topk=1, num_draft_tokens=2),
+           "chain4": dict(num_steps=4, topk=1, num_draft_tokens=4),
+           # adaptive, made to verify chain 2 every step (its choice still worked out)
+           "adaptive": dict(num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive")}
+
+
+def build(vocab: int = 512):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                      tie_word_embeddings=True)
+    target = TargetModel(cfg).eval().requires_grad_(False)
+    entry = head_kind("eagle3")
+    head = entry.module(entry.config.for_target(target, draft_vocab_size=vocab // 2)).eval().requires_grad_(False)
+    return target, head
+
+
+def stub(engine, seed: int = 3) -> None:
+    """The step's result without the device's work: row r accepts a uniform 0..depth drafts."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def run(b, kv, sampled, tier, logprobs=False):
+        depth = engine.policy.tiers[tier - 1].steps if tier else 0
+        n = torch.randint(0, depth + 1, (b,), generator=gen) + 1
+        out = engine.out
+        out[:b, 0] = n
+        out[:b, 1] = 7
+        out[:b, 2] = depth
+        out[:b, 5: 5 + depth] = 5
+        return out
+    engine._run = run
+
+
+def time_prefills(engine) -> list:
+    """Wrap the engine's prefill with a timer (the real forward of the tiny target, not the host's
+    share a step): returns the list its seconds are added to."""
+    spent = [0.0]
+    prefill = engine._prefill
+
+    def timed():
+        t0 = time.perf_counter()
+        try:
+            return prefill()
+        finally:
+            spent[0] += time.perf_counter() - t0
+    engine._prefill = timed
+    return spent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--methods", nargs="+", default=["ar", "chain1", "chain2", "adaptive"], choices=list(METHODS))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=320)
+    ap.add_argument("--max-new-tokens", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    target, head = build()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 512, (int(torch.randint(20, 60, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(args.prompts)]
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    engines = {}
+    for name in args.methods:
+        kw = METHODS[name]
+        engine = SpecEngine(target, head if name != "ar" else None, method="ar" if name == "ar" else "eagle3",
+                            max_batch=args.batch, max_len=args.max_new_tokens + 128, **kw)
+        engine.buckets = True  # the card's batch and context buckets (the policy's choices are kept between them)
+        stub(engine)
+        if name == "adaptive":
+            choose = engine.policy.choose
+            engine.policy.choose = lambda *a, _c=choose, **k: (_c(*a, **k), 2)[1]
+        engine.generate(prompts[: args.batch], params)  # warm-up
+        engines[name] = (engine, time_prefills(engine))
+    walls = {name: [] for name in args.methods}
+    steps = {}
+    for _ in range(args.repeats):  # the methods in turn, so that the machine's drift falls on each alike
+        for name, (engine, spent) in engines.items():
+            spent[0] = 0.0
+            t0 = time.perf_counter()
+            results = engine.generate(prompts, params)
+            walls[name].append(time.perf_counter() - t0 - spent[0])
+            steps[name] = max(1, sum(r.steps for r in results) // args.batch)
+    report = {"machine": platform.processor() or platform.machine(), "batch": args.batch, "prompts": args.prompts,
+              "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": []}
+    print(f"{'method':>9} {'best ms':>8} {'median':>8} {'steps':>6} {'ms a step':>9}")
+    for name in args.methods:
+        best, med = min(walls[name]) * 1e3, statistics.median(walls[name]) * 1e3
+        report["rows"].append({"method": name, "best_ms": round(best, 2), "median_ms": round(med, 2),
+                               "steps": steps[name], "ms_per_step": round(best / steps[name], 4)})
+        print(f"{name:>9} {best:8.1f} {med:8.1f} {steps[name]:6d} {best / steps[name]:9.4f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
