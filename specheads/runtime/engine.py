@@ -113,7 +113,7 @@ class Request:
     top_logprobs: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)  # (made per request and step: slots make it cheaper)
 class StepOutput:
     handle: int
     new_tokens: list[int]
@@ -151,7 +151,7 @@ class GenerationResult:
         return 1.0 + self.accepted_tokens / self.steps if self.steps else 0.0
 
 
-@dataclass(eq=False)  # a row is itself (rows.index, `in`), never equal to another by its fields
+@dataclass(eq=False, slots=True)  # a row is itself (rows.index, `in`), never equal to another by its fields
 class _Row:
     handle: int
     request: Request
@@ -185,11 +185,11 @@ class _Launch:
 
 
 # Up to this many prompts joining at one step are prefilled one at a time, each replaying the
-# captured prefill graph of its width, rather than in one eager forward: the eager forward's kernel
-# launches cost about 10 ms of host time for SmolLM2's 30 layers, where a graph replays a prompt in
-# about 1 ms. On an H200 at chat batch 64 fed 256 prompts, drafting engines (whose requests end at
-# scattered steps, so two or three join at once) spent 6-9 ms a prefill call against `ar`'s 4 ms,
-# 30% of the run (docs/benchmarks.md, "Speculation policy").
+# captured prefill graph of its width, rather than in one eager forward, whose kernel launches alone
+# cost the host about 12 ms for SmolLM2's 30 layers (see _prefill_group). On an H200 at chat batch
+# 64 fed 256 prompts, drafting engines (whose requests end at scattered steps, so two or three join
+# at once) spent 6-9 ms a prefill call against `ar`'s 4.2, up to half of their run; with this, 3.3-3.7
+# ms for every method (docs/benchmarks.md, "Speculation policy").
 STAGED_PREFILL_PROMPTS = 8
 
 

@@ -224,22 +224,30 @@ def test_graph_bucket_shapes_run_eagerly(target, head, method):
     assert any(padded)
 
 
+def _recording_prefills(target, head, method, max_batch, record):
+    """An engine running the graphs' shapes eagerly whose prefill forwards are recorded: (engine,
+    the list of record(start, ids, lens) per forward)."""
+    engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                        num_draft_tokens=8, max_len=100, max_batch=max_batch)
+    engine.buckets = True
+    seen = []
+    real = engine._prefill_forward
+
+    def recording(start, ids, lens, *args):
+        seen.append(record(start, ids, lens))
+        return real(start, ids, lens, *args)
+
+    engine._prefill_forward = recording
+    return engine, seen
+
+
 @pytest.mark.parametrize("method", ["eagle3", "ar"])
 def test_single_joins_prefill_at_bucket_widths(target, head, method):
     """A request joining alone runs its prefill at the graph's bucket width (prompt padded on
     the right, into slots nobody reads before they are rewritten) in the staging row, then
     moves to its row (also beside a running row): outputs equal plain decoding."""
-    engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
-                        num_draft_tokens=8, max_len=100, max_batch=2)
-    engine.buckets = True
-    widths = []
-    real = engine._prefill_forward
-
-    def recording(start, ids, lens, *args):
-        widths.append((start, ids.shape[1], lens.tolist()))
-        return real(start, ids, lens, *args)
-
-    engine._prefill_forward = recording
+    engine, widths = _recording_prefills(target, head, method, 2, lambda start, ids, lens: (
+        start, ids.shape[1], lens.tolist()))
     params = SamplingParams(max_new_tokens=20)
     prompts = PROMPTS[:4]
     got = []
@@ -262,17 +270,7 @@ def test_a_few_joins_prefill_alone_at_bucket_widths(target, head, method, monkey
     in one forward. Outputs equal plain decoding either way."""
     import specheads.runtime.engine as engine_module
 
-    engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
-                        num_draft_tokens=8, max_len=100, max_batch=4)
-    engine.buckets = True
-    calls = []
-    real = engine._prefill_forward
-
-    def recording(start, ids, lens, *args):
-        calls.append((start, ids.shape[0]))
-        return real(start, ids, lens, *args)
-
-    engine._prefill_forward = recording
+    engine, calls = _recording_prefills(target, head, method, 4, lambda start, ids, lens: (start, ids.shape[0]))
     params = SamplingParams(max_new_tokens=20)
     prompts = PROMPTS[:4]
     expected = _ar(target, prompts, params)
