@@ -108,3 +108,20 @@ for trial in range(100):
     ref = verify.accept_reference(*(t.to(dev) for t in (tokens, parents, valid, depth)), want[0], y.to(dev), d)
     bad += int(not all(torch.equal(x, y_) for x, y_ in zip(got + acc, want + ref)))
 print(f"tree mask + accept: {bad} of 100 random batches differ from the reference")
+
+# The device n-gram lookup at the engine's shapes (batch 64, a 1,024-key bucket, chains of 8)
+from specheads.kernels import ngram  # noqa: E402
+
+bad = 0
+for trial in range(50):
+    g = torch.Generator().manual_seed(trial)
+    b, w = 64, 1025
+    h = torch.randint(0, 4 + trial, (b, w + 10), generator=g)[:, :w].to(dev)
+    length = torch.randint(0, w, (b,), generator=g).to(dev)
+    roots = torch.randint(0, 4 + trial, (b,), generator=g).to(dev)
+    cols = torch.arange(8, device=dev)
+    for max_ngram in (1, 3, 4):
+        d, f = ngram.ngram_lookup(h, length, roots, cols, max_ngram)
+        rd, rf = ngram.ngram_lookup_reference(h, length, roots, cols, max_ngram)
+        bad += int(not (torch.equal(f, rf) and torch.equal(d[f], rd[rf])))
+print(f"ngram lookup: {bad} of 150 random batches differ from the reference")

@@ -4,8 +4,8 @@ Each row drafts the tokens that followed the latest earlier occurrence of its hi
 suffix (an n-gram, n <= max_ngram) that occurs before; a continuation that runs into the suffix
 itself repeats with the period it found. Two drafters propose the same chains:
 
-- `DeviceNgramDrafter` (method `ngram`): the row's tokens live on the device and the lookup is a
-  few tensor operations over the context, inside the step, so its steps are captured as one CUDA
+- `DeviceNgramDrafter` (method `ngram`): the row's tokens live on the device and the lookup is one
+  kernel over the context (kernels/ngram.py; its torch reference elsewhere), inside the step, so its steps are captured as one CUDA
   graph and run ahead of the host like a head's. On an H200 the host's lookup (below) cost a
   probe step under the adaptive policy 9-17 ms at batch 64, where a plain step took 1.1 ms: the
   indexes caught up with every token decoded since the last probe, and the step could not run
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult, tier_copy
+from specheads.kernels.ngram import ngram_lookup
 from specheads.runtime.tree import Tree, chain_tree
 
 
@@ -102,24 +103,11 @@ class DeviceNgramDrafter(Drafter):
         return drafts[:, 0], found
 
     def _lookup(self, ctx: DraftContext, draft_cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's drafts at the chain positions `draft_cols` [n] and whether it has any: ([b, n], [b])."""
-        b, roots = ctx.rows, ctx.roots
+        """Each row's drafts at the chain positions `draft_cols` [n] and whether it has any: ([b, n], [b])
+        (one kernel on the GPU: kernels/ngram.py)."""
+        b = ctx.rows
         w = min(ctx.kv + 1, self.tokens.shape[1])  # the root sits inside the step's context bucket
-        h, length = self.tokens[:b, :w], self.length[:b]
-        cols = self.cols[:w]
-        match = (h == roots[:, None]) & (cols[None] < length[:, None])  # n = 1, ending before the root
-        best = torch.where(match, cols[None], -1).amax(1)
-        for n in range(2, self.max_ngram + 1):
-            back = h.gather(1, (length - n + 1).clamp(min=0)[:, None])  # the suffix's n-th token from the end
-            same = torch.zeros_like(match)
-            same[:, n - 1:] = h[:, : w - n + 1] == back  # at p: the token n-1 before p equals it
-            match &= same
-            p = torch.where(match, cols[None], -1).amax(1)
-            best = torch.where(p >= 0, p, best)
-        found = best >= 0
-        period = (length - best).clamp(min=1)
-        at = best[:, None] + 1 + draft_cols[None] % period[:, None]
-        return h.gather(1, at.clamp(0, w - 1)), found
+        return ngram_lookup(self.tokens[:b, :w], self.length[:b], ctx.roots, draft_cols, self.max_ngram)
 
 
 class NgramDrafter(Drafter):
