@@ -198,6 +198,9 @@ def main() -> None:
                         "host_ms": {k: round(v, 2) for k, v in tally["ms"].items()}, "calls": dict(tally["n"])}
                 if tally["steps"]:
                     cell["steps"], cell["choices"] = tally["steps"], tally["choices"]
+                pace = getattr(engine.policy, "_pace", None)
+                if pace:  # the policy's paced step times (ms) by tier index and batch bucket, after this run
+                    cell["pace_ms"] = {f"{t}@{b}": round(v[0], 4) for (t, b), v in sorted(pace.items())}
                 if prof:
                     s = io.StringIO()
                     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)

@@ -182,6 +182,7 @@ class _Launch:
     batch: int = 0  # the batch bucket
     host_s: float = 0.0  # host time of the launch (a host drafter's proposal included)
     offered: list | None = None  # per row: the draft tokens a host drafter proposed (None: not known)
+    ahead: bool = False  # launched while the step before it was in flight
 
 
 # Up to this many prompts joining at one step are prefilled one at a time, each replaying the
@@ -267,6 +268,7 @@ class SpecEngine:
         # launch step t+1 before reading step t (device drafters only: a host drafter needs t's tokens)
         self.overlap = overlap
         self._inflight: _Launch | None = None
+        self._read_at, self._read_key = 0.0, None  # when the last step was read, its (tier, bucket) if run ahead
         if self.device.type == "cuda":
             target.fuse_for_inference()
             if self.drafter is not None:
@@ -578,13 +580,20 @@ class SpecEngine:
             event = torch.cuda.Event()
             event.record()
         return _Launch(list(self.rows), host, event, host_lp, tier, [r.speculate for r in self.rows], b,
-                       time.perf_counter() - t0, offered)
+                       time.perf_counter() - t0, offered, bool(ahead))
 
     def _finish(self, launch: _Launch) -> list[StepOutput]:
         """Read a launched step's result (the one host sync of a step) and emit its tokens."""
         if launch.event is not None:
             launch.event.synchronize()
         t0 = time.perf_counter()
+        if launch.event is not None and self.policy is not None:
+            # the time since the step before was read, where both ran ahead with the same tier and
+            # bucket: the pace the card or the host (whichever is slower) keeps (AdaptivePolicy.paced)
+            key = (launch.tier, launch.batch) if launch.ahead else None
+            if key is not None and key == self._read_key:
+                self.policy.paced(launch.tier, launch.batch, 1000.0 * (t0 - self._read_at))
+            self._read_at, self._read_key = t0, key
         tree = self.policy.tiers[launch.tier - 1] if launch.tier else None
         seen = ([], [], [])  # the policy's records of the rows that drafted, depths offered, drafts accepted
         # the rows' first-draft checks of a plain step: records, hits (a custom policy may not take them)

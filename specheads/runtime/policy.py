@@ -82,6 +82,13 @@ may fit a smaller bucket than the full tree, and runs there):
   next idle: timing replays every tier's graph, a stall no running request should wait on.
   A host drafter's steps (`ngram-host`) also pay the proposal and the host's bookkeeping, which a
   device drafter's overlapped steps hide: measured as they run.
+- paced: a step costs at least the time the engine measured between two steps' results of the same
+  tier and batch bucket, both run ahead of the host (`paced`, an average per tier and bucket, taken
+  into the costs at each fold once 8 such steps were read). A graph's time is the card's; where
+  the host's work a step (reading results, emitting tokens, the policy itself) takes longer, the
+  host sets the pace, and the more tokens a step emits the more host work it makes. On an H200 at
+  chat batch 64 in a stream, adaptive's chain-2 steps came 2.69 ms apart (median) where their graph
+  takes 1.70-1.99 ms, and it ran at 0.90 of the fixed chain 1 (2026-12-02, docs/benchmarks.md).
 - static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a
   plain decode step, verifying T tokens in all costs max(1, T / saturation_tokens) (a decode
   streams the weights once until the batch's tokens fill the matmuls), and each draft depth
@@ -105,6 +112,8 @@ PROFILE_FORMAT = "specheads-speculation-profile/1"
 PLAIN_KEY = "plain"
 FRESH_ROWS = 8  # up to this many rows, each observation is folded into the records at once
 FIRST_DRAFT_ROWS = 8  # up to this many rows (the batch bucket), plain steps tell their first drafts
+PACE_WEIGHT = 0.05  # a step's share of its tier's paced time (AdaptivePolicy.paced)
+PACE_MIN_STEPS = 8  # steps of a tier and batch bucket read before their pace counts
 
 
 class PolicyError(ValueError):
@@ -352,6 +361,9 @@ class FixedPolicy:
     def observe_first(self, rows: list, hits: list[int]) -> None:
         pass
 
+    def paced(self, tier: int, batch: int, ms: float) -> None:
+        pass
+
     def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False) -> int:
         return 1
 
@@ -429,6 +441,11 @@ class AdaptivePolicy:
         # (docs/results/policy-h200-2026-12-02/drain*_*.json)
         self.drain, self.drain_quantile = bool(drain), drain_quantile
         self.version = 0  # the records' version: one more at each fold
+        # the time between consecutive steps' results as the engine read them (ms, an average per
+        # tier index and batch bucket; `paced`): a step costs at least that where the host, not the
+        # card, sets the pace (module docstring). Taken into the costs at the next fold
+        self._pace: dict = {}  # (tier index, batch bucket) -> [average ms, steps seen]
+        self._pace_version, self._pace_dirty = 0, False
         self._tier, self._tier_version = None, -1
         self._costs: dict = {}  # (batch, context buckets, the cost's version) -> step costs [1 + T]
         self._tokens, self._tokens_cap, self._tokens_version = np.zeros((0, n)), np.zeros(0, int), np.zeros(0, int)
@@ -510,6 +527,9 @@ class AdaptivePolicy:
     def fold(self) -> None:
         """The observations summed since the last fold into the records (each row's and the pooled
         running means take a fold's trials as one batch of them: the exact mean until `window`)."""
+        if self._pace_dirty:  # the steps' pace into the costs, once a fold
+            self._pace_dirty = False
+            self._pace_version += 1
         if not self._pending:
             return
         self._pending = 0
@@ -587,13 +607,32 @@ class AdaptivePolicy:
         if len(kvs) != 1 + len(self.tiers):
             raise PolicyError(f"context buckets {kvs}: expected one, or one for plain decoding and each of the "
                               f"{len(self.tiers)} tiers")
-        key = (batch, kvs, getattr(self.cost, "version", 0))
+        key = (batch, kvs, getattr(self.cost, "version", 0), self._pace_version)
         costs = self._costs.get(key)
         if costs is None:
             if len(self._costs) >= 4096:
                 self._costs.clear()
-            costs = self._costs[key] = np.array([self.cost.step(batch, k, t) for k, t in zip(kvs, [None, *self.tiers])])
+            costs = np.array([self.cost.step(batch, k, t) for k, t in zip(kvs, [None, *self.tiers])])
+            if self._pace and getattr(self.cost, "measured", False):  # (a static cost is not in ms)
+                for i in range(len(costs)):
+                    pace = self._pace.get((i, batch))
+                    if pace is not None and pace[1] >= PACE_MIN_STEPS:
+                        costs[i] = max(costs[i], pace[0])
+            self._costs[key] = costs
         return costs
+
+    def paced(self, tier: int, batch: int, ms: float) -> None:
+        """The engine read a step of this tier (0: plain) and batch bucket `ms` after the one before
+        it, of the same tier and bucket, both run ahead of the host (module docstring)."""
+        entry = self._pace.get((tier, batch))
+        if entry is None:
+            entry = self._pace[(tier, batch)] = [0.0, 0, ms]  # average, steps, the least seen
+        entry[2] = min(entry[2], ms)
+        entry[1] += 1
+        # the exact mean of the first 1 / PACE_WEIGHT steps, then an average over about as many; a
+        # pause (a collector pass, another process) counts at most 3x the least time seen
+        entry[0] += max(1.0 / entry[1], PACE_WEIGHT) * (min(ms, 3 * entry[2]) - entry[0])
+        self._pace_dirty = True
 
     def rates(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False) -> np.ndarray:
         """Expected tokens per unit of cost of plain decoding (index 0) and of each tier (kv: as
@@ -609,7 +648,7 @@ class AdaptivePolicy:
         # host no estimate (module docstring)
         who = None if len(rows) > FRESH_ROWS else tuple(rows)
         key = (self.version, batch, tuple(kv) if np.ndim(kv) else kv, host_ms, getattr(self.cost, "version", 0),
-               draining, who)
+               self._pace_version, draining, who)
         if self._last_rates is not None and self._last_rates[0] == key:
             return self._last_rates[1]
         drafting = [i for i, r in enumerate(rows) if r is not None]

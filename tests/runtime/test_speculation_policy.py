@@ -625,3 +625,42 @@ def test_first_drafts_of_plain_steps_are_trials_at_depth_one_of_the_chains():
     assert policy.choose([(row, FULL.steps)], 1, 512) > 0
     policy.observe_first([], [])  # nothing to tell: nothing changes
     FixedPolicy(FULL).observe_first([None], [1])
+
+
+def test_paced_steps_cost_what_the_engine_read():
+    """A step of a tier costs at least the time the engine measured between such steps' results (the
+    host's pace, where it is slower than the card): a tier whose graph is cheap but whose steps come
+    slowly loses to one that keeps pace. Taken in at a fold, after PACE_MIN_STEPS steps; a pause
+    counts at most 3x the least time seen; a static cost (not in ms) ignores it."""
+    from specheads.runtime.policy import PACE_MIN_STEPS
+
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    row = policy.new_row()
+    deep = len(TIERS)  # the full tree
+    observe(policy, row, deep, TIERS[deep - 1].steps)  # every draft accepted
+    rows, b = [(row, FULL.steps)], 1
+    assert policy.choose(rows, b, 512) == deep
+    before = policy.costs(b, 512).copy()
+    for _ in range(PACE_MIN_STEPS - 1):
+        policy.paced(deep, b, 10 * before[deep])
+    policy.fold()
+    assert np.array_equal(policy.costs(b, 512), before)  # too few steps seen yet
+    policy.paced(deep, b, 10 * before[deep])
+    assert np.array_equal(policy.costs(b, 512), before)  # not yet folded
+    observe(policy, row, deep, TIERS[deep - 1].steps, steps=1)
+    paced = policy.costs(b, 512)
+    assert paced[deep] == 10 * before[deep] and np.array_equal(np.delete(paced, deep), np.delete(before, deep))
+    assert policy.choose(rows, b, 512) != deep
+    # faster than the graph's time: the graph's time stands; a pause is clipped
+    policy.paced(1, b, before[1] / 2)
+    for _ in range(PACE_MIN_STEPS):
+        policy.paced(1, b, before[1] / 2)
+    policy.paced(1, b, 1000.0)
+    policy.fold()
+    assert policy._pace[(1, b)][0] <= 3 * before[1] / 2 and policy.costs(b, 512)[1] == before[1]
+    static = AdaptivePolicy(TIERS, StaticCost())
+    plain = static.costs(b, 512).copy()
+    for _ in range(2 * PACE_MIN_STEPS):
+        static.paced(1, b, 100.0)
+    static.fold()
+    assert np.array_equal(static.costs(b, 512), plain)

@@ -629,3 +629,31 @@ def test_plain_steps_check_the_device_ngram_first_draft(target, reference, max_b
         got = [hit for row, hit in policy.firsts if row == i]
         assert got == want
     assert any(hit for _, hit in policy.firsts) and not all(hit for _, hit in policy.firsts)
+
+
+def test_the_engine_tells_the_policy_its_steps_pace(target, heads, reference, monkeypatch):
+    """Where steps have events to wait on (the card), the engine tells the policy the time between
+    two steps' results of the same tier and bucket, both run ahead (AdaptivePolicy.paced); outputs
+    are unchanged."""
+    engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=3, speculation_policy="adaptive",
+                        speculation_tiers=TIERS, **FULL)
+
+    class Ready:  # a CUDA event whose step has finished
+        def synchronize(self):
+            pass
+
+    launch, told, launched = engine._launch, [], []
+
+    def with_event(ahead, **kw):
+        out = launch(ahead, **kw)
+        out.event = Ready()
+        launched.append((out.tier, out.batch, out.ahead))
+        return out
+
+    monkeypatch.setattr(engine, "_launch", with_event)
+    monkeypatch.setattr(engine.policy, "paced", lambda tier, batch, ms: told.append((tier, batch, ms)))
+    tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 3)
+    assert tokens == reference
+    assert told and all(ms > 0 for _, _, ms in told)
+    assert {(t, b) for t, b, _ in told} <= {(t, b) for t, b, ahead in launched if ahead}
+    assert any(not ahead for _, _, ahead in launched)  # (a step after prefills waits: it is never timed)
