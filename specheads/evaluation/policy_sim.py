@@ -299,10 +299,12 @@ def measure_profile(path, models, tiers, max_batch: int, max_len: int, draft: st
 def main(argv=None) -> int:
     import argparse
 
+    from specheads.drafters import method_names
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default=None)
     ap.add_argument("--draft", required=True, help="a head folder or hub id (its kind drafts), or a method that "
-                    "drafts without a head (ngram, ngram-host)")
+                    "drafts without a head (" + ", ".join(m for m in method_names() if headless(m)) + ")")
     ap.add_argument("--split", default="validation", choices=["validation", "test"])
     ap.add_argument("--categories", nargs="+", default=None)
     ap.add_argument("--limit", type=int, default=8, help="prompts per category")

@@ -1045,7 +1045,7 @@ class SpecEngine:
             return tokens, None
         out = []
         for t in tokens:
-            if t in row.request.stop_ids:
+            if t in stops:
                 return out, "stop"
             out.append(t)
             row.history.append(t)

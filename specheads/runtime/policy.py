@@ -444,7 +444,7 @@ class AdaptivePolicy:
         # the time between consecutive steps' results as the engine read them (ms, an average per
         # tier index and batch bucket; `paced`): a step costs at least that where the host, not the
         # card, sets the pace (module docstring). Taken into the costs at the next fold
-        self._pace: dict = {}  # (tier index, batch bucket) -> [average ms, steps seen]
+        self._pace: dict = {}  # (tier index, batch bucket) -> [average ms, steps seen, least ms seen]
         self._pace_version, self._pace_dirty = 0, False
         self._tier, self._tier_version = None, -1
         self._costs: dict = {}  # (batch, context buckets, the cost's version) -> step costs [1 + T]
@@ -639,8 +639,8 @@ class AdaptivePolicy:
         `costs`). A row is None (it drafts nothing: one token), (record, depth cap), or (record,
         depth cap, chance): the chance that it drafts at all (a host drafter's proposal, not yet made).
         `draining`: no request waits for a row (module docstring: the rows' quantile, times their
-        count). Asked again between folds for the same rows and buckets, it answers with the rates
-        it gave."""
+        count). Asked again between folds in the same buckets (a narrow batch: for the same rows), it
+        answers with the rates it gave."""
         draining = bool(draining and self.drain and len(rows) > 1)
         # a batch wider than FRESH_ROWS keeps its rates between folds while its buckets stay: rows that
         # join or leave meanwhile are weighed from the next fold (at most `refresh` steps on; a row
