@@ -84,7 +84,8 @@ may fit a smaller bucket than the full tree, and runs there):
   device drafter's overlapped steps hide: measured as they run.
 - paced: a step costs at least the time the engine measured between two steps' results of the same
   tier and batch bucket, both run ahead of the host (`paced`, an average per tier and bucket, taken
-  into the costs at each fold once 8 such steps were read). A graph's time is the card's; where
+  into the costs at each fold once 8 such steps were read; a tier not yet paced costs at least the
+  pace of any shallower one). A graph's time is the card's; where
   the host's work a step (reading results, emitting tokens, the policy itself) takes longer, the
   host sets the pace, and the more tokens a step emits the more host work it makes. On an H200 at
   chat batch 64 in a stream, adaptive's chain-2 steps came 2.69 ms apart (median) where their graph
@@ -614,12 +615,20 @@ class AdaptivePolicy:
                 self._costs.clear()
             costs = np.array([self.cost.step(batch, k, t) for k, t in zip(kvs, [None, *self.tiers])])
             if self._pace and getattr(self.cost, "measured", False):  # (a static cost is not in ms)
-                for i in range(len(costs)):
-                    pace = self._pace.get((i, batch))
-                    if pace is not None and pace[1] >= PACE_MIN_STEPS:
-                        costs[i] = max(costs[i], pace[0])
+                costs = np.maximum(costs, self._pace_floor(batch))
             self._costs[key] = costs
         return costs
+
+    def _pace_floor(self, batch: int) -> np.ndarray:
+        """[1 + T]: the least each tier's step can cost at this batch bucket by the pace read so far:
+        its own pace, or where it has none yet, the most of any paced tier no deeper than it (a deeper
+        tree emits as many tokens or more, so makes as much host work or more). Without the bound an
+        unpaced tier, priced at its graph alone, would look cheaper than it runs."""
+        depth = [0] + [t.steps for t in self.tiers]
+        paced = {i: p[0] for i in range(len(depth))
+                 if (p := self._pace.get((i, batch))) is not None and p[1] >= PACE_MIN_STEPS}
+        return np.array([paced.get(i, max((p for j, p in paced.items() if depth[j] <= depth[i]), default=0.0))
+                         for i in range(len(depth))])
 
     def paced(self, tier: int, batch: int, ms: float) -> None:
         """The engine read a step of this tier (0: plain) and batch bucket `ms` after the one before

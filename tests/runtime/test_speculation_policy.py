@@ -664,3 +664,32 @@ def test_paced_steps_cost_what_the_engine_read():
         static.paced(1, b, 100.0)
     static.fold()
     assert np.array_equal(static.costs(b, 512), plain)
+
+
+def test_an_unpaced_tier_costs_at_least_a_shallower_tiers_pace():
+    """A tier not yet paced is priced at least at the pace of any paced tier no deeper than it (a
+    deeper step emits as many tokens or more, so makes as much host work or more): otherwise the
+    tier that ran, now priced at its pace, would lose to one priced at its graph alone. Shallower
+    tiers and plain decoding keep their own costs."""
+    from specheads.runtime.policy import PACE_MIN_STEPS
+
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    b = 8
+    before = policy.costs(b, 512).copy()
+    mid = 2
+    slow = 5 * before.max()
+    for _ in range(PACE_MIN_STEPS):
+        policy.paced(mid, b, slow)
+    policy.fold()
+    after = policy.costs(b, 512)
+    depth = [0] + [t.steps for t in TIERS]
+    for i in range(len(after)):
+        if depth[i] >= depth[mid]:
+            assert after[i] == slow
+        else:
+            assert after[i] == before[i]
+    # a deeper tier's own pace, once read, is its cost (even below the shallower tier's)
+    for _ in range(PACE_MIN_STEPS):
+        policy.paced(len(TIERS), b, before[-1])
+    policy.fold()
+    assert policy.costs(b, 512)[-1] == before[-1]
