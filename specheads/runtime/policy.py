@@ -383,7 +383,8 @@ class AdaptivePolicy:
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
-                 bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05):
+                 bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05,
+                 pace: int = 1):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -394,6 +395,7 @@ class AdaptivePolicy:
         self.tiers = list(tiers)
         self.cost = cost
         self.probe_every = probe_every
+        self.pace = pace  # 0: each tier costs its graph's time alone (`paced` ignored)
         self.probe_backoff = probe_backoff  # the longest run between probes, in probe_every's (1: no backoff)
         self.probe_interval = probe_every  # plain steps in a row before the next probe
         self.probing = False  # the last choice was a probe (doubles the interval once launched)
@@ -633,6 +635,8 @@ class AdaptivePolicy:
     def paced(self, tier: int, batch: int, ms: float) -> None:
         """The engine read a step of this tier (0: plain) and batch bucket `ms` after the one before
         it, of the same tier and bucket, both run ahead of the host (module docstring)."""
+        if not self.pace:
+            return
         entry = self._pace.get((tier, batch))
         if entry is None:
             entry = self._pace[(tier, batch)] = [0.0, 0, ms]  # average, steps, the least seen
@@ -724,7 +728,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 # the adaptive policy's settings a user may change (AdaptivePolicy's keyword arguments), by type
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
                    "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int,
-                   "bound_trees": int, "refresh": int, "drain": int, "drain_quantile": float}
+                   "bound_trees": int, "refresh": int, "drain": int, "drain_quantile": float, "pace": int}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 
@@ -740,7 +744,7 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
     low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff", "refresh") else 0
-    if name in ("share_chains", "bound_trees", "drain") and v not in (0, 1):
+    if name in ("share_chains", "bound_trees", "drain", "pace") and v not in (0, 1):
         raise PolicyError(f"{what}: {name}={v} must be 0 or 1")
     if name == "drain_quantile" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: drain_quantile={v} must lie in [0, 1] (0: the slowest row's rate)")
