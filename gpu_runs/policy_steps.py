@@ -114,7 +114,8 @@ def instrument(engine, trace: bool = False) -> dict:
             ms["wait"] += 1000 * (time.perf_counter() - t0)
         out = finish(l)
         if trace:
-            tally["steps"].append({"t_ms": round(1000 * (time.perf_counter() - t_start), 3), "rows": len(l.rows),
+            tally["steps"].append({"i": len(tally["steps"]), "t_ms": round(1000 * (time.perf_counter() - t_start), 3),
+                                   "rows": len(l.rows),
                                    "b": l.batch, "tier": l.tier, "tokens": sum(len(o.new_tokens) for o in out),
                                    "accepted": sum(o.accepted for o in out)})
         return out
@@ -131,8 +132,12 @@ def instrument(engine, trace: bool = False) -> dict:
             if trace and hasattr(engine.policy, "rates") and any(r is not None for r in rows):
                 # (asked again for the trace, outside the choice's timer)
                 rates = engine.policy.rates(rows, batch, kv, host_ms, draining)
-                tally["choices"].append({"rows": len(rows), "b": batch, "kv": kv, "tier": tier, "draining": draining,
-                                         "rates": [round(float(x), 3) for x in rates]})
+                # the launch this choice is for (steps are read in launch order: `steps[i]`) and
+                # the costs the rates divide by (ms where measured), for choice_audit.py
+                tally["choices"].append({"i": sum(tally["tiers"].values()), "rows": len(rows), "b": batch, "kv": kv,
+                                         "tier": tier, "draining": draining,
+                                         "rates": [round(float(x), 3) for x in rates],
+                                         "costs": [round(float(x), 4) for x in engine.policy.costs(batch, kv)]})
             return tier
         engine.policy.choose = _choose if trace else choose
         engine.policy.observe = timed("observe", engine.policy.observe)
@@ -202,6 +207,7 @@ def main() -> None:
                         "host_ms": {k: round(v, 2) for k, v in tally["ms"].items()}, "calls": dict(tally["n"])}
                 if tally["steps"]:
                     cell["steps"], cell["choices"] = tally["steps"], tally["choices"]
+                    cell["tier_names"] = ["plain"] + [str(t) for t in tiers]  # a choice's tier index -> its tree
                 pace = getattr(engine.policy, "_pace", None)
                 if pace:  # the policy's paced step times (ms) by tier index and batch bucket, after this run
                     cell["pace_ms"] = {f"{t}@{b}": round(v[0], 4) for (t, b), v in sorted(pace.items())}

@@ -35,3 +35,27 @@ def test_the_step_timers_follow_the_engine(name):
     assert sum(s["tokens"] for s in tally["steps"]) == sum(len(t) for t in got) - len(prompts)
     if getattr(engine.policy, "name", None) == "adaptive" and not name.startswith("plain-"):
         assert tally["choices"] and all(len(c["rates"]) == len(engine.policy.tiers) + 1 for c in tally["choices"])
+        # each choice names its launch, which is the step read at that index (launch order);
+        # choice_audit.py joins them
+        steps_by_i = {s["i"]: s for s in tally["steps"]}
+        assert [s["i"] for s in tally["steps"]] == list(range(len(tally["steps"])))
+        last = {c["i"]: c for c in tally["choices"]}  # (a dropped plan ahead is chosen again at launch)
+        assert all(i in steps_by_i for i in last)
+        if not engine._host_drafts:  # (a host drafter's launch with nothing proposed asks no choice)
+            assert all(steps_by_i[i]["tier"] == c["tier"] for i, c in last.items())
+        assert all(len(c["costs"]) == len(c["rates"]) for c in tally["choices"])
+
+
+def test_the_choice_audit_sets_expected_tokens_against_emitted():
+    """choice_audit.py: per tier chosen, the tokens expected (rate x cost) against those emitted,
+    and the time between two steps of that tier's results."""
+    audit = load_script("gpu_runs/choice_audit.py").audit
+    cell = {"steps": [{"i": 0, "t_ms": 1.0, "tier": 2, "tokens": 8}, {"i": 1, "t_ms": 3.0, "tier": 2, "tokens": 4},
+                      {"i": 2, "t_ms": 4.0, "tier": 1, "tokens": 3}],
+            "choices": [{"i": 0, "tier": 2, "rates": [1.0, 2.0, 5.0], "costs": [1.0, 1.0, 2.0]},
+                        {"i": 1, "tier": 2, "rates": [1.0, 2.0, 5.0], "costs": [1.0, 1.0, 2.0]},
+                        {"i": 2, "tier": 1, "rates": [1.0, 2.0, 3.0], "costs": [1.0, 1.5, 2.0]}]}
+    rows = {r["tier"]: r for r in audit(cell)}
+    assert rows[2]["steps"] == 2 and rows[2]["expected_tokens"] == 10.0 and rows[2]["emitted_tokens"] == 6.0
+    assert rows[2]["emitted_over_expected"] == 0.6 and rows[2]["gap_ms"] == 2.0
+    assert rows[1]["expected_tokens"] == 3.0 and rows[1]["gap_ms"] is None and rows[1]["priced_ms"] == 1.5

@@ -82,14 +82,15 @@ may fit a smaller bucket than the full tree, and runs there):
   next idle: timing replays every tier's graph, a stall no running request should wait on.
   A host drafter's steps (`ngram-host`) also pay the proposal and the host's bookkeeping, which a
   device drafter's overlapped steps hide: measured as they run.
-- paced: a step costs at least the time the engine measured between two steps' results of the same
-  tier and batch bucket, both run ahead of the host (`paced`, an average per tier and bucket, taken
-  into the costs at each fold once 8 such steps were read; a tier not yet paced costs at least the
-  pace of any shallower one). A graph's time is the card's; where
-  the host's work a step (reading results, emitting tokens, the policy itself) takes longer, the
-  host sets the pace, and the more tokens a step emits the more host work it makes. On an H200 at
-  chat batch 64 in a stream, adaptive's chain-2 steps came 2.69 ms apart (median) where their graph
-  takes 1.70-1.99 ms, and it ran at 0.90 of the fixed chain 1 (2026-12-02, docs/benchmarks.md).
+- paced (`pace=1`; off by default): a step costs at least the time the engine measured between
+  two steps' results of the same tier and batch bucket, both run ahead of the host (`paced`, an
+  average per tier and bucket, taken into the costs at each fold once 8 such steps were read; a
+  tier not yet paced costs at least the pace of any shallower one). A graph's time is the card's;
+  where the host's work a step (reading results, emitting tokens, the policy itself) takes longer,
+  the host sets the pace. On an H200 at chat batch 64 in a stream, adaptive's chain-2 steps came
+  2.69 ms apart (median) where their graph takes 1.70-1.99 ms. With the pace, adaptive there ran
+  34,791-36,807 tok/s against 35,896-36,888 without, and at coding batch 1 2.636x against 2.633x
+  `ar` (2026-12-02, docs/benchmarks.md): no gain beyond the runs' spread, so it is off.
 - static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a
   plain decode step, verifying T tokens in all costs max(1, T / saturation_tokens) (a decode
   streams the weights once until the batch's tokens fill the matmuls), and each draft depth
@@ -384,7 +385,7 @@ class AdaptivePolicy:
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
                  bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05,
-                 pace: int = 1):
+                 pace: int = 0):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -395,7 +396,7 @@ class AdaptivePolicy:
         self.tiers = list(tiers)
         self.cost = cost
         self.probe_every = probe_every
-        self.pace = pace  # 0: each tier costs its graph's time alone (`paced` ignored)
+        self.pace = pace  # 1: a tier costs at least its steps' measured pace (`paced`); 0: its graph's time
         self.probe_backoff = probe_backoff  # the longest run between probes, in probe_every's (1: no backoff)
         self.probe_interval = probe_every  # plain steps in a row before the next probe
         self.probing = False  # the last choice was a probe (doubles the interval once launched)

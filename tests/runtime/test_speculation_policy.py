@@ -628,13 +628,14 @@ def test_first_drafts_of_plain_steps_are_trials_at_depth_one_of_the_chains():
 
 
 def test_paced_steps_cost_what_the_engine_read():
-    """A step of a tier costs at least the time the engine measured between such steps' results (the
-    host's pace, where it is slower than the card): a tier whose graph is cheap but whose steps come
-    slowly loses to one that keeps pace. Taken in at a fold, after PACE_MIN_STEPS steps; a pause
-    counts at most 3x the least time seen; a static cost (not in ms) ignores it."""
+    """With `pace=1`, a step of a tier costs at least the time the engine measured between such steps'
+    results (the host's pace, where it is slower than the card): a tier whose graph is cheap but whose
+    steps come slowly loses to one that keeps pace; by default the pace is not taken. Taken in at a
+    fold, after PACE_MIN_STEPS steps; a pause counts at most 3x the least time seen; a static cost
+    (not in ms) ignores it."""
     from specheads.runtime.policy import PACE_MIN_STEPS
 
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), pace=1)
     row = policy.new_row()
     deep = len(TIERS)  # the full tree
     observe(policy, row, deep, TIERS[deep - 1].steps)  # every draft accepted
@@ -658,12 +659,17 @@ def test_paced_steps_cost_what_the_engine_read():
     policy.paced(1, b, 1000.0)
     policy.fold()
     assert policy._pace[(1, b)][0] <= 3 * before[1] / 2 and policy.costs(b, 512)[1] == before[1]
-    static = AdaptivePolicy(TIERS, StaticCost())
+    static = AdaptivePolicy(TIERS, StaticCost(), pace=1)
     plain = static.costs(b, 512).copy()
     for _ in range(2 * PACE_MIN_STEPS):
         static.paced(1, b, 100.0)
     static.fold()
     assert np.array_equal(static.costs(b, 512), plain)
+    off = AdaptivePolicy(TIERS, TableCost(gpu_like))  # the default: graphs' times alone
+    for _ in range(2 * PACE_MIN_STEPS):
+        off.paced(deep, b, 10 * before[deep])
+    off.fold()
+    assert np.array_equal(off.costs(b, 512), before)
 
 
 def test_an_unpaced_tier_costs_at_least_a_shallower_tiers_pace():
@@ -673,7 +679,7 @@ def test_an_unpaced_tier_costs_at_least_a_shallower_tiers_pace():
     tiers and plain decoding keep their own costs."""
     from specheads.runtime.policy import PACE_MIN_STEPS
 
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), pace=1)
     b = 8
     before = policy.costs(b, 512).copy()
     mid = 2
