@@ -2,10 +2,12 @@
 per method, each run a dot over the median's bar, and the prefills' share of the run below.
 
     python3 gpu_runs/steps_plot.py OLD/policy_steps.json NEW/policy_steps.json --out FILE.png [--title T]
+(either file may be gzip-compressed: a name ending in .gz)
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 
@@ -18,7 +20,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 def cells(path: str) -> dict:
     """method -> [(tokens/s, prefill share of the run)] over its runs (every batch size pooled)."""
     out: dict = {}
-    for c in json.load(open(path))["cells"]:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+        data = json.load(f)
+    for c in data["cells"]:
         out.setdefault(f"{c['method']} b{c['batch']}", []).append(
             (c["tokens_per_s"], c["host_ms"].get("prefill", 0.0) / c["wall_ms"]))
     return out
