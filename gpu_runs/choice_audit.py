@@ -5,7 +5,7 @@ step at against the time between that step's result and the one before (the medi
 only). A tier whose tokens are overestimated, or whose steps take longer than priced, is chosen
 more often than it earns.
 
-    python3 gpu_runs/choice_audit.py POLICY_STEPS.json [--method adaptive] [--out AUDIT.json]
+    python3 gpu_runs/choice_audit.py POLICY_STEPS.json[.gz] [--method adaptive] [--out AUDIT.json]
 
 Prints one table a traced cell (method, batch) and writes them all as JSON."""
 from __future__ import annotations
@@ -14,6 +14,8 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+
+from specheads.files import read_text
 
 
 def audit(cell: dict) -> list[dict]:
@@ -52,8 +54,7 @@ def main() -> None:
     ap.add_argument("--method", default=None, help="only this method's cells (default: every traced cell)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    with open(args.trace) as f:
-        data = json.load(f)
+    data = json.loads(read_text(args.trace))  # (gzip-compressed where the name ends in .gz)
     report = []
     for cell in data["cells"]:
         if not cell.get("choices") or (args.method and cell["method"] != args.method):

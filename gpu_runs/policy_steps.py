@@ -5,7 +5,7 @@ inside), waiting for the card, reading the result, prefills, and any step costs 
 policy times mid-run; launches counted by tier and by whether they ran ahead of the step before.
 
     python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N] [--set chat|coding]
-        [--trace] [--methods ar tree chain adaptive adaptive-nopace chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive
+        [--trace] [--methods ar tree chain adaptive adaptive-pace chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive
         ngram-host ngram-host-adaptive]   (TARGET in the environment)
 
 Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
@@ -43,8 +43,6 @@ def engine_for(name: str, target, head, **kw) -> SpecEngine:
     if name.startswith("plain-"):  # plain steps only, whatever a plain step's first drafts tell the policy
         choose = engine.policy.choose
         engine.policy.choose = lambda *a, **k: min(choose(*a, **k), 0)
-    if name.endswith("-nopace"):  # the policy prices each tier at its graph's time alone
-        engine.policy.paced = lambda *a, **k: None
     return engine
 
 
@@ -71,8 +69,9 @@ METHODS = {  # name -> SpecEngine keywords
                         speculation_settings="prior=0,probe_every=1000000"),
     "ngram": dict(method="ngram", num_draft_tokens=8),
     "ngram-adaptive": dict(method="ngram", num_draft_tokens=8, speculation_policy="adaptive"),
-    # the adaptive policy without the measured pace (AdaptivePolicy.paced), beside it in one call
-    "adaptive-nopace": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive"),
+    # the adaptive policy pricing each tier at least at its measured pace (off by default), beside it
+    "adaptive-pace": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive",
+                          speculation_settings="pace=1"),
     # the same lookup on the host (its reference), beside the device one in one call
     "ngram-host": dict(method="ngram-host", num_draft_tokens=8),
     "ngram-host-adaptive": dict(method="ngram-host", num_draft_tokens=8, speculation_policy="adaptive"),

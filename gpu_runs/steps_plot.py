@@ -7,7 +7,6 @@ per method, each run a dot over the median's bar, and the prefills' share of the
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 
@@ -16,13 +15,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from specheads.files import read_text  # noqa: E402
+
 
 def cells(path: str) -> dict:
     """method -> [(tokens/s, prefill share of the run)] over its runs (every batch size pooled)."""
     out: dict = {}
-    with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
-        data = json.load(f)
-    for c in data["cells"]:
+    for c in json.loads(read_text(path))["cells"]:
         out.setdefault(f"{c['method']} b{c['batch']}", []).append(
             (c["tokens_per_s"], c["host_ms"].get("prefill", 0.0) / c["wall_ms"]))
     return out

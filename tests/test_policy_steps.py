@@ -10,7 +10,7 @@ from tests.runtime.spec_helpers import make_target, random_head, random_prompts
 
 
 
-@pytest.mark.parametrize("name", ["ar", "adaptive", "chain2", "ngram-adaptive", "plain-ngram", "plain-eagle3",
+@pytest.mark.parametrize("name", ["ar", "adaptive", "adaptive-pace", "chain2", "ngram-adaptive", "plain-ngram", "plain-eagle3",
                                   "ngram-host-adaptive"])
 def test_the_step_timers_follow_the_engine(name):
     steps = load_script("gpu_runs/policy_steps.py")
