@@ -26,7 +26,7 @@
 #      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6),
 #      TREES ("S,K,N ..." candidate trees for every kind; TREES_<kind> for one: each kind benches the one with the
 #      best mean speedup at batch 1 on the validation split's chat prompts, TUNE_PER_CATEGORY (8) of each chat
-#      category, `specheads evaluate` with TUNE_ARGS; bench/KIND-tree.json records the choice; unset: 6,4,15 for all;
+#      category, `specheads evaluate` with TUNE_ARGS; bench/KIND-tree.json records the choice; unset: the kind's default tree (medusa 2,8,12, else 6,4,15);
 #      with SPLIT=validation the benches then run on prompts the tree was chosen on).
 # An ablation's variants (issue 20; gpu_runs/README.md, "An ablation on the validation split"):
 #      EPOCHS_<kind> (that run's epochs instead of EPOCHS, e.g. EPOCHS_eagle3_4ep=4);

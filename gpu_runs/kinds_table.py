@@ -325,8 +325,9 @@ def markdown(table: dict) -> str:
                 "held-out conversations" if any(r["data"] for r in table["rows"]) else "")
              + "; `scripts/bench.py --methods ar KIND-tree "
              f"--speculation-policy fixed --max-new-tokens {s.get('max_new_tokens', 256)}` (tree "
-             + ("6,4,15 where none is named (chosen trees: the best of TREES on the validation split's chat "
-                "categories, batch 1)" if any(r.get("tree") for r in table["rows"]) else "6,4,15")
+             + ("the kind's default where none is named: medusa 2,8,12, else 6,4,15 (chosen trees: the best of TREES "
+                "on the validation split's chat categories, batch 1)" if any(r.get("tree") for r in table["rows"])
+                else "the kind's default: medusa 2,8,12, else 6,4,15")
              + ", its depth capped at the head's: mtp's modules, medusa's heads) on "
              f"{(table['prompts'] or {}).get('chat', '?')} chat and {(table['prompts'] or {}).get('coding', '?')} "
              f"coding prompts of the evaluation suite's {(table['prompts'] or {}).get('split', 'test')} split, each "

@@ -55,6 +55,11 @@ MEDUSA = HeadKind(
     launch=medusa.LAUNCH,
     card_head=medusa.card_head,
     drafter="specheads.drafters.medusa:MedusaDrafter",
+    # two heads deep, eight wide: the best of twelve trees on the validation split's chat prompts at batch 1
+    # (1.42x our ar; 2,4,6 1.37x, 2,10,15 1.39x, 1,8,8 1.38x, 2,12,18 1.27x: 19 verified rows cross the
+    # projections' 16-row block), one H200, 2026-12-02 (docs/results/head-kinds-medusa-wide-h200/). Medusa's
+    # later heads see no draft token and are right less often, so width pays where depth does not
+    default_tree=(2, 8, 12),
 )
 
 EAGLE = HeadKind(

@@ -149,7 +149,7 @@ def load_head(folder: str | Path, device="cpu", dtype: torch.dtype | None = None
     head = kind.module(cfg)
     float_dtype = dtype or next(t.dtype for t in tensors.values() if t.is_floating_point())
     head.load_state_dict(tensors, strict=True)
-    head.tree = head_tree(folder)  # None: the runtime's default tree
+    head.tree = head_tree(folder) or kind.default_tree  # None: the runtime's default tree
     return head.to(device=device, dtype=float_dtype)
 
 

@@ -81,6 +81,9 @@ class HeadKind:
     card_head: Callable[[Any, str], list[str]] | None = None
     # "package.module:Class", imported only when a drafter is built
     drafter: str = ""
+    # (num_steps, topk, num_draft_tokens) a head of this kind drafts when its folder names no tree of its
+    # own (specheads.json "tree"); None: the runtime's DEFAULT_TREE
+    default_tree: tuple[int, int, int] | None = None
 
     def architectures(self) -> tuple[str, ...]:
         """Every architecture name this kind writes, in export-format order, without repeats."""
@@ -103,6 +106,8 @@ class HeadKind:
         if set(self.launch) - set(self.exporters):
             problems.append(f"launch commands for {sorted(set(self.launch) - set(self.exporters))}, which are not "
                             f"export formats ({sorted(self.exporters)})")
+        if self.default_tree is not None and (len(self.default_tree) != 3 or min(self.default_tree) < 1):
+            problems.append(f"default_tree {self.default_tree!r} is not (num_steps, topk, num_draft_tokens), each >= 1")
         if self.drafter and self.drafter.count(":") != 1:
             problems.append(f"drafter {self.drafter!r} is not 'package.module:Class'")
         for hook in ("from_dict", "to_dict", "from_hf", "to_hf", "for_target", "fixed_depth"):

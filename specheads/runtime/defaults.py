@@ -9,7 +9,8 @@
 # six held-out ShareGPT prompts, before the evaluation suite existed: the suite's validation
 # split is where the next choice is made.)
 DEFAULT_TREE = (6, 4, 15)
-TREE_DEFAULT_HELP = "default: the head's tree (specheads.json, chosen on the validation split), else 6,4,15"
+TREE_DEFAULT_HELP = ("default: the head's tree (specheads.json, chosen on the validation split), else its kind's "
+                     "(medusa: 2,8,12), else 6,4,15")
 
 
 def tree_pool(num_steps: int, topk: int) -> int:
@@ -22,7 +23,7 @@ def tree_pool(num_steps: int, topk: int) -> int:
 def resolve_tree(num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                  head=None) -> tuple[int, int, int]:
     """The tree a run drafts with: each value given wins; the rest come from the head's own tree
-    (`head.tree`, from its folder's specheads.json) or else from DEFAULT_TREE."""
+    (`head.tree`: its folder's specheads.json, or else its kind's default) or else from DEFAULT_TREE."""
     base = getattr(head, "tree", None) or DEFAULT_TREE
     return tuple(v if v is not None else b for v, b in zip((num_steps, topk, num_draft_tokens), base))
 

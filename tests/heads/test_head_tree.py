@@ -145,3 +145,20 @@ def test_the_card_names_the_heads_tree(head_dir, tmp_path):
     card = (publish_head(head_dir, "me/x", dry_run=True, output=tmp_path / "s").folder / "README.md").read_text()
     assert ("drafts with this head's own tree by default: 4 steps, topk 4, 10 draft tokens, the fastest of 3 trees "
             "measured on the evaluation suite's validation split (1.79x plain decoding on average, NVIDIA H200)") in card
+
+
+def test_a_kind_default_tree_serves_where_the_folder_names_none(tmp_path):
+    """A Medusa head without its own tree drafts its kind's (2,8,12: chosen on the validation split);
+    the folder's own tree still wins, and a kind without one falls back to DEFAULT_TREE."""
+    from specheads.heads.medusa import MedusaConfig, MedusaHead
+    from specheads.heads.registry import head_kind as get_kind
+
+    cfg = MedusaConfig(hidden_size=32, vocab_size=128, draft_vocab_size=128, target_hidden_size=32,
+                       target_num_layers=2, num_heads=3)
+    folder = save_head(MedusaHead(cfg), tmp_path / "medusa", torch.float32)
+    assert head_tree(folder) is None
+    assert load_head(folder).tree == get_kind("medusa").default_tree == (2, 8, 12)
+    assert resolve_tree(None, None, None, load_head(folder)) == (2, 8, 12)
+    save_head_tree(folder, (1, 4, 4), {"split": "validation"})
+    assert load_head(folder).tree == (1, 4, 4)
+    assert get_kind("eagle3").default_tree is None
