@@ -325,8 +325,11 @@ def _running_mean(mean: np.ndarray, count: np.ndarray, trials: np.ndarray, hits:
     exact mean until `window` observations, then each new batch weighs trials / window (a whole
     window's worth or more replaces the mean)."""
     seen = np.minimum(count + trials, window)
-    weight = np.divide(trials, np.maximum(seen, trials), out=np.zeros_like(mean), where=trials > 0)
-    mean += weight * (np.divide(hits, trials, out=np.zeros_like(mean), where=trials > 0) - mean)
+    # where trials is 0 the weight is 0 and the mean stays (the floor of 1 only keeps 0 / 0 out);
+    # where it is not, these are the plain quotients. Fewer array ops than masked divides: this
+    # runs every step of a small batch, on the host's critical path
+    once = np.maximum(trials, 1.0)
+    mean += trials / np.maximum(seen, once) * (hits / once - mean)
     count[...] = seen
 
 
@@ -516,11 +519,18 @@ class AdaptivePolicy:
         """One step's trials and hits [R, D] of these (distinct) slots, summed into the records of
         `tiers` not yet folded and into every tier's pooled one; folded now where due."""
         k, h = trials.sum(0), hits.sum(0)
-        for t in tiers:
+        if len(tiers) == 1:
+            t = tiers[0]
             self._pend_trials[slots, t] += trials
             self._pend_hits[slots, t] += hits
             self._pend_k[t] += k
             self._pend_h[t] += h
+        else:  # (distinct slots and tiers, e.g. every chain's depth 1 from a first draft: one add each)
+            at = np.ix_(slots, tiers)
+            self._pend_trials[at] += trials[:, None, :]
+            self._pend_hits[at] += hits[:, None, :]
+            self._pend_k[tiers] += k
+            self._pend_h[tiers] += h
         self._pend_all_k += k
         self._pend_all_h += h
         self._pending += 1
@@ -546,10 +556,8 @@ class AdaptivePolicy:
         self.mean[touched], self.count[touched] = mean, count
         self._pend_trials[touched] = 0
         self._pend_hits[touched] = 0
-        ran = np.flatnonzero(self._pend_k.any(axis=1))
-        tier_mean, tier_count = self.tier_mean[ran], self.tier_count[ran]
-        _running_mean(tier_mean, tier_count, self._pend_k[ran], self._pend_h[ran], self.pooled_window)
-        self.tier_mean[ran], self.tier_count[ran] = tier_mean, tier_count
+        # (every tier at once: one without trials keeps its record, as its count is at most the window)
+        _running_mean(self.tier_mean, self.tier_count, self._pend_k, self._pend_h, self.pooled_window)
         _running_mean(self.all_mean, self.all_count, self._pend_all_k, self._pend_all_h, self.pooled_window)
         for pend in (self._pend_k, self._pend_h, self._pend_all_k, self._pend_all_h):
             pend[:] = 0
@@ -580,8 +588,9 @@ class AdaptivePolicy:
             w = self.prior_weight
             pooled = np.empty(self.depth)  # every row, every tier; a depth without data: the one above
             above = self.prior
-            for d in range(self.depth):
-                above = pooled[d] = _shrink(self.all_mean[d], self.all_count[d], above, w)
+            # (a recurrence over a few depths: Python floats, the same doubles as numpy's scalars, cheaper)
+            for d, (m, c) in enumerate(zip(self.all_mean.tolist(), self.all_count.tolist())):
+                above = pooled[d] = _shrink(m, c, above, w)
             self._tier = _shrink(self.tier_mean, self.tier_count, pooled[None], w)
             self._tier_version = self.version
         return self._tier
