@@ -333,8 +333,9 @@ class SpecEngine:
                              settings=settings)
         path = self._profile_path
         if path is not None and path.exists():
+            # (tiers the profile lacks are timed as its buckets are planned, where graphs are captured)
             built.cost = SpeculationProfile.load(path).check(path, self._device_name(), self._fingerprint(),
-                                                              built.tiers)
+                                                              built.tiers, can_time=self.use_graphs)
         elif self.use_graphs:
             built.cost = SpeculationProfile(self._device_name(), self._fingerprint())
         else:

@@ -79,7 +79,8 @@ may fit a smaller bucket than the full tree, and runs there):
   the plain decode step, on the card when the engine captures its graphs (`SpecEngine.
   capture_common` at a server's start), or loaded from a saved profile (JSON). A bucket without
   times takes the nearest timed one's and is timed (and added to the profile) when the engine is
-  next idle: timing replays every tier's graph, a stall no running request should wait on.
+  next idle: timing replays every tier's graph, a stall no running request should wait on. A
+  tier the loaded profile lacks is timed with the others at the first bucket a step plans, and added.
   A host drafter's steps (`ngram-host`) also pay the proposal and the host's bookkeeping, which a
   device drafter's overlapped steps hide: measured as they run.
 - paced (`pace=1`; off by default): a step costs at least the time the engine measured between
@@ -299,8 +300,10 @@ class SpeculationProfile:
                               f"({e})") from None
         return profile
 
-    def check(self, path, device: str, fingerprint: dict, tiers) -> "SpeculationProfile":
-        """Refuse a profile of another card, model or drafter, or one missing a tier."""
+    def check(self, path, device: str, fingerprint: dict, tiers, can_time: bool = False) -> "SpeculationProfile":
+        """Refuse a profile of another card, model or drafter, or one missing a tier where the engine
+        cannot time steps (`can_time`: it captures step graphs; the missing tiers are then timed
+        with every tier at the first bucket a step plans, and the profile saved with them)."""
         where = f"speculation profile {str(path)!r}"
         if self.device != device:
             raise PolicyError(f"{where} was measured on {self.device!r}, not this {device!r}: pass a new path to "
@@ -312,10 +315,11 @@ class SpeculationProfile:
                               f"{[self.fingerprint.get(k) for k in diff]} there, {[fingerprint.get(k) for k in diff]} "
                               f"here): pass a new path to measure this one")
         lacking = [self.key(t) for t in [None, *tiers] if self.key(t) not in self.step_ms]
-        if lacking:
+        if lacking and not can_time:
             held = "; ".join(k for k in self.step_ms if k != PLAIN_KEY)
             raise PolicyError(f"{where} has no times for {', '.join(lacking)} (it holds plain and {held or 'no tier'}): "
-                              f"pass --speculation-tiers among those, or a new path to measure these tiers")
+                              f"pass --speculation-tiers among those, or run on the GPU (which times them and "
+                              f"adds them to the profile)")
         return self
 
 

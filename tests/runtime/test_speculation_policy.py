@@ -507,6 +507,10 @@ def test_a_profile_of_another_card_model_or_tiers_is_refused(tmp_path):
         p.check(path, p.device, {**FINGERPRINT, "method": "mtp"}, TIERS)
     with pytest.raises(PolicyError, match=r"no times for 3,1,3 \(it holds plain and 1,1,1; 2,1,2; 4,1,4; 6,4,15\)"):
         p.check(path, p.device, FINGERPRINT, [TreeShape(3, 1, 3), FULL])
+    # an engine that times its steps (graphs) takes it: the missing tier is timed at the first bucket
+    assert p.check(path, p.device, FINGERPRINT, [TreeShape(3, 1, 3), FULL], can_time=True) is p
+    with pytest.raises(PolicyError, match="measured on"):  # another card stays refused
+        p.check(path, "NVIDIA H200", FINGERPRINT, TIERS, can_time=True)
 
 
 def test_the_commands_default_is_adaptive_on_a_gpu_and_where_its_options_are_given():

@@ -415,6 +415,15 @@ def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, 
     tokens, _ = run(again, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
     assert tokens == reference and "again" not in measured
 
+    # a tier the saved profile lacks: the engine takes the profile, times the new tier (with every
+    # tier) at the first bucket it plans, and saves it beside the old ones
+    wider = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=4, use_graphs=True, speculation_policy="adaptive",
+                       speculation_tiers=TIERS + ";4,1,4", speculation_profile=path, **FULL)
+    assert "4,1,4" not in wider.policy.cost.step_ms and wider.policy.cost.has_any(wider.policy.tiers[:1])
+    tokens, _ = run(wider, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
+    assert tokens == reference
+    assert set(SpeculationProfile.load(path).step_ms) == {"plain", *map(str, wider.policy.tiers)}
+
     fresh = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=4, use_graphs=True,
                        speculation_policy="adaptive", speculation_tiers=TIERS, **FULL)
     import gc
