@@ -26,7 +26,8 @@
 #      mtp 3 modules, medusa 4 heads, so their trees are 3 and 4 deep where eagle3's and eagle's are 6),
 #      TREES ("S,K,N ..." candidate trees for every kind; TREES_<kind> for one: each kind benches the one with the
 #      best mean speedup at batch 1 on the validation split's chat prompts, TUNE_PER_CATEGORY (8) of each chat
-#      category, `specheads evaluate` with TUNE_ARGS; bench/KIND-tree.json records the choice; unset: the kind's default tree (medusa 2,8,12, else 6,4,15);
+#      category, `specheads evaluate` with TUNE_ARGS; bench/KIND-tree.json records the choice (made again, with the
+#      benches, where a later call names other candidates); unset: the kind's default tree (medusa 2,8,12, else 6,4,15);
 #      with SPLIT=validation the benches then run on prompts the tree was chosen on).
 # An ablation's variants (issue 20; gpu_runs/README.md, "An ablation on the validation split"):
 #      EPOCHS_<kind> (that run's epochs instead of EPOCHS, e.g. EPOCHS_eagle3_4ep=4);
@@ -217,6 +218,13 @@ EOF
   local trees=TREES_${1//[^A-Za-z0-9_]/_} cands tree_arg="" t
   cands=${!trees:-${TREES:-}}
   if [ -n "$cands" ]; then
+    # a choice made among other candidates (TREES changed on a warm machine): tuned and benched again
+    if [ -f $ROOT/bench/$kind-tree.json ] && ! $PY -c "import json, sys
+c = json.load(open(sys.argv[1]))['candidates']
+sys.exit(sorted(k.split('@')[-1] for k in c) != sorted(sys.argv[2:]))" $ROOT/bench/$kind-tree.json $cands; then
+      echo "kinds: $kind's tree was chosen among other candidates than $cands: it tunes and benches again"
+      rm -f $ROOT/bench/$kind-tree.json $ROOT/bench/$kind-tune.* $ROOT/bench/$kind-chat.* $ROOT/bench/$kind-coding.*
+    fi
     if [ ! -f $ROOT/bench/$kind-tree.json ]; then
       l=$(left)
       [ $l -lt $BENCH_NEED ] && { echo "kinds: $kind tree tuning next call"; return; }
