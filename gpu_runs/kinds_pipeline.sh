@@ -219,9 +219,7 @@ EOF
   cands=${!trees:-${TREES:-}}
   if [ -n "$cands" ]; then
     # a choice made among other candidates (TREES changed on a warm machine): tuned and benched again
-    if [ -f $ROOT/bench/$kind-tree.json ] && ! $PY -c "import json, sys
-c = json.load(open(sys.argv[1]))['candidates']
-sys.exit(sorted(k.split('@')[-1] for k in c) != sorted(sys.argv[2:]))" $ROOT/bench/$kind-tree.json $cands; then
+    if [ -f $ROOT/bench/$kind-tree.json ] && ! $PY gpu_runs/kinds_table.py tree-current $ROOT/bench/$kind-tree.json $cands; then
       echo "kinds: $kind's tree was chosen among other candidates than $cands: it tunes and benches again"
       rm -f $ROOT/bench/$kind-tree.json $ROOT/bench/$kind-tune.* $ROOT/bench/$kind-chat.* $ROOT/bench/$kind-coding.*
     fi

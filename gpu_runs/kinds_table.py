@@ -9,6 +9,8 @@
     python3 gpu_runs/kinds_table.py pick-tree EVAL_JSON --out KIND-tree.json
         the tree of `specheads evaluate --methods ar KIND@S,K,N ...` (validation split) with the best mean
         speedup over ar on the chat categories; prints S,K,N (the pipeline's TREES tuning)
+    python3 gpu_runs/kinds_table.py tree-current KIND-tree.json S,K,N ...
+        exit 0 if that choice was made among exactly these candidates, 1 if not (the pipeline then tunes again)
     python3 gpu_runs/kinds_table.py held-out-check SHARED_DATA RUN_DATA
         how many of the shared data's held-out conversations a run's own data (a mix) trains on, as JSON;
         exit 1 if any (its figures on them would not be held out): the pipeline runs it before eval_shared
@@ -147,6 +149,11 @@ def pick_tree(report: dict) -> dict:
             "card": report.get("card"), "batch_size": report.get("batch_size"),
             "candidates": {n: {"speedup_vs_ar": round(chat[n]["speedup_vs_ar"], 4),
                                "accept": round(chat[n]["mean_accept_length"], 4)} for n in cands}}
+
+
+def tree_current(choice: dict, candidates: list[str]) -> bool:
+    """Whether a `pick-tree` choice was made among exactly these S,K,N candidates (order aside)."""
+    return sorted(name.rpartition("@")[2] for name in choice.get("candidates", {})) == sorted(candidates)
 
 
 def bench_rows(root: Path, kind: str) -> dict:
@@ -515,6 +522,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("pick-tree")
     p.add_argument("report", help="`specheads evaluate` JSON with ar and KIND@S,K,N methods")
     p.add_argument("--out", required=True, help="the choice as JSON (bench/KIND-tree.json)")
+    p = sub.add_parser("tree-current")
+    p.add_argument("choice", help="bench/KIND-tree.json (`pick-tree`)")
+    p.add_argument("candidates", nargs="+", metavar="S,K,N")
     p = sub.add_parser("held-out-check")
     p.add_argument("shared", help="the shared prepared data (every other run's held-out conversations)")
     p.add_argument("run_data", help="the run's own prepared data")
@@ -530,6 +540,8 @@ def main(argv=None) -> int:
         check = heldout_check(args.shared, args.run_data)
         print(json.dumps(check))
         return 1 if check["in_run_train"] else 0
+    elif args.cmd == "tree-current":
+        return 0 if tree_current(read_json(Path(args.choice)) or {}, args.candidates) else 1
     elif args.cmd == "pick-tree":
         choice = pick_tree(read_json(Path(args.report)) or {})
         Path(args.out).write_text(json.dumps(choice, indent=1) + "\n")

@@ -1,10 +1,15 @@
 """gpu_runs/kinds_table.py (the head-kinds table of issues 23 and 24) builds its table from fake run files."""
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_kinds_table_selfcheck(capsys):
@@ -101,3 +106,16 @@ def test_scaling_table_from_fake_runs(tmp_path):
     regen = mod.table(tmp_path, skip_pct=20)["regeneration"]
     assert [(r["cards"], r["seconds"], r["same_as_one_card"]) for r in regen] == [(1, 100, None), (2, 50, True),
                                                                                   (4, 25, False)]
+
+
+def test_a_tree_choice_is_current_only_for_the_same_candidates(tmp_path):
+    """kinds_pipeline.sh tunes and benches a kind again where its saved choice was made among other
+    candidates than the call's TREES (a warm machine given new trees)."""
+    choice = tmp_path / "medusa-tree.json"
+    choice.write_text(json.dumps({"chosen": "2,8,12", "candidates": {
+        "medusa@2,4,6": {"speedup_vs_ar": 1.37}, "medusa@2,8,12": {"speedup_vs_ar": 1.42}}}))
+    script = [sys.executable, "gpu_runs/kinds_table.py", "tree-current", str(choice)]
+    run = lambda *c: subprocess.run(script + list(c), cwd=ROOT, capture_output=True).returncode  # noqa: E731
+    assert run("2,8,12", "2,4,6") == 0  # order aside
+    assert run("2,8,12", "2,10,15") == 1
+    assert run("2,8,12") == 1
