@@ -5,7 +5,7 @@ inside), waiting for the card, reading the result, prefills, and any step costs 
 policy times mid-run; launches counted by tier and by whether they ran ahead of the step before.
 
     python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N] [--set chat|coding]
-        [--trace] [--methods ar tree chain adaptive adaptive-pace chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive
+        [--trace] [--methods ar tree chain adaptive adaptive-pace adaptive-refresh8 chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive
         ngram-host ngram-host-adaptive]   (TARGET in the environment)
 
 Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
@@ -72,6 +72,13 @@ METHODS = {  # name -> SpecEngine keywords
     # the adaptive policy pricing each tier at least at its measured pace (off by default), beside it
     "adaptive-pace": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive",
                           speculation_settings="pace=1"),
+    # the records folded (and every row's estimate worked out) every 8 steps instead of 4 in a batch of
+    # more than 8 rows. On this project's CPU (gpu_runs/host_steps.py's stubbed steps at batch 64, timed by
+    # part) adaptive's host took 0.45-0.46 ms a step against chain 2's 0.27, the choice and the records
+    # 0.15 of it; with refresh=8 0.41-0.43 (the choice and records 0.12). The replay of the validation
+    # traces lost at most 0.3% of tokens per cost at batch 64 with it
+    "adaptive-refresh8": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15,
+                              speculation_policy="adaptive", speculation_settings="refresh=8"),
     # the same lookup on the host (its reference), beside the device one in one call
     "ngram-host": dict(method="ngram-host", num_draft_tokens=8),
     "ngram-host-adaptive": dict(method="ngram-host", num_draft_tokens=8, speculation_policy="adaptive"),
