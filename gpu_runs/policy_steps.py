@@ -76,7 +76,7 @@ METHODS = {  # name -> SpecEngine keywords
     # more than 8 rows. On this project's CPU (gpu_runs/host_steps.py's stubbed steps at batch 64, timed by
     # part) adaptive's host took 0.45-0.46 ms a step against chain 2's 0.27, the choice and the records
     # 0.15 of it; with refresh=8 0.41-0.43 (the choice and records 0.12). The replay of the validation
-    # traces lost at most 0.3% of tokens per cost at batch 64 with it
+    # traces moved tokens per cost by -0.3% to 0 at batch 64 and -1.1% to +1.9% at batch 32 with it
     "adaptive-refresh8": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15,
                               speculation_policy="adaptive", speculation_settings="refresh=8"),
     # the same lookup on the host (its reference), beside the device one in one call
