@@ -151,6 +151,16 @@ def pick_tree(report: dict) -> dict:
                                "accept": round(chat[n]["mean_accept_length"], 4)} for n in cands}}
 
 
+def default_trees() -> str:
+    """The trees heads draft without one of their own, as the registry's kinds name them, e.g.
+    'medusa 2,8,12, else 6,4,15'."""
+    from specheads.heads.registry import head_kind as kind_entry, head_kinds
+    from specheads.runtime.defaults import DEFAULT_TREE
+
+    own = [f"{n} {','.join(map(str, kind_entry(n).default_tree))}" for n in head_kinds() if kind_entry(n).default_tree]
+    return ", ".join(own + [f"else {','.join(map(str, DEFAULT_TREE))}"])
+
+
 def tree_current(choice: dict, candidates: list[str]) -> bool:
     """Whether a `pick-tree` choice was made among exactly these S,K,N candidates (order aside)."""
     return sorted(name.rpartition("@")[2] for name in choice.get("candidates", {})) == sorted(candidates)
@@ -332,9 +342,9 @@ def markdown(table: dict) -> str:
                 "held-out conversations" if any(r["data"] for r in table["rows"]) else "")
              + "; `scripts/bench.py --methods ar KIND-tree "
              f"--speculation-policy fixed --max-new-tokens {s.get('max_new_tokens', 256)}` (tree "
-             + ("the kind's default where none is named: medusa 2,8,12, else 6,4,15 (chosen trees: the best of TREES "
+             + (f"the kind's default where none is named: {default_trees()} (chosen trees: the best of TREES "
                 "on the validation split's chat categories, batch 1)" if any(r.get("tree") for r in table["rows"])
-                else "the kind's default: medusa 2,8,12, else 6,4,15")
+                else f"the kind's default: {default_trees()}")
              + ", its depth capped at the head's: mtp's modules, medusa's heads) on "
              f"{(table['prompts'] or {}).get('chat', '?')} chat and {(table['prompts'] or {}).get('coding', '?')} "
              f"coding prompts of the evaluation suite's {(table['prompts'] or {}).get('split', 'test')} split, each "

@@ -523,7 +523,7 @@ class AdaptivePolicy:
         """One step's trials and hits [R, D] of these (distinct) slots, summed into the records of
         `tiers` not yet folded and into every tier's pooled one; folded now where due."""
         k, h = trials.sum(0), hits.sum(0)
-        if len(tiers) == 1:
+        if len(tiers) == 1:  # (a step's own tier: a plain fancy add, 2 us where np.ix_ takes 5)
             t = tiers[0]
             self._pend_trials[slots, t] += trials
             self._pend_hits[slots, t] += hits
