@@ -17,8 +17,9 @@ from pathlib import Path
 
 from specheads.runtime.defaults import TREE_DEFAULT_HELP, resolve_tree
 
-METHOD_HELP = ("the drafter: ar (none), ngram, or a head kind such as eagle3 (default: the head's kind with "
-               "--draft, else ar)")
+METHOD_HELP = ("the drafter: ar (none), ngram, a head kind such as eagle3, or KIND+ngram (the head's tree, or "
+               "prompt lookup's chain where the text repeats); default with --draft: KIND+ngram for eagle3, eagle "
+               "and medusa heads, the kind for others; else ar")
 
 TRAIN_DEFAULT_CONFIG = None
 
@@ -326,8 +327,8 @@ def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None)
     p.add_argument("--draft", default=None, help="EAGLE-3 head folder or hub id (for the eagle3 and chain methods)")
     p.add_argument("--methods", nargs="+", default=None,
-                   help="eagle3[@S,K,N] chain[@S] ngram[@N] (ar always runs: it is the reference); "
-                        "default: eagle3 with --draft, else ngram")
+                   help="eagle3[@S,K,N] eagle3+ngram[@S,K,N] chain[@S] ngram[@N] (ar always runs: it is the "
+                        "reference); default: the head's default method with --draft (eagle3+ngram), else ngram")
     p.add_argument("--split", choices=["validation", "test"], default="test",
                    help="choose settings on validation; report test")
     p.add_argument("--categories", nargs="+", default=None, help="default: all nine")
@@ -351,6 +352,7 @@ def cmd_evaluate(args) -> int:
 
     from specheads.evaluation.run import (check_save_tree, choose_tree, environment, evaluate, parse_methods,
                                           print_table, save)
+    from specheads.drafters import default_method
     from specheads.evaluation.suite import SuiteError, load_suite
     from specheads.heads.format import load_head, save_head_tree
     from specheads.target.loader import load_target
@@ -359,14 +361,14 @@ def cmd_evaluate(args) -> int:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     head = load_head(args.draft, device=device, dtype=dtype) if args.draft else None
     kind = head.kind if head is not None else "eagle3"
-    methods = parse_methods(args.methods or ([kind] if head is not None else ["ngram"]),
+    methods = parse_methods(args.methods or ([default_method(head)] if head is not None else ["ngram"]),
                             resolve_tree(args.num_steps, args.topk, args.num_draft_tokens, head), kind)
     if args.save_tree:
         check_save_tree(args.split, args.draft, methods, kind)
     drafting = [m.name for m in methods if m.method not in ("ar", "ngram")]
     if drafting and head is None:
         raise SuiteError(f"methods {', '.join(drafting)} need a draft head (--draft)")
-    wrong = [m.name for m in methods if m.method not in ("ar", "ngram", kind)]
+    wrong = [m.name for m in methods if m.method not in ("ar", "ngram", kind, f"{kind}+ngram")]
     if wrong:
         raise SuiteError(f"methods {', '.join(wrong)} need a head of their kind; --draft is a {kind} head")
     prompts = load_suite(args.split, args.categories, limit=args.limit)

@@ -16,13 +16,13 @@ register a builder with `register_method` ("ngram" and "ngram-host" are built in
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult
 
 __all__ = ["Abilities", "DraftContext", "DraftSetup", "Drafter", "DrafterError", "Needs", "PrefillBatch", "StepResult",
-           "build_drafter", "method_names", "method_needs_head", "register_method",
+           "build_drafter", "default_method", "method_names", "method_needs_head", "register_method",
            "unregister_method"]
 
 PLAIN = "ar"  # decoding without a drafter
@@ -74,21 +74,52 @@ def _head_kinds() -> list[str]:
 
 
 def method_names() -> list[str]:
-    """Every method: plain decoding, the registered drafters, then each head kind."""
+    """Every method: plain decoding, the registered drafters, then each head kind (each of those
+    also as KIND+ngram: drafters/assist.py)."""
     return [PLAIN] + list(_METHODS) + [k for k in _head_kinds() if k not in _METHODS]
+
+
+def default_method(head) -> str:
+    """The method a head drafts with when none is named: its kind's (`HeadKind.default_method`: the
+    kind, or KIND+ngram where the kind drafts with the n-gram assist); `ar` without a head."""
+    kind = getattr(head, "kind", None) if head is not None else None
+    if kind is None:
+        return PLAIN
+    registry = importlib.import_module("specheads.heads.registry")
+    return registry.head_kind(kind).default_method if kind in registry.head_kinds() else kind
 
 
 def method_needs_head(method: str | None) -> bool:
     """Whether a method drafts with a head (None: the default, a head's kind when one is given)."""
     if method is None:
         return True
+    method = _assist().split_method(method)[0]
     if method in _METHODS:
         return _METHODS[method].needs_head
     return method != PLAIN and method in _head_kinds()
 
 
+def _assist():
+    return importlib.import_module("specheads.drafters.assist")
+
+
 def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
-    """The drafter of a method (None for plain decoding)."""
+    """The drafter of a method (None for plain decoding). KIND+ngram: KIND's drafter with the
+    n-gram lookup beside it (drafters/assist.py; options ngram_max, ngram_min)."""
+    assist = _assist()
+    base, assisted = assist.split_method(method)
+    if assisted:
+        if base == PLAIN or base not in method_names():
+            raise DrafterError(f"method {method!r}: {base!r} is not a method to assist with n-gram lookup; "
+                               f"write KIND+ngram with KIND one of {', '.join(m for m in method_names() if m != PLAIN)}")
+        options = {k: v for k, v in setup.options.items() if k in assist.OPTIONS}
+        inner = build_drafter(base, replace(setup, options={k: v for k, v in setup.options.items()
+                                                            if k not in assist.OPTIONS}))
+        try:
+            return assist.NgramAssist(inner, options.get("ngram_max", assist.MAX_NGRAM),
+                                      options.get("ngram_min", assist.MIN_NGRAM))
+        except (ValueError, NotImplementedError) as e:
+            raise DrafterError(f"method {method}: {e}") from None
     if method == PLAIN:
         return None
     if method in _METHODS:

@@ -7,6 +7,9 @@ what it can do are declared (`Needs`, `Abilities`), never probed.
 
 Life of a drafter inside an engine (rows are cache rows; active rows are packed at the front):
 
+    accept_depth(depth)                  (a drafter another one's drafts are verified beside,
+                                         drafters/assist.py) before allocate: commit takes
+                                         paths that deep
     allocate(rows, cap, device, dtype)   once, before the first request: per-row state
     prefill(PrefillBatch)                a group of prompts joined rows start..start+k
     propose(DraftContext) -> Tree        a step's tree for rows [:b]
@@ -148,6 +151,14 @@ class Drafter:
 
     def prepare(self, device) -> None:
         """Called once on a CUDA engine before allocation (e.g. fuse weights for inference)."""
+
+    def accept_depth(self, depth: int) -> None:
+        """Before `allocate`: `commit` will take accepted paths up to `depth` deep, deeper than this
+        drafter's own trees (another drafter drafted them: drafters/assist.py). Default: refused
+        past its own depth."""
+        if depth > self.depth:
+            raise NotImplementedError(f"{type(self).__name__} commits paths of at most {self.depth} drafts, "
+                                      f"not {depth}")
 
     def tier(self, shape: TreeShape) -> "Drafter":
         """(abilities.tiers) A drafter of a tree of `shape` (at most this one's depth, topk and

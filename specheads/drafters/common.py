@@ -79,6 +79,10 @@ class HeadCacheRows:
     def park_rows(self, start: int, stop: int) -> None:
         self.committed[start:stop] = 0
 
+    def accept_depth(self, depth: int) -> None:
+        """Room for a path `depth` deep among the pending entries (before `allocate`)."""
+        self.width = max(self.width, depth + 1)
+
     def keep_up(self, ctx, wide: bool = True) -> None:
         """A plain step: the pending entries fed (as a step's draft starts: `_feed`), no tree; after
         a plain step or a prefill only the first column (one entry a row)."""

@@ -62,6 +62,9 @@ class MedusaDrafter(Drafter):
         last = (batch.lens - 1)[:, None, None].expand(-1, 1, f.shape[-1])
         self.feature[batch.start: batch.start + f.shape[0]] = f.gather(1, last).to(self.feature.dtype)
 
+    def accept_depth(self, depth: int) -> None:
+        """Any path: a commit keeps its last node's feature alone."""
+
     def commit(self, step: StepResult) -> None:
         b, f = step.rows, step.features
         last = step.path.gather(1, (step.accepted - 1)[:, None])  # the path's last node

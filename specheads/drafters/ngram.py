@@ -95,19 +95,19 @@ class DeviceNgramDrafter(Drafter):
         """A plain step: nothing before the verify (its commit writes the token)."""
 
     def propose(self, ctx: DraftContext) -> Tree:
-        drafts, found = self._lookup(ctx, self.draft_cols)
+        drafts, found = self.lookup(ctx, self.draft_cols)
         return chain_tree(ctx.roots, drafts, found[:, None].expand_as(drafts))
 
     def first_draft(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        drafts, found = self._lookup(ctx, self.draft_cols[:1])
+        drafts, found = self.lookup(ctx, self.draft_cols[:1])
         return drafts[:, 0], found
 
-    def _lookup(self, ctx: DraftContext, draft_cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's drafts at the chain positions `draft_cols` [n] and whether it has any: ([b, n], [b])
-        (one kernel on the GPU: kernels/ngram.py)."""
+    def lookup(self, ctx: DraftContext, draft_cols: torch.Tensor, min_ngram: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's drafts at the chain positions `draft_cols` [n] and whether it has any (a match of
+        at least `min_ngram` tokens): ([b, n], [b]) (one kernel on the GPU: kernels/ngram.py)."""
         b = ctx.rows
         w = min(ctx.kv + 1, self.tokens.shape[1])  # the root sits inside the step's context bucket
-        return ngram_lookup(self.tokens[:b, :w], self.length[:b], ctx.roots, draft_cols, self.max_ngram)
+        return ngram_lookup(self.tokens[:b, :w], self.length[:b], ctx.roots, draft_cols, self.max_ngram, min_ngram)
 
 
 class NgramDrafter(Drafter):

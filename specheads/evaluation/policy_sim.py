@@ -50,9 +50,9 @@ def headless(draft: str) -> bool:
     return draft != PLAIN and draft in method_names() and not method_needs_head(draft)
 
 
-def method_of(head, draft: str) -> str:
-    """The drafting method: the head's kind, or the headless method --draft names."""
-    return head.kind if head is not None else draft
+def method_of(head, draft: str, method: str | None = None) -> str:
+    """The drafting method: --method where given, else the head's kind, or the headless method --draft names."""
+    return method or (head.kind if head is not None else draft)
 
 
 def tells_first(draft: str) -> bool:
@@ -70,13 +70,28 @@ def tells_first(draft: str) -> bool:
 
 
 def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list[list[int]],
-                continuations: list[list[int]], rows: int = 64) -> dict[TreeShape, list[list[int]]]:
+                continuations: list[list[int]], rows: int = 64,
+                head_tree: tuple[int, int, int] = (6, 4, 15)) -> dict[TreeShape, list[list[int]]]:
     """traces[tier][i][j]: drafts accepted by a step of that tree rooted j tokens into
-    continuation i (after its (j + 1)-th token), for every j but the last."""
+    continuation i (after its (j + 1)-th token), for every j but the last. A method with the n-gram
+    assist (KIND+ngram) drafts the tiers of one drafter over the head's own tree `head_tree` (its
+    tiers are the assisted engine's: the largest as deep as the lookup's chain)."""
+    from specheads.drafters.assist import split_method
+
     out = {}
+    parent = full = None
+    if split_method(method)[1]:
+        steps, topk, n = head_tree
+        parent = scoring_drafter(target, head, method, {"num_steps": steps, "topk": topk, "num_draft_tokens": n},
+                                 prompts, continuations, rows)
+        full = TreeShape(parent.depth, parent.topk, parent.num_draft)
     for tier in tiers:
-        drafter = scoring_drafter(target, head, method, {"num_steps": tier.steps, "topk": tier.topk,
-                                                         "num_draft_tokens": tier.num_draft}, prompts, continuations, rows)
+        if parent is not None:
+            drafter = parent if tier == full else parent.tier(tier)
+        else:
+            drafter = scoring_drafter(target, head, method, {"num_steps": tier.steps, "topk": tier.topk,
+                                                             "num_draft_tokens": tier.num_draft}, prompts,
+                                      continuations, rows)
         out[tier] = [accepted_per_position(drafter, target, p + c, len(p), rows) for p, c in zip(prompts, continuations)]
         del drafter
     return out
@@ -305,6 +320,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default=None)
     ap.add_argument("--draft", required=True, help="a head folder or hub id (its kind drafts), or a method that "
                     "drafts without a head (" + ", ".join(m for m in method_names() if headless(m)) + ")")
+    ap.add_argument("--method", default=None, help="the drafting method (default: the head's kind); KIND+ngram: "
+                    "with the n-gram assist, --tiers in the assisted engine's terms (e.g. '1,1,1;2,1,2;4,1,4;15,4,15')")
+    ap.add_argument("--head-tree", default="6,4,15", help="S,K,N: the head's own tree under the n-gram assist")
     ap.add_argument("--split", default="validation", choices=["validation", "test"])
     ap.add_argument("--categories", nargs="+", default=None)
     ap.add_argument("--limit", type=int, default=8, help="prompts per category")
@@ -344,6 +362,8 @@ def main(argv=None) -> int:
     deepest = max(t.steps for t in tiers + fixed)
     key = {"split": args.split, "categories": args.categories, "limit": args.limit,
            "max_new_tokens": args.max_new_tokens, "draft": str(args.draft), "target": str(args.target)}
+    if args.method:  # (traces of the head alone keep their key: files made before --method still load)
+        key.update(method=args.method, head_tree=args.head_tree)
     loaded = {}
 
     def models():
@@ -381,7 +401,8 @@ def main(argv=None) -> int:
     def trace(todo, prompts, longer):
         target, _, head = models()
         print(f"tracing {', '.join(map(str, todo))} over {len(prompts)} answers", flush=True)
-        return tier_traces(target, head, method_of(head, args.draft), todo, prompts, longer)
+        return tier_traces(target, head, method_of(head, args.draft, args.method), todo, prompts, longer,
+                           head_tree=tuple(int(x) for x in args.head_tree.split(",")))
 
     # answers, then the card's step costs (a minute or two), then the traces (the longest part), each
     # saved as it is done: a run cut short by a time limit keeps what it finished for the next

@@ -49,7 +49,8 @@ class Method:
 
 
 def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str = "eagle3") -> list[Method]:
-    """'KIND' (a head kind: eagle3, mtp, medusa, ... with the tree given), 'KIND@S,K,N', 'chain' (the
+    """'KIND' (a head kind: eagle3, mtp, medusa, ... with the tree given; KIND+ngram: with the n-gram
+    assist, drafters/assist.py), 'KIND@S,K,N', 'chain' (the
     head given, top-1, S steps; `head_kind` names its kind), 'ngram', 'ngram@N'; `ar` always comes
     first (it is the reference)."""
     from specheads.heads.registry import head_kinds
@@ -61,7 +62,7 @@ def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str =
         try:
             if name == "ar":
                 continue
-            if name in kinds:
+            if name in kinds or (name.endswith("+ngram") and name[: -len("+ngram")] in kinds):
                 s, k, n = (int(x) for x in arg.split(",")) if arg else tree
                 out.append(Method(spec if arg else f"{name}@{s},{k},{n}", name, s, k, n))
             elif name == "chain":
@@ -74,7 +75,7 @@ def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str =
                 raise ValueError
         except ValueError:
             raise SuiteError(f"method {spec!r}: expected ar, ngram[@N], chain[@S] or a head kind ({', '.join(kinds)}) "
-                             f"[@S,K,N]") from None
+                             f"[+ngram][@S,K,N]") from None
     return out
 
 

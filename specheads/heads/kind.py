@@ -84,6 +84,14 @@ class HeadKind:
     # (num_steps, topk, num_draft_tokens) a head of this kind drafts when its folder names no tree of its
     # own (specheads.json "tree"); None: the runtime's DEFAULT_TREE
     default_tree: tuple[int, int, int] | None = None
+    # a head of this kind drafts with the n-gram assist beside it where no method is named (method
+    # KIND+ngram, specheads/drafters/assist.py); its drafter must take paths deeper than its own
+    ngram_assist: bool = False
+
+    @property
+    def default_method(self) -> str:
+        """The method a head of this kind drafts with when none is named."""
+        return f"{self.name}+ngram" if self.ngram_assist else self.name
 
     def architectures(self) -> tuple[str, ...]:
         """Every architecture name this kind writes, in export-format order, without repeats."""

@@ -13,6 +13,10 @@ the kernel is one program per row, scanning its context in blocks.
 
   h [B, W] (a row stride of its own; W: the step's context bucket), length [B], roots [B],
   draft_cols [N] (the chain positions wanted)  ->  drafts [B, N], found [B] bool
+
+`min_ngram` (default 1): a row counts as found only where its match is at least that many tokens
+long (the drafts are the same); the n-gram assist of a head's tree (drafters/assist.py) drafts
+the chain only where the suffix matched 3 tokens or more.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from specheads.kernels.fused import _kernel, triton, use_triton
 
 
 def ngram_lookup_reference(h: torch.Tensor, length: torch.Tensor, roots: torch.Tensor, draft_cols: torch.Tensor,
-                           max_ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
+                           max_ngram: int, min_ngram: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     b, w = h.shape
     cols = torch.arange(w, device=h.device)
     match = (h == roots[:, None]) & (cols[None] < length[:, None])  # n = 1, ending before the root
     best = torch.where(match, cols[None], -1).amax(1)
+    found = best >= 0
     for n in range(2, max_ngram + 1):
         back = h.gather(1, (length - n + 1).clamp(min=0)[:, None])  # the suffix's n-th token from the end
         same = torch.zeros_like(match)
@@ -35,7 +40,8 @@ def ngram_lookup_reference(h: torch.Tensor, length: torch.Tensor, roots: torch.T
         match &= same
         p = torch.where(match, cols[None], -1).amax(1)
         best = torch.where(p >= 0, p, best)
-    found = best >= 0
+        if n == min_ngram:
+            found = p >= 0
     period = (length - best).clamp(min=1)
     at = best[:, None] + 1 + draft_cols[None] % period[:, None]
     return h.gather(1, at.clamp(0, w - 1)), found
@@ -45,7 +51,7 @@ if triton is not None:
     import triton.language as tl
 
     def _ngram_kernel(h_ptr, len_ptr, root_ptr, cols_ptr, out_ptr, found_ptr, w, s_h, n_draft,
-                      MAX_NGRAM: tl.constexpr, BLOCK: tl.constexpr, DRAFT: tl.constexpr):
+                      MAX_NGRAM: tl.constexpr, MIN_NGRAM: tl.constexpr, BLOCK: tl.constexpr, DRAFT: tl.constexpr):
         row = tl.program_id(0)
         base = h_ptr + row * s_h
         length = tl.load(len_ptr + row)
@@ -79,7 +85,14 @@ if triton is not None:
             best = tl.where(best3 >= 0, best3, best)
         if MAX_NGRAM >= 4:
             best = tl.where(best4 >= 0, best4, best)
-        tl.store(found_ptr + row, best >= 0)
+        found = best >= 0
+        if MIN_NGRAM == 2:
+            found = best2 >= 0
+        if MIN_NGRAM == 3:
+            found = best3 >= 0
+        if MIN_NGRAM == 4:
+            found = best4 >= 0
+        tl.store(found_ptr + row, found)
         period = tl.maximum(length - best, 1)
         j = tl.arange(0, DRAFT)
         want = j < n_draft
@@ -92,16 +105,18 @@ KERNEL_MAX_NGRAM = 4  # the kernel's unrolled n; a larger max_ngram takes the re
 
 
 def ngram_lookup(h: torch.Tensor, length: torch.Tensor, roots: torch.Tensor, draft_cols: torch.Tensor,
-                 max_ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 max_ngram: int, min_ngram: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(drafts [B, N], found [B]): the kernel on GPU (or under TRITON_INTERPRET=1), else the reference."""
+    if not 1 <= min_ngram <= max_ngram:
+        raise ValueError(f"min_ngram must be in [1, max_ngram={max_ngram}], got {min_ngram}")
     b, w = h.shape
     n = draft_cols.shape[0]
     if (not use_triton(h) or max_ngram > KERNEL_MAX_NGRAM or h.stride(1) != 1 or h.dtype != torch.long
             or b == 0):
-        return ngram_lookup_reference(h, length, roots, draft_cols, max_ngram)
+        return ngram_lookup_reference(h, length, roots, draft_cols, max_ngram, min_ngram)
     drafts = torch.empty(b, n, dtype=h.dtype, device=h.device)
     found = torch.empty(b, dtype=torch.bool, device=h.device)
     _kernel(_ngram_kernel)[(b,)](h, length.contiguous(), roots.contiguous(), draft_cols.contiguous(), drafts, found,
-                                 w, h.stride(0), n, MAX_NGRAM=max_ngram, BLOCK=min(1024, triton.next_power_of_2(w)),
+                                 w, h.stride(0), n, MAX_NGRAM=max_ngram, MIN_NGRAM=min_ngram, BLOCK=min(1024, triton.next_power_of_2(w)),
                                  DRAFT=triton.next_power_of_2(max(n, 1)))
     return drafts, found

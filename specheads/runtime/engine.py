@@ -58,7 +58,7 @@ from pathlib import Path
 import torch
 
 from specheads.drafters import PLAIN, DraftContext, Drafter, DrafterError, DraftSetup, PrefillBatch, StepResult, \
-    build_drafter
+    build_drafter, default_method
 from specheads.kernels.kv_commit import commit_kv
 from specheads.kernels.tuning import active as active_tuning
 from specheads.kernels.tuning import use as use_tuning
@@ -211,7 +211,8 @@ def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
 
 class SpecEngine:
     """method: a name from `specheads.drafters.method_names()` ("ar": no drafter; default: the
-    head's kind when a head is given, else "ar"); or pass a built `drafter`. The tree options
+    head's kind's default method when a head is given (`KIND+ngram` for the kinds that draft with the
+    n-gram assist: drafters/assist.py), else "ar"); or pass a built `drafter`. The tree options
     and `drafter_options` go to the method's builder; the tree they give is the largest a step
     verifies. kernel_tuning: a `specheads.kernels.tuning.KernelTuning` the kernels use from here
     on (None: the active one, by default the card's).
@@ -239,7 +240,7 @@ class SpecEngine:
             use_tuning(kernel_tuning)
         self.kernel_tuning = active_tuning()
         if drafter is None:
-            method = method or (getattr(head, "kind", None) if head is not None else PLAIN)
+            method = method or default_method(head)
             try:
                 drafter = build_drafter(method, DraftSetup(target, head, num_steps, topk, num_draft_tokens, static_tree,
                                                            dict(drafter_options or {})))

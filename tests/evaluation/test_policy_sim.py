@@ -219,3 +219,24 @@ def test_ngram_first_drafts_replay_the_engines_choices(setup):
         assert res.accepted == accepted
         blind = simulate(AdaptivePolicy(list(tiers), StaticCost(), **settings), traces, lens, new, batch)
         assert res.row_steps_by_tier != blind.row_steps_by_tier, "first drafts should change the choices"
+
+
+def test_assisted_traces_replay_the_engine():
+    """The n-gram assist (eagle3+ngram): its tiers are traced as one drafter's tiers over the head's
+    own tree, and the fixed and adaptive replays take the engine's steps (a target that loops at
+    times, so that the lookup's chains are drafted)."""
+    target = make_target(seed=0, vocab=VOCAB, max_positions=128, std=0.2)
+    head = train_head(target, TRAIN)
+    tiers = parse_tiers("1,1,1;2,1,2;8,3,8")  # the assisted engine's: its full tier as deep as the chain
+    longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=90).generate(
+        PROMPTS, SamplingParams(max_new_tokens=NEW + 9))]
+    traces = tier_traces(target, head, "eagle3+ngram", tiers, PROMPTS, longer, head_tree=(3, 3, 8))
+    assert max(max(t) for t in traces[tiers[-1]]) > 3, "the lookup's chain should run past the head's depth"
+    lens, new = [len(p) for p in PROMPTS], [NEW] * len(PROMPTS)
+    for batch in (1, 3):
+        steps, accepted, _ = engine_run(target, head, "fixed", batch, method="eagle3+ngram")
+        res = simulate(FixedPolicy(tiers[-1]), traces, lens, new, batch)
+        assert (res.drafted_steps, res.accepted) == (steps, accepted)
+        _, accepted, by_tree = engine_run(target, head, "adaptive", batch, method="eagle3+ngram", explore_every=8)
+        res = simulate(AdaptivePolicy(list(tiers), StaticCost(), explore_every=8), traces, lens, new, batch)
+        assert sim_by_tree(res, tiers) == by_tree and res.accepted == accepted

@@ -34,11 +34,30 @@ def test_ngram_kernel_equals_reference(interpret, max_ngram, vocab):
         h, length, roots = _rows(g, 6, w, vocab)
         draft_cols = torch.tensor(cols)
         assert ngram.use_triton(h)  # the kernel, interpreted
-        drafts, found = ngram.ngram_lookup(h, length, roots, draft_cols, max_ngram)
-        ref_drafts, ref_found = ngram.ngram_lookup_reference(h, length, roots, draft_cols, max_ngram)
-        assert torch.equal(found, ref_found), (w, found, ref_found)
-        assert torch.equal(drafts[found], ref_drafts[found])
-        assert not found[0]  # an empty row matches nothing
+        for least in range(1, max_ngram + 1):
+            drafts, found = ngram.ngram_lookup(h, length, roots, draft_cols, max_ngram, least)
+            ref_drafts, ref_found = ngram.ngram_lookup_reference(h, length, roots, draft_cols, max_ngram, least)
+            assert torch.equal(found, ref_found), (w, least, found, ref_found)
+            assert torch.equal(drafts[found], ref_drafts[found])
+            assert not found[0]  # an empty row matches nothing
+            assert found.tolist() == [_longest(h[r], int(length[r]), int(roots[r]), max_ngram) >= least
+                                      for r in range(h.shape[0])]
+
+
+def _longest(h, length: int, root: int, max_ngram: int) -> int:
+    """The longest n <= max_ngram whose n-gram ending at the root also ends at an earlier position."""
+    seq = h[:length].tolist() + [root]
+    best = 0
+    for n in range(1, min(max_ngram, len(seq) - 1) + 1):
+        if any(seq[p - n + 1: p + 1] == seq[-n:] for p in range(n - 1, len(seq) - 1)):
+            best = n
+    return best
+
+
+def test_min_ngram_out_of_range():
+    h = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="min_ngram"):
+        ngram.ngram_lookup(h, torch.tensor([2]), torch.tensor([0]), torch.arange(2), 3, 4)
 
 
 @needs_triton

@@ -48,7 +48,7 @@ def test_generate_json_equals_ar(capsys, tiny_target_dir, tiny_target, head_dir)
         assert o["finish_reason"] in ("stop", "length")
         assert o["finish_reason"] == "length" or len(o["token_ids"]) < 8
     stats = spec["stats"]
-    assert stats["method"] == "eagle3"
+    assert stats["method"] == "eagle3+ngram"  # an EAGLE-3 head drafts with the n-gram assist by default
     assert isinstance(stats["steps"], int) and stats["steps"] > 0
     # the engine's definition pooled over outputs: 1 + accepted drafts per verify step (prefill not counted)
     assert stats["mean_accept_length"] == pytest.approx(1 + stats["accepted_tokens"] / stats["steps"], abs=1e-3)
@@ -101,7 +101,7 @@ def test_generate_stats_agree_with_the_outputs(capsys, tiny_target_dir, head_dir
 def test_generate_text_mode_prints_text_and_stats(capsys, tiny_target_dir, tiny_target, head_dir):
     code, out, err = _generate(capsys, tiny_target_dir, "--draft", str(head_dir), "--max-len", "256")
     assert code == 0
-    assert json.loads(err.strip().splitlines()[-1])["method"] == "eagle3"
+    assert json.loads(err.strip().splitlines()[-1])["method"] == "eagle3+ngram"
     assert out.count("\n") >= 2  # one printed text per prompt
 
 
@@ -113,7 +113,7 @@ def test_generate_default_max_len_fits_the_target(capsys, tiny_target_dir, head_
     spec = json.loads(out)
     ar = _json(capsys, tiny_target_dir, "--method", "ar")
     assert [o["token_ids"] for o in spec["outputs"]] == [o["token_ids"] for o in ar["outputs"]]
-    assert spec["stats"]["method"] == "eagle3" and ar["stats"]["method"] == "ar"
+    assert spec["stats"]["method"] == "eagle3+ngram" and ar["stats"]["method"] == "ar"
 
 
 def test_generate_missing_draft_folder(capsys, tmp_path, tiny_target_dir):

@@ -39,7 +39,7 @@ def reference(target):
 def test_the_head_has_two_layers_each_with_its_own_cache(target, head):
     assert head.config.num_layers == 2 and len(head.decoder_layers()) == 2
     assert head.layers["1"].self_attn.q_proj.weight.shape[1] == head.config.hidden_size  # a plain Llama layer
-    engine = SpecEngine(target, head, max_len=64, max_batch=3, **TREES["tree"])
+    engine = SpecEngine(target, head, method="eagle3", max_len=64, max_batch=3, **TREES["tree"])
     engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2))
     assert engine.drafter.k.shape[0] == 2 and engine.drafter.k.shape[1] >= 3  # [layers, rows, ...]
 

@@ -165,7 +165,8 @@ def test_abort_frees_the_row_and_leaves_the_others_exact(target, head):
     (dict(spec=SpecControl(num_draft_tokens=0)), r"speculation.num_draft_tokens must be in 1..8"),
 ])
 def test_request_errors(target, head, request_kw, message):
-    engine = SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=2)
+    engine = SpecEngine(target, head, method="eagle3", num_steps=4, topk=3, num_draft_tokens=8, max_len=100,
+                        max_batch=2)
     kw = {"prompt": PROMPTS[0], "params": SamplingParams(max_new_tokens=5), **request_kw}
     with pytest.raises(InvalidRequest, match=message):
         engine.add(Request(**kw))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from specheads.heads.registry import head_kind
 from specheads.runtime.engine import EngineError, SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
@@ -43,7 +44,7 @@ def reference(target):
 @pytest.mark.parametrize("max_batch", [1, 4])
 def test_greedy_output_equals_ar(target, head, reference, shape, max_batch):
     engine = SpecEngine(target, head, max_len=64, max_batch=max_batch, **TREES[shape])
-    assert engine.method == head.kind
+    assert engine.method == head_kind(head.kind).default_method
     results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
     assert [r.token_ids for r in results] == reference
     steps = sum(r.steps for r in results)

@@ -300,7 +300,7 @@ def test_policy_input_errors_name_the_input(target, heads, tmp_path):
          r"drain_quantile=1.5 must lie in \[0, 1\]"),
     ):
         with pytest.raises(EngineError, match=message):
-            SpecEngine(target, head, max_len=64, **FULL, **kwargs)
+            SpecEngine(target, head, method="eagle3", max_len=64, **FULL, **kwargs)
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**SpeculationProfile("NVIDIA H200", {}).to_json()}))
     with pytest.raises(EngineError, match=f"speculation profile '{other}' was measured on 'NVIDIA H200', not this "
@@ -310,14 +310,18 @@ def test_policy_input_errors_name_the_input(target, heads, tmp_path):
     static = SpecEngine(target, head, static_tree="0;1;0,0", max_len=64, speculation_policy="adaptive")
     assert static.policy.tiers == [static.full_tree]
     with pytest.raises(EngineError, match=r"drafts one tree only \(2,4,3\)"):
-        SpecEngine(target, head, static_tree="0;1;0,0", max_len=64, speculation_policy="adaptive",
+        SpecEngine(target, head, method="eagle3", static_tree="0;1;0,0", max_len=64, speculation_policy="adaptive",
                    speculation_tiers="1,1,1")
 
 
 def test_default_tiers_and_no_policy_without_a_drafter(target):
-    engine = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive",
+    engine = SpecEngine(target, random_head(target), method="eagle3", max_len=64, speculation_policy="adaptive",
                         num_steps=6, topk=4, num_draft_tokens=15)
     assert engine.policy.tiers == default_tiers(TreeShape(6, 4, 15))
+    # the n-gram assist (an EAGLE-3 head's default): the full tier reaches the chain's depth
+    assisted = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive",
+                          num_steps=6, topk=4, num_draft_tokens=15)
+    assert assisted.method == "eagle3+ngram" and assisted.policy.tiers == default_tiers(TreeShape(15, 4, 15))
     assert SpecEngine(target, method="ar", max_len=64, speculation_policy="adaptive").policy is None
     tuned = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive", num_steps=6, topk=4,
                        num_draft_tokens=15, speculation_settings="switch_margin=0.15, probe_every=8")
@@ -424,7 +428,7 @@ def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, 
     assert tokens == reference
     assert set(SpeculationProfile.load(path).step_ms) == {"plain", *map(str, wider.policy.tiers)}
 
-    fresh = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=4, use_graphs=True,
+    fresh = SpecEngine(target, heads["eagle3"], method="eagle3", max_len=64, max_batch=4, use_graphs=True,
                        speculation_policy="adaptive", speculation_tiers=TIERS, **FULL)
     import gc
 

@@ -236,7 +236,7 @@ def test_greedy_generation_with_the_head_equals_ar(target, head, prompts, refere
     # the continuations change token mid-way (they depend on the context, not on the last token alone)
     assert all(len(set(r)) >= 2 for r in reference), reference
     engine = SpecEngine(model, head, max_len=64, max_batch=max_batch, **TREES[shape])
-    assert engine.method == "eagle3"
+    assert engine.method == "eagle3+ngram"
     results = engine.generate(prompts, SamplingParams(max_new_tokens=NEW))
     assert [r.token_ids for r in results] == reference
     accepted = sum(r.accepted_tokens for r in results)

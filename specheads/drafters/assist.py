@@ -1,0 +1,156 @@
+"""A device drafter's tree with prompt lookup beside it (method `KIND+ngram`, e.g. `eagle3+ngram`).
+
+Each row of a step drafts one of two things in the same verify shape (1 + num_draft nodes): where
+its history's suffix of at least `min_ngram` tokens occurred before (the device n-gram lookup,
+drafters/ngram.py), the chain of the tokens that followed it, as long as the tree has draft
+nodes; elsewhere the head's tree. A repeated passage (code that restates a signature, a list that
+repeats its pattern, a model that loops) is then drafted far past the head's depth at no draft
+cost, and the head keeps every other step. The choice is made per row on the device, inside the
+captured step: no host sync, and the next step still runs ahead.
+
+The head's drafter drafts every step (its tree is dropped in the rows that take the chain), and it
+commits every accepted path, so its state follows the text whichever draft won; a path may then be
+as deep as the chain (`Drafter.accept_depth`). The output is the target's whatever is drafted.
+
+Chosen on the evaluation suite's validation prompts (SmolLM2-135M-Instruct and its EAGLE-3 head,
+the tree 6,4,15, replayed from teacher-forced traces; gpu_runs/README.md): a suffix match of 3
+tokens or more (max_ngram 4) served 4.33 tokens a step on chat against the tree's 3.53, and 4.94
+against 4.03 on coding; a match of one or two tokens is right too rarely to beat the tree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specheads.drafters.base import Abilities, DraftContext, Drafter, PrefillBatch, StepResult
+from specheads.drafters.ngram import DeviceNgramDrafter
+from specheads.runtime.policy import TreeShape
+from specheads.runtime.tree import Tree
+
+SUFFIX = "+ngram"  # method KIND+ngram: KIND's drafter with the lookup beside it
+MAX_NGRAM = 4
+MIN_NGRAM = 3
+OPTIONS = ("ngram_max", "ngram_min")  # drafter options the assist takes (the rest go to the head's drafter)
+
+
+def split_method(method: str | None) -> tuple[str | None, bool]:
+    """('eagle3', True) for 'eagle3+ngram'; (method, False) otherwise."""
+    if method and method.endswith(SUFFIX) and len(method) > len(SUFFIX):
+        return method[: -len(SUFFIX)], True
+    return method, False
+
+
+class NgramAssist(Drafter):
+    """`inner` (a device drafter) drafts its tree; rows whose suffix matched `min_ngram` tokens or
+    more draft the lookup's chain instead (see the module doc). depth: the deeper of the head's
+    tree and the chain (num_draft tokens)."""
+
+    def __init__(self, inner: Drafter, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
+                 chain: int | None = None, _shared: DeviceNgramDrafter | None = None):
+        if not inner.abilities.on_device:
+            raise ValueError(f"the n-gram assist needs a drafter that drafts on the device; {type(inner).__name__} "
+                             "drafts on the host")
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"ngram_min must be in [1, ngram_max={max_ngram}], got {min_ngram}")
+        self.inner = inner
+        self.chain = inner.num_draft if chain is None else chain
+        self.num_draft = inner.num_draft
+        self.topk = inner.topk
+        self.depth = max(inner.depth, self.chain)
+        self.needs = inner.needs
+        self.abilities = Abilities(on_device=True, trees=True, tiers=inner.abilities.tiers)
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        # the row state of the lookup (every token of each row), shared by the tiers
+        self.lookup = _shared or DeviceNgramDrafter(self.depth, max_ngram)
+        if _shared is None:
+            inner.accept_depth(self.depth)
+
+    # ................................................................ state: both drafters'
+    def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
+        return self.inner.memory_bytes(rows, cap, elem) + self.lookup.memory_bytes(rows, cap, elem)
+
+    def allocate(self, rows: int, cap: int, device, dtype) -> None:
+        self.inner.allocate(rows, cap, device, dtype)
+        self.lookup.allocate(rows, cap, device, dtype)
+        self._allocate_chain(device)
+
+    def _allocate_chain(self, device) -> None:
+        n, c = self.num_draft, self.chain
+        self.cols = torch.arange(c, device=device)
+        # the chain's shape in the tree's n + 1 nodes: a path of c drafts, padding nodes after it
+        node = torch.arange(n + 1, device=device)
+        self.chain_parents = torch.where(node <= c, node - 1, 0)[None]
+        self.chain_depth = torch.where(node <= c, node, 1)[None]
+        self.chain_open = (node <= c)[None]
+        self.chain_rank = node[None]
+
+    def prepare(self, device) -> None:
+        self.inner.prepare(device)
+
+    def state(self) -> list[torch.Tensor]:
+        return self.inner.state() + self.lookup.state()
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        self.inner.move_row(src, dst, length)
+        self.lookup.move_row(src, dst, length)
+
+    def clear_row(self, row: int) -> None:
+        self.inner.clear_row(row)
+        self.lookup.clear_row(row)
+
+    def park_rows(self, start: int, stop: int) -> None:
+        self.inner.park_rows(start, stop)
+        self.lookup.park_rows(start, stop)
+
+    def tier(self, shape: TreeShape) -> "NgramAssist":
+        """A tier s,k,n: the chain of min(s, n) drafts, or the head's tree of min(s, its depth),k,n (a
+        chain tier deeper than the head: the head's chain as deep as it drafts, padded)."""
+        steps = min(shape.steps, self.inner.depth)
+        inner = self.inner.tier(TreeShape(steps, 1, steps) if shape.topk == 1 else
+                                TreeShape(steps, shape.topk, shape.num_draft))
+        tier = NgramAssist(inner, self.max_ngram, self.min_ngram, min(shape.steps, shape.num_draft), self.lookup)
+        tier.num_draft = shape.num_draft
+        tier._allocate_chain(self.cols.device)
+        return tier
+
+    # ................................................................ the step
+    def prefill(self, batch: PrefillBatch) -> None:
+        self.inner.prefill(batch)
+        self.lookup.prefill(batch)
+
+    def keep_up(self, ctx: DraftContext, wide: bool = True) -> None:
+        self.inner.keep_up(ctx, wide)
+
+    def commit(self, step: StepResult) -> None:
+        self.inner.commit(step)
+        self.lookup.commit(step)
+
+    def propose(self, ctx: DraftContext) -> Tree:
+        tree = self.inner.propose(ctx)
+        b = ctx.rows
+        drafts, found = self.lookup.lookup(ctx, self.cols, self.min_ngram)
+        take = found[:, None]
+        n1 = self.num_draft + 1
+        chain_tok = torch.cat([ctx.roots[:, None], drafts], 1)
+        if chain_tok.shape[1] < n1:
+            chain_tok = torch.cat([chain_tok, chain_tok.new_zeros(b, n1 - chain_tok.shape[1])], 1)
+        head = _padded(tree, n1)
+        tokens = torch.where(take, chain_tok, head.tokens)
+        parents = torch.where(take, self.chain_parents, head.parents)
+        depth = torch.where(take, self.chain_depth, head.depth)
+        valid = torch.where(take, self.chain_open, head.valid)
+        rank = torch.where(take, self.chain_rank, head.ranks())
+        return Tree(tokens, parents, depth, valid, max(tree.max_depth, self.chain), rank)
+
+
+def _padded(tree: Tree, size: int) -> Tree:
+    """The tree in `size` nodes: padding nodes (under the root, never valid) after its own."""
+    pad = size - tree.size
+    if pad <= 0:
+        return tree
+    b, dev = tree.tokens.shape[0], tree.tokens.device
+    zeros = torch.zeros(b, pad, dtype=torch.long, device=dev)
+    rank = torch.cat([tree.ranks(), torch.arange(tree.size, size, device=dev).expand(b, pad)], 1)
+    return Tree(torch.cat([tree.tokens, zeros], 1), torch.cat([tree.parents, zeros], 1),
+                torch.cat([tree.depth, zeros + 1], 1),
+                torch.cat([tree.valid, torch.zeros(b, pad, dtype=torch.bool, device=dev)], 1), tree.max_depth, rank)

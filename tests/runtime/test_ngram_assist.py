@@ -1,0 +1,162 @@
+"""The n-gram assist (method KIND+ngram, drafters/assist.py): a head's tree, or where the history's
+suffix repeats, the lookup's chain in its place. Greedy output equals plain decoding for every head
+kind that can take the chain's deeper paths (chain and tree, batch 1 and 4, fixed and adaptive
+policy), the chain is drafted and accepted past the head's depth where the output repeats, the
+merged tree is the head's in rows without a match and the chain's in rows with one, and methods
+that cannot take it are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specheads.drafters import DraftContext, DrafterError, method_needs_head
+from specheads.drafters.assist import NgramAssist, split_method
+from specheads.runtime.engine import EngineError, Request, SpecEngine
+from specheads.runtime.sampling import SamplingParams
+from tests.kernels.interpret import interpret_triton, needs_triton
+from tests.runtime.spec_helpers import make_target, random_prompts, train_head
+
+VOCAB = 64
+NEW = 60
+TRAIN = random_prompts(12, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3], seed=11)
+# std 0.2: a target whose greedy answers fall into short loops now and then (as small real ones do)
+PROMPTS = TRAIN[:6] + [[13, 33] * 5, [8, 8, 8, 8, 8]]
+TREES = {"chain": dict(num_steps=3, topk=1), "tree": dict(num_steps=3, topk=3, num_draft_tokens=8)}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target(seed=0, vocab=VOCAB, max_positions=192, std=0.2)
+
+
+@pytest.fixture(scope="module", params=["eagle3", "eagle", "medusa"])
+def head(target, request):
+    extra = {"num_heads": 3} if request.param == "medusa" else {}
+    return train_head(target, TRAIN, kind=request.param, **extra)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    params = SamplingParams(max_new_tokens=NEW)
+    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=128).generate(PROMPTS, params)]
+
+
+def _run(engine, prompts, new=NEW):
+    """Step the engine by hand: each request's tokens and every step's accepted drafts."""
+    queue, handles, tokens, accepted = list(enumerate(prompts)), {}, {}, []
+    while queue or engine.has_work:
+        while queue and engine.free_slots > 0:
+            i, p = queue.pop(0)
+            h = engine.add(Request(p, SamplingParams(max_new_tokens=new)))
+            handles[h], tokens[h] = i, []
+        for out in engine.step():
+            tokens[out.handle] += out.new_tokens
+            if not out.prefill:
+                accepted.append(out.accepted)
+    return [tokens[h] for h in sorted(handles, key=handles.get)], accepted
+
+
+@pytest.mark.parametrize("shape", list(TREES))
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_greedy_output_equals_ar_and_the_chain_runs_past_the_head(target, head, reference, shape, max_batch):
+    kind = head.kind
+    engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch, **TREES[shape])
+    assert engine.method == f"{kind}+ngram" and isinstance(engine.drafter, NgramAssist)
+    plain = SpecEngine(target, head, method=kind, max_len=128, max_batch=max_batch, **TREES[shape])
+    n = plain.drafter.num_draft
+    assert engine.drafter.depth == n  # the chain drafts as many tokens as the tree has nodes
+    out, accepted = _run(engine, PROMPTS)
+    assert out == reference
+    assert max(accepted) <= n
+    if shape == "tree":  # where the answer repeats, the chain was drafted and accepted past the head's depth
+        assert max(accepted) > plain.drafter.depth
+        _, alone = _run(plain, PROMPTS)
+        assert sum(accepted) / len(accepted) > sum(alone) / len(alone)
+
+
+def test_adaptive_policy_switches_tiers_and_keeps_output(target, reference):
+    head = train_head(target, TRAIN)
+    engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=4, speculation_policy="adaptive",
+                        speculation_settings="explore_every=4", **TREES["tree"])
+    tiers = [str(t) for t in engine.policy.tiers]
+    assert tiers[-1] == "8,3,8" and "1,1,1" in tiers  # the full tier reaches the chain's depth
+    results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
+    assert [r.token_ids for r in results] == reference
+    used = set()
+    for r in results:
+        used |= set(r.steps_by_tree)
+    assert len(used) > 1, used
+
+
+def test_sampled_output_follows_the_target_noise(target):
+    """Seeded sampling: the target's counter-based noise decides every token, drafts or not."""
+    head = train_head(target, TRAIN)
+    params = SamplingParams(max_new_tokens=30, temperature=0.8, seed=5)
+    ref = [r.token_ids for r in SpecEngine(target, method="ar", max_len=128).generate(PROMPTS[:4], params)]
+    engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=4, **TREES["tree"])
+    assert [r.token_ids for r in engine.generate(PROMPTS[:4], params)] == ref
+
+
+class _Fixed:
+    """A stand-in head drafter: the same tree (tokens 40.., a chain of 3 under a fan) every step."""
+
+    from specheads.drafters.base import Abilities
+    abilities = Abilities(on_device=True, trees=True, tiers=False)
+    needs = __import__("specheads.drafters.base", fromlist=["Needs"]).Needs()
+    depth, num_draft, topk = 2, 4, 2
+
+    def accept_depth(self, depth):
+        self.accepted_depth = depth
+
+    def propose(self, ctx):
+        from specheads.runtime.tree import Tree
+        b = ctx.rows
+        tokens = torch.cat([ctx.roots[:, None], torch.arange(40, 44).expand(b, 4)], 1)
+        parents = torch.tensor([-1, 0, 0, 1, 1]).expand(b, 5)
+        depth = torch.tensor([0, 1, 1, 2, 2]).expand(b, 5)
+        return Tree(tokens, parents, depth, torch.ones(b, 5, dtype=torch.bool), 2)
+
+
+def test_merged_tree_takes_the_chain_only_where_the_suffix_repeats():
+    inner = _Fixed()
+    assist = NgramAssist(inner, max_ngram=4, min_ngram=3)
+    assert inner.accepted_depth == 4 and assist.depth == 4
+    assist.lookup.allocate(2, 32, "cpu", torch.float32)
+    assist._allocate_chain("cpu")
+    # row 0: ... 1 2 3 9 1 2 | root 3: "1 2 3" occurred before, followed by 9 1 2 3
+    # row 1: 5 6 7 8 | root 6: only a 1-gram match (6), below min_ngram 3
+    rows = [[1, 2, 3, 9, 1, 2], [5, 6, 7, 8]]
+    roots = torch.tensor([3, 6])
+    for i, r in enumerate(rows):  # (the row state holds the root at the history's length)
+        assist.lookup.tokens[i, : len(r) + 1] = torch.tensor(r + [int(roots[i])])
+        assist.lookup.length[i] = len(r)
+    tree = assist.propose(DraftContext(2, 16, roots))
+    assert tree.tokens.tolist() == [[3, 9, 1, 2, 3], [6, 40, 41, 42, 43]]
+    assert tree.parents.tolist() == [[-1, 0, 1, 2, 3], [-1, 0, 0, 1, 1]]
+    assert tree.depth.tolist() == [[0, 1, 2, 3, 4], [0, 1, 1, 2, 2]]
+    assert tree.valid.all() and tree.max_depth == 4
+    assert tree.ranks()[0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_methods_and_refusals(target):
+    assert split_method("eagle3+ngram") == ("eagle3", True) and split_method("ngram") == ("ngram", False)
+    assert method_needs_head("eagle3+ngram") and not method_needs_head("ngram")
+    head = train_head(target, TRAIN[:2], steps=2, kind="mtp", num_modules=3)
+    with pytest.raises(EngineError, match=r"mtp\+ngram: .*MTPDrafter commits paths of at most 3"):
+        SpecEngine(target, head, method="mtp+ngram", max_len=64, num_steps=3, topk=2, num_draft_tokens=6)
+    with pytest.raises(EngineError, match=r"'ar\+ngram'.*KIND\+ngram"):
+        SpecEngine(target, method="ar+ngram", max_len=64)
+    with pytest.raises(EngineError, match="ngram_min must be in"):
+        SpecEngine(target, head, method="mtp+ngram", max_len=64, drafter_options={"ngram_min": 5})
+    assert DrafterError  # (EngineError carries the drafter's message)
+
+
+@needs_triton
+def test_greedy_output_equals_ar_on_the_triton_kernels(target, reference, monkeypatch):
+    """The lookup's kernel (its min_ngram match) and the draft and verify kernels, interpreted."""
+    head = train_head(target, TRAIN)
+    interpret_triton(monkeypatch)
+    engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=2, **TREES["tree"])
+    out, _ = _run(engine, PROMPTS[-2:], new=16)
+    assert out == [r[:16] for r in reference[-2:]]
