@@ -5,7 +5,7 @@ inside), waiting for the card, reading the result, prefills, and any step costs 
 policy times mid-run; launches counted by tier and by whether they ran ahead of the step before.
 
     python3 gpu_runs/policy_steps.py HEAD --out DIR [--batch-sizes 32] [--runs 2] [--prompts N] [--set chat|coding]
-        [--trace] [--methods ar tree chain adaptive adaptive-pace adaptive-refresh8 chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive
+        [--trace] [--methods ar tree chain adaptive assist assist-adaptive adaptive-pace adaptive-refresh8 chain1 chain2 chain4 plain-eagle3 plain-ngram ngram ngram-adaptive
         ngram-host ngram-host-adaptive]   (TARGET in the environment)
 
 Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
@@ -39,7 +39,7 @@ DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float32
 def engine_for(name: str, target, head, **kw) -> SpecEngine:
     """The engine of a method of METHODS (the head where it drafts with one)."""
     spec = METHODS[name]
-    engine = SpecEngine(target, head if spec["method"] == "eagle3" else None, **spec, **kw)
+    engine = SpecEngine(target, head if spec["method"].startswith("eagle3") else None, **spec, **kw)
     if name.startswith("plain-"):  # plain steps only, whatever a plain step's first drafts tell the policy
         choose = engine.policy.choose
         engine.policy.choose = lambda *a, **k: min(choose(*a, **k), 0)
@@ -57,6 +57,10 @@ METHODS = {  # name -> SpecEngine keywords
     "tree": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15),
     "chain": dict(method="eagle3", num_steps=6, topk=1, num_draft_tokens=6),
     "adaptive": dict(method="eagle3", num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive"),
+    # the n-gram assist beside the head's tree (the EAGLE-3 default), fixed and adaptive
+    "assist": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15),
+    "assist-adaptive": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
+                            speculation_policy="adaptive"),
     # fixed chains, to set each one's time a step beside the speculation profile's for its tier
     "chain1": dict(method="eagle3", num_steps=1, topk=1, num_draft_tokens=1),
     "chain2": dict(method="eagle3", num_steps=2, topk=1, num_draft_tokens=2),

@@ -11,14 +11,14 @@ from tests.runtime.spec_helpers import make_target, random_head, random_prompts
 
 
 @pytest.mark.parametrize("name", ["ar", "adaptive", "adaptive-pace", "chain2", "ngram-adaptive", "plain-ngram", "plain-eagle3",
-                                  "ngram-host-adaptive"])
+                                  "ngram-host-adaptive", "assist-adaptive"])
 def test_the_step_timers_follow_the_engine(name):
     steps = load_script("gpu_runs/policy_steps.py")
     target = make_target(seed=0, vocab=64)
     prompts = random_prompts(4, 64, [5, 3, 7, 4], seed=3)
     params = SamplingParams(max_new_tokens=12)
     kw = steps.METHODS[name]
-    head = random_head(target) if kw["method"] == "eagle3" else None
+    head = random_head(target) if kw["method"].startswith("eagle3") else None
     want = [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(prompts, params)]
     engine = steps.engine_for(name, target, head, max_len=64, max_batch=2)
     tally = steps.instrument(engine, trace=True)
