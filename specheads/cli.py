@@ -18,8 +18,8 @@ from pathlib import Path
 from specheads.runtime.defaults import TREE_DEFAULT_HELP, resolve_tree
 
 METHOD_HELP = ("the drafter: ar (none), ngram, a head kind such as eagle3, or KIND+ngram (the head's tree, or "
-               "prompt lookup's chain where the text repeats); default with --draft: KIND+ngram for eagle3, eagle "
-               "and medusa heads, the kind for others; else ar")
+               "prompt lookup's chain where the text repeats); default with --draft: eagle3+ngram for an EAGLE-3 "
+               "head, the head's kind for others; else ar")
 
 TRAIN_DEFAULT_CONFIG = None
 

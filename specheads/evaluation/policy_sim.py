@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from specheads.evaluation.estimate import accepted_per_position, scoring_drafter
+from specheads.runtime.defaults import DEFAULT_TREE
 from specheads.runtime.graphs import next_pow2
 from specheads.runtime.policy import FIRST_DRAFT_ROWS, POLICY_SETTINGS, AdaptivePolicy, FixedPolicy, StaticCost, \
     TreeShape, setting_value
@@ -71,7 +72,7 @@ def tells_first(draft: str) -> bool:
 
 def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list[list[int]],
                 continuations: list[list[int]], rows: int = 64,
-                head_tree: tuple[int, int, int] = (6, 4, 15)) -> dict[TreeShape, list[list[int]]]:
+                head_tree: tuple[int, int, int] = DEFAULT_TREE) -> dict[TreeShape, list[list[int]]]:
     """traces[tier][i][j]: drafts accepted by a step of that tree rooted j tokens into
     continuation i (after its (j + 1)-th token), for every j but the last. A method with the n-gram
     assist (KIND+ngram) drafts the tiers of one drafter over the head's own tree `head_tree` (its
@@ -322,7 +323,7 @@ def main(argv=None) -> int:
                     "drafts without a head (" + ", ".join(m for m in method_names() if headless(m)) + ")")
     ap.add_argument("--method", default=None, help="the drafting method (default: the head's kind); KIND+ngram: "
                     "with the n-gram assist, --tiers in the assisted engine's terms (e.g. '1,1,1;2,1,2;4,1,4;15,4,15')")
-    ap.add_argument("--head-tree", default="6,4,15", help="S,K,N: the head's own tree under the n-gram assist")
+    ap.add_argument("--head-tree", default=",".join(map(str, DEFAULT_TREE)), help="S,K,N: the head's own tree under the n-gram assist")
     ap.add_argument("--split", default="validation", choices=["validation", "test"])
     ap.add_argument("--categories", nargs="+", default=None)
     ap.add_argument("--limit", type=int, default=8, help="prompts per category")

@@ -53,6 +53,7 @@ def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str =
     assist, drafters/assist.py), 'KIND@S,K,N', 'chain' (the
     head given, top-1, S steps; `head_kind` names its kind), 'ngram', 'ngram@N'; `ar` always comes
     first (it is the reference)."""
+    from specheads.drafters.assist import split_method
     from specheads.heads.registry import head_kinds
 
     kinds = head_kinds()
@@ -62,7 +63,7 @@ def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str =
         try:
             if name == "ar":
                 continue
-            if name in kinds or (name.endswith("+ngram") and name[: -len("+ngram")] in kinds):
+            if split_method(name)[0] in kinds:
                 s, k, n = (int(x) for x in arg.split(",")) if arg else tree
                 out.append(Method(spec if arg else f"{name}@{s},{k},{n}", name, s, k, n))
             elif name == "chain":

@@ -117,6 +117,6 @@ def ngram_lookup(h: torch.Tensor, length: torch.Tensor, roots: torch.Tensor, dra
     drafts = torch.empty(b, n, dtype=h.dtype, device=h.device)
     found = torch.empty(b, dtype=torch.bool, device=h.device)
     _kernel(_ngram_kernel)[(b,)](h, length.contiguous(), roots.contiguous(), draft_cols.contiguous(), drafts, found,
-                                 w, h.stride(0), n, MAX_NGRAM=max_ngram, MIN_NGRAM=min_ngram, BLOCK=min(1024, triton.next_power_of_2(w)),
-                                 DRAFT=triton.next_power_of_2(max(n, 1)))
+                                 w, h.stride(0), n, MAX_NGRAM=max_ngram, MIN_NGRAM=min_ngram,
+                                 BLOCK=min(1024, triton.next_power_of_2(w)), DRAFT=triton.next_power_of_2(max(n, 1)))
     return drafts, found
