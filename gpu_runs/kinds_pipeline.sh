@@ -19,7 +19,8 @@
 #      PREPARE_ARGS (--cut-loops 32, as the current head's data), TRAIN_ARGS (extra --set ... for every
 #      kind), CHAT_PER_CATEGORY (10: 70 chat prompts), CODING (64; with SPLIT=validation 40, all it has),
 #      SPLIT (test; validation for an ablation: the suite's validation part, 40 prompts a category), BENCH_ARGS (extra bench.py flags, e.g. --num-prompts 2),
-#      BENCH_NEED (s left that a bench of one prompt set needs to start, 200), PY (python3), ARGS_<kind> (extra
+#      EXTRA_METHODS (more bench.py methods beside ar and KIND-tree, e.g. "medusa+ngram-tree": the n-gram assist
+#      on the kind's chosen tree), BENCH_NEED (s left that a bench of one prompt set needs to start, 200), PY (python3), ARGS_<kind> (extra
 #      --set ... for that kind alone, e.g. ARGS_mtp="--set head.num_modules=6"; a variant KIND+LABEL in KINDS is
 #      a run of its own with ARGS_KIND_LABEL, e.g. KINDS="mtp mtp+rand" ARGS_mtp_rand="--set
 #      head.lm_head_from_target=false" (an ablation: SPLIT=validation); the default shapes otherwise:
@@ -244,7 +245,7 @@ EOF
     echo "kinds: $kind bench on $src ($l s left)"
     # a bench cut short leaves no file under the final name: the next call runs it again
     timeout -s TERM -k 10 $(( l - 15 )) $PY scripts/bench.py --target $TARGET --draft $run/final \
-      --methods ar $head-tree --batch-sizes 1 8 --speculation-policy fixed --peers --num-prompts 100 \
+      --methods ar $head-tree ${EXTRA_METHODS:-} --batch-sizes 1 8 --speculation-policy fixed --peers --num-prompts 100 \
       --prompts $ROOT/prompts/$src.json --out $ROOT/bench/.$kind-$src $tree_arg $BENCH_ARGS >> $ROOT/logs/$kind.bench.log 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then

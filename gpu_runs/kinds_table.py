@@ -6,9 +6,10 @@
     python3 gpu_runs/kinds_table.py params HEAD_DIR        # trainable parameters of a saved head (JSON)
     python3 gpu_runs/kinds_table.py table --root ROOT --out PREFIX
         PREFIX.json, PREFIX.md (also printed) and PREFIX.png (speedup over our ar, per kind and cell)
-    python3 gpu_runs/kinds_table.py pick-tree EVAL_JSON --out KIND-tree.json
+    python3 gpu_runs/kinds_table.py pick-tree EVAL_JSON --out KIND-tree.json [--coding]
         the tree of `specheads evaluate --methods ar KIND@S,K,N ...` (validation split) with the best mean
-        speedup over ar on the chat categories; prints S,K,N (the pipeline's TREES tuning)
+        speedup over ar on the chat categories (--coding: the mean of that and coding's); prints S,K,N
+        (the pipeline's TREES tuning; assist_bench.sh sweep)
     python3 gpu_runs/kinds_table.py tree-current KIND-tree.json S,K,N ...
         exit 0 if that choice was made among exactly these candidates, 1 if not (the pipeline then tunes again)
     python3 gpu_runs/kinds_table.py held-out-check SHARED_DATA RUN_DATA
@@ -136,19 +137,31 @@ def head_kind(name: str) -> str:
     return name.partition("+")[0]
 
 
-def pick_tree(report: dict) -> dict:
+def pick_tree(report: dict, coding: bool = False) -> dict:
     """The tree with the best chat macro-average speedup over ar in a `specheads evaluate` report
-    (methods KIND@S,K,N; ties to the earlier candidate)."""
+    (methods KIND@S,K,N; ties to the earlier candidate); with `coding`, the best mean of the chat
+    macro-average's and the coding category's speedups (the report must hold coding)."""
     chat = report.get("chat_macro_average") or {}
+    code = (report.get("categories") or {}).get("coding") if coding else None
+    if coding and not code:
+        raise SystemExit("pick-tree --coding: the report has no coding category")
     cands = {m["name"]: m for m in report.get("methods", []) if m.get("name") != "ar" and m["name"] in chat}
     if not cands:
         raise SystemExit("pick-tree: the report has no tree method with a chat average (run it on chat categories)")
-    best = max(cands, key=lambda n: (chat[n]["speedup_vs_ar"], -list(cands).index(n)))
+
+    def score(n):
+        return (chat[n]["speedup_vs_ar"] + code[n]["speedup_vs_ar"]) / 2 if code else chat[n]["speedup_vs_ar"]
+
+    best = max(cands, key=lambda n: (score(n), -list(cands).index(n)))
     m = cands[best]
+    out = {n: {"speedup_vs_ar": round(chat[n]["speedup_vs_ar"], 4), "accept": round(chat[n]["mean_accept_length"], 4)}
+           for n in cands}
+    for n in cands if code else ():
+        out[n].update(coding_speedup_vs_ar=round(code[n]["speedup_vs_ar"], 4),
+                      coding_accept=round(code[n]["mean_accept_length"], 4), score=round(score(n), 4))
     return {"chosen": f"{m['num_steps']},{m['topk']},{m['num_draft_tokens']}", "split": report.get("split"),
             "card": report.get("card"), "batch_size": report.get("batch_size"),
-            "candidates": {n: {"speedup_vs_ar": round(chat[n]["speedup_vs_ar"], 4),
-                               "accept": round(chat[n]["mean_accept_length"], 4)} for n in cands}}
+            "by": "mean of chat and coding speedups" if code else "chat speedup", "candidates": out}
 
 
 def default_trees() -> str:
@@ -532,6 +545,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("pick-tree")
     p.add_argument("report", help="`specheads evaluate` JSON with ar and KIND@S,K,N methods")
     p.add_argument("--out", required=True, help="the choice as JSON (bench/KIND-tree.json)")
+    p.add_argument("--coding", action="store_true", help="choose by the mean of the chat and coding speedups")
     p = sub.add_parser("tree-current")
     p.add_argument("choice", help="bench/KIND-tree.json (`pick-tree`)")
     p.add_argument("candidates", nargs="+", metavar="S,K,N")
@@ -553,7 +567,7 @@ def main(argv=None) -> int:
     elif args.cmd == "tree-current":
         return 0 if tree_current(read_json(Path(args.choice)) or {}, args.candidates) else 1
     elif args.cmd == "pick-tree":
-        choice = pick_tree(read_json(Path(args.report)) or {})
+        choice = pick_tree(read_json(Path(args.report)) or {}, args.coding)
         Path(args.out).write_text(json.dumps(choice, indent=1) + "\n")
         print(choice["chosen"])
     else:

@@ -119,3 +119,20 @@ def test_a_tree_choice_is_current_only_for_the_same_candidates(tmp_path):
     assert run("2,8,12", "2,4,6") == 0  # order aside
     assert run("2,8,12", "2,10,15") == 1
     assert run("2,8,12") == 1
+
+
+def test_pick_tree_by_chat_or_by_chat_and_coding():
+    """`pick-tree --coding` (assist_bench.sh sweep) weighs coding's speedup with chat's: a tree that
+    is second on chat but far ahead on coding wins; without it, chat alone decides; a report
+    without coding is refused rather than judged on chat alone."""
+    mod = load_script("gpu_runs/kinds_table.py")
+    report = mod.fake_tuning()  # chat: 7,8,31 and 5,4,15 tie at 2.2 (the earlier wins), 6,4,15 2.0
+    assert mod.pick_tree(report)["chosen"] == "7,8,31"
+    with pytest.raises(SystemExit, match="no coding"):
+        mod.pick_tree(report, coding=True)
+    report["categories"] = {"coding": {"eagle3@6,4,15": {"speedup_vs_ar": 2.9, "mean_accept_length": 4},
+                                       "eagle3@7,8,31": {"speedup_vs_ar": 2.3, "mean_accept_length": 4},
+                                       "eagle3@5,4,15": {"speedup_vs_ar": 2.3, "mean_accept_length": 4}}}
+    choice = mod.pick_tree(report, coding=True)
+    assert choice["chosen"] == "6,4,15" and choice["candidates"]["eagle3@6,4,15"]["score"] == pytest.approx(2.45)
+    assert mod.pick_tree(report)["chosen"] == "7,8,31"
