@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specheads.data.chat import render
 from specheads.data.regenerate import stop_token_ids
+from specheads.heads.registry import head_kind
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.engine import decode
 from specheads.runtime.sampling import SamplingParams
@@ -395,7 +396,7 @@ def test_a_server_with_an_mtp_or_medusa_head_answers_with_the_targets_text(serve
     head = train_head(model, [chat_ids(tok, q) for q in QUESTIONS], new_tokens=NEW + 4,
                       draft_vocab=min(200, len(tok)), kind=kind, **size)
     engine = SpecEngine(model, head, num_steps=3, topk=2, num_draft_tokens=6, max_len=MAX_LEN, max_batch=4)
-    assert engine.method == kind
+    assert engine.method == head_kind(kind).default_method  # medusa: with the n-gram assist
     app = create_app(engine, tok, ServerConfig(MODEL, api_key=KEY, max_queue=64, request_timeout=120))
     with running_server(app) as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
