@@ -160,3 +160,72 @@ def test_greedy_output_equals_ar_on_the_triton_kernels(target, reference, monkey
     engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=2, **TREES["tree"])
     out, _ = _run(engine, PROMPTS[-2:], new=16)
     assert out == [r[:16] for r in reference[-2:]]
+
+
+def _alternate(tiers):
+    """An adaptive policy that verifies prompt lookup's chain alone (tier 1, S,0,S) and the full
+    tree (tier 2) by turns."""
+    from specheads.runtime.policy import AdaptivePolicy, StaticCost, parse_tiers
+
+    class Alternate(AdaptivePolicy):
+        def __init__(self):
+            super().__init__(parse_tiers(tiers), StaticCost())
+            self.n = 0
+
+        def choose(self, rows, batch, kv, host_ms=0.0, draining=False):
+            self.n += 1
+            return 1 + self.n % 2
+
+    return Alternate()
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_lookup_chain_tier_keeps_output_and_the_head_keeps_up(target, reference, kind, max_batch):
+    """A tier S,0,S verifies the lookup's chain alone (the head drafts nothing, only takes in the
+    path): the output is the target's, its steps accept drafts past the head's depth where the
+    answer repeats, and the head's tree steps between them accept drafts (its state followed the
+    text)."""
+    extra = {"num_heads": 3} if kind == "medusa" else {}
+    head = train_head(target, TRAIN, kind=kind, **extra)
+    engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
+                        speculation_policy=_alternate("8,0,8;8,3,8"), **TREES["tree"])
+    queue, tokens, by_tier = list(enumerate(PROMPTS)), {}, {"8,0,8": [], "8,3,8": []}
+    while queue or engine.has_work:
+        while queue and engine.free_slots > 0:
+            i, p = queue.pop(0)
+            tokens[engine.add(Request(p, SamplingParams(max_new_tokens=NEW)))] = (i, [])
+        for out in engine.step():
+            tokens[out.handle][1].extend(out.new_tokens)
+            if not out.prefill and out.draft_tree is not None:
+                by_tier[str(out.draft_tree)].append(out.accepted)
+    assert [t for _, t in sorted(tokens.values())] == reference
+    assert max(by_tier["8,0,8"]) > 3  # the lookup's chain ran past the head's depth (3)
+    # the head's trees between the lookup's steps accept as much as the head's own every step (a head
+    # that missed the lookup's paths would draft from a stale context and accept next to nothing)
+    _, alone = _run(SpecEngine(target, head, method=kind, max_len=128, max_batch=max_batch, **TREES["tree"]), PROMPTS)
+    trees = by_tier["8,3,8"]
+    assert sum(trees) / len(trees) > 0.8 * sum(alone) / len(alone) > 0
+
+
+def test_lookup_chain_tiers_are_the_assists_alone(target):
+    """S,0,S parses, sorts before the full tier of the same size, and is refused by name where the
+    drafter is not the assist, and where it is not a chain of S within the engine's depth."""
+    from specheads.runtime.policy import PolicyError, StaticCost, TreeShape, check_tier, parse_tiers
+
+    head = train_head(target, TRAIN)
+    engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=2, speculation_policy="adaptive",
+                        speculation_tiers="1,1,1;8,0,8;4,0,4", **TREES["tree"])
+    assert [str(t) for t in engine.policy.tiers] == ["1,1,1", "4,0,4", "8,0,8", "8,3,8"]
+    with pytest.raises(EngineError, match=r"topk 0 .*n-gram assist"):
+        SpecEngine(target, head, method="eagle3", max_len=128, speculation_policy="adaptive",
+                   speculation_tiers="2,0,2", **TREES["tree"])
+    full = TreeShape(8, 3, 8)
+    with pytest.raises(PolicyError, match=r"written 4,0,4"):
+        check_tier(TreeShape(4, 0, 2), full, trees=True, lookup=True)
+    with pytest.raises(PolicyError, match=r"at most the engine's depth 8"):
+        check_tier(TreeShape(9, 0, 9), full, trees=True, lookup=True)
+    with pytest.raises(PolicyError, match="topk >= 0"):
+        parse_tiers("2,-1,2")
+    cost = StaticCost()  # the lookup's chain alone costs its verify and one depth's take-in, not the head's depths
+    assert cost.step(1, 64, TreeShape(8, 0, 8)) < cost.step(1, 64, TreeShape(8, 1, 8))
