@@ -25,7 +25,7 @@ import torch
 from specheads.drafters.base import Abilities, DraftContext, Drafter, PrefillBatch, StepResult
 from specheads.drafters.ngram import DeviceNgramDrafter
 from specheads.runtime.policy import TreeShape
-from specheads.runtime.tree import Tree, chain_tree
+from specheads.runtime.tree import Tree
 
 SUFFIX = "+ngram"  # method KIND+ngram: KIND's drafter with the lookup beside it
 MAX_NGRAM = 4
@@ -58,8 +58,7 @@ class NgramAssist(Drafter):
         self.topk = inner.topk
         self.depth = max(inner.depth, self.chain)
         self.needs = inner.needs
-        self.abilities = Abilities(on_device=True, trees=True, tiers=inner.abilities.tiers,
-                                   lookup_tiers=inner.abilities.tiers)
+        self.abilities = Abilities(on_device=True, trees=True, tiers=inner.abilities.tiers)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         # the row state of the lookup (every token of each row), shared by the tiers
         self.lookup = _shared or DeviceNgramDrafter(self.depth, max_ngram)
@@ -105,12 +104,7 @@ class NgramAssist(Drafter):
 
     def tier(self, shape: TreeShape) -> "NgramAssist":
         """A tier s,k,n: the chain of min(s, n) drafts, or the head's tree of min(s, its depth),k,n (a
-        chain tier deeper than the head: the head's chain as deep as it drafts, padded). A tier s,0,s:
-        the lookup's chain of s drafts alone (`LookupChain`)."""
-        if shape.topk == 0:
-            tier = LookupChain(self.inner, self.max_ngram, self.min_ngram, shape.steps, self.lookup)
-            tier._allocate_chain(self.cols.device)
-            return tier
+        chain tier deeper than the head: the head's chain as deep as it drafts, padded)."""
         steps = min(shape.steps, self.inner.depth)
         inner = self.inner.tier(TreeShape(steps, 1, steps) if shape.topk == 1 else
                                 TreeShape(steps, shape.topk, shape.num_draft))
@@ -147,24 +141,6 @@ class NgramAssist(Drafter):
         valid = torch.where(take, self.chain_open, head.valid)
         rank = torch.where(take, self.chain_rank, head.ranks())
         return Tree(tokens, parents, depth, valid, max(tree.max_depth, self.chain), rank)
-
-
-class LookupChain(NgramAssist):
-    """The assist's tier s,0,s: each row verifies the lookup's chain of s drafts where its suffix
-    matched, its root alone elsewhere; the head drafts nothing and only takes in the last step's
-    path (`keep_up`, as in a plain step), so it drafts from the whole context when a tree tier runs
-    next. Where the text repeats, such a step costs the chain's verify without the head's draft; an
-    adaptive policy weighs it by what it emitted against its measured cost like any tier."""
-
-    def __init__(self, inner: Drafter, max_ngram: int, min_ngram: int, chain: int, shared: DeviceNgramDrafter):
-        super().__init__(inner, max_ngram, min_ngram, chain, shared)
-        self.depth = self.num_draft = chain
-        self.topk = 0
-
-    def propose(self, ctx: DraftContext) -> Tree:
-        self.inner.keep_up(ctx)
-        drafts, found = self.lookup.lookup(ctx, self.cols, self.min_ngram)
-        return chain_tree(ctx.roots, drafts, found[:, None].expand_as(drafts))
 
 
 def _padded(tree: Tree, size: int) -> Tree:

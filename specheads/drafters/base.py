@@ -77,9 +77,6 @@ class Abilities:
     # tells its first draft in a plain step (`first_draft`), cheaply enough to run in every plain step
     # of a small batch
     first_draft: bool = False
-    # drafts tiers S,0,S: prompt lookup's chain of S drafts alone, the head only taking in the last
-    # step's path (the n-gram assist, drafters/assist.py)
-    lookup_tiers: bool = False
 
 
 @dataclass

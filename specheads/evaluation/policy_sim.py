@@ -357,10 +357,8 @@ def main(argv=None) -> int:
 
     order = lambda t: (t.num_draft, t.steps, t.topk)  # noqa: E731
     tiers = sorted(parse_tiers(args.tiers), key=order)
-    from specheads.drafters.assist import split_method
-
-    for t in tiers:  # as an engine whose tree is the largest tier would take them (the assist's: S,0,S too)
-        check_tier(t, tiers[-1], trees=True, lookup=split_method(args.method)[1])
+    for t in tiers:  # as an engine whose tree is the largest tier would take them
+        check_tier(t, tiers[-1], trees=True)
     fixed = sorted(parse_tiers(args.fixed), key=order) if args.fixed else list(tiers)
     deepest = max(t.steps for t in tiers + fixed)
     key = {"split": args.split, "categories": args.categories, "limit": args.limit,

@@ -331,7 +331,7 @@ class SpecEngine:
                 raise PolicyError("--speculation-profile applies to --speculation-policy adaptive")
             return build_policy("fixed", self.full_tree, tiers, settings=settings)
         built = build_policy("adaptive", self.full_tree, tiers, trees=d.abilities.trees, can_tier=d.abilities.tiers,
-                             settings=settings, lookup=d.abilities.lookup_tiers)
+                             settings=settings)
         path = self._profile_path
         if path is not None and path.exists():
             # (tiers the profile lacks are timed as its buckets are planned, where graphs are captured)

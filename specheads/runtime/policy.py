@@ -95,8 +95,7 @@ may fit a smaller bucket than the full tree, and runs there):
 - static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a
   plain decode step, verifying T tokens in all costs max(1, T / saturation_tokens) (a decode
   streams the weights once until the batch's tokens fill the matmuls), and each draft depth
-  draft_depth_cost x max(1, rows x topk / saturation_tokens) (a tier S,0,S, prompt lookup's chain
-  alone: one draft_depth_cost, the head's take-in of the last path). No context term.
+  draft_depth_cost x max(1, rows x topk / saturation_tokens). No context term.
 """
 
 from __future__ import annotations
@@ -142,13 +141,11 @@ class TreeShape:
 
     @property
     def pool(self) -> int:
-        """The candidates a dynamic tree of this depth and branching chooses its nodes from (topk 0,
-        prompt lookup's chain alone: its steps)."""
-        return tree_pool(self.steps, self.topk) if self.topk else self.steps
+        """The candidates a dynamic tree of this depth and branching chooses its nodes from."""
+        return tree_pool(self.steps, self.topk)
 
 
-TIERS_HELP = ("tiers as STEPS,TOPK,DRAFT_TOKENS separated by ';', e.g. \"1,1,1;2,1,2;4,1,4;6,4,15\" (with the n-gram "
-              "assist, KIND+ngram, also S,0,S: prompt lookup's chain of S drafts alone, the head drafting nothing)")
+TIERS_HELP = "tiers as STEPS,TOPK,DRAFT_TOKENS separated by ';', e.g. \"1,1,1;2,1,2;4,1,4;6,4,15\""
 
 
 def parse_tiers(spec, what: str = "--speculation-tiers") -> list[TreeShape]:
@@ -167,25 +164,15 @@ def parse_tiers(spec, what: str = "--speculation-tiers") -> list[TreeShape]:
         items = [tuple(t) if not isinstance(t, TreeShape) else (t.steps, t.topk, t.num_draft) for t in spec]
     shapes = []
     for t in items:
-        if len(t) != 3 or t[0] < 1 or t[1] < 0 or t[2] < 1:
-            raise PolicyError(f"{what}: tier {','.join(map(str, t))} must be three integers, steps and draft tokens "
-                              f">= 1, topk >= 0; expected {TIERS_HELP}")
+        if len(t) != 3 or any(x < 1 for x in t):
+            raise PolicyError(f"{what}: tier {','.join(map(str, t))} must be three integers >= 1 "
+                              f"(steps, topk, draft tokens); expected {TIERS_HELP}")
         shapes.append(TreeShape(*t))
     return shapes
 
 
-def check_tier(shape: TreeShape, full: TreeShape, trees: bool, what: str = "--speculation-tiers",
-               lookup: bool = False) -> TreeShape:
-    """A tier must fit inside the engine's tree (its maximum), and be a tree its drafter can draft
-    (`lookup`: S,0,S, prompt lookup's chain alone, too)."""
-    if shape.topk == 0:
-        if not lookup:
-            raise PolicyError(f"{what}: tier {shape}: topk 0 (prompt lookup's chain alone) is a tier of the n-gram "
-                              f"assist (method KIND+ngram, e.g. eagle3+ngram) only; other tiers have topk >= 1")
-        if shape.num_draft != shape.steps or shape.steps > full.steps:
-            raise PolicyError(f"{what}: tier {shape}: prompt lookup's chain of {shape.steps} drafts is written "
-                              f"{shape.steps},0,{shape.steps}, at most the engine's depth {full.steps}")
-        return shape
+def check_tier(shape: TreeShape, full: TreeShape, trees: bool, what: str = "--speculation-tiers") -> TreeShape:
+    """A tier must fit inside the engine's tree (its maximum), and be a tree its drafter can draft."""
     if not trees and shape.topk != 1:
         raise PolicyError(f"{what}: tier {shape}: this drafter drafts chains only, so topk must be 1")
     if shape.steps > full.steps or shape.topk > full.topk or shape.num_draft > full.num_draft:
@@ -208,13 +195,12 @@ def default_tiers(full: TreeShape) -> list[TreeShape]:
     return sorted(set(tiers + [full]), key=lambda t: (t.num_draft, t.steps, t.topk))
 
 
-def resolve_tiers(tiers, full: TreeShape, trees: bool, can_tier: bool, lookup: bool = False) -> list[TreeShape]:
+def resolve_tiers(tiers, full: TreeShape, trees: bool, can_tier: bool) -> list[TreeShape]:
     """The tiers an adaptive engine verifies, smallest first, the full tree always last: the
-    given ones (checked; `lookup`: the drafter takes S,0,S tiers) or the defaults; a drafter that
-    cannot draft smaller trees has only its own."""
+    given ones (checked) or the defaults; a drafter that cannot draft smaller trees has only its own."""
     if tiers is None:
         return default_tiers(full) if can_tier else [full]
-    shapes = [check_tier(t, full, trees, lookup=lookup) for t in parse_tiers(tiers)]
+    shapes = [check_tier(t, full, trees) for t in parse_tiers(tiers)]
     if not can_tier and set(shapes) != {full}:
         raise PolicyError(f"--speculation-tiers: this drafter drafts one tree only ({full}); an adaptive policy "
                           f"chooses between it and plain decoding (leave the tiers out)")
@@ -234,8 +220,6 @@ class StaticCost:
         if tier is None:
             return max(1.0, batch / self.saturation_tokens)
         verify = max(1.0, batch * (1 + tier.num_draft) / self.saturation_tokens)
-        if tier.topk == 0:  # prompt lookup's chain alone: the head takes in the last path, one depth's work
-            return verify + self.draft_depth_cost
         return verify + self.draft_depth_cost * tier.steps * max(1.0, batch * tier.topk / self.saturation_tokens)
 
 
@@ -799,7 +783,7 @@ def parse_settings(spec, what: str = "--speculation-settings") -> dict:
 
 
 def build_policy(name: str, full: TreeShape, tiers=None, trees: bool = True, can_tier: bool = False, cost=None,
-                 settings=None, lookup: bool = False):
+                 settings=None):
     """`fixed` (the engine's tree every step) or `adaptive` (tiers as given, or the defaults;
     `settings`: AdaptivePolicy's keyword arguments, parse_settings)."""
     if name == "fixed":
@@ -811,6 +795,6 @@ def build_policy(name: str, full: TreeShape, tiers=None, trees: bool = True, can
                               "has none")
         return FixedPolicy(full)
     if name == "adaptive":
-        return AdaptivePolicy(resolve_tiers(tiers, full, trees, can_tier, lookup), cost or StaticCost(),
+        return AdaptivePolicy(resolve_tiers(tiers, full, trees, can_tier), cost or StaticCost(),
                               **parse_settings(settings))
     raise PolicyError(f"speculation policy {name!r} is not one of {', '.join(POLICIES)}")

@@ -44,9 +44,8 @@ def setup():
     return target, head, traces
 
 
-def engine_run(target, head, policy: str, batch: int, method: str = "eagle3", tree=FULL, tiers="1,1,1;2,1,2",
-               **settings):
-    kw = dict(speculation_policy=policy, speculation_tiers=tiers) if policy == "adaptive" else {}
+def engine_run(target, head, policy: str, batch: int, method: str = "eagle3", tree=FULL, **settings):
+    kw = dict(speculation_policy=policy, speculation_tiers="1,1,1;2,1,2") if policy == "adaptive" else {}
     engine = SpecEngine(target, head, method=method, max_len=90, max_batch=batch, overlap=False, **tree, **kw)
     if settings:  # the adaptive policy with other settings than its defaults
         engine.policy = AdaptivePolicy(list(engine.policy.tiers), engine.policy.cost, **settings)
@@ -241,23 +240,3 @@ def test_assisted_traces_replay_the_engine():
         _, accepted, by_tree = engine_run(target, head, "adaptive", batch, method="eagle3+ngram", explore_every=8)
         res = simulate(AdaptivePolicy(list(tiers), StaticCost(), explore_every=8), traces, lens, new, batch)
         assert sim_by_tree(res, tiers) == by_tree and res.accepted == accepted
-
-
-def test_assisted_lookup_tier_replays_the_engine():
-    """The assist's tier S,0,S (prompt lookup's chain alone, the head keeping up) is traced like its
-    other tiers, and the adaptive replay over it takes the engine's steps."""
-    target = make_target(seed=0, vocab=VOCAB, max_positions=128, std=0.2)
-    head = train_head(target, TRAIN)
-    spec = "1,1,1;8,0,8;8,3,8"
-    tiers = parse_tiers(spec)
-    longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=90).generate(
-        PROMPTS, SamplingParams(max_new_tokens=NEW + 9))]
-    traces = tier_traces(target, head, "eagle3+ngram", tiers, PROMPTS, longer, head_tree=(3, 3, 8))
-    assert max(max(t) for t in traces[tiers[1]]) > 3, "the lookup's chain alone should run past the head's depth"
-    lens, new = [len(p) for p in PROMPTS], [NEW] * len(PROMPTS)
-    for batch in (1, 3):
-        _, accepted, by_tree = engine_run(target, head, "adaptive", batch, method="eagle3+ngram", tiers=spec,
-                                          explore_every=4)
-        res = simulate(AdaptivePolicy(list(tiers), StaticCost(), explore_every=4), traces, lens, new, batch)
-        assert sim_by_tree(res, tiers) == by_tree and res.accepted == accepted
-        assert by_tree.get("8,0,8", 0) > 0, by_tree

@@ -43,7 +43,7 @@ def test_generate_adaptive_equals_ar(capsys, tiny_target_dir, tmp_path):
     (["--speculation-tiers", "8,1,8"], "tier 8,1,8 is larger than this engine's tree 4,1,4 (--num-steps 4 --topk 1 "
                                        "--num-draft-tokens 4), the maximum"),
     (["--speculation-tiers", "2,2,3"], "tier 2,2,3: this drafter drafts chains only, so topk must be 1"),
-    (["--speculation-tiers", "2;1"], "tier 2 must be three integers, steps and draft tokens >= 1"),
+    (["--speculation-tiers", "2;1"], "tier 2 must be three integers >= 1"),
     (["--speculation-policy", "fixed", "--speculation-tiers", "1,1,1"],
      "--speculation-tiers applies to --speculation-policy adaptive"),
     (["--speculation-settings", "switch_margin"], "'switch_margin' is not NAME=VALUE; expected NAME=VALUE"),
