@@ -209,6 +209,50 @@ def train_records(path) -> list[dict]:
     return [r for r in read_jsonl(path) if "loss" in r]
 
 
+def final_state(run) -> dict:
+    """The trained head's tensors of a run folder (run/final/model.safetensors)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(run) / "final" / "model.safetensors"))
+
+
+def kill_and_resume(tmp_path, target_dir, data_dir, capsys, *overrides: str) -> tuple[dict, dict, Path]:
+    """Train 4 steps (checkpoints at 2 and 4), remove what a kill after step 2's checkpoint would not
+    have written (the later checkpoint, the export), and run the same command again: it says it resumed
+    at step 2, appends the records of steps 3 and 4, and ends with the weights and those steps' losses
+    of a run that never stopped (checked here). Returns (resumed tensors, uninterrupted tensors, run)."""
+    from specheads.training.trainer import train
+
+    args = (*overrides, "train.max_steps=4", "train.save_every=2", "train.batch_size=3")
+    run = tmp_path / "run"
+    train(train_config(target_dir, data_dir, run, *args))
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_2", "step_4"]
+    assert (ckpts / "step_2" / "done").read_text() == "2"
+    n_before = len(read_jsonl(run / "metrics.jsonl"))
+    import shutil
+
+    shutil.rmtree(ckpts / "step_4")
+    shutil.rmtree(run / "final")
+    capsys.readouterr()
+    train(train_config(target_dir, data_dir, run, *args))
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "at step 2" in out
+    appended = read_jsonl(run / "metrics.jsonl")[n_before:]
+    assert [r["step"] for r in appended if "loss" in r] == [3, 4]
+    straight = tmp_path / "straight"
+    train(train_config(target_dir, data_dir, straight, *overrides, "train.max_steps=4", "train.batch_size=3"))
+    resumed, reference = final_state(run), final_state(straight)
+    assert set(resumed) == set(reference)
+    for k in reference:
+        torch.testing.assert_close(resumed[k], reference[k], atol=1e-5, rtol=0, msg=k)
+    ref_rows = {r["step"]: r["loss"] for r in train_records(straight / "metrics.jsonl")}
+    for r in appended:
+        if "loss" in r:
+            assert r["loss"] == pytest.approx(ref_rows[r["step"]], abs=1e-4)
+    return resumed, reference, run
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

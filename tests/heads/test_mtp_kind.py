@@ -20,8 +20,8 @@ from specheads.heads.format import HeadFormatError, load_head, save_head, valida
 from specheads.heads.mtp import ARCHITECTURE, MTPConfig, MTPHead, weight_shapes
 from specheads.heads.registry import head_kind, kind_of
 from specheads.training.trainer import TrainingError, evaluate_head, train
-from tests.helpers import (BASE_OVERRIDES, DRAFT_VOCAB, TINY_HIDDEN, TINY_LAYERS, read_jsonl, train_config,
-                           train_records)
+from tests.helpers import (BASE_OVERRIDES, DRAFT_VOCAB, TINY_HIDDEN, TINY_LAYERS, kill_and_resume, read_jsonl,
+                           train_config, train_records)
 from tests.helpers import one_torch_thread  # noqa: F401  (autouse: tiny matmuls run fastest on one thread)
 
 MODULES = 2
@@ -264,36 +264,10 @@ def test_publish_dry_run_writes_a_card_naming_mtp(run, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ 4. resume after a kill
-def _final_state(folder):
-    return load_file(str(folder / "final" / "model.safetensors"))
-
-
 def test_resume_after_kill_matches_uninterrupted_run(tmp_path, tiny_target_dir, prepared_dir, capsys):
+    resumed, reference, run = kill_and_resume(tmp_path, tiny_target_dir, prepared_dir, capsys, *MTP)
+    assert set(resumed) == set(weight_shapes(load_head(tmp_path / "straight" / "final").config))
     args = (*MTP, "train.max_steps=4", "train.save_every=2", "train.batch_size=3")
-    run = tmp_path / "run"
-    train(train_config(tiny_target_dir, prepared_dir, run, *args))
-    ckpts = run / "checkpoints"
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step_2", "step_4"]
-    n_before = len(read_jsonl(run / "metrics.jsonl"))
-    # a kill after step 2's checkpoint: the later checkpoint and the export never happened
-    shutil.rmtree(ckpts / "step_4")
-    shutil.rmtree(run / "final")
-    capsys.readouterr()
-    train(train_config(tiny_target_dir, prepared_dir, run, *args))
-    out = capsys.readouterr().out
-    assert "resumed from" in out and "at step 2" in out
-    appended = read_jsonl(run / "metrics.jsonl")[n_before:]
-    assert [r["step"] for r in appended if "loss" in r] == [3, 4]
-    straight = tmp_path / "straight"
-    train(train_config(tiny_target_dir, prepared_dir, straight, *MTP, "train.max_steps=4", "train.batch_size=3"))
-    resumed, reference = _final_state(run), _final_state(straight)
-    assert set(resumed) == set(reference) == set(weight_shapes(load_head(straight / "final").config))
-    for k in reference:
-        torch.testing.assert_close(resumed[k], reference[k], atol=1e-5, rtol=0, msg=k)
-    ref_rows = {r["step"]: r["loss"] for r in train_records(straight / "metrics.jsonl")}
-    for r in appended:
-        if "loss" in r:
-            assert r["loss"] == pytest.approx(ref_rows[r["step"]], abs=1e-4)
     # a checkpoint of 2 modules does not half-load into a head of 3
     with pytest.raises(TrainingError, match=r"another head/target.*num_modules: checkpoint 2 vs now 3"):
         train(train_config(tiny_target_dir, prepared_dir, run, *args, "head.num_modules=3", "train.ttt_steps=3",

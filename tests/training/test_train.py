@@ -12,6 +12,8 @@ import torch
 from specheads.training.trainer import TrainingError, train
 from tests.helpers import (
     DRAFT_VOCAB,
+    final_state,
+    kill_and_resume,
     build_tokenizer,
     read_jsonl,
     save_random_target,
@@ -38,41 +40,8 @@ def test_loss_falls_when_overfitting(tmp_path, tiny_target_dir, small_prepared_d
     assert (tmp_path / "train_summary.json").is_file()
 
 
-def _final_state(folder):
-    from safetensors.torch import load_file
-
-    return load_file(str(folder / "final" / "model.safetensors"))
-
-
 def test_resume_after_kill_matches_uninterrupted_run(tmp_path, tiny_target_dir, prepared_dir, capsys):
-    args = ("train.max_steps=4", "train.save_every=2", "train.batch_size=3")
-    run = tmp_path / "run"
-    train(train_config(tiny_target_dir, prepared_dir, run, *args))
-    ckpts = run / "checkpoints"
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step_2", "step_4"]
-    assert (ckpts / "step_2" / "done").read_text() == "2"
-    n_before = len(read_jsonl(run / "metrics.jsonl"))
-    # a kill after step 2's checkpoint: the later checkpoint and the export never happened
-    shutil.rmtree(ckpts / "step_4")
-    shutil.rmtree(run / "final")
-    capsys.readouterr()
-    train(train_config(tiny_target_dir, prepared_dir, run, *args))
-    out = capsys.readouterr().out
-    assert "resumed from" in out and "at step 2" in out
-    appended = read_jsonl(run / "metrics.jsonl")[n_before:]
-    assert [r["step"] for r in appended if "loss" in r] == [3, 4]
-    # the same weights as a run that never stopped
-    straight = tmp_path / "straight"
-    train(train_config(tiny_target_dir, prepared_dir, straight, "train.max_steps=4", "train.batch_size=3"))
-    resumed, reference = _final_state(run), _final_state(straight)
-    assert set(resumed) == set(reference)
-    for k in reference:
-        torch.testing.assert_close(resumed[k], reference[k], atol=1e-5, rtol=0, msg=k)
-    # and the step-3/4 records equal those of the straight run
-    ref_rows = {r["step"]: r["loss"] for r in train_records(straight / "metrics.jsonl")}
-    for r in appended:
-        if "loss" in r:
-            assert r["loss"] == pytest.approx(ref_rows[r["step"]], abs=1e-4)
+    kill_and_resume(tmp_path, tiny_target_dir, prepared_dir, capsys)
 
 
 def test_sigterm_saves_a_checkpoint_and_the_same_command_resumes(tmp_path, tiny_target_dir, prepared_dir,
@@ -108,7 +77,7 @@ def test_sigterm_saves_a_checkpoint_and_the_same_command_resumes(tmp_path, tiny_
     straight_summary = train(train_config(tiny_target_dir, prepared_dir, straight, *args))
     # the summary counts the tokens of both calls (steps 1-2 before the signal, 3-4 after)
     assert resumed_summary["tokens"] == straight_summary["tokens"] > 0
-    resumed, reference = _final_state(run), _final_state(straight)
+    resumed, reference = final_state(run), final_state(straight)
     for k in reference:
         torch.testing.assert_close(resumed[k], reference[k], atol=1e-5, rtol=0, msg=k)
 
@@ -340,7 +309,7 @@ def test_init_from_a_saved_head_continues_it(tmp_path, tiny_target_dir, small_pr
                        "train.ttt_steps=2", f"train.init_from={first / 'final'}"))
     assert "starting from head" in capsys.readouterr().out
     # a learning rate of 1e-9 leaves the weights where they started
-    a, b = _final_state(first), _final_state(second)
+    a, b = final_state(first), final_state(second)
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
@@ -475,7 +444,7 @@ def test_a_two_layer_eagle3_head_trains_and_saves_both_layers(tmp_path, tiny_tar
     assert rows[-1]["loss"] < rows[0]["loss"]
     meta = json.loads((tmp_path / "final" / "specheads.json").read_text())
     assert meta["config"]["num_layers"] == 2
-    assert any(k.startswith("layers.1.") for k in _final_state(tmp_path))
+    assert any(k.startswith("layers.1.") for k in final_state(tmp_path))
     # fine-tuning it keeps its shape; asking for another one is refused
     with pytest.raises(TrainingError, match=r"head.num_layers=1, the head has 2"):
         train(train_config(tiny_target_dir, small_prepared_dir, tmp_path / "again", "train.max_steps=1",
