@@ -110,6 +110,15 @@ class _DrafterBase(Drafter):
     needs = Needs(history=True)
 
 
+def ar_tokens(target, prompts: list[list[int]], new_tokens: int, max_len: int = 64) -> list[list[int]]:
+    """Each prompt's greedy tokens from plain decoding (`ar`): what every drafting method must emit."""
+    from specheads.runtime.engine import SpecEngine
+    from specheads.runtime.sampling import SamplingParams
+
+    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=max_len).generate(
+        prompts, SamplingParams(max_new_tokens=new_tokens))]
+
+
 def run_joining(engine, prompts: list[list[int]], budgets: list[int]) -> list[list[int]]:
     """Greedy requests added while rows are free and stepped until all finish (rows leave at
     different steps and the last row moves into the freed one); each request's tokens, in order."""

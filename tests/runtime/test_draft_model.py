@@ -17,7 +17,7 @@ from specheads.drafters.draft_model import DraftLM, check_same_tokenizer, is_lan
 from specheads.runtime.engine import EngineError, SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
-from tests.runtime.spec_helpers import make_target, random_prompts, run_joining
+from tests.runtime.spec_helpers import ar_tokens, make_target, random_prompts, run_joining
 
 VOCAB = 64
 PROMPTS = random_prompts(6, VOCAB, [3, 7, 1, 12, 5, 9], seed=11)
@@ -38,8 +38,7 @@ def small():
 
 @pytest.fixture(scope="module")
 def reference(target):
-    params = SamplingParams(max_new_tokens=NEW)
-    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(PROMPTS, params)]
+    return ar_tokens(target, PROMPTS, NEW)
 
 
 @pytest.mark.parametrize("shape", list(TREES))

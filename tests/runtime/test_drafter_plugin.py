@@ -14,7 +14,7 @@ from specheads.drafters import (Abilities, DraftContext, Drafter, DraftSetup, Ne
 from specheads.runtime.engine import EngineError, Request, SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from specheads.runtime.tree import Tree
-from tests.runtime.spec_helpers import make_target, random_prompts
+from tests.runtime.spec_helpers import ar_tokens, make_target, random_prompts
 
 VOCAB = 64
 PROMPTS = random_prompts(7, VOCAB, [3, 9, 1, 12, 5, 7, 2], seed=4)
@@ -87,8 +87,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def reference(target):
-    params = SamplingParams(max_new_tokens=24)
-    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(PROMPTS, params)]
+    return ar_tokens(target, PROMPTS, 24)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import torch
 
 from specheads.runtime.engine import SpecEngine
 from specheads.runtime.sampling import SamplingParams
-from tests.runtime.spec_helpers import make_target, random_prompts, train_head
+from tests.runtime.spec_helpers import ar_tokens, make_target, random_prompts, train_head
 
 VOCAB = 64
 TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
@@ -32,8 +32,7 @@ def head(target):
 
 @pytest.fixture(scope="module")
 def reference(target):
-    params = SamplingParams(max_new_tokens=NEW)
-    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(PROMPTS, params)]
+    return ar_tokens(target, PROMPTS, NEW)
 
 
 def test_the_head_has_two_layers_each_with_its_own_cache(target, head):

@@ -11,7 +11,7 @@ from specheads.heads.registry import head_kind
 from specheads.runtime.engine import EngineError, SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
-from tests.runtime.spec_helpers import make_target, random_head, random_prompts, run_joining, train_head
+from tests.runtime.spec_helpers import ar_tokens, make_target, random_head, random_prompts, run_joining, train_head
 
 VOCAB = 64
 TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
@@ -36,8 +36,7 @@ def head(target, request):
 
 @pytest.fixture(scope="module")
 def reference(target):
-    params = SamplingParams(max_new_tokens=NEW)
-    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(PROMPTS, params)]
+    return ar_tokens(target, PROMPTS, NEW)
 
 
 @pytest.mark.parametrize("shape", list(TREES))

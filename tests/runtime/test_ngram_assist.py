@@ -15,7 +15,7 @@ from specheads.drafters.assist import NgramAssist, split_method
 from specheads.runtime.engine import EngineError, Request, SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
-from tests.runtime.spec_helpers import make_target, random_prompts, train_head
+from tests.runtime.spec_helpers import ar_tokens, make_target, random_prompts, train_head
 
 VOCAB = 64
 NEW = 60
@@ -38,8 +38,7 @@ def head(target, request):
 
 @pytest.fixture(scope="module")
 def reference(target):
-    params = SamplingParams(max_new_tokens=NEW)
-    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=128).generate(PROMPTS, params)]
+    return ar_tokens(target, PROMPTS, NEW, max_len=128)
 
 
 def _run(engine, prompts, new=NEW):

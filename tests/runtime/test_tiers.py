@@ -18,7 +18,7 @@ from specheads.runtime.engine import EngineError, Request, SpecEngine
 from specheads.runtime.policy import SpeculationProfile, TreeShape, default_tiers
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
-from tests.runtime.spec_helpers import make_target, random_head, random_prompts, train_head
+from tests.runtime.spec_helpers import ar_tokens, make_target, random_head, random_prompts, train_head
 
 VOCAB = 64
 TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
@@ -70,8 +70,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def reference(target):
-    params = SamplingParams(max_new_tokens=NEW)
-    return [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(PROMPTS, params)]
+    return ar_tokens(target, PROMPTS, NEW)
 
 
 HEADS = {"eagle3": {}, "eagle": {}, "mtp": dict(num_modules=4), "medusa": dict(num_heads=4, steps=100)}
