@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import socket
 from pathlib import Path
 
@@ -216,11 +217,11 @@ def final_state(run) -> dict:
     return load_file(str(Path(run) / "final" / "model.safetensors"))
 
 
-def kill_and_resume(tmp_path, target_dir, data_dir, capsys, *overrides: str) -> tuple[dict, dict, Path]:
+def kill_and_resume(tmp_path, target_dir, data_dir, capsys, *overrides: str) -> tuple[dict, Path, Path]:
     """Train 4 steps (checkpoints at 2 and 4), remove what a kill after step 2's checkpoint would not
     have written (the later checkpoint, the export), and run the same command again: it says it resumed
     at step 2, appends the records of steps 3 and 4, and ends with the weights and those steps' losses
-    of a run that never stopped (checked here). Returns (resumed tensors, uninterrupted tensors, run)."""
+    of a run that never stopped (checked here). Returns (resumed tensors, the run, the uninterrupted run)."""
     from specheads.training.trainer import train
 
     args = (*overrides, "train.max_steps=4", "train.save_every=2", "train.batch_size=3")
@@ -230,8 +231,6 @@ def kill_and_resume(tmp_path, target_dir, data_dir, capsys, *overrides: str) -> 
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_2", "step_4"]
     assert (ckpts / "step_2" / "done").read_text() == "2"
     n_before = len(read_jsonl(run / "metrics.jsonl"))
-    import shutil
-
     shutil.rmtree(ckpts / "step_4")
     shutil.rmtree(run / "final")
     capsys.readouterr()
@@ -250,7 +249,7 @@ def kill_and_resume(tmp_path, target_dir, data_dir, capsys, *overrides: str) -> 
     for r in appended:
         if "loss" in r:
             assert r["loss"] == pytest.approx(ref_rows[r["step"]], abs=1e-4)
-    return resumed, reference, run
+    return resumed, run, straight
 
 
 def free_port() -> int:

@@ -265,8 +265,8 @@ def test_publish_dry_run_writes_a_card_naming_mtp(run, tmp_path, capsys):
 
 # ------------------------------------------------------------------ 4. resume after a kill
 def test_resume_after_kill_matches_uninterrupted_run(tmp_path, tiny_target_dir, prepared_dir, capsys):
-    resumed, reference, run = kill_and_resume(tmp_path, tiny_target_dir, prepared_dir, capsys, *MTP)
-    assert set(resumed) == set(weight_shapes(load_head(tmp_path / "straight" / "final").config))
+    resumed, run, straight = kill_and_resume(tmp_path, tiny_target_dir, prepared_dir, capsys, *MTP)
+    assert set(resumed) == set(weight_shapes(load_head(straight / "final").config))
     args = (*MTP, "train.max_steps=4", "train.save_every=2", "train.batch_size=3")
     # a checkpoint of 2 modules does not half-load into a head of 3
     with pytest.raises(TrainingError, match=r"another head/target.*num_modules: checkpoint 2 vs now 3"):

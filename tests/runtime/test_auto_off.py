@@ -7,7 +7,7 @@ import pytest
 
 from specheads.runtime.engine import Request, SpecControl, SpecEngine
 from specheads.runtime.sampling import InvalidRequest, SamplingParams
-from tests.runtime.spec_helpers import make_target, random_head, random_prompts
+from tests.runtime.spec_helpers import ar_tokens, make_target, random_head, random_prompts
 
 VOCAB = 64
 PROMPTS = random_prompts(4, VOCAB, [5, 9, 3, 7], seed=2)
@@ -33,7 +33,7 @@ def _run(engine, requests):
 def test_a_request_below_its_threshold_stops_drafting_and_probes_again(target):
     head = random_head(target, seed=1)  # random weights: drafts are almost never accepted
     params = SamplingParams(max_new_tokens=40)
-    ref = [r.token_ids for r in SpecEngine(target, method="ar", max_len=64).generate(PROMPTS, params)]
+    ref = ar_tokens(target, PROMPTS, params.max_new_tokens)
     engine = SpecEngine(target, head, num_steps=3, topk=2, num_draft_tokens=6, max_len=64, max_batch=4)
     auto = SpecControl(enabled="auto", min_acceptance=0.5, window=3, probe_every=5)
     requests = [Request(PROMPTS[0], params, spec=auto), Request(PROMPTS[1], params),

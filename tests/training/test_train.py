@@ -12,9 +12,9 @@ import torch
 from specheads.training.trainer import TrainingError, train
 from tests.helpers import (
     DRAFT_VOCAB,
+    build_tokenizer,
     final_state,
     kill_and_resume,
-    build_tokenizer,
     read_jsonl,
     save_random_target,
     tiny_llama_config,
