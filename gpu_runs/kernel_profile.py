@@ -3,7 +3,8 @@ sizes, for whichever checkout is first on PYTHONPATH (so an older commit's archi
 it uses only the engine's public API, SpecEngine / Request / add / step).
 
     python3 gpu_runs/kernel_profile.py HEAD --out DIR [--label L] [--batch-sizes 1 8 32]
-        [--methods ar eagle3-tree] [--set FIELD=VALUE ...]      (TARGET in the environment)
+        [--methods ar eagle3-tree eagle3+ngram@6,4,15:ngram_gate=1] [--set FIELD=VALUE ...]
+        (TARGET in the environment; a method: ar, eagle3-tree (6,4,15) or METHOD@S,K,N[:drafter options])
 
 For each method and batch size: the rows fill with held-out prompts (.dev/prompts/sharegpt.json;
 --min-context N joins their texts until each has N tokens), run 12 steps (graphs captured, buckets warm), then 12 steps timed on the host (ms a step, tokens
@@ -71,6 +72,19 @@ def gaps(prof, n_steps: int) -> dict:
     top = sorted(by_pair.items(), key=lambda kv: -kv[1][0])[:12]
     return {"idle_us": total / n_steps, "kernels": len(ks) / n_steps,
             "long_gaps_us": sum(big) / n_steps, "pairs": [[k, round(v[0], 2), v[1] // n_steps] for k, v in top]}
+
+
+def engine_spec(method: str) -> tuple[str, tuple[int, int, int], dict]:
+    """'eagle3-tree' (6,4,15) or 'METHOD@S,K,N[:name=value,...]' (e.g. 'eagle3+ngram@6,4,15:ngram_gate=1')
+    -> (method, tree, drafter options)."""
+    from specheads.drafters import parse_options
+
+    if method == "eagle3-tree":
+        return "eagle3", (6, 4, 15), {}
+    base, _, opts = method.partition(":")
+    name, _, shape = base.partition("@")
+    tree = tuple(int(x) for x in shape.split(",")) if shape else (6, 4, 15)
+    return name, tree, parse_options(opts)
 
 
 def host_time(steps) -> dict:
@@ -163,7 +177,9 @@ def main():
             if method == "ar":
                 engine = SpecEngine(target, method="ar", max_batch=b)
             else:
-                engine = SpecEngine(target, head, "eagle3", num_steps=6, topk=4, num_draft_tokens=15, max_batch=b)
+                name, shape, options = engine_spec(method)
+                engine = SpecEngine(target, head, name, num_steps=shape[0], topk=shape[1], num_draft_tokens=shape[2],
+                                    max_batch=b, drafter_options=options)
             params = SamplingParams(max_new_tokens=args.new_tokens)
             engine.generate(prompts[:b], params)  # every bucket the timed steps reach captured first
             for i in range(b):

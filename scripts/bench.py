@@ -337,6 +337,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/result")
     args = ap.parse_args()
 
+    from specheads.drafters import parse_options
     from specheads.drafters.draft_model import load_draft
     from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
@@ -361,18 +362,21 @@ def main() -> None:
 
     default_policy = args.speculation_policy or "fixed"
 
-    def policy_of(method: str) -> str | None:
-        name, _, policy = method.partition(":")
-        return None if name in ("ar", "ar-sync") else policy or default_policy
+    def split_spec(method: str) -> tuple[str, str | None, dict]:
+        """METHOD[:POLICY][:name=value,...] -> (METHOD, its policy or None for ar, its drafter's options)."""
+        name, *rest = method.split(":")
+        opts = [r for r in rest if "=" in r]
+        policy = next((r for r in rest if "=" not in r), "") or default_policy
+        return name, None if name in ("ar", "ar-sync") else policy, parse_options(",".join(opts))
 
     def engine_for(method: str, b: int):
         """ar, ar-sync (the host reads each step before launching the next), ngram, or
-        KIND-chain / KIND-tree[@S,K,N] with the draft given; :fixed or :adaptive its policy."""
-        policy = policy_of(method)
-        method = method.partition(":")[0]
+        KIND-chain / KIND-tree[@S,K,N] with the draft given; :fixed or :adaptive its policy, then
+        :name=value,... its drafter's options (e.g. eagle3+ngram-tree@6,4,15:fixed:ngram_gate=1)."""
+        method, policy, drafter_options = split_spec(method)
         if method in ("ar", "ar-sync"):
             return SpecEngine(target, method="ar", max_len=args.max_len, max_batch=b, overlap=method == "ar")
-        options = dict(speculation_policy=policy)
+        options = dict(speculation_policy=policy, drafter_options=drafter_options)
         if policy == "adaptive":
             options["speculation_tiers"] = args.speculation_tiers
             options["speculation_settings"] = args.speculation_settings

@@ -99,13 +99,28 @@ def method_needs_head(method: str | None) -> bool:
     return method != PLAIN and method in _head_kinds()
 
 
+def parse_options(text: str) -> dict:
+    """'ngram_gate=1,lm_head_int8=false' -> {'ngram_gate': 1, 'lm_head_int8': False}: a method's drafter
+    options written after its name (integers, true/false, or text)."""
+    out = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise DrafterError(f"drafter option {item!r}: expected name=value, e.g. ngram_gate=1")
+        value = value.strip()
+        low = value.lower()
+        out[key.strip()] = (int(value) if value.lstrip("-").isdigit() else
+                            low == "true" if low in ("true", "false") else value)
+    return out
+
+
 def _assist():
     return importlib.import_module("specheads.drafters.assist")
 
 
 def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
     """The drafter of a method (None for plain decoding). KIND+ngram: KIND's drafter with the
-    n-gram lookup beside it (drafters/assist.py; options ngram_max, ngram_min)."""
+    n-gram lookup beside it (drafters/assist.py; options ngram_max, ngram_min, ngram_gate)."""
     assist = _assist()
     base, assisted = assist.split_method(method)
     if assisted:
@@ -117,7 +132,7 @@ def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
                                                             if k not in assist.OPTIONS}))
         try:
             return assist.NgramAssist(inner, options.get("ngram_max", assist.MAX_NGRAM),
-                                      options.get("ngram_min", assist.MIN_NGRAM))
+                                      options.get("ngram_min", assist.MIN_NGRAM), gate=options.get("ngram_gate", 0))
         except (ValueError, NotImplementedError) as e:
             raise DrafterError(f"method {method}: {e}") from None
     if method == PLAIN:

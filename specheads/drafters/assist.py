@@ -12,6 +12,15 @@ The head's drafter drafts every step (its tree is dropped in the rows that take 
 commits every accepted path, so its state follows the text whichever draft won; a path may then be
 as deep as the chain (`Drafter.accept_depth`). The output is the target's whatever is drafted.
 
+The gate (option `ngram_gate` N, 0 = off; not yet timed on a card, so off by default): where a row
+takes the chain, the head's tree of that step is drafted for nothing; about 29% of the assisted steps
+take it at batch 1 (SmolLM2-135M, the validation prompts' replay, chat and coding alike), and on an
+H200 the head's six depths are about a fifth of such a step. With the gate, each drafting step also
+writes whether each row's lookup matches at its new root; a full-tree step planned behind it, in a
+batch of at most N rows, waits for it, and where every row matches runs `lookup_only()`: the same
+chain, verify and commit, with the head only taking in the path. The wait gives up the run-ahead of
+the steps it checks.
+
 Chosen on the evaluation suite's validation prompts (SmolLM2-135M-Instruct and its EAGLE-3 head,
 the tree 6,4,15, replayed from teacher-forced traces; gpu_runs/README.md): a suffix match of 3
 tokens or more (max_ngram 4) served 4.33 tokens a step against the tree's 3.53 over 8 prompts of every
@@ -25,12 +34,12 @@ import torch
 from specheads.drafters.base import Abilities, DraftContext, Drafter, PrefillBatch, StepResult
 from specheads.drafters.ngram import DeviceNgramDrafter
 from specheads.runtime.policy import TreeShape
-from specheads.runtime.tree import Tree
+from specheads.runtime.tree import Tree, chain_tree
 
 SUFFIX = "+ngram"  # method KIND+ngram: KIND's drafter with the lookup beside it
 MAX_NGRAM = 4
 MIN_NGRAM = 3
-OPTIONS = ("ngram_max", "ngram_min")  # drafter options the assist takes (the rest go to the head's drafter)
+OPTIONS = ("ngram_max", "ngram_min", "ngram_gate")  # drafter options the assist takes (the rest go to the head's drafter)
 
 
 def split_method(method: str | None) -> tuple[str | None, bool]:
@@ -46,12 +55,17 @@ class NgramAssist(Drafter):
     tree and the chain (num_draft tokens)."""
 
     def __init__(self, inner: Drafter, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
-                 chain: int | None = None, _shared: DeviceNgramDrafter | None = None):
+                 chain: int | None = None, _shared: DeviceNgramDrafter | None = None, gate: int = 0):
         if not inner.abilities.on_device:
             raise ValueError(f"the n-gram assist needs a drafter that drafts on the device; {type(inner).__name__} "
                              "drafts on the host")
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"ngram_min must be in [1, ngram_max={max_ngram}], got {min_ngram}")
+        if not isinstance(gate, int) or isinstance(gate, bool) or gate < 0:
+            raise ValueError(f"ngram_gate must be a batch size >= 0 (0: off), got {gate!r}")
+        # the engine's gate (module doc, "The gate"): up to this many rows, a full-tree step whose rows
+        # all match runs `lookup_only()` instead (0: never)
+        self.gate = gate
         self.inner = inner
         self.chain = inner.num_draft if chain is None else chain
         self.num_draft = inner.num_draft
@@ -113,6 +127,20 @@ class NgramAssist(Drafter):
         tier._allocate_chain(self.cols.device)
         return tier
 
+    def lookup_only(self) -> "LookupChain":
+        """The full tree's step without the head's tree, for a step whose rows all take the chain."""
+        twin = LookupChain(self.inner, self.max_ngram, self.min_ngram, self.chain, self.lookup)
+        twin.num_draft = self.num_draft
+        twin._allocate_chain(self.cols.device)
+        return twin
+
+    def next_found(self, ctx: DraftContext) -> torch.Tensor:
+        """[b] bool, after a step's commit: whether each row's lookup matches at its new root (the next
+        step's `found`). It reads the rows' whole buffer, where the next step reads its context
+        bucket: the match positions lie before the root either way, so the answer is the same."""
+        wide = DraftContext(ctx.rows, self.lookup.tokens.shape[1] - 1, ctx.roots)
+        return self.lookup.lookup(wide, self.cols[:1], self.min_ngram)[1]
+
     # ................................................................ the step
     def prefill(self, batch: PrefillBatch) -> None:
         self.inner.prefill(batch)
@@ -141,6 +169,23 @@ class NgramAssist(Drafter):
         valid = torch.where(take, self.chain_open, head.valid)
         rank = torch.where(take, self.chain_rank, head.ranks())
         return Tree(tokens, parents, depth, valid, max(tree.max_depth, self.chain), rank)
+
+
+class LookupChain(NgramAssist):
+    """The full tree's step where every row's suffix matched (`NgramAssist.lookup_only`): each row
+    verifies the lookup's chain, as the full step would, and the head only takes in the last step's
+    path (`keep_up`, as in a plain step) without drafting a tree that would be dropped. Its drafts,
+    verify and commit are the full step's; its cost is the chain's verify and one head forward.
+    A row without a match (none, where the engine gates right) verifies its root alone."""
+
+    def __init__(self, inner: Drafter, max_ngram: int, min_ngram: int, chain: int, shared: DeviceNgramDrafter):
+        super().__init__(inner, max_ngram, min_ngram, chain, shared)
+
+    def propose(self, ctx: DraftContext) -> Tree:
+        self.inner.keep_up(ctx)
+        drafts, found = self.lookup.lookup(ctx, self.cols, self.min_ngram)
+        tree = chain_tree(ctx.roots, drafts, found[:, None].expand_as(drafts))
+        return _padded(tree, self.num_draft + 1)
 
 
 def _padded(tree: Tree, size: int) -> Tree:

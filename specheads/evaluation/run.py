@@ -33,6 +33,7 @@ class Method:
     num_steps: int = 0
     topk: int = 0
     num_draft_tokens: int = 0
+    options: tuple = ()  # (name, value) pairs: the drafter's options (METHOD...:name=value)
 
     def engine(self, target, head, max_len: int, max_batch: int):
         from specheads.runtime.engine import SpecEngine
@@ -45,27 +46,38 @@ class Method:
         if self.num_steps:
             tree.update(num_steps=self.num_steps, topk=self.topk)
         return SpecEngine(target, head if method_needs_head(self.method) else None, self.method, **tree,
-                          max_len=max_len, max_batch=max_batch)
+                          max_len=max_len, max_batch=max_batch, drafter_options=dict(self.options))
 
 
 def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str = "eagle3") -> list[Method]:
     """'KIND' (a head kind: eagle3, mtp, medusa, ... with the tree given; KIND+ngram: with the n-gram
     assist, drafters/assist.py), 'KIND@S,K,N', 'chain' (the
-    head given, top-1, S steps; `head_kind` names its kind), 'ngram', 'ngram@N'; `ar` always comes
-    first (it is the reference)."""
+    head given, top-1, S steps; `head_kind` names its kind), 'ngram', 'ngram@N'; a head kind's method
+    may end in ':name=value,...', its drafter's options (e.g. 'eagle3+ngram@6,4,15:ngram_gate=1');
+    `ar` always comes first (it is the reference)."""
+    from specheads.drafters import DrafterError, parse_options
     from specheads.drafters.assist import split_method
     from specheads.heads.registry import head_kinds
 
     kinds = head_kinds()
     out = [Method("ar")]
     for spec in specs:
-        name, _, arg = spec.partition("@")
+        spec_base, colon, opts = spec.partition(":")
+        name, _, arg = spec_base.partition("@")
+        try:
+            options = tuple(sorted(parse_options(opts).items())) if colon else ()
+        except DrafterError as e:
+            raise SuiteError(f"method {spec!r}: {e}") from None
         try:
             if name == "ar":
                 continue
             if split_method(name)[0] in kinds:
                 s, k, n = (int(x) for x in arg.split(",")) if arg else tree
-                out.append(Method(spec if arg else f"{name}@{s},{k},{n}", name, s, k, n))
+                label = (spec_base if arg else f"{name}@{s},{k},{n}") + (f":{opts}" if colon else "")
+                out.append(Method(label, name, s, k, n, options))
+                continue
+            if colon:
+                raise ValueError
             elif name == "chain":
                 s = int(arg) if arg else tree[0]
                 out.append(Method(f"chain@{s}", head_kind, s, 1, s))
@@ -76,7 +88,7 @@ def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str =
                 raise ValueError
         except ValueError:
             raise SuiteError(f"method {spec!r}: expected ar, ngram[@N], chain[@S] or a head kind ({', '.join(kinds)}) "
-                             f"[+ngram][@S,K,N]") from None
+                             f"[+ngram][@S,K,N][:name=value,...]") from None
     return out
 
 

@@ -183,6 +183,7 @@ class _Launch:
     host_s: float = 0.0  # host time of the launch (a host drafter's proposal included)
     offered: list | None = None  # per row: the draft tokens a host drafter proposed (None: not known)
     ahead: bool = False  # launched while the step before it was in flight
+    gated: bool = False  # the full tree's step run without the head's tree (SpecEngine._gate)
 
 
 # Up to this many prompts joining at one step are prefilled one at a time, each replaying the
@@ -286,6 +287,7 @@ class SpecEngine:
         # the last step launched drafted: a plain step after it keeps up with that step's whole path
         # (a plain step after a plain one or a prefill, with the one entry each row has pending)
         self._drafted = False
+        self._full, self._gated = 0, None  # the full tree's tier index; the gate's graph index (`_allocate`)
         # generate() has admitted its last prompt: no request waits for a row (the policy's `drain`
         # setting ranks tiers for the batch's slow end then; runtime/policy.py); a server's engine
         # never drains
@@ -428,6 +430,8 @@ class SpecEngine:
         else:
             current = self._inflight or self._launch(ahead=0)
             plan = self._plan_ahead(current)
+            if plan is not None and self._gated is not None:
+                plan = self._gate(current, plan)
             self._inflight = self._launch(ahead=1, plan=plan) if plan is not None else None
             outputs += self._finish(current)
             if not self.rows and not self.waiting:  # every row left: the step behind holds none, read it
@@ -470,6 +474,24 @@ class SpecEngine:
         plan = self._plan(ahead=1, inflight=depth)
         # a host drafter proposes from the tokens of the step in flight: only a plain step runs ahead
         return None if self._host_drafts and plan[3] != 0 else plan
+
+    def _gate(self, current: _Launch, plan: tuple) -> tuple:
+        """The n-gram assist's gate (drafters/assist.py, option ngram_gate): a full-tree step planned
+        behind a drafting step, in a batch of at most `gate` rows, waits for that step and reads each
+        row's lookup at its new root (written by the step); where every row matches, every row would
+        take the lookup's chain, so the step runs without the head's tree (`LookupChain`): the same
+        drafts, verify and commit at the cost of the chain's verify. The wait gives up the run-ahead
+        of the steps it checks."""
+        b, kv, sampled, tier, logprobs = plan
+        rows = self.rows
+        if (tier != self._full or not current.tier or len(rows) > self.drafter.gate or len(current.rows) != len(rows)
+                or any(a is not r or not r.speculate for a, r in zip(current.rows, rows)) or not all(current.drafting)):
+            return plan
+        if current.event is not None:
+            current.event.synchronize()
+        if bool((current.host[:len(current.rows), -1] == 1).all()):
+            return b, kv, sampled, self._gated, logprobs
+        return plan
 
     @property
     def _keeps_up(self) -> bool:
@@ -553,7 +575,8 @@ class SpecEngine:
         """Queue one step for the active rows; `ahead` steps are in flight before it (`plan`:
         its plan, where the caller made it already: the policy chooses once a step)."""
         n = len(self.rows)
-        b, kv, sampled, tier, logprobs = plan or self._plan(ahead)
+        b, kv, sampled, run, logprobs = plan or self._plan(ahead)
+        tier = self._full if run == self._gated else run  # (a gated step is the full tree's, to the policy)
         proposal, self._proposal = self._proposal, None  # made with this plan, or None
         t0 = time.perf_counter()  # the host's share of the step (a bucket's first plan may time its graphs)
         if any(r.speculate for r in self.rows):
@@ -563,7 +586,7 @@ class SpecEngine:
             tree = self._host_tree(n, b, tier, proposal[0] if proposal else None)
             offered = tree.offered
             t0 -= proposal[1] if proposal else 0.0
-        out = self._run(b, kv, sampled, tier, logprobs)
+        out = self._run(b, kv, sampled, run, logprobs)
         self._drafted = tier > 0
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
@@ -582,7 +605,7 @@ class SpecEngine:
             event = torch.cuda.Event()
             event.record()
         return _Launch(list(self.rows), host, event, host_lp, tier, [r.speculate for r in self.rows], b,
-                       time.perf_counter() - t0, offered, bool(ahead))
+                       time.perf_counter() - t0, offered, bool(ahead), run == self._gated)
 
     def _finish(self, launch: _Launch) -> list[StepOutput]:
         """Read a launched step's result (the one host sync of a step) and emit its tokens."""
@@ -592,7 +615,7 @@ class SpecEngine:
         if launch.event is not None and self.policy is not None:
             # the time since the step before was read, where both ran ahead with the same tier and
             # bucket: the pace the card or the host (whichever is slower) keeps (AdaptivePolicy.paced)
-            key = (launch.tier, launch.batch) if launch.ahead else None
+            key = (launch.tier, launch.batch) if launch.ahead and not launch.gated else None
             if key is not None and key == self._read_key:
                 self.policy.paced(launch.tier, launch.batch, 1000.0 * (t0 - self._read_at))
             self._read_at, self._read_key = t0, key
@@ -768,6 +791,12 @@ class SpecEngine:
         # per tier (index 0: none) the drafter of its tree; the last tier, the full tree, is the drafter itself
         tiers = self.policy.tiers if self.policy is not None else []
         self._drafters = [None] + [self.drafter.tier(t) for t in tiers[:-1]] + [self.drafter] * bool(tiers)
+        # the gate (`_gate`): the full tree's step without the head's tree, where every row takes the
+        # lookup's chain; run as a graph of its own, observed as the full tree's step
+        self._full, self._gated = len(tiers), None
+        if tiers and getattr(self.drafter, "gate", 0) and not self._host_drafts:
+            self._drafters.append(self.drafter.lookup_only())
+            self._gated = len(self._drafters) - 1
         if self._host_drafts:  # its trees are copied into these inputs
             # a well-formed tree in every row from the start (the root at depth 0, drafts invalid):
             # rows no request has used yet still step inside a padded batch and in graph capture,
@@ -987,7 +1016,7 @@ class SpecEngine:
         warm-up (a replay writes only cache slots past each row's context); the median of
         MEASURE_REPEATS replays after one to warm up. Saved to the profile path if one was given."""
         graphs = []
-        for tier in range(len(self._drafters)):
+        for tier in range(self._full + 1):  # (not the gate's graph: no tier of the policy's)
             key = (b, kv, False, tier)
             if key not in self.graphs:
                 self.graphs[key] = self._capture(*key)
@@ -1172,6 +1201,8 @@ class SpecEngine:
             self.out[:b, -1] = (found & (tokens == self.root[:b])).long()
         if draft or keep:
             self._drafters[max(tier, 1)].commit(StepResult(b, tree, path, n_acc, y, out.aux_hidden, out.hidden))
+        if draft and self._gated is not None:  # each row's lookup at its new root, for the gate (`_gate`)
+            self.out[:b, -1] = self.drafter.next_found(DraftContext(b, kv, self.root[:b])).long()
         if tree.max_depth:  # a lone root is in place
             commit_kv(self.cache.layers(slice(0, b)), self.base[:b], path, n_acc)
         if logprobs:  # the token emitted at path position j is y at path node j, drawn from its logits

@@ -159,3 +159,91 @@ def test_greedy_output_equals_ar_on_the_triton_kernels(target, reference, monkey
     engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=2, **TREES["tree"])
     out, _ = _run(engine, PROMPTS[-2:], new=16)
     assert out == [r[:16] for r in reference[-2:]]
+
+
+def _gated_steps(engine) -> list[bool]:
+    """Record, for every step the engine launches, whether the gate ran it without the head's tree."""
+    seen, launch = [], engine._launch
+
+    def spy(*args, **kwargs):
+        out = launch(*args, **kwargs)
+        seen.append(out.gated)
+        return out
+
+    engine._launch = spy
+    return seen
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_the_gate_changes_a_steps_cost_not_its_drafts(target, head, reference, max_batch):
+    """With the gate (ngram_gate), a full-tree step whose rows all match skips the head's tree and
+    verifies the lookup's chain, as the full step would have: the same output and the same drafts
+    accepted at every step as without it; at batch 1 it gates where the answer repeats."""
+    kind = head.kind
+    runs = {}
+    for gate in (0, max_batch):
+        engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
+                            drafter_options={"ngram_gate": gate}, **TREES["tree"])
+        gated = _gated_steps(engine)
+        runs[gate] = _run(engine, PROMPTS) + (gated,)
+    (out0, acc0, gated0), (out1, acc1, gated1) = runs[0], runs[max_batch]
+    assert out0 == out1 == reference
+    assert acc1 == acc0
+    assert not any(gated0)
+    if max_batch == 1:
+        assert sum(gated1) >= 5, sum(gated1)
+
+
+def test_the_gate_keeps_sampled_output_and_the_adaptive_policy(target, reference):
+    head = train_head(target, TRAIN)
+    params = SamplingParams(max_new_tokens=30, temperature=0.8, seed=5)
+    ref = [r.token_ids for r in SpecEngine(target, method="ar", max_len=128).generate(PROMPTS[:4], params)]
+    engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=1,
+                        drafter_options={"ngram_gate": 1}, **TREES["tree"])
+    gated = _gated_steps(engine)
+    assert [r.token_ids for r in engine.generate(PROMPTS[:4], params)] == ref
+    assert any(gated)
+    engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=1, speculation_policy="adaptive",
+                        drafter_options={"ngram_gate": 1}, **TREES["tree"])
+    results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
+    assert [r.token_ids for r in results] == reference
+    # (the static costs here pick the smaller tiers most of the time; the gate takes the full tree's steps)
+    # a gated step counts as the full tree's to the policy (it is that step, without the head's tree)
+    assert set().union(*(r.steps_by_tree for r in results)) <= {"none"} | {str(t) for t in engine.policy.tiers}
+
+
+def test_lookup_only_drafts_the_chain_or_the_root_alone():
+    inner = _Fixed()
+    assist = NgramAssist(inner, max_ngram=4, min_ngram=3, gate=1)
+    assist.lookup.allocate(2, 32, "cpu", torch.float32)
+    assist._allocate_chain("cpu")
+    inner.keep_up = lambda ctx, wide=True: setattr(inner, "kept", ctx.rows)
+    rows, roots = [[1, 2, 3, 9, 1, 2], [5, 6, 7, 8]], torch.tensor([3, 6])
+    for i, r in enumerate(rows):
+        assist.lookup.tokens[i, : len(r) + 1] = torch.tensor(r + [int(roots[i])])
+        assist.lookup.length[i] = len(r)
+    ctx = DraftContext(2, 16, roots)
+    assert assist.next_found(ctx).tolist() == [True, False]
+    tree = assist.lookup_only().propose(ctx)
+    assert inner.kept == 2  # the head took in the last path, and drafted nothing
+    assert tree.size == 1 + assist.num_draft and tree.max_depth == 4
+    assert tree.tokens[0].tolist() == [3, 9, 1, 2, 3] and tree.valid[0].all()
+    assert not tree.valid[1, 1:].any()  # no match: the root alone
+    with pytest.raises(ValueError, match="ngram_gate must be a batch size"):
+        NgramAssist(_Fixed(), gate=-1)
+
+
+def test_drafter_options_in_a_method_spec():
+    from specheads.drafters import parse_options
+    from specheads.evaluation.run import parse_methods
+    from specheads.evaluation.suite import SuiteError
+
+    assert parse_options("ngram_gate=1, lm_head_int8=false,x=a") == {"ngram_gate": 1, "lm_head_int8": False, "x": "a"}
+    with pytest.raises(DrafterError, match="expected name=value"):
+        parse_options("ngram_gate")
+    m = parse_methods(["eagle3+ngram@6,4,15:ngram_gate=1"], (6, 4, 15))[1]
+    assert (m.name, m.method, m.options) == ("eagle3+ngram@6,4,15:ngram_gate=1", "eagle3+ngram", (("ngram_gate", 1),))
+    with pytest.raises(SuiteError, match="expected name=value"):
+        parse_methods(["eagle3:gate"], (6, 4, 15))
+    with pytest.raises(SuiteError, match=r":name=value"):
+        parse_methods(["ngram@4:ngram_gate=1"], (6, 4, 15))

@@ -1,0 +1,173 @@
+"""How the n-gram assist should share a step's draft nodes between the lookup's chain and the head's
+tree, replayed from teacher-forced traces (CPU is fine; the served acceptance is what the estimate
+scores, specheads/evaluation/estimate.py).
+
+For every step root of the target's greedy answers in a policy_sim traces file (its prompts and
+answers), this records: whether the lookup found a suffix match of at least `ngram_min` tokens, how
+many of its chain's drafts the answer accepts (at most N), and how many drafts the head's tree
+accepts when only its first n nodes by draft score are kept, for n = 0..N (the nodes of rank <= n
+form a tree). A split L then drafts, in a row whose lookup matched, the chain's first L tokens and
+the head's first N - L nodes in the same N + 1 node step (the union is still a tree of N + 1 nodes
+at most; where the chain's first token is the head's, a node is shared and one is spare), and
+accepts the longer of the two paths. L = N is the assist as it is (the chain replaces the tree).
+Walking each answer as the engine does gives each split's mean acceptance.
+
+    python3 gpu_runs/assist_split.py --traces docs/results/policy-sim-cpu/validation_l8_t256_traces.json.gz \
+        --draft .dev/head --out docs/results/assist-split-cpu/validation_l8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specheads.drafters import DraftContext, PrefillBatch  # noqa: E402
+from specheads.evaluation.estimate import drafter_kv, root_chunks, scoring_drafter, walk  # noqa: E402
+from specheads.files import read_text  # noqa: E402
+from specheads.kernels.verify import accept, ancestors_reference  # noqa: E402
+
+
+def positions(drafter, target, sequence: list[int], start: int, rows: int = 64) -> list[dict]:
+    """Per step root L in [start, len - 1): {"found", "chain", "tree": [accepted with the head's first n
+    nodes, n = 0..N]}."""
+    dev = next(target.parameters()).device
+    seq = torch.tensor(sequence, device=dev)
+    n = len(sequence)
+    head, lookup, big = drafter.inner, drafter.lookup, drafter.num_draft
+    with torch.no_grad():
+        out = target(seq[None], capture_layers=drafter.needs.capture_layers, return_logits=False)
+    result = []
+    for part in root_chunks(list(range(start, n - 1)), rows):
+        chunk = torch.tensor(part, device=dev)
+        k, width = len(chunk), int(chunk.max())
+        ids = seq[None, :width].expand(k, width).contiguous()
+        feats = out.aux_hidden[:, :width].expand(k, -1, -1) if out.aux_hidden is not None else None
+        with torch.no_grad():
+            drafter.prefill(PrefillBatch(0, ids, chunk, seq[chunk], feats, out.hidden[:, :width].expand(k, -1, -1)))
+            ctx = DraftContext(k, drafter_kv(drafter, n), seq[chunk], None)
+            tree = head.propose(ctx)
+            drafts, found = lookup.lookup(ctx, drafter.cols, drafter.min_ngram)
+        # the chain: how many of its drafts spell the answer's next tokens
+        after = chunk[:, None] + 1 + torch.arange(drafts.shape[1], device=dev)
+        want = torch.where(after < n, seq[after.clamp(max=n - 1)], torch.full_like(after, -1))
+        chain = torch.cumprod((drafts == want).long(), 1).sum(1).clamp(max=big)
+        # the head's tree cut to its first m nodes by rank, m = 0..N
+        after = chunk[:, None] + tree.depth + 1
+        y = torch.where(after < n, seq[after.clamp(max=n - 1)], torch.full_like(after, -1)).contiguous()
+        anc = ancestors_reference(tree.parents, tree.max_depth).contiguous()
+        rank = tree.ranks()
+        per_m = []
+        for m in range(big + 1):
+            valid = (tree.valid & (rank <= m)).contiguous()
+            _, length, _, _ = accept(tree.tokens.contiguous(), tree.parents.contiguous(), valid,
+                                     tree.depth.contiguous(), anc, y, tree.max_depth)
+            per_m.append(length - 1)
+        per_m = torch.stack(per_m, 1)
+        for r in range(k):
+            result.append({"found": bool(found[r]), "chain": int(chain[r]) if found[r] else 0,
+                           "tree": per_m[r].tolist()})
+            drafter.clear_row(r)
+    return result
+
+
+def accepted(pos: list[dict], split: int, big: int) -> list[int]:
+    """Drafts accepted a step with the chain's first `split` tokens beside the head's first big - split nodes."""
+    return [max(min(p["chain"], split), p["tree"][big - split]) if p["found"] else p["tree"][big] for p in pos]
+
+
+def mean_length(accepts: list[list[int]], new: list[int]) -> float:
+    """The engine's mean acceptance length over answers walked with these per-root accepted drafts."""
+    s_t = [walk(a, n) for a, n in zip(accepts, new)]
+    return 1 + sum(t for _, t in s_t) / sum(s for s, _ in s_t)
+
+
+def chain_steps(pos: list[dict], n: int, big: int) -> tuple[int, int]:
+    """(steps, steps whose row took the lookup's chain) serving n tokens with the assist as it is."""
+    emitted, steps, chained = 1, 0, 0
+    while emitted < n:
+        p = pos[emitted - 1]
+        steps += 1
+        chained += p["found"]
+        emitted += min(p["chain"] if p["found"] else p["tree"][big], n - emitted - 1) + 1
+    return steps, chained
+
+
+def summarize(rows: list[list[dict]], cats: list[str], new: list[int], big: int) -> dict:
+    """Each split's mean acceptance, the longer of the full chain and the full tree, and the share of
+    the assist's steps that take the chain, over all prompts, the chat ones and the coding ones."""
+    groups = {"all": list(range(len(cats)))}
+    for i, c in enumerate(cats):
+        groups.setdefault("coding" if c == "coding" else "chat", []).append(i)
+    splits = {split: {c: mean_length([accepted(rows[i], split, big) for i in idx], [new[i] for i in idx])
+                      for c, idx in groups.items()} for split in range(big + 1)}
+    oracle = {c: mean_length([[max(p["chain"], p["tree"][big]) for p in rows[i]] for i in idx],
+                             [new[i] for i in idx]) for c, idx in groups.items()}
+    share = {}
+    for c, idx in groups.items():
+        counts = [chain_steps(rows[i], new[i], big) for i in idx]
+        share[c] = sum(k for _, k in counts) / sum(s for s, _ in counts)
+    return {"categories": cats, "prompts": len(cats), "splits": splits, "oracle": oracle,
+            "matched_roots": sum(p["found"] for pos in rows for p in pos) / sum(len(pos) for pos in rows),
+            "chain_step_share": share}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--traces", required=True, help="a policy_sim traces file: its prompts and the target's answers")
+    ap.add_argument("--target", default=None, help="default: the traces file's")
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--tree", default="6,4,15", help="S,K,N: the head's tree (N nodes shared with the chain)")
+    ap.add_argument("--ngram-min", type=int, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--skip", nargs="*", default=[], help="categories to leave out (e.g. coding, traced elsewhere)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    from specheads.evaluation.suite import load_suite
+    from specheads.heads.format import load_head
+    from specheads.target.loader import load_target
+
+    data = json.loads(read_text(args.traces))
+    target, _, _ = load_target(args.target or data["key"]["target"], dtype=torch.float32, device="cpu")
+    head = load_head(args.draft, device="cpu", dtype=torch.float32)
+    steps, topk, big = (int(x) for x in args.tree.split(","))
+    prompts, answers = data["prompts"], data["answers"]
+    drafter = scoring_drafter(target, head, "eagle3+ngram", {"num_steps": steps, "topk": topk, "num_draft_tokens": big},
+                              prompts, answers)
+    if args.ngram_min is not None:
+        drafter.min_ngram = args.ngram_min
+    key = data["key"]
+    cats = [q.category for q in load_suite(key["split"], key["categories"], limit=key["limit"])]
+    assert len(cats) == len(prompts), (len(cats), len(prompts))
+    keep = [i for i, c in enumerate(cats) if c not in args.skip]
+    prompts, answers, cats = [prompts[i] for i in keep], [answers[i] for i in keep], [cats[i] for i in keep]
+    rows = []
+    for i, (p, a) in enumerate(zip(prompts, answers)):
+        rows.append(positions(drafter, target, p + a, len(p)))
+        print(f"{i + 1}/{len(prompts)}", flush=True)
+    new = [max(min(len(a), args.max_new_tokens), 1) for a in answers]
+    report = {"traces": args.traces, "draft": args.draft, "tree": args.tree, "ngram_min": drafter.min_ngram,
+              **summarize(rows, cats, new, big)}
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    with gzip.open(out.with_name(out.stem + "_positions.json.gz"), "wt") as f:
+        json.dump({"categories": cats, "new_tokens": new, "positions": rows}, f)
+    for split, acc in report["splits"].items():
+        print(f"chain {split:>2} + head {big - split:>2}: " + "  ".join(f"{c} {v:.3f}" for c, v in acc.items()))
+    print("oracle (the longer of the full chain and the full tree): "
+          + "  ".join(f"{c} {v:.3f}" for c, v in report["oracle"].items())
+          + f"; matched at {report['matched_roots']:.1%} of roots; steps on the chain: "
+          + "  ".join(f"{c} {v:.1%}" for c, v in report["chain_step_share"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
