@@ -273,6 +273,7 @@ def cmd_generate(args) -> int:
     from specheads.drafters.draft_model import load_draft
     from specheads.runtime.engine import SpecEngine, pooled
     from specheads.runtime.sampling import SamplingParams
+    from specheads.server.launch import drafter_options
     from specheads.target.loader import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -283,12 +284,11 @@ def cmd_generate(args) -> int:
     model, tok, _ = load_target(args.target, dtype=dtype, device=device)
     head = load_draft(args.draft, tok, device=device, dtype=dtype) if args.draft and method_needs_head(args.method) \
         else None
-    # only a change from the drafter's default is passed (a head kind without the option is not handed it)
-    drafter_options = {"lm_head_int8": False} if head is not None and args.draft_lm_head == "bf16" else {}
+    options = drafter_options(head, args.draft_lm_head == "int8", args.draft_option)
     steps, topk, n = resolve_tree(args.num_steps, args.topk, args.num_draft_tokens, head)
     engine = SpecEngine(model, head, method=args.method, num_steps=steps, topk=topk,
                         num_draft_tokens=n, static_tree=args.static_tree, max_len=args.max_len,
-                        drafter_options=drafter_options, **_policy_options(args, device == "cuda"))
+                        drafter_options=options, **_policy_options(args, device == "cuda"))
     prompts = []
     for text in args.prompt:
         text = text if args.raw else render(tok, [{"role": "user", "content": text}], add_generation_prompt=True)
@@ -445,7 +445,8 @@ def cmd_serve(args) -> int:
           num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens, max_batch=args.max_batch,
           max_len=args.max_len, draft_lm_head_int8=args.draft_lm_head == "int8",
           speculation_policy=args.speculation_policy, speculation_tiers=args.speculation_tiers,
-          speculation_profile=args.speculation_profile, speculation_settings=args.speculation_settings)
+          speculation_profile=args.speculation_profile, speculation_settings=args.speculation_settings,
+          draft_options=args.draft_option)
     return 0
 
 
@@ -485,6 +486,10 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-lm-head", choices=["int8", "bf16"], default="int8",
                    help="the draft head's lm_head while drafting on the GPU: int8 (default: half the bytes a draft "
                         "depth streams) or bf16 (the weight as loaded); changes drafts only, never the output")
+    p.add_argument("--draft-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="a drafter option (repeatable), e.g. ngram_gate=1: with the n-gram assist, a step whose rows "
+                        "all take the lookup's chain skips the head's tree (batch up to 1); ngram_min=2; "
+                        "changes a step's cost or drafts, never the output")
     p.add_argument("--kernel-tuning", default=None, metavar="JSON_OR_FILE",
                    help="kernel settings over the card's defaults, as JSON or a JSON file, e.g. "
                         "'{\"speed\": {\"draft_warps\": 4}, \"numerics\": {\"attention_chunk\": 64}}' "

@@ -2,6 +2,7 @@
 
 from specheads.config import ConfigError
 from specheads.data.sources import DataError
+from specheads.drafters import DrafterError
 from specheads.evaluation.suite import SuiteError
 from specheads.heads.format import HeadFormatError
 from specheads.heads.registry import HeadKindError
@@ -16,6 +17,7 @@ from specheads.training.trainer import TrainingError
 USER_ERRORS = (
     ConfigError,
     DataError,
+    DrafterError,
     SuiteError,
     HeadFormatError,
     HeadKindError,

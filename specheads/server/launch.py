@@ -20,9 +20,10 @@ def load_engine(target: str | None, draft: str | None, method: str | None = None
                 topk: int | None = None, num_draft_tokens: int | None = None, max_batch: int = 8,
                 max_len: int | None = None, draft_lm_head_int8: bool = True, speculation_policy: str | None = None,
                 speculation_tiers: str | None = None, speculation_profile: str | None = None,
-                speculation_settings: str | None = None):
+                speculation_settings: str | None = None, draft_options=()):
     """(engine, tokenizer, target folder) on the GPU if there is one. draft_lm_head_int8: the
-    head's drafter drafts with an int8 lm_head (changes drafts only, never the output).
+    head's drafter drafts with an int8 lm_head (changes drafts only, never the output); draft_options:
+    more of the drafter's options, 'NAME=VALUE' each.
     speculation_policy: fixed or adaptive (None: runtime.policy.default_policy). A tree value left
     None comes from the head's own tree, else from the runtime's default (defaults.resolve_tree)."""
     import torch
@@ -42,7 +43,8 @@ def load_engine(target: str | None, draft: str | None, method: str | None = None
     num_steps, topk, num_draft_tokens = resolve_tree(num_steps, topk, num_draft_tokens, head)
     engine = SpecEngine(model, head, method=method, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
                         max_len=max_len, max_batch=max_batch,
-                        drafter_options=_drafter_options(head, draft_lm_head_int8), speculation_policy=policy,
+                        drafter_options=drafter_options(head, draft_lm_head_int8, draft_options),
+                        speculation_policy=policy,
                         speculation_tiers=speculation_tiers, speculation_profile=speculation_profile,
                         speculation_settings=speculation_settings)
     if device == "cuda":  # the greedy graphs now (every tier's; with their costs timed), so no request waits
@@ -53,10 +55,15 @@ def load_engine(target: str | None, draft: str | None, method: str | None = None
     return engine, tok, folder
 
 
-def _drafter_options(head, lm_head_int8: bool) -> dict:
-    """The head's drafter options from the command line: only a change from the drafter's
-    default is passed, so a head kind without the option is not handed it."""
-    return {"lm_head_int8": False} if head is not None and not lm_head_int8 else {}
+def drafter_options(head, lm_head_int8: bool, options=()) -> dict:
+    """The drafter's options from the command line: --draft-lm-head (only a change from the drafter's
+    default is passed, so a head kind without the option is not handed it), then each --draft-option
+    NAME=VALUE (e.g. ngram_gate=1 for the n-gram assist's gate, drafters/assist.py)."""
+    from specheads.drafters import parse_options
+
+    out = {"lm_head_int8": False} if head is not None and not lm_head_int8 else {}
+    out.update(parse_options(",".join(options)))
+    return out
 
 
 def model_name(target, folder) -> str:

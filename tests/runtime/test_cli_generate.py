@@ -62,7 +62,8 @@ def test_generate_json_equals_ar(capsys, tiny_target_dir, tiny_target, head_dir)
     for extra in (["--method", "ngram"], ["--draft", str(head_dir), "--topk", "1", "--num-steps", "3"],
                   ["--draft", str(head_dir), "--static-tree", "0;1;0,0;0,1;1,0;0,0,0"],
                   ["--draft", str(head_dir), "--draft-lm-head", "bf16"],
-                  ["--method", "ngram", "--draft-lm-head", "bf16"]):
+                  ["--method", "ngram", "--draft-lm-head", "bf16"],
+                  ["--draft", str(head_dir), "--draft-option", "ngram_gate=1", "--draft-option", "ngram_min=2"]):
         other = _json(capsys, tiny_target_dir, "--max-len", "256", *extra)
         assert [o["token_ids"] for o in other["outputs"]] == [o["token_ids"] for o in ar["outputs"]], extra
 
@@ -151,3 +152,10 @@ def test_generate_bad_flags_are_user_errors(capsys, tiny_target_dir, head_dir, b
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("specheads generate: error: ")
     assert message in err
+
+
+def test_generate_refuses_a_bad_drafter_option(capsys, tiny_target_dir, head_dir):
+    for option, said in (("ngram_gate", "expected name=value"), ("ngram_gate=-1", "ngram_gate must be a batch size")):
+        assert main(["generate", "--target", str(tiny_target_dir), "--draft", str(head_dir), "--prompt", "hi",
+                     "--max-new-tokens", "4", "--max-len", "128", "--draft-option", option]) == 2
+        assert said in capsys.readouterr().err
