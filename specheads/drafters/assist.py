@@ -135,11 +135,10 @@ class NgramAssist(Drafter):
         return twin
 
     def next_found(self, ctx: DraftContext) -> torch.Tensor:
-        """[b] bool, after a step's commit: whether each row's lookup matches at its new root (the next
-        step's `found`). It reads the rows' whole buffer, where the next step reads its context
-        bucket: the match positions lie before the root either way, so the answer is the same."""
-        wide = DraftContext(ctx.rows, self.lookup.tokens.shape[1] - 1, ctx.roots)
-        return self.lookup.lookup(wide, self.cols[:1], self.min_ngram)[1]
+        """[b] bool, after a step's commit (`ctx`: that step's context bucket, which held its tree, so
+        it holds each row's new root): whether each row's lookup matches at its new root, as the next
+        step's lookup will (its matches lie before the root, whatever bucket that step reads)."""
+        return self.lookup.lookup(ctx, self.cols[:1], self.min_ngram)[1]
 
     # ................................................................ the step
     def prefill(self, batch: PrefillBatch) -> None:

@@ -797,6 +797,8 @@ class SpecEngine:
         if tiers and getattr(self.drafter, "gate", 0) and not self._host_drafts:
             self._drafters.append(self.drafter.lookup_only())
             self._gated = len(self._drafters) - 1
+            # the batch buckets a gated step can run in (their drafting steps tell the next root's lookup)
+            self._gate_rows = self._batch_bucket(self.drafter.gate) if self.buckets else self.drafter.gate
         if self._host_drafts:  # its trees are copied into these inputs
             # a well-formed tree in every row from the start (the root at depth 0, drafts invalid):
             # rows no request has used yet still step inside a padded batch and in graph capture,
@@ -969,7 +971,9 @@ class SpecEngine:
         measure_s = 0.0
         for b in batches:
             for kv in kvs:
-                keys = [(b, kv, False, tier) for tier in range(len(self._drafters))]
+                keys = [(b, kv, False, tier) for tier in range(self._full + 1)]
+                if self._gated is not None and b <= self._gate_rows:
+                    keys.append((b, kv, False, self._gated))
                 if self._keeps_up:  # and the plain step after a drafting one
                     keys.append((b, kv, False, 0, False, True))
                 for key in keys:
@@ -1201,7 +1205,7 @@ class SpecEngine:
             self.out[:b, -1] = (found & (tokens == self.root[:b])).long()
         if draft or keep:
             self._drafters[max(tier, 1)].commit(StepResult(b, tree, path, n_acc, y, out.aux_hidden, out.hidden))
-        if draft and self._gated is not None:  # each row's lookup at its new root, for the gate (`_gate`)
+        if draft and self._gated is not None and b <= self._gate_rows:  # for the gate (`_gate`)
             self.out[:b, -1] = self.drafter.next_found(DraftContext(b, kv, self.root[:b])).long()
         if tree.max_depth:  # a lone root is in place
             commit_kv(self.cache.layers(slice(0, b)), self.base[:b], path, n_acc)
