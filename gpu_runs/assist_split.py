@@ -28,8 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specheads.drafters import DraftContext, PrefillBatch  # noqa: E402
-from specheads.evaluation.estimate import drafter_kv, root_chunks, scoring_drafter, walk  # noqa: E402
+from specheads.evaluation.estimate import following, prefilled_roots, scoring_drafter, walk  # noqa: E402
 from specheads.files import read_text  # noqa: E402
 from specheads.kernels.verify import accept, ancestors_reference  # noqa: E402
 
@@ -37,43 +36,28 @@ from specheads.kernels.verify import accept, ancestors_reference  # noqa: E402
 def positions(drafter, target, sequence: list[int], start: int, rows: int = 64) -> list[dict]:
     """Per step root L in [start, len - 1): {"found", "chain", "tree": [accepted with the head's first n
     nodes, n = 0..N]}."""
-    dev = next(target.parameters()).device
-    seq = torch.tensor(sequence, device=dev)
-    n = len(sequence)
     head, lookup, big = drafter.inner, drafter.lookup, drafter.num_draft
-    with torch.no_grad():
-        out = target(seq[None], capture_layers=drafter.needs.capture_layers, return_logits=False)
     result = []
-    for part in root_chunks(list(range(start, n - 1)), rows):
-        chunk = torch.tensor(part, device=dev)
-        k, width = len(chunk), int(chunk.max())
-        ids = seq[None, :width].expand(k, width).contiguous()
-        feats = out.aux_hidden[:, :width].expand(k, -1, -1) if out.aux_hidden is not None else None
-        with torch.no_grad():
-            drafter.prefill(PrefillBatch(0, ids, chunk, seq[chunk], feats, out.hidden[:, :width].expand(k, -1, -1)))
-            ctx = DraftContext(k, drafter_kv(drafter, n), seq[chunk], None)
+    with torch.no_grad():
+        for chunk, seq, ctx in prefilled_roots(drafter, target, sequence, start, rows):
             tree = head.propose(ctx)
             drafts, found = lookup.lookup(ctx, drafter.cols, drafter.min_ngram)
-        # the chain: how many of its drafts spell the answer's next tokens
-        after = chunk[:, None] + 1 + torch.arange(drafts.shape[1], device=dev)
-        want = torch.where(after < n, seq[after.clamp(max=n - 1)], torch.full_like(after, -1))
-        chain = torch.cumprod((drafts == want).long(), 1).sum(1).clamp(max=big)
-        # the head's tree cut to its first m nodes by rank, m = 0..N
-        after = chunk[:, None] + tree.depth + 1
-        y = torch.where(after < n, seq[after.clamp(max=n - 1)], torch.full_like(after, -1)).contiguous()
-        anc = ancestors_reference(tree.parents, tree.max_depth).contiguous()
-        rank = tree.ranks()
-        per_m = []
-        for m in range(big + 1):
-            valid = (tree.valid & (rank <= m)).contiguous()
-            _, length, _, _ = accept(tree.tokens.contiguous(), tree.parents.contiguous(), valid,
-                                     tree.depth.contiguous(), anc, y, tree.max_depth)
-            per_m.append(length - 1)
-        per_m = torch.stack(per_m, 1)
-        for r in range(k):
-            result.append({"found": bool(found[r]), "chain": int(chain[r]) if found[r] else 0,
-                           "tree": per_m[r].tolist()})
-            drafter.clear_row(r)
+            # the chain: how many of its drafts spell the answer's next tokens
+            want = following(seq, chunk[:, None] + 1 + torch.arange(drafts.shape[1], device=seq.device))
+            chain = torch.cumprod((drafts == want).long(), 1).sum(1).clamp(max=big)
+            # the head's tree cut to its first m nodes by rank, m = 0..N
+            y = following(seq, chunk[:, None] + tree.depth + 1)
+            anc = ancestors_reference(tree.parents, tree.max_depth).contiguous()
+            rank = tree.ranks()
+            per_m = []
+            for m in range(big + 1):
+                valid = (tree.valid & (rank <= m)).contiguous()
+                _, length, _, _ = accept(tree.tokens.contiguous(), tree.parents.contiguous(), valid,
+                                         tree.depth.contiguous(), anc, y, tree.max_depth)
+                per_m.append(length - 1)
+            per_m = torch.stack(per_m, 1)
+            result += [{"found": bool(found[r]), "chain": int(chain[r]) if found[r] else 0, "tree": per_m[r].tolist()}
+                       for r in range(len(chunk))]
     return result
 
 

@@ -77,14 +77,12 @@ def gaps(prof, n_steps: int) -> dict:
 def engine_spec(method: str) -> tuple[str, tuple[int, int, int], dict]:
     """'eagle3-tree' (6,4,15) or 'METHOD@S,K,N[:name=value,...]' (e.g. 'eagle3+ngram@6,4,15:ngram_gate=1')
     -> (method, tree, drafter options)."""
-    from specheads.drafters import parse_options
-
     if method == "eagle3-tree":
         return "eagle3", (6, 4, 15), {}
-    base, _, opts = method.partition(":")
-    name, _, shape = base.partition("@")
-    tree = tuple(int(x) for x in shape.split(",")) if shape else (6, 4, 15)
-    return name, tree, parse_options(opts)
+    from specheads.evaluation.run import parse_methods  # (`specheads evaluate`'s syntax)
+
+    m = parse_methods([method], (6, 4, 15))[-1]
+    return m.method, (m.num_steps, m.topk, m.num_draft_tokens), dict(m.options)
 
 
 def host_time(steps) -> dict:

@@ -177,9 +177,6 @@ class LookupChain(NgramAssist):
     verify and commit are the full step's; its cost is the chain's verify and one head forward.
     A row without a match (none, where the engine gates right) verifies its root alone."""
 
-    def __init__(self, inner: Drafter, max_ngram: int, min_ngram: int, chain: int, shared: DeviceNgramDrafter):
-        super().__init__(inner, max_ngram, min_ngram, chain, shared)
-
     def propose(self, ctx: DraftContext) -> Tree:
         self.inner.keep_up(ctx)
         drafts, found = self.lookup.lookup(ctx, self.cols, self.min_ngram)

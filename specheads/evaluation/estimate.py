@@ -38,38 +38,53 @@ def root_chunks(roots: list[int], rows: int, tokens: int | None = None) -> list[
     return chunks
 
 
-def accepted_per_position(drafter, target, sequence: list[int], start: int, rows: int = 64,
-                          tokens: int | None = None) -> list[int]:
-    """Accepted drafts of a step rooted at each position L in [start, len(sequence) - 1): the
-    length of the tree's path that spells sequence[L + 1:], minus the root. Roots are scored in
-    chunks (root_chunks: at most `rows` rows and `tokens` prefill tokens a chunk)."""
+def prefilled_roots(drafter, target, sequence: list[int], start: int, rows: int = 64, tokens: int | None = None):
+    """For the step roots L in [start, len(sequence) - 1), in chunks (root_chunks: at most `rows` rows
+    and `tokens` prefill tokens a chunk): the drafter prefilled teacher-forced, a row per root (the
+    sequence cut at L, the root as the first generated token), then yields (roots [k], the sequence
+    as a tensor, the step's DraftContext); the rows are cleared before the next chunk. Call under
+    torch.no_grad()."""
     dev = next(target.parameters()).device
     seq = torch.tensor(sequence, device=dev)
     n = len(sequence)
-    with torch.no_grad():
-        out = target(seq[None], capture_layers=drafter.needs.capture_layers, return_logits=False)
-    result: list[int] = []
+    out = target(seq[None], capture_layers=drafter.needs.capture_layers, return_logits=False)
     for part in root_chunks(list(range(start, n - 1)), rows, tokens):
         chunk = torch.tensor(part, device=dev)
         k = len(chunk)
         width = int(chunk.max())
         ids = seq[None, :width].expand(k, width).contiguous()
         feats = out.aux_hidden[:, :width].expand(k, -1, -1) if out.aux_hidden is not None else None
-        with torch.no_grad():
-            drafter.prefill(PrefillBatch(0, ids, chunk, seq[chunk], feats, out.hidden[:, :width].expand(k, -1, -1)))
-            tree = drafter.propose(DraftContext(k, drafter_kv(drafter, n), seq[chunk],
-                                                [sequence[: int(r) + 1] for r in chunk] if drafter.needs.history
-                                                else None))
-        tokens, parents, valid, depth = (t.to(dev).contiguous() for t in (tree.tokens, tree.parents, tree.valid,
-                                                                           tree.depth))
-        # the target's token after each node, as far as the continuation goes (-1: nothing matches)
-        after = chunk[:, None] + depth + 1
-        y = torch.where(after < n, seq[after.clamp(max=n - 1)], torch.full_like(after, -1))
-        anc = ancestors_reference(parents, tree.max_depth).contiguous()
-        _, length, _, _ = accept(tokens, parents, valid, depth, anc, y.contiguous(), tree.max_depth)
-        result += (length - 1).tolist()
+        drafter.prefill(PrefillBatch(0, ids, chunk, seq[chunk], feats, out.hidden[:, :width].expand(k, -1, -1)))
+        yield chunk, seq, DraftContext(k, drafter_kv(drafter, n), seq[chunk],
+                                       [sequence[: int(r) + 1] for r in chunk] if drafter.needs.history else None)
         for r in range(k):
             drafter.clear_row(r)
+
+
+def following(seq: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """The sequence's token at each position of `at` (-1 past its end): the target's token after a
+    node at sequence position at - 1."""
+    n = len(seq)
+    return torch.where(at < n, seq[at.clamp(max=n - 1)], torch.full_like(at, -1)).contiguous()
+
+
+def accepted_per_position(drafter, target, sequence: list[int], start: int, rows: int = 64,
+                          tokens: int | None = None) -> list[int]:
+    """Accepted drafts of a step rooted at each position L in [start, len(sequence) - 1): the
+    length of the tree's path that spells sequence[L + 1:], minus the root. Roots are scored in
+    chunks (root_chunks: at most `rows` rows and `tokens` prefill tokens a chunk)."""
+    result: list[int] = []
+    with torch.no_grad():
+        for chunk, seq, ctx in prefilled_roots(drafter, target, sequence, start, rows, tokens):
+            tree = drafter.propose(ctx)
+            dev = seq.device
+            tokens_, parents, valid, depth = (t.to(dev).contiguous() for t in (tree.tokens, tree.parents, tree.valid,
+                                                                                tree.depth))
+            # the target's token after each node, as far as the continuation goes (-1: nothing matches)
+            y = following(seq, chunk[:, None] + depth + 1)
+            anc = ancestors_reference(parents, tree.max_depth).contiguous()
+            _, length, _, _ = accept(tokens_, parents, valid, depth, anc, y, tree.max_depth)
+            result += (length - 1).tolist()
     return result
 
 
