@@ -139,6 +139,7 @@ def main():
                          "checkouts: SPECHEADS_PDL=0 in the environment)")
     args = ap.parse_args()
 
+    from specheads.evaluation.suite import single_turn_texts
     from specheads.heads.format import load_head
     from specheads.runtime.engine import Request, SpecEngine
     from specheads.runtime.sampling import SamplingParams
@@ -159,7 +160,9 @@ def main():
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     target, tok, _ = load_target(os.environ["TARGET"], dtype=dtype, device=args.device)
     head = load_head(args.head, device=args.device, dtype=dtype)
-    texts = json.load(open(".dev/prompts/sharegpt.json"))
+    saved = Path(".dev/prompts/sharegpt.json")  # the held-out ShareGPT turns where kept; else the suite's chat prompts
+    texts = json.loads(saved.read_text()) if saved.exists() else single_turn_texts(
+        "test", ["writing", "roleplay", "reasoning", "math", "extraction", "stem", "humanities"], 64)
     encode = lambda t: tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),  # noqa: E731
                            add_special_tokens=False)["input_ids"]
     prompts = []

@@ -132,7 +132,7 @@ def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
                                                             if k not in assist.OPTIONS}))
         try:
             return assist.NgramAssist(inner, options.get("ngram_max", assist.MAX_NGRAM),
-                                      options.get("ngram_min", assist.MIN_NGRAM), gate=options.get("ngram_gate", 0))
+                                      options.get("ngram_min", assist.MIN_NGRAM), gate=options.get("ngram_gate", assist.GATE))
         except (ValueError, NotImplementedError) as e:
             raise DrafterError(f"method {method}: {e}") from None
     if method == PLAIN:

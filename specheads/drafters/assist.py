@@ -12,14 +12,17 @@ The head's drafter drafts every step (its tree is dropped in the rows that take 
 commits every accepted path, so its state follows the text whichever draft won; a path may then be
 as deep as the chain (`Drafter.accept_depth`). The output is the target's whatever is drafted.
 
-The gate (option `ngram_gate` N, 0 = off; not yet timed on a card, so off by default): where a row
-takes the chain, the head's tree of that step is drafted for nothing; about 29% of the assisted steps
-take it at batch 1 (SmolLM2-135M, the validation prompts' replay, chat and coding alike), and on an
-H200 the head's six depths are about a fifth of such a step. With the gate, each drafting step also
-writes whether each row's lookup matches at its new root; a full-tree step planned behind it, in a
-batch of at most N rows, waits for it, and where every row matches runs `lookup_only()`: the same
-chain, verify and commit, with the head only taking in the path. The wait gives up the run-ahead of
-the steps it checks.
+The gate (option `ngram_gate` N: batches of up to N rows; 0 = off; default 1): where a row takes
+the chain, the head's tree of that step is drafted for nothing; about 29% of the assisted steps take it
+at batch 1 (SmolLM2-135M, the validation prompts' replay, chat and coding alike), and on an H200 the
+head's six depths are about a fifth of such a step. With the gate, each drafting step also writes
+whether each row's lookup matches at its new root; a full-tree step planned behind it, in a batch of
+at most N rows, waits for it, and where every row matches runs `lookup_only()`: the same chain,
+verify and commit, with the head only taking in the path. The wait gives up the run-ahead of the
+steps it checks. Measured at batch 1 (one H200, 2026-12-03, median of 3, docs/benchmarks.md): 6,4,15
++1.2% on chat (128 test prompts) and +2.0% on coding (64), 6,4,31 +2.3% and +0.9%; hence on at
+batch 1. Wider batches rarely have every row matching at once, and each wait would cost them the
+run-ahead: not measured there, so not gated.
 
 Chosen on the evaluation suite's validation prompts (SmolLM2-135M-Instruct and its EAGLE-3 head,
 the tree 6,4,15, replayed from teacher-forced traces; gpu_runs/README.md): a suffix match of 3
@@ -38,6 +41,7 @@ from specheads.runtime.tree import Tree, chain_tree
 
 SUFFIX = "+ngram"  # method KIND+ngram: KIND's drafter with the lookup beside it
 MAX_NGRAM = 4
+GATE = 1  # the gate's default batch size (module doc, "The gate")
 MIN_NGRAM = 3
 OPTIONS = ("ngram_max", "ngram_min", "ngram_gate")  # drafter options the assist takes (the rest go to the head's drafter)
 
@@ -55,7 +59,7 @@ class NgramAssist(Drafter):
     tree and the chain (num_draft tokens)."""
 
     def __init__(self, inner: Drafter, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
-                 chain: int | None = None, _shared: DeviceNgramDrafter | None = None, gate: int = 0):
+                 chain: int | None = None, _shared: DeviceNgramDrafter | None = None, gate: int = GATE):
         if not inner.abilities.on_device:
             raise ValueError(f"the n-gram assist needs a drafter that drafts on the device; {type(inner).__name__} "
                              "drafts on the host")

@@ -58,7 +58,7 @@ def load_engine(target: str | None, draft: str | None, method: str | None = None
 def drafter_options(head, lm_head_int8: bool, options=()) -> dict:
     """The drafter's options from the command line: --draft-lm-head (only a change from the drafter's
     default is passed, so a head kind without the option is not handed it), then each --draft-option
-    NAME=VALUE (e.g. ngram_gate=1 for the n-gram assist's gate, drafters/assist.py)."""
+    NAME=VALUE (e.g. ngram_gate=0 to turn the n-gram assist's gate off, drafters/assist.py)."""
     from specheads.drafters import parse_options
 
     out = {"lm_head_int8": False} if head is not None and not lm_head_int8 else {}

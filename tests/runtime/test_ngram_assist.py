@@ -194,6 +194,17 @@ def test_the_gate_changes_a_steps_cost_not_its_drafts(target, head, reference, m
         assert sum(gated1) >= 5, sum(gated1)
 
 
+def test_the_gate_is_on_at_batch_1_by_default(target, head):
+    """Measured to pay at batch 1 on an H200 (drafters/assist.py): the assist gates there unless told not to."""
+    engine = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1, **TREES["tree"])
+    engine._allocate()
+    assert engine.drafter.gate == 1 and engine._gated is not None
+    off = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1,
+                     drafter_options={"ngram_gate": 0}, **TREES["tree"])
+    off._allocate()
+    assert off.drafter.gate == 0 and off._gated is None
+
+
 def test_the_gate_keeps_sampled_output_and_the_adaptive_policy(target, reference):
     head = train_head(target, TRAIN)
     params = SamplingParams(max_new_tokens=30, temperature=0.8, seed=5)
