@@ -137,17 +137,17 @@ def instrument(engine, trace: bool = False) -> dict:
     if engine.policy is not None:
         choose = timed("choose", engine.policy.choose)
 
-        def _choose(rows, batch, kv, host_ms=0.0, draining=False):
-            tier = choose(rows, batch, kv, host_ms, draining)
+        def _choose(rows, batch, kv, host_ms=0.0, draining=False, context=None):
+            tier = choose(rows, batch, kv, host_ms, draining, context)
             if trace and hasattr(engine.policy, "rates") and any(r is not None for r in rows):
                 # (asked again for the trace, outside the choice's timer)
-                rates = engine.policy.rates(rows, batch, kv, host_ms, draining)
+                rates = engine.policy.rates(rows, batch, kv, host_ms, draining, context)
                 # the launch this choice is for (steps are read in launch order: `steps[i]`) and
                 # the costs the rates divide by (ms where measured), for choice_audit.py
-                tally["choices"].append({"i": sum(tally["tiers"].values()), "rows": len(rows), "b": batch, "kv": kv,
+                tally["choices"].append({"i": sum(tally["tiers"].values()), "rows": len(rows), "b": batch, "kv": kv, "context": context,
                                          "tier": tier, "draining": draining,
                                          "rates": [round(float(x), 3) for x in rates],
-                                         "costs": [round(float(x), 4) for x in engine.policy.costs(batch, kv)]})
+                                         "costs": [round(float(x), 4) for x in engine.policy.costs(batch, kv, context)]})
             return tier
         engine.policy.choose = _choose if trace else choose
         engine.policy.observe = timed("observe", engine.policy.observe)

@@ -193,6 +193,7 @@ class _Launch:
 # at once) spent 6-9 ms a prefill call against `ar`'s 4.2, up to half of their run; with this, 3.3-3.7
 # ms for every method (docs/benchmarks.md, "Speculation policy").
 STAGED_PREFILL_PROMPTS = 8
+MIN_CONTEXT_BUCKET = 128  # the smallest context bucket a step's graph is captured for
 
 
 def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
@@ -451,8 +452,11 @@ class SpecEngine:
             self._measure_costs(b, kv)
 
     def _time_untimed(self) -> None:
+        cost, full = self.policy.cost, self.policy.tiers[-1]
         for b, kv in sorted(self._untimed):
-            if not self.policy.cost.has(b, kv, self.policy.tiers):
+            points = cost.context_ms.get(cost.key(full), {}).get(b, {}).get(kv, {})
+            fills = self._bucket_fills(kv)
+            if not cost.has(b, kv, self.policy.tiers) or (len(fills) > 1 and len(points) < len(fills)):
                 self._measure_costs(b, kv)
         self._untimed.clear()
 
@@ -539,7 +543,8 @@ class SpecEngine:
             # a host drafter's step also costs the host's time (measured costs are times; static ones are not)
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
-            tier = self.policy.choose(self._policy_rows(ahead), b, kvs, host_ms, draining=self.draining)
+            tier = self.policy.choose(self._policy_rows(ahead), b, kvs, host_ms, draining=self.draining,
+                                      context=self._context_hint(before, kvs[-1]))
         return b, kvs[tier], sampled, tier, logprobs
 
     def _policy_rows(self, ahead: int) -> list:
@@ -1016,9 +1021,13 @@ class SpecEngine:
     def _measure_costs(self, b: int, kv: int) -> None:
         """Time the plain step and each tier's step at batch bucket b and context bucket kv (the
         adaptive policy's costs): each captured greedy graph replayed with rows [:b] at the longest
-        context the bucket holds, the rows' state put back after each replay as after a graph's
-        warm-up (a replay writes only cache slots past each row's context); the median of
-        MEASURE_REPEATS replays after one to warm up. Saved to the profile path if one was given."""
+        context the bucket holds and at its shortest (`_bucket_fills`), the rows' state put back
+        after each replay as after a graph's warm-up (a replay writes only cache slots past each
+        row's context); the median of MEASURE_REPEATS replays after one to warm up. The policy
+        prices a step between the two by its longest row's context: attention reads each row's
+        own keys, so a step whose rows hold half the bucket costs less than at its top (an H200 at
+        coding batch 32, bucket 2048: the full assisted tree timed 4.97 ms at the top, its steps ran
+        2.88 ms apart). Saved to the profile path if one was given."""
         graphs = []
         for tier in range(self._full + 1):  # (not the gate's graph: no tier of the policy's)
             key = (b, kv, False, tier)
@@ -1026,30 +1035,54 @@ class SpecEngine:
                 self.graphs[key] = self._capture(*key)
             graphs.append(self.graphs[key])
         restore = self._restorer()
-        fill = max(kv - self.tree_nodes - 1, 0)
-        timed = [[] for _ in graphs]
+        fills = self._bucket_fills(kv)
+        if self.rows:  # a replay writes the cache past `fill`: below the top it would overwrite a row's
+            fills = fills[-1:]  # context, so only the top is timed now and the rest once the engine is idle
+            self._untimed.add((b, kv))
+        timed = {(i, fill): [] for i in range(len(graphs)) for fill in fills}
         for repeat in range(1 + self.MEASURE_REPEATS):
-            for graph, pairs in zip(graphs, timed):
+            for (i, fill), pairs in timed.items():
                 self.committed[:b] = fill
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                graph.replay()
+                graphs[i].replay()
                 end.record()
                 restore()
                 if repeat:
                     pairs.append((start, end))
         torch.cuda.synchronize(self.device)
-        for tier, pairs in zip([None, *self.policy.tiers], timed):
-            self.policy.cost.add(tier, b, kv, statistics.median(s.elapsed_time(e) for s, e in pairs))
+        tiers = [None, *self.policy.tiers]
+        for (i, fill), pairs in timed.items():
+            ms = statistics.median(s.elapsed_time(e) for s, e in pairs)
+            if fill == fills[-1]:
+                self.policy.cost.add(tiers[i], b, kv, ms)
+            if len(fills) > 1:
+                self.policy.cost.add_point(tiers[i], b, kv, fill, ms)
         if self._profile_path is not None:
             self.policy.cost.save(self._profile_path)
+
+    def _bucket_fills(self, kv: int) -> list[int]:
+        """The rows' tokens at which a step of context bucket kv is timed: the fewest a step planned
+        there can hold (its longest row just past the bucket below) and the most (the full tree's
+        tokens fill it), ascending; one where they meet."""
+        top = max(kv - self.tree_nodes - 1, 0)
+        below = next_pow2(kv) // 2 if kv > MIN_CONTEXT_BUCKET else 0  # (a bucket cut at the cache's end too)
+        low = min(max(below - self.tree_nodes - 1, 0), top)
+        return [low, top] if low < top else [top]
+
+    def _context_hint(self, before: int, kv: int) -> int:
+        """The longest row's context `before` a step, rounded up to a sixteenth of the bucket kv:
+        the policy prices the step there (`_measure_costs`), and a rounded value keeps its answers
+        cached for stretches of steps."""
+        q = max(kv // 16, 1)
+        return -(-before // q) * q
 
     # graphs are captured per bucket: batch, context and prompt widths round up to powers of two
     def _batch_bucket(self, n: int) -> int:
         return min(next_pow2(n), self.max_batch)
 
     def _context_bucket(self, need: int) -> int:
-        return min(max(next_pow2(need), 128), self.cap)
+        return min(max(next_pow2(need), MIN_CONTEXT_BUCKET), self.cap)
 
     def _width_bucket(self, width: int) -> int:
         return min(max(16, next_pow2(width)), self.max_len)

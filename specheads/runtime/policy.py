@@ -77,7 +77,12 @@ may fit a smaller bucket than the full tree, and runs there):
 - measured (`SpeculationProfile`): the time of each tier's captured step graph (its draft at
   its depth, the verify of its tokens, accept and commit, timed together as they replay) and of
   the plain decode step, on the card when the engine captures its graphs (`SpecEngine.
-  capture_common` at a server's start), or loaded from a saved profile (JSON). A bucket without
+  capture_common` at a server's start), or loaded from a saved profile (JSON). Each bucket is
+  timed with every row at its longest context and at its shortest (`context_ms`), and a step is
+  priced on the line between them at its longest row's context: attention reads each row's own
+  keys, so a bucket's top overprices a step whose rows hold less (an H200, coding at batch 32,
+  bucket 2048: the full assisted tree timed 4.97 ms at the top where its steps ran 2.88 ms apart,
+  and the policy kept to chain 2 at 0.92 of the fixed tree). A bucket without
   times takes the nearest timed one's and is timed (and added to the profile) when the engine is
   next idle: timing replays every tier's graph, a stall no running request should wait on. A
   tier the loaded profile lacks is timed with the others at the first bucket a step plans, and added.
@@ -216,7 +221,7 @@ class StaticCost:
     draft_depth_cost: float = 0.1
     measured = False
 
-    def step(self, batch: int, kv: int, tier: TreeShape | None) -> float:
+    def step(self, batch: int, kv: int, tier: TreeShape | None, context: int | None = None) -> float:
         if tier is None:
             return max(1.0, batch / self.saturation_tokens)
         verify = max(1.0, batch * (1 + tier.num_draft) / self.saturation_tokens)
@@ -230,7 +235,9 @@ class SpeculationProfile:
 
     device: str
     fingerprint: dict
-    step_ms: dict = field(default_factory=dict)  # key -> {batch: {kv: ms}}
+    step_ms: dict = field(default_factory=dict)  # key -> {batch: {kv: ms}}: every row at the bucket's top
+    # key -> {batch: {kv: {fill: ms}}}: the same step with every row holding `fill` tokens (`add_point`)
+    context_ms: dict = field(default_factory=dict)
     measured = True
 
     @staticmethod
@@ -243,6 +250,13 @@ class SpeculationProfile:
         self.step_ms.setdefault(self.key(tier), {}).setdefault(int(batch), {})[int(kv)] = float(ms)
         self.version += 1
 
+    def add_point(self, tier: TreeShape | None, batch: int, kv: int, fill: int, ms: float) -> None:
+        """The step's time in this bucket with every row holding `fill` tokens: `step` interpolates
+        between a bucket's points by the context it is asked for."""
+        self.context_ms.setdefault(self.key(tier), {}).setdefault(int(batch), {}).setdefault(int(kv), {})[
+            int(fill)] = float(ms)
+        self.version += 1
+
     def has(self, batch: int, kv: int, tiers) -> bool:
         return all(kv in self.step_ms.get(self.key(t), {}).get(batch, {}) for t in [None, *tiers])
 
@@ -250,18 +264,34 @@ class SpeculationProfile:
         """Some bucket timed for plain decoding and each tier: `step` can price every bucket."""
         return all(self.key(t) in self.step_ms for t in [None, *tiers])
 
-    def step(self, batch: int, kv: int, tier: TreeShape | None) -> float:
-        """The measured time of the nearest bucket (log scale) where this one was not timed."""
-        table = self.step_ms[self.key(tier)]
+    def step(self, batch: int, kv: int, tier: TreeShape | None, context: int | None = None) -> float:
+        """The measured time of the nearest bucket (log scale) where this one was not timed; with
+        `context` (the longest row's tokens before the step) and two or more points timed in that
+        bucket, the line between the points around it (the nearest one past either end)."""
+        key = self.key(tier)
+        table = self.step_ms[key]
         b = min(table, key=lambda x: (abs(math.log2(x) - math.log2(batch)), -x))
         row = table[b]
         k = min(row, key=lambda x: (abs(math.log2(x) - math.log2(kv)), -x))
-        return row[k]
+        points = self.context_ms.get(key, {}).get(b, {}).get(k) if context is not None else None
+        if not points or len(points) < 2:
+            return row[k]
+        fills = sorted(points)
+        if context <= fills[0] or context >= fills[-1]:
+            return points[fills[0] if context <= fills[0] else fills[-1]]
+        hi = next(f for f in fills if f >= context)
+        lo = fills[fills.index(hi) - 1]
+        return points[lo] + (points[hi] - points[lo]) * (context - lo) / (hi - lo)
 
     def to_json(self) -> dict:
-        return {"format": PROFILE_FORMAT, "device": self.device, "fingerprint": self.fingerprint,
-                "step_ms": {key: {str(b): {str(k): ms for k, ms in sorted(row.items())}
-                                  for b, row in sorted(table.items())} for key, table in self.step_ms.items()}}
+        out = {"format": PROFILE_FORMAT, "device": self.device, "fingerprint": self.fingerprint,
+               "step_ms": {key: {str(b): {str(k): ms for k, ms in sorted(row.items())}
+                                 for b, row in sorted(table.items())} for key, table in self.step_ms.items()}}
+        if self.context_ms:
+            out["context_ms"] = {key: {str(b): {str(k): {str(f): ms for f, ms in sorted(points.items())}
+                                                for k, points in sorted(row.items())}
+                                       for b, row in sorted(table.items())} for key, table in self.context_ms.items()}
+        return out
 
     def save(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))
@@ -293,11 +323,20 @@ class SpeculationProfile:
                         if not (math.isfinite(ms) and ms > 0) or int(b) < 1 or int(k) < 1:
                             raise ValueError(f"{key} batch {b} context {k}: {ms}")
                         profile.add(None if key == PLAIN_KEY else parse_tiers(key)[0], int(b), int(k), ms)
+            for key, table in data.get("context_ms", {}).items():  # (profiles written before it lack it)
+                for b, row in table.items():
+                    for k, points in row.items():
+                        for f, ms in points.items():
+                            ms = float(ms)
+                            if not (math.isfinite(ms) and ms > 0) or int(b) < 1 or int(k) < 1 or int(f) < 0:
+                                raise ValueError(f"context_ms: {key} batch {b} context {k} fill {f}: {ms}")
+                            profile.add_point(None if key == PLAIN_KEY else parse_tiers(key)[0], int(b), int(k),
+                                              int(f), ms)
         except (AttributeError, TypeError, ValueError) as e:
             if isinstance(e, PolicyError):
                 raise
             raise PolicyError(f"{where}: step_ms must map \"plain\" or \"S,K,N\" to {{batch: {{context: ms > 0}}}} "
-                              f"({e})") from None
+                              f"and context_ms (optional) to {{batch: {{context: {{tokens: ms > 0}}}}}} ({e})") from None
         return profile
 
     def check(self, path, device: str, fingerprint: dict, tiers, can_time: bool = False) -> "SpeculationProfile":
@@ -349,8 +388,8 @@ class FixedPolicy:
     the row leaves, `observe(records, tier, offered, accepted)` after each step of that tier (per
     drafting row: depths offered, drafts accepted), `observe_first(records, hits)` after a plain
     step whose drafter told its first drafts (per row that had one: 1 where the target's token
-    equals it), `choose(rows, batch, kv, host_ms)` -> the tier of the next step (0: plain
-    decoding; i: tiers[i - 1]) and `launched(tier)`."""
+    equals it), `choose(rows, batch, kv, host_ms, draining, context)` -> the tier of the next step
+    (0: plain decoding; i: tiers[i - 1]) and `launched(tier)`."""
 
     name = "fixed"
 
@@ -373,7 +412,8 @@ class FixedPolicy:
     def paced(self, tier: int, batch: int, ms: float) -> None:
         pass
 
-    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False) -> int:
+    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False,
+               context: int | None = None) -> int:
         return 1
 
     def launched(self, tier: int) -> None:
@@ -616,20 +656,22 @@ class AdaptivePolicy:
         reach = self._reach[None] & (np.arange(self.depth)[None, None, :] < np.asarray(caps)[:, None, None])
         return 1.0 + (np.cumprod(q, axis=2) * reach).sum(2)
 
-    def costs(self, batch: int, kv) -> np.ndarray:
+    def costs(self, batch: int, kv, context: int | None = None) -> np.ndarray:
         """[1 + T]: the step cost of plain decoding and of each tier at this batch bucket; kv is
         the context bucket of them all, or one per entry (a step reads its own tree's room: a
-        plain step or a short chain may fit a smaller bucket than the full tree)."""
+        plain step or a short chain may fit a smaller bucket than the full tree); context: the
+        longest row's tokens before the step, where known (a measured profile prices the step
+        there within its bucket: `SpeculationProfile.step`)."""
         kvs = tuple(int(k) for k in kv) if np.ndim(kv) else (int(kv),) * (1 + len(self.tiers))
         if len(kvs) != 1 + len(self.tiers):
             raise PolicyError(f"context buckets {kvs}: expected one, or one for plain decoding and each of the "
                               f"{len(self.tiers)} tiers")
-        key = (batch, kvs, getattr(self.cost, "version", 0), self._pace_version)
+        key = (batch, kvs, context, getattr(self.cost, "version", 0), self._pace_version)
         costs = self._costs.get(key)
         if costs is None:
             if len(self._costs) >= 4096:
                 self._costs.clear()
-            costs = np.array([self.cost.step(batch, k, t) for k, t in zip(kvs, [None, *self.tiers])])
+            costs = np.array([self.cost.step(batch, k, t, context) for k, t in zip(kvs, [None, *self.tiers])])
             if self._pace and getattr(self.cost, "measured", False):  # (a static cost is not in ms)
                 costs = np.maximum(costs, self._pace_floor(batch))
             self._costs[key] = costs
@@ -661,12 +703,13 @@ class AdaptivePolicy:
         entry[0] += max(1.0 / entry[1], PACE_WEIGHT) * (min(ms, 3 * entry[2]) - entry[0])
         self._pace_dirty = True
 
-    def rates(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False) -> np.ndarray:
+    def rates(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False,
+              context: int | None = None) -> np.ndarray:
         """Expected tokens per unit of cost of plain decoding (index 0) and of each tier (kv: as
         `costs`). A row is None (it drafts nothing: one token), (record, depth cap), or (record,
         depth cap, chance): the chance that it drafts at all (a host drafter's proposal, not yet made).
         `draining`: no request waits for a row (module docstring: the rows' quantile, times their
-        count). Asked again between folds in the same buckets (a narrow batch: for the same rows), it
+        count). `context`: as `costs`. Asked again between folds in the same buckets (a narrow batch: for the same rows), it
         answers with the rates it gave."""
         draining = bool(draining and self.drain and len(rows) > 1)
         # a batch wider than FRESH_ROWS keeps its rates between folds while its buckets stay: rows that
@@ -674,8 +717,8 @@ class AdaptivePolicy:
         # more or less moves every tier's rate and plain decoding's alike), and most steps cost the
         # host no estimate (module docstring)
         who = None if len(rows) > FRESH_ROWS else tuple(rows)
-        key = (self.version, batch, tuple(kv) if np.ndim(kv) else kv, host_ms, getattr(self.cost, "version", 0),
-               self._pace_version, draining, who)
+        key = (self.version, batch, tuple(kv) if np.ndim(kv) else kv, context, host_ms,
+               getattr(self.cost, "version", 0), self._pace_version, draining, who)
         if self._last_rates is not None and self._last_rates[0] == key:
             return self._last_rates[1]
         drafting = [i for i, r in enumerate(rows) if r is not None]
@@ -693,17 +736,18 @@ class AdaptivePolicy:
             tokens = len(rows) * (1.0 + np.quantile(extra, self.drain_quantile, axis=0))
         else:
             tokens = len(rows) + extra.sum(0)
-        costs = self.costs(batch, kv)
+        costs = self.costs(batch, kv, context)
         rates = np.concatenate([[len(rows) / costs[0]], tokens / (costs[1:] + host_ms)])
         self._last_rates = (key, rates)
         return rates
 
-    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False) -> int:
+    def choose(self, rows: list, batch: int, kv, host_ms: float = 0.0, draining: bool = False,
+               context: int | None = None) -> int:
         """The tier of the most expected tokens per unit of cost (0: plain decoding), or a probe
-        (`draining`: as `rates`)."""
+        (`draining`, `context`: as `rates`)."""
         if all(r is None for r in rows):
             return 0
-        rates = self.rates(rows, batch, kv, host_ms, draining)
+        rates = self.rates(rows, batch, kv, host_ms, draining, context)
         best = int(np.argmax(rates[1:])) + 1
         if best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin) and rates[-1] > rates[0]:
             best = len(self.tiers)  # the full tree: the smaller one does not gain enough (and it beats plain)

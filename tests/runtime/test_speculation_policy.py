@@ -25,7 +25,7 @@ class TableCost:
     def __init__(self, fn):
         self.fn = fn
 
-    def step(self, batch, kv, tier):
+    def step(self, batch, kv, tier, context=None):
         return self.fn(batch, tier)
 
 
@@ -482,12 +482,43 @@ def test_profile_round_trip(tmp_path):
     assert json.loads(path.read_text())["format"] == "specheads-speculation-profile/1"
 
 
+def test_a_step_is_priced_at_its_longest_rows_context_within_the_bucket(tmp_path):
+    """Timed at a bucket's shortest and longest context (the engine's _bucket_fills), a step is
+    priced on the line between them at the context asked for; a bucket with one point, or a profile
+    written before the points (no context_ms), prices the bucket's top as before."""
+    p = profile()
+    for t in [None, *TIERS]:
+        p.add_point(t, 32, 2048, 1007, 3.0 if t else 1.5)
+        p.add_point(t, 32, 2048, 2032, 5.0 if t else 1.6)
+        p.add(t, 32, 2048, 5.0 if t else 1.6)
+    assert p.step(32, 2048, FULL) == 5.0 and p.step(32, 2048, FULL, context=2032) == 5.0
+    assert p.step(32, 2048, FULL, context=1007) == 3.0 and p.step(32, 2048, FULL, context=600) == 3.0
+    assert p.step(32, 2048, FULL, context=1519.5) == pytest.approx(4.0)
+    assert p.step(32, 2048, None, context=1519.5) == pytest.approx(1.55)
+    assert p.step(8, 1024, FULL, context=100) == p.step(8, 1024, FULL)  # no points there
+    path = tmp_path / "costs.json"
+    p.save(path)
+    loaded = SpeculationProfile.load(path)
+    assert loaded.context_ms == p.context_ms and loaded.step_ms == p.step_ms
+    assert loaded.step(32, 2048, FULL, context=1519.5) == pytest.approx(4.0)
+    old = {k: v for k, v in p.to_json().items() if k != "context_ms"}
+    path.write_text(json.dumps(old))
+    assert SpeculationProfile.load(path).step(32, 2048, FULL, context=1007) == 5.0
+    # the policy passes the context through to the costs, and keeps them per context
+    policy = AdaptivePolicy(TIERS, p)
+    assert policy.costs(32, 2048, 1007)[-1] == 3.0 and policy.costs(32, 2048)[-1] == 5.0
+    rows = [(policy.new_row(), FULL.steps) for _ in range(32)]
+    assert policy.rates(rows, 32, 2048, context=1007)[-1] == pytest.approx(policy.rates(rows, 32, 2048)[-1] * 5 / 3)
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda d: "not json", "is not JSON"),
     (lambda d: {**d, "format": "other/2"}, "has format 'other/2'; expected 'specheads-speculation-profile/1'"),
     (lambda d: {k: v for k, v in d.items() if k != "step_ms"}, "lacks step_ms; expected the fields"),
     (lambda d: {**d, "step_ms": {"plain": {"1": {"128": -1}}}}, "must map \"plain\" or \"S,K,N\" to"),
     (lambda d: {**d, "step_ms": {"6,4": {"1": {"128": 1}}}}, "must be three integers"),
+    (lambda d: {**d, "context_ms": {"plain": {"1": {"128": {"-3": 1}}}}}, "context_ms \\(optional\\) to"),
+    (lambda d: {**d, "context_ms": {"plain": {"1": {"128": 2}}}}, "context_ms \\(optional\\) to"),
 ])
 def test_a_bad_profile_file_is_refused(tmp_path, edit, message):
     path = tmp_path / "costs.json"
@@ -585,9 +616,12 @@ def test_generate_drains_once_its_last_prompt_is_in():
     seen = []
     choose = engine.policy.choose
 
-    def spy(rows, batch, kv, host_ms=0.0, draining=False):
+    contexts = []
+
+    def spy(rows, batch, kv, host_ms=0.0, draining=False, context=None):
         seen.append((len(rows), draining))
-        return choose(rows, batch, kv, host_ms, draining)
+        contexts.append((context, max(r.committed for r in engine.rows), kv[-1]))
+        return choose(rows, batch, kv, host_ms, draining, context)
 
     engine.policy.choose = spy
     params = SamplingParams(max_new_tokens=6)
@@ -597,6 +631,10 @@ def test_generate_drains_once_its_last_prompt_is_in():
     flips = [i for i in range(1, len(seen)) if seen[i][1] != seen[i - 1][1]]
     assert len(flips) == 1  # not draining while prompts wait, then draining to the end
     assert not engine.draining
+    # each choice is told the longest row's context (with the step in flight's commits), rounded up
+    # to a sixteenth of the full tree's context bucket (the profile prices a step there)
+    quanta = [(c, longest, max(kv // 16, 1)) for c, longest, kv in contexts]
+    assert quanta and all(c >= longest and c % q == 0 and c - longest <= q + 3 for c, longest, q in quanta)
     seen.clear()
     from specheads.runtime.engine import Request
 

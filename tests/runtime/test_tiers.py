@@ -50,7 +50,7 @@ class ScriptedPolicy:
     def observe(self, rows, tier, offered, accepted):
         self.observed += [(tier, o, a) for o, a in zip(offered, accepted)]
 
-    def choose(self, rows, batch, kv, host_ms=0.0, draining=False):
+    def choose(self, rows, batch, kv, host_ms=0.0, draining=False, context=None):
         return self.schedule[self.launches % len(self.schedule)]
 
     def launched(self, tier):
@@ -403,14 +403,21 @@ def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, 
     engine._measure_costs = timing
     tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
     assert tokens == reference
-    assert len(measured) > 1 and len(set(measured)) == len(measured)  # each bucket timed once
-    # only the first bucket (nothing timed yet) is timed while rows run; the others wait until the
-    # engine is idle (timing replays every tier's graph: a stall for every running row)
+    # only the first bucket (nothing timed yet) is timed while rows run, at the bucket's top alone (a
+    # replay below it would write over the rows' context); it is timed again at both ends, and the
+    # others for the first time, once the engine is idle (timing replays every tier's graph: a
+    # stall for every running row)
+    assert len(measured) > 2 and measured.count(measured[0]) == 2 and len(set(measured)) == len(measured) - 1
     assert busy[0] > 0 and busy[1:] == [0] * (len(busy) - 1)
     assert not engine._untimed
     saved = SpeculationProfile.load(path)
     assert all(saved.has(b, kv, engine.policy.tiers) for b, kv in measured)
     assert set(saved.step_ms) == {"plain", *map(str, engine.policy.tiers)}
+    # each bucket is timed at its shortest and longest context too, the top's time its step time
+    for b, kv in measured:
+        points = saved.context_ms[str(engine.policy.tiers[-1])][b][kv]
+        assert sorted(points) == engine._bucket_fills(kv) and len(points) == 2
+        assert points[max(points)] == saved.step_ms[str(engine.policy.tiers[-1])][b][kv]
 
     again = build()  # the same run: every bucket it reaches has its times
     assert again.policy.cost.step_ms == saved.step_ms
@@ -465,8 +472,8 @@ def test_a_host_drafter_proposes_before_the_policy_chooses(target, reference):
         proposals.append(list(tree.offered))
         return tree
 
-    def choosing(rows, batch, kv, host_ms=0.0, draining=False):
-        tier = choose(rows, batch, kv, host_ms, draining)
+    def choosing(rows, batch, kv, host_ms=0.0, draining=False, context=None):
+        tier = choose(rows, batch, kv, host_ms, draining, context)
         choices.append((rows, tier, len(proposals)))
         return tier
 
@@ -538,9 +545,9 @@ def test_each_tier_reads_its_own_context_bucket():
     tiers, offered, ran = engine.policy.tiers, [], []
     choose, plan = engine.policy.choose, engine._plan
 
-    def choosing(rows, batch, kv, host_ms=0.0, draining=False):
+    def choosing(rows, batch, kv, host_ms=0.0, draining=False, context=None):
         offered.append(list(kv))
-        return choose(rows, batch, kv, host_ms, draining)
+        return choose(rows, batch, kv, host_ms, draining, context)
 
     def planned(ahead, inflight=None):
         out = plan(ahead, inflight) if inflight is not None else plan(ahead)
@@ -669,3 +676,16 @@ def test_the_engine_tells_the_policy_its_steps_pace(target, heads, reference, mo
     assert told and all(ms > 0 for _, _, ms in told)
     assert {(t, b) for t, b, _ in told} <= {(t, b) for t, b, ahead in launched if ahead}
     assert any(not ahead for _, _, ahead in launched)  # (a step after prefills waits: it is never timed)
+
+
+def test_a_context_bucket_is_timed_at_its_shortest_and_longest_context(target, heads):
+    """The rows' tokens `_measure_costs` times a bucket at: from the bucket below's top (0 in the
+    smallest) to the full tree's tokens filling it; a bucket cut at the cache's end starts where
+    its power of two would."""
+    engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=2, **FULL)
+    engine._allocate()
+    n = engine.tree_nodes
+    assert engine._bucket_fills(128) == [0, 128 - n - 1]
+    assert engine._bucket_fills(2048) == [1024 - n - 1, 2048 - n - 1]
+    assert engine._bucket_fills(1500) == [1024 - n - 1, 1500 - n - 1]  # a cache of 1500: its last bucket
+    assert engine._context_hint(1000, 2048) == 1024 and engine._context_hint(1025, 2048) == 1152
