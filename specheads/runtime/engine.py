@@ -524,7 +524,9 @@ class SpecEngine:
         b = self._batch_bucket(n) if self.buckets else n
         # the context the step reads: the rows' committed tokens, what the step in flight commits
         # (its depth + 1), then the step's own tree
-        before = max(r.committed for r in self.rows) + ahead * ((self.depth if inflight is None else inflight) + 1)
+        lengths = [r.committed for r in self.rows]
+        grows = ahead * ((self.depth if inflight is None else inflight) + 1)
+        before = max(lengths) + grows
         bucket = self._context_bucket if self.buckets else (lambda need: min(need, self.cap))
         # each step reads its own tree's room: a plain step (the root alone, as `ar` steps) and a
         # short chain may fit a smaller bucket than the full tree, and the policy prices each so
@@ -544,7 +546,7 @@ class SpecEngine:
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
             tier = self.policy.choose(self._policy_rows(ahead), b, kvs, host_ms, draining=self.draining,
-                                      context=self._context_hint(before, kvs[-1]))
+                                      context=self._context_hint(sum(lengths) / n + grows, kvs[-1]))
         return b, kvs[tier], sampled, tier, logprobs
 
     def _policy_rows(self, ahead: int) -> list:
@@ -1024,10 +1026,12 @@ class SpecEngine:
         context the bucket holds and at its shortest (`_bucket_fills`), the rows' state put back
         after each replay as after a graph's warm-up (a replay writes only cache slots past each
         row's context); the median of MEASURE_REPEATS replays after one to warm up. The policy
-        prices a step between the two by its longest row's context: attention reads each row's
-        own keys, so a step whose rows hold half the bucket costs less than at its top (an H200 at
-        coding batch 32, bucket 2048: the full assisted tree timed 4.97 ms at the top, its steps ran
-        2.88 ms apart). Saved to the profile path if one was given."""
+        prices a step on the line through the two at its rows' mean context: attention reads each
+        row's own keys, so a step costs about linearly in the rows' tokens whatever its bucket (an
+        H200 at batch 32, the full assisted tree: 2.50 ms at no context, then 1.1-1.2 ms more a
+        thousand tokens in every bucket from 128 to 2048), and a bucket holding its longest row
+        overprices its other rows (coding at batch 32, bucket 2048: 4.97 ms timed at the top, its
+        steps ran 2.88 ms apart). Saved to the profile path if one was given."""
         graphs = []
         for tier in range(self._full + 1):  # (not the gate's graph: no tier of the policy's)
             key = (b, kv, False, tier)
@@ -1070,12 +1074,12 @@ class SpecEngine:
         low = min(max(below - self.tree_nodes - 1, 0), top)
         return [low, top] if low < top else [top]
 
-    def _context_hint(self, before: int, kv: int) -> int:
-        """The longest row's context `before` a step, rounded up to a sixteenth of the bucket kv:
-        the policy prices the step there (`_measure_costs`), and a rounded value keeps its answers
+    def _context_hint(self, mean: float, kv: int) -> int:
+        """The rows' mean context before a step, rounded up to a sixteenth of the bucket kv: the
+        policy prices the step there (`_measure_costs`), and a rounded value keeps its answers
         cached for stretches of steps."""
         q = max(kv // 16, 1)
-        return -(-before // q) * q
+        return int(-(-mean // q)) * q
 
     # graphs are captured per bucket: batch, context and prompt widths round up to powers of two
     def _batch_bucket(self, n: int) -> int:

@@ -79,10 +79,11 @@ may fit a smaller bucket than the full tree, and runs there):
   the plain decode step, on the card when the engine captures its graphs (`SpecEngine.
   capture_common` at a server's start), or loaded from a saved profile (JSON). Each bucket is
   timed with every row at its longest context and at its shortest (`context_ms`), and a step is
-  priced on the line between them at its longest row's context: attention reads each row's own
-  keys, so a bucket's top overprices a step whose rows hold less (an H200, coding at batch 32,
-  bucket 2048: the full assisted tree timed 4.97 ms at the top where its steps ran 2.88 ms apart,
-  and the policy kept to chain 2 at 0.92 of the fixed tree). A bucket without
+  priced on the line through them at its rows' mean context (`SpeculationProfile.step`):
+  attention reads each row's own keys, so a step costs about linearly in the rows' tokens, and a
+  bucket's top, which its longest row decides, overprices the others (an H200, coding at batch
+  32, bucket 2048: the full assisted tree timed 4.97 ms at the top where its steps ran 2.88 ms
+  apart, and the policy kept to chain 2 at 0.92-0.95 of the fixed tree). A bucket without
   times takes the nearest timed one's and is timed (and added to the profile) when the engine is
   next idle: timing replays every tier's graph, a stall no running request should wait on. A
   tier the loaded profile lacks is timed with the others at the first bucket a step plans, and added.
@@ -266,8 +267,11 @@ class SpeculationProfile:
 
     def step(self, batch: int, kv: int, tier: TreeShape | None, context: int | None = None) -> float:
         """The measured time of the nearest bucket (log scale) where this one was not timed; with
-        `context` (the longest row's tokens before the step) and two or more points timed in that
-        bucket, the line between the points around it (the nearest one past either end)."""
+        `context` (the rows' mean tokens before the step) and two or more points timed in that
+        bucket, the line through the points around it: the top point's time past the top, and
+        below the lowest point the line of the two lowest carried down (to no context at least),
+        where they lie a quarter of the bucket apart or more and the line rises; else the lowest
+        point's time."""
         key = self.key(tier)
         table = self.step_ms[key]
         b = min(table, key=lambda x: (abs(math.log2(x) - math.log2(batch)), -x))
@@ -277,10 +281,16 @@ class SpeculationProfile:
         if not points or len(points) < 2:
             return row[k]
         fills = sorted(points)
-        if context <= fills[0] or context >= fills[-1]:
-            return points[fills[0] if context <= fills[0] else fills[-1]]
-        hi = next(f for f in fills if f >= context)
-        lo = fills[fills.index(hi) - 1]
+        if context >= fills[-1]:
+            return points[fills[-1]]
+        if context <= fills[0]:
+            lo, hi = fills[0], fills[1]
+            if hi - lo < k / 4 or points[hi] <= points[lo]:
+                return points[lo]
+            context = max(context, 0)
+        else:
+            hi = next(f for f in fills if f >= context)
+            lo = fills[fills.index(hi) - 1]
         return points[lo] + (points[hi] - points[lo]) * (context - lo) / (hi - lo)
 
     def to_json(self) -> dict:
@@ -660,8 +670,8 @@ class AdaptivePolicy:
         """[1 + T]: the step cost of plain decoding and of each tier at this batch bucket; kv is
         the context bucket of them all, or one per entry (a step reads its own tree's room: a
         plain step or a short chain may fit a smaller bucket than the full tree); context: the
-        longest row's tokens before the step, where known (a measured profile prices the step
-        there within its bucket: `SpeculationProfile.step`)."""
+        rows' mean tokens before the step, where known (a measured profile prices the step there:
+        `SpeculationProfile.step`)."""
         kvs = tuple(int(k) for k in kv) if np.ndim(kv) else (int(kv),) * (1 + len(self.tiers))
         if len(kvs) != 1 + len(self.tiers):
             raise PolicyError(f"context buckets {kvs}: expected one, or one for plain decoding and each of the "

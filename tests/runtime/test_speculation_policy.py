@@ -484,7 +484,8 @@ def test_profile_round_trip(tmp_path):
 
 def test_a_step_is_priced_at_its_longest_rows_context_within_the_bucket(tmp_path):
     """Timed at a bucket's shortest and longest context (the engine's _bucket_fills), a step is
-    priced on the line between them at the context asked for; a bucket with one point, or a profile
+    priced on the line through them at the context asked for (the rows' mean), carried below the
+    lowest point where the points lie far enough apart; a bucket with one point, or a profile
     written before the points (no context_ms), prices the bucket's top as before."""
     p = profile()
     for t in [None, *TIERS]:
@@ -492,7 +493,16 @@ def test_a_step_is_priced_at_its_longest_rows_context_within_the_bucket(tmp_path
         p.add_point(t, 32, 2048, 2032, 5.0 if t else 1.6)
         p.add(t, 32, 2048, 5.0 if t else 1.6)
     assert p.step(32, 2048, FULL) == 5.0 and p.step(32, 2048, FULL, context=2032) == 5.0
-    assert p.step(32, 2048, FULL, context=1007) == 3.0 and p.step(32, 2048, FULL, context=600) == 3.0
+    assert p.step(32, 2048, FULL, context=1007) == 3.0 and p.step(32, 2048, FULL, context=9999) == 5.0
+    assert p.step(32, 2048, FULL, context=600) == pytest.approx(3.0 - 2.0 * 407 / 1025)  # the line carried down
+    assert p.step(32, 2048, FULL, context=-50) == p.step(32, 2048, FULL, context=0)
+    p.add_point(FULL, 32, 4096, 4000, 7.0)  # points too close (noise would tilt the line), or falling: not carried
+    p.add_point(FULL, 32, 4096, 4079, 7.5)
+    p.add(FULL, 32, 4096, 7.5)
+    assert p.step(32, 4096, FULL, context=500) == 7.0
+    p.add_point(FULL, 32, 2048, 1007, 5.5)
+    assert p.step(32, 2048, FULL, context=600) == 5.5
+    p.add_point(FULL, 32, 2048, 1007, 3.0)
     assert p.step(32, 2048, FULL, context=1519.5) == pytest.approx(4.0)
     assert p.step(32, 2048, None, context=1519.5) == pytest.approx(1.55)
     assert p.step(8, 1024, FULL, context=100) == p.step(8, 1024, FULL)  # no points there
@@ -620,7 +630,7 @@ def test_generate_drains_once_its_last_prompt_is_in():
 
     def spy(rows, batch, kv, host_ms=0.0, draining=False, context=None):
         seen.append((len(rows), draining))
-        contexts.append((context, max(r.committed for r in engine.rows), kv[-1]))
+        contexts.append((context, sum(r.committed for r in engine.rows) / len(engine.rows), kv[-1]))
         return choose(rows, batch, kv, host_ms, draining, context)
 
     engine.policy.choose = spy
@@ -631,10 +641,10 @@ def test_generate_drains_once_its_last_prompt_is_in():
     flips = [i for i in range(1, len(seen)) if seen[i][1] != seen[i - 1][1]]
     assert len(flips) == 1  # not draining while prompts wait, then draining to the end
     assert not engine.draining
-    # each choice is told the longest row's context (with the step in flight's commits), rounded up
-    # to a sixteenth of the full tree's context bucket (the profile prices a step there)
-    quanta = [(c, longest, max(kv // 16, 1)) for c, longest, kv in contexts]
-    assert quanta and all(c >= longest and c % q == 0 and c - longest <= q + 3 for c, longest, q in quanta)
+    # each choice is told the rows' mean context (with the step in flight's commits), rounded up to
+    # a sixteenth of the full tree's context bucket (the profile prices a step there)
+    quanta = [(c, mean, max(kv // 16, 1)) for c, mean, kv in contexts]
+    assert quanta and all(c >= mean and c % q == 0 and c - mean <= q + 3 for c, mean, q in quanta)
     seen.clear()
     from specheads.runtime.engine import Request
 
