@@ -1066,11 +1066,12 @@ class SpecEngine:
             self.policy.cost.save(self._profile_path)
 
     def _bucket_fills(self, kv: int) -> list[int]:
-        """The rows' tokens at which a step of context bucket kv is timed: the fewest a step planned
-        there can hold (its longest row just past the bucket below) and the most (the full tree's
-        tokens fill it), ascending; one where they meet."""
+        """The rows' tokens at which a step of context bucket kv is timed, ascending: about half the
+        bucket (the least its longest row holds; none in the smallest bucket) and the most (the
+        full tree's tokens fill it); one where they meet. The policy carries the line through them
+        down to the rows' mean (`SpeculationProfile.step`)."""
         top = max(kv - self.tree_nodes - 1, 0)
-        below = next_pow2(kv) // 2 if kv > MIN_CONTEXT_BUCKET else 0  # (a bucket cut at the cache's end too)
+        below = kv // 2 if kv > MIN_CONTEXT_BUCKET else 0
         low = min(max(below - self.tree_nodes - 1, 0), top)
         return [low, top] if low < top else [top]
 

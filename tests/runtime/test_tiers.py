@@ -681,13 +681,13 @@ def test_the_engine_tells_the_policy_its_steps_pace(target, heads, reference, mo
 
 
 def test_a_context_bucket_is_timed_at_its_shortest_and_longest_context(target, heads):
-    """The rows' tokens `_measure_costs` times a bucket at: from the bucket below's top (0 in the
-    smallest) to the full tree's tokens filling it; a bucket cut at the cache's end starts where
-    its power of two would."""
+    """The rows' tokens `_measure_costs` times a bucket at: from about half the bucket (0 in the
+    smallest) to the full tree's tokens filling it, also in a bucket cut at the cache's end (the
+    policy carries the line through them down to the rows' mean context)."""
     engine = SpecEngine(target, heads["eagle3"], max_len=64, max_batch=2, **FULL)
     engine._allocate()
     n = engine.tree_nodes
     assert engine._bucket_fills(128) == [0, 128 - n - 1]
     assert engine._bucket_fills(2048) == [1024 - n - 1, 2048 - n - 1]
-    assert engine._bucket_fills(1500) == [1024 - n - 1, 1500 - n - 1]  # a cache of 1500: its last bucket
+    assert engine._bucket_fills(1500) == [750 - n - 1, 1500 - n - 1]  # a cache of 1500: its last bucket
     assert engine._context_hint(1000.5, 2048) == 1024 and engine._context_hint(1024.2, 2048) == 1152
