@@ -120,7 +120,8 @@ def _assist():
 
 def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
     """The drafter of a method (None for plain decoding). KIND+ngram: KIND's drafter with the
-    n-gram lookup beside it (drafters/assist.py; options ngram_max, ngram_min, ngram_gate)."""
+    n-gram lookup beside it (drafters/assist.py; options ngram_max, ngram_min, ngram_gate,
+    ngram_gate_chain)."""
     assist = _assist()
     base, assisted = assist.split_method(method)
     if assisted:
@@ -132,7 +133,8 @@ def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
                                                             if k not in assist.OPTIONS}))
         try:
             return assist.NgramAssist(inner, options.get("ngram_max", assist.MAX_NGRAM),
-                                      options.get("ngram_min", assist.MIN_NGRAM), gate=options.get("ngram_gate", assist.GATE))
+                                      options.get("ngram_min", assist.MIN_NGRAM), gate=options.get("ngram_gate", assist.GATE),
+                                      gate_chain=options.get("ngram_gate_chain", 0))
         except (ValueError, NotImplementedError) as e:
             raise DrafterError(f"method {method}: {e}") from None
     if method == PLAIN:

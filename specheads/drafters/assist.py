@@ -43,7 +43,7 @@ SUFFIX = "+ngram"  # method KIND+ngram: KIND's drafter with the lookup beside it
 MAX_NGRAM = 4
 GATE = 1  # the gate's default batch size (module doc, "The gate")
 MIN_NGRAM = 3
-OPTIONS = ("ngram_max", "ngram_min", "ngram_gate")  # drafter options the assist takes (the rest go to the head's drafter)
+OPTIONS = ("ngram_max", "ngram_min", "ngram_gate", "ngram_gate_chain")  # drafter options the assist takes (the rest go to the head's drafter)
 
 
 def split_method(method: str | None) -> tuple[str | None, bool]:
@@ -59,7 +59,8 @@ class NgramAssist(Drafter):
     tree and the chain (num_draft tokens)."""
 
     def __init__(self, inner: Drafter, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
-                 chain: int | None = None, _shared: DeviceNgramDrafter | None = None, gate: int = GATE):
+                 chain: int | None = None, _shared: DeviceNgramDrafter | None = None, gate: int = GATE,
+                 gate_chain: int = 0):
         if not inner.abilities.on_device:
             raise ValueError(f"the n-gram assist needs a drafter that drafts on the device; {type(inner).__name__} "
                              "drafts on the host")
@@ -67,14 +68,19 @@ class NgramAssist(Drafter):
             raise ValueError(f"ngram_min must be in [1, ngram_max={max_ngram}], got {min_ngram}")
         if not isinstance(gate, int) or isinstance(gate, bool) or gate < 0:
             raise ValueError(f"ngram_gate must be a batch size >= 0 (0: off), got {gate!r}")
+        if not isinstance(gate_chain, int) or isinstance(gate_chain, bool) or gate_chain < 0:
+            raise ValueError(f"ngram_gate_chain must be a draft count >= 0 (0: the tree's), got {gate_chain!r}")
+        if gate_chain and not gate:
+            raise ValueError("ngram_gate_chain sets the chain of the gate's steps: it needs the gate (ngram_gate >= 1)")
         # the engine's gate (module doc, "The gate"): up to this many rows, a full-tree step whose rows
-        # all match runs `lookup_only()` instead (0: never)
+        # all match runs `lookup_only()` instead (0: never), a chain of `gate_chain` drafts
         self.gate = gate
         self.inner = inner
         self.chain = inner.num_draft if chain is None else chain
+        self.gate_chain = max(gate_chain, self.chain)
         self.num_draft = inner.num_draft
         self.topk = inner.topk
-        self.depth = max(inner.depth, self.chain)
+        self.depth = max(inner.depth, self.chain, self.gate_chain)
         self.needs = inner.needs
         self.abilities = Abilities(on_device=True, trees=True, tiers=inner.abilities.tiers)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -132,9 +138,10 @@ class NgramAssist(Drafter):
         return tier
 
     def lookup_only(self) -> "LookupChain":
-        """The full tree's step without the head's tree, for a step whose rows all take the chain."""
-        twin = LookupChain(self.inner, self.max_ngram, self.min_ngram, self.chain, self.lookup)
-        twin.num_draft = self.num_draft
+        """The full tree's step without the head's tree, for a step whose rows all take the chain: a
+        chain of `gate_chain` drafts (the tree's draft count unless ngram_gate_chain says more)."""
+        twin = LookupChain(self.inner, self.max_ngram, self.min_ngram, self.gate_chain, self.lookup)
+        twin.num_draft = self.gate_chain
         twin._allocate_chain(self.cols.device)
         return twin
 

@@ -357,6 +357,13 @@ class SpecEngine:
         return self.drafter.num_draft if self.drafter is not None else 0
 
     @property
+    def max_drafts(self) -> int:
+        """The most drafts a step verifies on a row: the tree's, or the n-gram assist's gated chain
+        where ngram_gate_chain makes it longer (drafters/assist.py)."""
+        gated = getattr(self.drafter, "gate_chain", 0) if getattr(self.drafter, "gate", 0) else 0
+        return max(self.num_draft_tokens, gated)
+
+    @property
     def active(self) -> int:
         return len(self.rows) + len(self.waiting)
 
@@ -471,9 +478,9 @@ class SpecEngine:
         # tree's depth + 1 tokens (a plain step one). A row that reaches its token budget (or a stop)
         # in the step in flight runs one step too many, dropped as after a stop: at batch 64 on an
         # H200 holding back every row near its budget kept a fifth of the steps from running ahead
-        depth = self.policy.tiers[current.tier - 1].steps if current.tier else 0
+        depth = self._launch_depth(current)
         if not self.overlap or self.waiting or (
-                max(r.committed for r in self.rows) + depth + 1 + self.tree_nodes + 1 > self.cap):
+                max(r.committed for r in self.rows) + depth + 1 + self.widest_nodes + 1 > self.cap):
             return None
         plan = self._plan(ahead=1, inflight=depth)
         # a host drafter proposes from the tokens of the step in flight: only a plain step runs ahead
@@ -494,8 +501,22 @@ class SpecEngine:
         if current.event is not None:
             current.event.synchronize()
         if bool((current.host[:len(current.rows), -1] == 1).all()):
+            if self.widest_nodes > self.tree_nodes:  # a longer chain than the tree (ngram_gate_chain): its own room
+                before = max(r.committed for r in rows) + self._launch_depth(current) + 1
+                kv = self._context_bucket(before + self.widest_nodes + 1) if self.buckets else min(
+                    before + self.widest_nodes + 1, self.cap)
             return b, kv, sampled, self._gated, logprobs
         return plan
+
+    def _launch_depth(self, launch: _Launch) -> int:
+        """The most drafts a launched step can accept on a row: its tier's depth, at most its draft
+        count (the assist's full tier is as deep as its gated chain, which only a gated step drafts)."""
+        if not launch.tier:
+            return 0
+        if launch.gated:
+            return self.widest_nodes - 1
+        t = self.policy.tiers[launch.tier - 1]
+        return min(t.steps, t.num_draft)
 
     @property
     def _keeps_up(self) -> bool:
@@ -673,7 +694,7 @@ class SpecEngine:
 
     def _set_limits(self, index: int, row: _Row) -> None:
         """Row `index`'s tree limits on the device: the request's (capped by the engine's), or no drafts."""
-        spec, n_draft = row.request.spec, self.tree_nodes - 1
+        spec, n_draft = row.request.spec, self.widest_nodes - 1
         on = row.speculate
         row.depth_cap = min(spec.num_steps or self.depth, self.depth) if on else 0
         self.depth_limit[index] = row.depth_cap
@@ -766,6 +787,7 @@ class SpecEngine:
         self.staging = self.max_batch
         mb = self.max_batch + 1
         self.tree_nodes = 1 + self.num_draft_tokens
+        self.widest_nodes = 1 + self.max_drafts  # (more where the assist's gated steps verify a longer chain)
         self.depth = self.num_steps
         self.cap = self._cache_len()
         self._check_memory(mb)
@@ -825,7 +847,7 @@ class SpecEngine:
 
     def _cache_len(self) -> int:
         """Slots per cache row: the context, room to verify a full tree at its end, a spare slot."""
-        return self.max_len + 1 + self.num_draft_tokens + 2
+        return self.max_len + 1 + self.max_drafts + 2
 
     def memory_plan(self, rows: int | None = None) -> dict[str, int]:
         """Bytes the engine allocates for `rows` cache rows (default: max_batch + the staging
@@ -837,7 +859,7 @@ class SpecEngine:
         elem = torch.tensor([], dtype=self.dtype).element_size()
         kv = 2 * spec.num_hidden_layers * rows * spec.num_key_value_heads * cap * spec.head_dim * elem
         drafter = self.drafter.memory_bytes(rows, cap, elem) if self.drafter is not None else 0
-        tokens = rows * (1 + self.num_draft_tokens)
+        tokens = rows * (1 + self.max_drafts)
         step = tokens * (spec.vocab_size * (4 + elem) + 8 * spec.hidden_size * elem) + tokens * cap * 2
         return {"kv_cache": kv, "drafter": drafter, "step": step}
 

@@ -194,6 +194,29 @@ def test_the_gate_changes_a_steps_cost_not_its_drafts(target, head, reference, m
         assert sum(gated1) >= 5, sum(gated1)
 
 
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_a_gated_chain_longer_than_the_tree_keeps_the_output(target, head, reference, max_batch):
+    """ngram_gate_chain: a gated step verifies a chain of up to that many drafts (its own verify
+    width), other steps the tree as before: the output stays the target's, gated steps accept past
+    the tree's draft count where the answer repeats (batch 1), and sampled output keeps its
+    counter-based noise."""
+    kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
+    engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
+                        drafter_options={"ngram_gate": max_batch, "ngram_gate_chain": 3 * n}, **TREES["tree"])
+    assert engine.max_drafts == 3 * n and engine.num_draft_tokens == n and engine.num_steps == 3 * n
+    gated = _gated_steps(engine)
+    out, accepted = _run(engine, PROMPTS)
+    assert out == reference
+    if max_batch == 1:  # only a gated step verifies more than the tree's n drafts
+        assert any(gated) and max(accepted) > n
+    params = SamplingParams(max_new_tokens=30, temperature=0.8, seed=5)
+    ref = [r.token_ids for r in SpecEngine(target, method="ar", max_len=128).generate(PROMPTS[:4], params)]
+    assert [r.token_ids for r in engine.generate(PROMPTS[:4], params)] == ref
+    with pytest.raises(EngineError, match="ngram_gate_chain sets the chain of the gate's steps: it needs the gate"):
+        SpecEngine(target, head, method=f"{kind}+ngram", max_len=128,
+                   drafter_options={"ngram_gate": 0, "ngram_gate_chain": 20}, **TREES["tree"])
+
+
 def test_the_gate_is_on_at_batch_1_by_default(target, head):
     """Measured to pay at batch 1 on an H200 (drafters/assist.py): the assist gates there unless told not to."""
     engine = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1, **TREES["tree"])
