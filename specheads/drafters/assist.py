@@ -22,7 +22,12 @@ verify and commit, with the head only taking in the path. The wait gives up the 
 steps it checks. Measured at batch 1 (one H200, 2026-12-03, median of 3, docs/benchmarks.md): 6,4,15
 +1.2% on chat (128 test prompts) and +2.0% on coding (64), 6,4,31 +2.3% and +0.9%; hence on at
 batch 1. Wider batches rarely have every row matching at once, and each wait would cost them the
-run-ahead: not measured there, so not gated.
+run-ahead: not measured there, so not gated. With `ngram_gate_chain` C (more than the tree's N
+drafts), a gated step verifies a chain of up to C drafts in its own verify shape (C + 1 nodes) while
+every other step keeps the tree's N + 1: a repeated passage is drafted C deep without every step
+paying a wider tree (on an H200 at batch 1 the 6,4,31 tree's step cost 12% more than 6,4,15's; the
+gated 6,4,31 ran 3.03x on chat against 6,4,15's 2.96x, losing on the categories that repeat little).
+The engine's depth is then C (a gated path is that deep); not yet timed on a card.
 
 Chosen on the evaluation suite's validation prompts (SmolLM2-135M-Instruct and its EAGLE-3 head,
 the tree 6,4,15, replayed from teacher-forced traces; gpu_runs/README.md): a suffix match of 3
