@@ -12,7 +12,8 @@ The head's drafter drafts every step (its tree is dropped in the rows that take 
 commits every accepted path, so its state follows the text whichever draft won; a path may then be
 as deep as the chain (`Drafter.accept_depth`). The output is the target's whatever is drafted.
 
-The gate (option `ngram_gate` N: batches of up to N rows; 0 = off; default 1): where a row takes
+The gate (option `ngram_gate` N: batches of up to N rows; 0 = off; unset, 1 under the fixed policy
+and off under the adaptive one, `SpecEngine.gate_rows`): where a row takes
 the chain, the head's tree of that step is drafted for nothing; about 29% of the assisted steps take it
 at batch 1 (SmolLM2-135M, the validation prompts' replay, chat and coding alike), and on an H200 the
 head's six depths are about a fifth of such a step. With the gate, each drafting step also writes
@@ -21,7 +22,8 @@ at most N rows, waits for it, and where every row matches runs `lookup_only()`: 
 verify and commit, with the head only taking in the path. The wait gives up the run-ahead of the
 steps it checks. Measured at batch 1 (one H200, 2026-12-03, median of 3, docs/benchmarks.md): 6,4,15
 +1.2% on chat (128 test prompts) and +2.0% on coding (64), 6,4,31 +2.3% and +0.9%; hence on at
-batch 1. Wider batches rarely have every row matching at once, and each wait would cost them the
+batch 1 under the fixed policy. The adaptive policy with it ran 2.91x `ar` at coding batch 1 against
+3.10x without (paced, another call of the same card): unexplained, so off there unless asked for. Wider batches rarely have every row matching at once, and each wait would cost them the
 run-ahead: not measured there, so not gated. With `ngram_gate_chain` C (more than the tree's N
 drafts), a gated step verifies a chain of up to C drafts in its own verify shape (C + 1 nodes) while
 every other step keeps the tree's N + 1: a repeated passage is drafted C deep without every step
@@ -46,7 +48,7 @@ from specheads.runtime.tree import Tree, chain_tree
 
 SUFFIX = "+ngram"  # method KIND+ngram: KIND's drafter with the lookup beside it
 MAX_NGRAM = 4
-GATE = 1  # the gate's default batch size (module doc, "The gate")
+GATE = None  # the gate's default: unset, the engine's choice by its policy (module doc, "The gate")
 MIN_NGRAM = 3
 OPTIONS = ("ngram_max", "ngram_min", "ngram_gate", "ngram_gate_chain")  # drafter options the assist takes (the rest go to the head's drafter)
 
@@ -64,18 +66,18 @@ class NgramAssist(Drafter):
     tree and the chain (num_draft tokens)."""
 
     def __init__(self, inner: Drafter, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
-                 chain: int | None = None, _shared: DeviceNgramDrafter | None = None, gate: int = GATE,
+                 chain: int | None = None, _shared: DeviceNgramDrafter | None = None, gate: int | None = GATE,
                  gate_chain: int = 0):
         if not inner.abilities.on_device:
             raise ValueError(f"the n-gram assist needs a drafter that drafts on the device; {type(inner).__name__} "
                              "drafts on the host")
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"ngram_min must be in [1, ngram_max={max_ngram}], got {min_ngram}")
-        if not isinstance(gate, int) or isinstance(gate, bool) or gate < 0:
+        if gate is not None and (not isinstance(gate, int) or isinstance(gate, bool) or gate < 0):
             raise ValueError(f"ngram_gate must be a batch size >= 0 (0: off), got {gate!r}")
         if not isinstance(gate_chain, int) or isinstance(gate_chain, bool) or gate_chain < 0:
             raise ValueError(f"ngram_gate_chain must be a draft count >= 0 (0: the tree's), got {gate_chain!r}")
-        if gate_chain and not gate:
+        if gate_chain and gate == 0:
             raise ValueError("ngram_gate_chain sets the chain of the gate's steps: it needs the gate (ngram_gate >= 1)")
         # the engine's gate (module doc, "The gate"): up to this many rows, a full-tree step whose rows
         # all match runs `lookup_only()` instead (0: never), a chain of `gate_chain` drafts

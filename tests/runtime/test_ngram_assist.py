@@ -217,15 +217,22 @@ def test_a_gated_chain_longer_than_the_tree_keeps_the_output(target, head, refer
                    drafter_options={"ngram_gate": 0, "ngram_gate_chain": 20}, **TREES["tree"])
 
 
-def test_the_gate_is_on_at_batch_1_by_default(target, head):
-    """Measured to pay at batch 1 on an H200 (drafters/assist.py): the assist gates there unless told not to."""
-    engine = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1, **TREES["tree"])
-    engine._allocate()
-    assert engine.drafter.gate == 1 and engine._gated is not None
-    off = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1,
-                     drafter_options={"ngram_gate": 0}, **TREES["tree"])
-    off._allocate()
-    assert off.drafter.gate == 0 and off._gated is None
+def test_the_gate_is_on_at_batch_1_under_the_fixed_policy_by_default(target, head):
+    """Measured to pay at batch 1 on an H200 under the fixed policy, and not under the adaptive one
+    (drafters/assist.py): unset, the engine gates batches of one row under the fixed policy only;
+    set, as it says."""
+    def engine(**kw):
+        e = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1, **TREES["tree"], **kw)
+        e._allocate()
+        return e
+    fixed = engine()
+    assert fixed.drafter.gate is None and fixed.gate_rows == 1 and fixed._gated is not None
+    adaptive = engine(speculation_policy="adaptive")
+    assert adaptive.gate_rows == 0 and adaptive._gated is None
+    asked = engine(speculation_policy="adaptive", drafter_options={"ngram_gate": 1})
+    assert asked.gate_rows == 1 and asked._gated is not None
+    off = engine(drafter_options={"ngram_gate": 0})
+    assert off.gate_rows == 0 and off._gated is None
 
 
 def test_the_gate_keeps_sampled_output_and_the_adaptive_policy(target, reference):
