@@ -93,26 +93,41 @@ def summarize(rows: list[list[dict]], cats: list[str], new: list[int], big: int)
                       for c, idx in groups.items()} for split in range(big + 1)}
     oracle = {c: mean_length([[max(p["chain"], p["tree"][big]) for p in rows[i]] for i in idx],
                              [new[i] for i in idx]) for c, idx in groups.items()}
+    # the gated long chain (ngram_gate_chain = big): the whole chain where the lookup matched, the
+    # head's first m nodes (a tree of m drafts, what a step of that width drafts) elsewhere
+    long_chain = {m: {c: mean_length([[p["chain"] if p["found"] else p["tree"][m] for p in rows[i]] for i in idx],
+                                     [new[i] for i in idx]) for c, idx in groups.items()} for m in range(1, big + 1)}
     share = {}
     for c, idx in groups.items():
         counts = [chain_steps(rows[i], new[i], big) for i in idx]
         share[c] = sum(k for _, k in counts) / sum(s for s, _ in counts)
-    return {"categories": cats, "prompts": len(cats), "splits": splits, "oracle": oracle,
+    return {"categories": cats, "prompts": len(cats), "splits": splits, "oracle": oracle, "long_chain": long_chain,
             "matched_roots": sum(p["found"] for pos in rows for p in pos) / sum(len(pos) for pos in rows),
             "chain_step_share": share}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--traces", required=True, help="a policy_sim traces file: its prompts and the target's answers")
+    ap.add_argument("--traces", help="a policy_sim traces file: its prompts and the target's answers")
+    ap.add_argument("--positions", help="instead: a _positions.json.gz this script wrote (summarized again, no model)")
     ap.add_argument("--target", default=None, help="default: the traces file's")
-    ap.add_argument("--draft", required=True)
+    ap.add_argument("--draft", help="the head (with --traces)")
     ap.add_argument("--tree", default="6,4,15", help="S,K,N: the head's tree (N nodes shared with the chain)")
     ap.add_argument("--ngram-min", type=int, default=None)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--skip", nargs="*", default=[], help="categories to leave out (e.g. coding, traced elsewhere)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if bool(args.traces) == bool(args.positions) or (args.traces and not args.draft):
+        ap.error("give --traces and --draft (a replay), or --positions (a replay's positions to summarize again)")
+    if args.positions:
+        saved = json.loads(read_text(args.positions))
+        rows, cats, new = saved["positions"], saved["categories"], saved["new_tokens"]
+        big = len(rows[0][0]["tree"]) - 1
+        report = {"positions": args.positions, **summarize(rows, cats, new, big)}
+        Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=1))
+        show(report, big)
+        return 0
 
     from specheads.evaluation.suite import load_suite
     from specheads.heads.format import load_head
@@ -144,13 +159,20 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(report, indent=1))
     with gzip.open(out.with_name(out.stem + "_positions.json.gz"), "wt") as f:
         json.dump({"categories": cats, "new_tokens": new, "positions": rows}, f)
+    show(report, big)
+    return 0
+
+
+def show(report: dict, big: int) -> None:
     for split, acc in report["splits"].items():
         print(f"chain {split:>2} + head {big - split:>2}: " + "  ".join(f"{c} {v:.3f}" for c, v in acc.items()))
+    for m, acc in report["long_chain"].items():
+        print(f"chain {big} where matched, else the head's {m:>2} nodes: "
+              + "  ".join(f"{c} {v:.3f}" for c, v in acc.items()))
     print("oracle (the longer of the full chain and the full tree): "
           + "  ".join(f"{c} {v:.3f}" for c, v in report["oracle"].items())
           + f"; matched at {report['matched_roots']:.1%} of roots; steps on the chain: "
           + "  ".join(f"{c} {v:.1%}" for c, v in report["chain_step_share"].items()))
-    return 0
 
 
 if __name__ == "__main__":
