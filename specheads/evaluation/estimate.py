@@ -11,7 +11,8 @@ the engine's accept walk. Walking from the end of the prompt, a step at L emits 
 drafts and the bonus token (never past the continuation's end) and the next step is rooted
 where it stopped: the mean acceptance length is what the engine reports for the same prompts,
 up to where the drafter's own arithmetic would round a near-tie differently in a step than in
-its prefill.
+its prefill. With the n-gram assist's gated long chain (`ngram_gate_chain`, drafters/assist.py), a
+root whose lookup matched is scored with that chain, as a batch-1 step would verify it.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def accepted_per_position(drafter, target, sequence: list[int], start: int, rows
     length of the tree's path that spells sequence[L + 1:], minus the root. Roots are scored in
     chunks (root_chunks: at most `rows` rows and `tokens` prefill tokens a chunk)."""
     result: list[int] = []
+    long = long_chain(drafter)
     with torch.no_grad():
         for chunk, seq, ctx in prefilled_roots(drafter, target, sequence, start, rows, tokens):
             tree = drafter.propose(ctx)
@@ -84,8 +86,21 @@ def accepted_per_position(drafter, target, sequence: list[int], start: int, rows
             y = following(seq, chunk[:, None] + depth + 1)
             anc = ancestors_reference(parents, tree.max_depth).contiguous()
             _, length, _, _ = accept(tokens_, parents, valid, depth, anc, y, tree.max_depth)
-            result += (length - 1).tolist()
+            accepted = length - 1
+            if long:  # a matched root's step is gated: the lookup's chain of up to `long` drafts
+                drafts, found = drafter.lookup.lookup(ctx, torch.arange(long, device=dev), drafter.min_ngram)
+                want = following(seq, chunk[:, None] + 1 + torch.arange(long, device=dev))
+                chain = torch.cumprod((drafts == want).long(), 1).sum(1)
+                accepted = torch.where(found, chain, accepted)
+            result += accepted.tolist()
     return result
+
+
+def long_chain(drafter) -> int:
+    """The chain a gated batch-1 step verifies where it is longer than the tree's (the n-gram
+    assist's ngram_gate_chain with its gate not turned off), else 0."""
+    chain = getattr(drafter, "gate_chain", 0)
+    return chain if chain > getattr(drafter, "num_draft", 0) and getattr(drafter, "gate", 0) != 0 else 0
 
 
 def drafter_kv(drafter, n: int) -> int:
@@ -107,12 +122,12 @@ def walk(accepted: list[int], new_tokens: int) -> tuple[int, int]:
 
 
 def scoring_drafter(target, head, method: str, tree: dict, prompts: list[list[int]],
-                    continuations: list[list[int]], rows: int = 64):
-    """A drafter of `method` with tree options {num_steps, topk, num_draft_tokens}, prepared on the
-    target's device with `rows` rows long enough for every prompt + continuation (for
-    `accepted_per_position`)."""
+                    continuations: list[list[int]], rows: int = 64, options: dict | None = None):
+    """A drafter of `method` with tree options {num_steps, topk, num_draft_tokens} and drafter
+    `options`, prepared on the target's device with `rows` rows long enough for every prompt +
+    continuation (for `accepted_per_position`)."""
     dev = next(target.parameters()).device
-    drafter = build_drafter(method, DraftSetup(target, head, options={}, **tree))
+    drafter = build_drafter(method, DraftSetup(target, head, options=dict(options or {}), **tree))
     if dev.type == "cuda":
         drafter.prepare(dev)
     longest = max(len(p) + len(c) for p, c in zip(prompts, continuations))
@@ -122,12 +137,12 @@ def scoring_drafter(target, head, method: str, tree: dict, prompts: list[list[in
 
 def served_acceptance(target, head, method: str, tree: dict, prompts: list[list[int]],
                       continuations: list[list[int]], new_tokens: list[int] | None = None,
-                      rows: int = 64) -> list[dict]:
+                      rows: int = 64, options: dict | None = None) -> list[dict]:
     """Per prompt: {"steps", "accepted_tokens", "mean_accept_length"} estimated for greedy serving
     of the first `new_tokens[i]` tokens (default: all) of `continuations[i]` (the target's own,
     best a tree's depth longer) with a drafter of `method` and tree options {num_steps, topk,
-    num_draft_tokens}."""
-    drafter = scoring_drafter(target, head, method, tree, prompts, continuations, rows)
+    num_draft_tokens} and drafter `options`."""
+    drafter = scoring_drafter(target, head, method, tree, prompts, continuations, rows, options)
     out = []
     for i, (prompt, cont) in enumerate(zip(prompts, continuations)):
         n = len(cont) if new_tokens is None else min(new_tokens[i], len(cont))

@@ -241,7 +241,7 @@ def _estimate(target, head, m: Method, prompts: list[list[int]], answers: list[l
         tree.update(num_steps=m.num_steps, topk=m.topk)
     longer = [x if x[: len(a)] == a else a for x, a in zip(longer, answers)]
     est = served_acceptance(target, head if method_needs_head(m.method) else None, m.method, tree, prompts, longer,
-                            [len(a) for a in answers])
+                            [len(a) for a in answers], options=dict(m.options))
     steps = sum(e["steps"] for e in est)
     return 1 + sum(e["accepted_tokens"] for e in est) / steps if steps else 1.0
 
