@@ -298,6 +298,10 @@ class SpecEngine:
             self.policy = self._build_policy(speculation_policy, speculation_tiers, speculation_settings)
         except PolicyError as e:
             raise EngineError(str(e)) from None
+        if getattr(self.drafter, "gate_chain", 0) > self.num_draft_tokens and not self.gate_rows:
+            # (the drafter is as deep as the long chain, which only a gated step drafts)
+            raise EngineError(f"ngram_gate_chain={self.drafter.gate_chain} lengthens the gate's chain, and the gate is "
+                              f"off here (the adaptive policy leaves it off unless asked): add ngram_gate=1")
 
     # ------------------------------------------------------------------ policy
     @property

@@ -215,6 +215,9 @@ def test_a_gated_chain_longer_than_the_tree_keeps_the_output(target, head, refer
     with pytest.raises(EngineError, match="ngram_gate_chain sets the chain of the gate's steps: it needs the gate"):
         SpecEngine(target, head, method=f"{kind}+ngram", max_len=128,
                    drafter_options={"ngram_gate": 0, "ngram_gate_chain": 20}, **TREES["tree"])
+    with pytest.raises(EngineError, match="the gate is off here .* add ngram_gate=1"):  # adaptive: off unless asked
+        SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, speculation_policy="adaptive",
+                   drafter_options={"ngram_gate_chain": 20}, **TREES["tree"])
 
 
 def test_the_gate_is_on_at_batch_1_under_the_fixed_policy_by_default(target, head):
