@@ -139,8 +139,9 @@ def head_kind(name: str) -> str:
 
 def pick_tree(report: dict, coding: bool = False) -> dict:
     """The tree with the best chat macro-average speedup over ar in a `specheads evaluate` report
-    (methods KIND@S,K,N; ties to the earlier candidate); with `coding`, the best mean of the chat
-    macro-average's and the coding category's speedups (the report must hold coding)."""
+    (methods KIND@S,K,N[:options]; ties to the earlier candidate; chosen as written after the @); with
+    `coding`, the best mean of the chat macro-average's and the coding category's speedups (the report
+    must hold coding)."""
     chat = report.get("chat_macro_average") or {}
     code = (report.get("categories") or {}).get("coding") if coding else None
     if coding and not code:
@@ -159,7 +160,9 @@ def pick_tree(report: dict, coding: bool = False) -> dict:
     for n in cands if code else ():
         out[n].update(coding_speedup_vs_ar=round(code[n]["speedup_vs_ar"], 4),
                       coding_accept=round(code[n]["mean_accept_length"], 4), score=round(score(n), 4))
-    return {"chosen": f"{m['num_steps']},{m['topk']},{m['num_draft_tokens']}", "split": report.get("split"),
+    # the method spec after KIND@ (S,K,N, with its drafter options where it has any: ...:ngram_gate_chain=31)
+    chosen = best.split("@", 1)[1] if "@" in best else f"{m['num_steps']},{m['topk']},{m['num_draft_tokens']}"
+    return {"chosen": chosen, "split": report.get("split"),
             "card": report.get("card"), "batch_size": report.get("batch_size"),
             "by": "mean of chat and coding speedups" if code else "chat speedup", "candidates": out}
 

@@ -136,3 +136,8 @@ def test_pick_tree_by_chat_or_by_chat_and_coding():
     choice = mod.pick_tree(report, coding=True)
     assert choice["chosen"] == "6,4,15" and choice["candidates"]["eagle3@6,4,15"]["score"] == pytest.approx(2.45)
     assert mod.pick_tree(report)["chosen"] == "7,8,31"
+    # a candidate with drafter options is chosen as written after its KIND@
+    report["methods"].append({"name": "eagle3@6,4,15:ngram_gate_chain=31", "num_steps": 6, "topk": 4,
+                              "num_draft_tokens": 15})
+    report["chat_macro_average"]["eagle3@6,4,15:ngram_gate_chain=31"] = {"speedup_vs_ar": 2.5, "mean_accept_length": 4}
+    assert mod.pick_tree(report)["chosen"] == "6,4,15:ngram_gate_chain=31"
