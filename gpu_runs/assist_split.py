@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specheads.evaluation.estimate import following, prefilled_roots, scoring_drafter, walk  # noqa: E402
+from specheads.evaluation.estimate import following, lookup_accepted, prefilled_roots, scoring_drafter, walk  # noqa: E402
 from specheads.files import read_text  # noqa: E402
 from specheads.kernels.verify import accept, ancestors_reference  # noqa: E402
 
@@ -36,15 +36,14 @@ from specheads.kernels.verify import accept, ancestors_reference  # noqa: E402
 def positions(drafter, target, sequence: list[int], start: int, rows: int = 64) -> list[dict]:
     """Per step root L in [start, len - 1): {"found", "chain", "tree": [accepted with the head's first n
     nodes, n = 0..N]}."""
-    head, lookup, big = drafter.inner, drafter.lookup, drafter.num_draft
+    head, big = drafter.inner, drafter.num_draft
     result = []
     with torch.no_grad():
         for chunk, seq, ctx in prefilled_roots(drafter, target, sequence, start, rows):
             tree = head.propose(ctx)
-            drafts, found = lookup.lookup(ctx, drafter.cols, drafter.min_ngram)
             # the chain: how many of its drafts spell the answer's next tokens
-            want = following(seq, chunk[:, None] + 1 + torch.arange(drafts.shape[1], device=seq.device))
-            chain = torch.cumprod((drafts == want).long(), 1).sum(1).clamp(max=big)
+            chain, found = lookup_accepted(drafter, ctx, seq, chunk, drafter.cols)
+            chain = chain.clamp(max=big)
             # the head's tree cut to its first m nodes by rank, m = 0..N
             y = following(seq, chunk[:, None] + tree.depth + 1)
             anc = ancestors_reference(tree.parents, tree.max_depth).contiguous()

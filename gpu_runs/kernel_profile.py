@@ -139,7 +139,7 @@ def main():
                          "checkouts: SPECHEADS_PDL=0 in the environment)")
     args = ap.parse_args()
 
-    from specheads.evaluation.suite import single_turn_texts
+    from specheads.evaluation.suite import CHAT_CATEGORIES, single_turn_texts
     from specheads.heads.format import load_head
     from specheads.runtime.engine import Request, SpecEngine
     from specheads.runtime.sampling import SamplingParams
@@ -161,8 +161,7 @@ def main():
     target, tok, _ = load_target(os.environ["TARGET"], dtype=dtype, device=args.device)
     head = load_head(args.head, device=args.device, dtype=dtype)
     saved = Path(".dev/prompts/sharegpt.json")  # the held-out ShareGPT turns where kept; else the suite's chat prompts
-    texts = json.loads(saved.read_text()) if saved.exists() else single_turn_texts(
-        "test", ["writing", "roleplay", "reasoning", "math", "extraction", "stem", "humanities"], 64)
+    texts = json.loads(saved.read_text()) if saved.exists() else single_turn_texts("test", CHAT_CATEGORIES, 64)
     encode = lambda t: tok(render(tok, [{"role": "user", "content": t}], add_generation_prompt=True),  # noqa: E731
                            add_special_tokens=False)["input_ids"]
     prompts = []

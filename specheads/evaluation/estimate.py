@@ -76,6 +76,7 @@ def accepted_per_position(drafter, target, sequence: list[int], start: int, rows
     chunks (root_chunks: at most `rows` rows and `tokens` prefill tokens a chunk)."""
     result: list[int] = []
     long = long_chain(drafter)
+    cols = torch.arange(long, device=next(target.parameters()).device) if long else None
     with torch.no_grad():
         for chunk, seq, ctx in prefilled_roots(drafter, target, sequence, start, rows, tokens):
             tree = drafter.propose(ctx)
@@ -88,12 +89,19 @@ def accepted_per_position(drafter, target, sequence: list[int], start: int, rows
             _, length, _, _ = accept(tokens_, parents, valid, depth, anc, y, tree.max_depth)
             accepted = length - 1
             if long:  # a matched root's step is gated: the lookup's chain of up to `long` drafts
-                drafts, found = drafter.lookup.lookup(ctx, torch.arange(long, device=dev), drafter.min_ngram)
-                want = following(seq, chunk[:, None] + 1 + torch.arange(long, device=dev))
-                chain = torch.cumprod((drafts == want).long(), 1).sum(1)
+                chain, found = lookup_accepted(drafter, ctx, seq, chunk, cols)
                 accepted = torch.where(found, chain, accepted)
             result += accepted.tolist()
     return result
+
+
+def lookup_accepted(drafter, ctx: DraftContext, seq: torch.Tensor, chunk: torch.Tensor,
+                    cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n-gram assist's lookup at each root of `chunk` (its chain's columns `cols`): ([k] how many
+    of the chain's drafts spell the sequence's next tokens, [k] bool whether the lookup matched)."""
+    drafts, found = drafter.lookup.lookup(ctx, cols, drafter.min_ngram)
+    want = following(seq, chunk[:, None] + 1 + cols)
+    return torch.cumprod((drafts == want).long(), 1).sum(1), found
 
 
 def long_chain(drafter) -> int:

@@ -476,9 +476,9 @@ class SpecEngine:
     def _time_untimed(self) -> None:
         cost, full = self.policy.cost, self.policy.tiers[-1]
         for b, kv in sorted(self._untimed):
-            points = cost.context_ms.get(cost.key(full), {}).get(b, {}).get(kv, {})
             fills = self._bucket_fills(kv)
-            if not cost.has(b, kv, self.policy.tiers) or (len(fills) > 1 and len(points) < len(fills)):
+            short = len(fills) > 1 and len(cost.points(full, b, kv)) < len(fills)  # (timed mid-run: its top only)
+            if short or not cost.has(b, kv, self.policy.tiers):
                 self._measure_costs(b, kv)
         self._untimed.clear()
 
@@ -518,8 +518,7 @@ class SpecEngine:
         if bool((current.host[:len(current.rows), -1] == 1).all()):
             if self.widest_nodes > self.tree_nodes:  # a longer chain than the tree (ngram_gate_chain): its own room
                 before = max(r.committed for r in rows) + self._launch_depth(current) + 1
-                kv = self._context_bucket(before + self.widest_nodes + 1) if self.buckets else min(
-                    before + self.widest_nodes + 1, self.cap)
+                kv = self._step_bucket(before + self.widest_nodes + 1)
             return b, kv, sampled, self._gated, logprobs
         return plan
 
@@ -563,17 +562,16 @@ class SpecEngine:
         lengths = [r.committed for r in self.rows]
         grows = ahead * ((self.depth if inflight is None else inflight) + 1)
         before = max(lengths) + grows
-        bucket = self._context_bucket if self.buckets else (lambda need: min(need, self.cap))
         # each step reads its own tree's room: a plain step (the root alone, as `ar` steps) and a
         # short chain may fit a smaller bucket than the full tree, and the policy prices each so
-        kvs = [bucket(before + 2)]
+        kvs = [self._step_bucket(before + 2)]
         sampled = any(r.request.params.temperature > 0 for r in self.rows)
         logprobs = any(r.request.top_logprobs is not None for r in self.rows)
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         tier = 0
         self._proposal = None
         if any(r.speculate for r in self.rows):
-            kvs += [bucket(before + t.num_draft + 2) for t in self.policy.tiers]
+            kvs += [self._step_bucket(before + t.num_draft + 2) for t in self.policy.tiers]
             if self._measuring:
                 for kv in sorted(set(kvs)):
                     if not self.policy.cost.has(b, kv, self.policy.tiers):
@@ -1125,6 +1123,10 @@ class SpecEngine:
 
     def _context_bucket(self, need: int) -> int:
         return min(max(next_pow2(need), MIN_CONTEXT_BUCKET), self.cap)
+
+    def _step_bucket(self, need: int) -> int:
+        """The context a step reading `need` slots runs in: its bucket, or (no buckets) that many."""
+        return self._context_bucket(need) if self.buckets else min(need, self.cap)
 
     def _width_bucket(self, width: int) -> int:
         return min(max(16, next_pow2(width)), self.max_len)

@@ -258,6 +258,10 @@ class SpeculationProfile:
             int(fill)] = float(ms)
         self.version += 1
 
+    def points(self, tier: TreeShape | None, batch: int, kv: int) -> dict:
+        """{fill: ms} timed in this bucket (`add_point`; empty where none were)."""
+        return self.context_ms.get(self.key(tier), {}).get(batch, {}).get(kv, {})
+
     def has(self, batch: int, kv: int, tiers) -> bool:
         return all(kv in self.step_ms.get(self.key(t), {}).get(batch, {}) for t in [None, *tiers])
 
@@ -272,12 +276,11 @@ class SpeculationProfile:
         below the lowest point the line of the two lowest carried down (to no context at least),
         where they lie a quarter of the bucket apart or more and the line rises; else the lowest
         point's time."""
-        key = self.key(tier)
-        table = self.step_ms[key]
+        table = self.step_ms[self.key(tier)]
         b = min(table, key=lambda x: (abs(math.log2(x) - math.log2(batch)), -x))
         row = table[b]
         k = min(row, key=lambda x: (abs(math.log2(x) - math.log2(kv)), -x))
-        points = self.context_ms.get(key, {}).get(b, {}).get(k) if context is not None else None
+        points = self.points(tier, b, k) if context is not None else None
         if not points or len(points) < 2:
             return row[k]
         fills = sorted(points)
