@@ -297,6 +297,14 @@ def verify_cost(device, dtype, ks=(1, 2, 4, 8, 16, 32, 64, 128), context=512, re
             "floor_ms": floor_ms, "k1_share_of_floor": floor_ms / base}
 
 
+
+def profile_name(method: str, drafter_options: dict) -> str:
+    """The file name of a method's speculation profile under --speculation-profile-dir: the method
+    and its drafter options (they may change the drafter, hence its steps), in letters, digits,
+    '.', '_' and '-' only (a device call returns no other file names)."""
+    spec = method + "".join(f"_{k}-{v}" for k, v in sorted(drafter_options.items()))
+    return re.sub(r"[^A-Za-z0-9._-]", "_", spec.replace("@", "_").replace(",", "-")) + ".json"
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default=None)
@@ -381,9 +389,8 @@ def main() -> None:
             options["speculation_tiers"] = args.speculation_tiers
             options["speculation_settings"] = args.speculation_settings
             if args.speculation_profile_dir:
-                # letters, digits, '.', '_' and '-' only: a device call returns no other file names
-                name = re.sub(r"[^A-Za-z0-9._-]", "_", method.replace("@", "_").replace(",", "-"))
-                options["speculation_profile"] = Path(args.speculation_profile_dir) / f"{name}.json"
+                options["speculation_profile"] = Path(args.speculation_profile_dir) / profile_name(method,
+                                                                                                 drafter_options)
         if method == "ngram":
             return SpecEngine(target, method="ngram", num_draft_tokens=args.ngram_tokens, max_len=args.max_len,
                               max_batch=b, **options)

@@ -46,3 +46,14 @@ def test_a_run_reports_what_may_stall_it():
     assert sum(stalls["gc_passes"].values()) > 0 and 0 < stalls["gc_max_ms"] <= stalls["gc_ms"]
     assert stalls["costs_timed"] == 0 and "_measure_costs" not in vars(engine)
     assert not any(isinstance(getattr(cb, "__self__", None), bench.Stalls) for cb in gc.callbacks)
+
+
+def test_a_methods_profile_is_named_by_its_drafter_options_too():
+    # (a run of the same method with other drafter options builds another drafter, whose profile an
+    # engine refuses to share: each gets its own file, named in the characters a device call returns)
+    bench = load_script("scripts/bench.py")
+    plain = bench.profile_name("eagle3+ngram-tree@6,4,15", {})
+    chained = bench.profile_name("eagle3+ngram-tree@6,4,15", {"ngram_gate": 1, "ngram_gate_chain": 31})
+    assert plain == "eagle3_ngram-tree_6-4-15.json"
+    assert chained == "eagle3_ngram-tree_6-4-15_ngram_gate-1_ngram_gate_chain-31.json" != plain
+    assert all(c.isalnum() or c in "._-" for c in chained)

@@ -35,7 +35,10 @@ class DrafterError(ValueError):
 @dataclass
 class DraftSetup:
     """What a method's builder gets: the target, the head (methods that need one), the tree
-    options and any drafter-specific options (e.g. {"lm_head_int8": False})."""
+    options, any drafter-specific options (e.g. {"lm_head_int8": False}), the speculation policy
+    the engine runs ("fixed", "adaptive"; None where no engine says) and the positions a step may
+    reach past the engine's longest sequence (None: no limit): the n-gram assist's gate and its
+    chain take their defaults by these (drafters/assist.py)."""
 
     target: object
     head: object = None
@@ -44,6 +47,8 @@ class DraftSetup:
     num_draft_tokens: int = 15
     static_tree: object = None
     options: dict = field(default_factory=dict)
+    policy: str | None = None
+    room: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,13 +133,14 @@ def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
         if base == PLAIN or base not in method_names():
             raise DrafterError(f"method {method!r}: {base!r} is not a method to assist with n-gram lookup; "
                                f"write KIND+ngram with KIND one of {', '.join(m for m in method_names() if m != PLAIN)}")
-        options = {k: v for k, v in setup.options.items() if k in assist.OPTIONS}
         inner = build_drafter(base, replace(setup, options={k: v for k, v in setup.options.items()
                                                             if k not in assist.OPTIONS}))
         try:
+            options = assist.resolve_options({k: v for k, v in setup.options.items() if k in assist.OPTIONS},
+                                             setup.policy, setup.room)
             return assist.NgramAssist(inner, options.get("ngram_max", assist.MAX_NGRAM),
                                       options.get("ngram_min", assist.MIN_NGRAM), gate=options.get("ngram_gate", assist.GATE),
-                                      gate_chain=options.get("ngram_gate_chain", 0))
+                                      gate_chain=options.get("ngram_gate_chain") or 0)
         except (ValueError, NotImplementedError) as e:
             raise DrafterError(f"method {method}: {e}") from None
     if method == PLAIN:

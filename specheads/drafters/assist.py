@@ -23,13 +23,18 @@ verify and commit, with the head only taking in the path. The wait gives up the 
 steps it checks. Measured at batch 1 (one H200, 2026-12-03, median of 3, docs/benchmarks.md): 6,4,15
 +1.2% on chat (128 test prompts) and +2.0% on coding (64), 6,4,31 +2.3% and +0.9%; hence on at
 batch 1 under the fixed policy. The adaptive policy with it ran 2.91x `ar` at coding batch 1 against
-3.10x without (paced, another call of the same card): unexplained, so off there unless asked for. Wider batches rarely have every row matching at once, and each wait would cost them the
+3.10x without (paced, another call of the same card), and with the long chain below 3.10x where the
+fixed engine ran 3.26x, the full tier chosen at every step: unexplained, so off there unless asked for. Wider batches rarely have every row matching at once, and each wait would cost them the
 run-ahead: not measured there, so not gated. With `ngram_gate_chain` C (more than the tree's N
 drafts), a gated step verifies a chain of up to C drafts in its own verify shape (C + 1 nodes) while
 every other step keeps the tree's N + 1: a repeated passage is drafted C deep without every step
-paying a wider tree (on an H200 at batch 1 the 6,4,31 tree's step cost 12% more than 6,4,15's; the
-gated 6,4,31 ran 3.03x on chat against 6,4,15's 2.96x, losing on the categories that repeat little).
-The engine's depth is then C (a gated path is that deep); not yet timed on a card.
+paying a wider tree (on an H200 at batch 1 the 6,4,31 tree's step cost 12% more than 6,4,15's). The
+engine's depth is then C (a gated path is that deep). Unset, C is GATE_CHAIN (31) wherever the gate
+is on: chosen on the suite's validation part among 6,4,15, 6,4,31 (both gated) and 6,4,15 with a
+31 chain (one H200, 2026-12-03, batch 1: chat 2.76x / 2.69x / 2.84x `ar`, coding 3.23x / 3.29x /
+3.35x), then on the test part chat 3.03x to 3.11x and coding 3.18x to 3.26x over 6,4,15 gated;
+median of 3 runs at batch 1 coding 3.04x to 3.23x, chat 2.78x to 2.79x, and at batch 8 (the gate
+off there) within the runs' spread (-0.7%, -1.7%; docs/benchmarks.md).
 
 Chosen on the evaluation suite's validation prompts (SmolLM2-135M-Instruct and its EAGLE-3 head,
 the tree 6,4,15, replayed from teacher-forced traces; gpu_runs/README.md): a suffix match of 3
@@ -49,8 +54,28 @@ from specheads.runtime.tree import Tree, chain_tree
 SUFFIX = "+ngram"  # method KIND+ngram: KIND's drafter with the lookup beside it
 MAX_NGRAM = 4
 GATE = None  # the gate's default: unset, the engine's choice by its policy (module doc, "The gate")
+GATE_CHAIN = 31  # the gated step's chain where the gate is on and ngram_gate_chain is not given (module doc)
 MIN_NGRAM = 3
 OPTIONS = ("ngram_max", "ngram_min", "ngram_gate", "ngram_gate_chain")  # drafter options the assist takes (the rest go to the head's drafter)
+
+
+def resolve_options(options: dict, policy: str | None, room: int | None = None) -> dict:
+    """The assist's options as an engine under `policy` runs it (module doc, "The gate"): the gate
+    unset is 1 under the fixed policy and 0 (off) under the adaptive one; the gated chain unset is
+    GATE_CHAIN where the gate is on and a step may reach that far past the engine's longest
+    sequence (`room` positions; None: no limit), else the tree's. Without a policy (a drafter built
+    outside an engine) the gate stays unset, for the engine to settle, and the chain is the tree's."""
+    out = dict(options)
+    if policy is None:
+        return out
+    if out.get("ngram_gate") is None:
+        if policy != "fixed" and out.get("ngram_gate_chain"):
+            raise ValueError(f"ngram_gate_chain={out['ngram_gate_chain']} lengthens the gate's chain, and the gate is "
+                             f"off under the {policy} policy unless asked: add ngram_gate=1")
+        out["ngram_gate"] = 1 if policy == "fixed" else 0
+    if out.get("ngram_gate_chain") is None and out["ngram_gate"]:
+        out["ngram_gate_chain"] = GATE_CHAIN if room is None or room > GATE_CHAIN else 0
+    return out
 
 
 def split_method(method: str | None) -> tuple[str | None, bool]:

@@ -135,7 +135,8 @@ def scoring_drafter(target, head, method: str, tree: dict, prompts: list[list[in
     `options`, prepared on the target's device with `rows` rows long enough for every prompt +
     continuation (for `accepted_per_position`)."""
     dev = next(target.parameters()).device
-    drafter = build_drafter(method, DraftSetup(target, head, options=dict(options or {}), **tree))
+    # (as the batch-1 engine under the fixed policy builds it: the n-gram assist's gate and chain by it)
+    drafter = build_drafter(method, DraftSetup(target, head, options=dict(options or {}), policy="fixed", **tree))
     if dev.type == "cuda":
         drafter.prepare(dev)
     longest = max(len(p) + len(c) for p, c in zip(prompts, continuations))

@@ -244,8 +244,11 @@ class SpecEngine:
         if drafter is None:
             method = method or default_method(head)
             try:
+                policy = speculation_policy if isinstance(speculation_policy, str) else getattr(
+                    speculation_policy, "name", None)
+                room = None if max_len is None else target.rotary.max_positions - max_len
                 drafter = build_drafter(method, DraftSetup(target, head, num_steps, topk, num_draft_tokens, static_tree,
-                                                           dict(drafter_options or {})))
+                                                           dict(drafter_options or {}), policy, room))
             except DrafterError as e:
                 raise EngineError(str(e)) from None
         self.method = method or "custom"

@@ -33,7 +33,16 @@ steps runs instead of the best one (the longest-idle first; every tier once at t
 that every tier's record stays fresh. Off by default: a tier is judged by its own record across
 rows, never by another tier's (a chain's top-1 drafts are accepted less often than a tree's
 top-k), and on the H200's measured step costs the forced steps cost more than they taught (the
-full tree at batch 64 takes 2-3x a chain's step). A smaller tier replaces the full tree only
+full tree at batch 64 takes 2-3x a chain's step). A tier that is not chosen is not observed, so
+its record stays as it was when it last ran: on an H200 (chat, batch 8, under the n-gram assist,
+2026-12-03) adaptive ran chain 2 in every step of a run, judging the full tree at 2.4-2.6 tokens a
+row a step by a record taken early where the fixed tree's steps gave 4.24 (0.874 of the fixed
+tree). With `full_share` s > 0 (default off), where a smaller tier is chosen, the full tree runs once
+its drafting steps since it last ran, times s, reach what its step costs over the chosen tier's
+(about that share of the time, at most, goes to it). On the replay (`policy_sim`, validation traces,
+the card's costs, several orders of the prompts) s = 0.01 lifted the assisted chat batch 8's worst
+order from 0.86 to 0.98 of the best fixed tree, but moved other cells by -3% to +4% (the switch
+margin was chosen with stale records): unmeasured on a card, so off. A smaller tier replaces the full tree only
 where it promises `switch_margin` (default 0.15) more: its estimate's error costs more than it
 gains where the tiers' rates are close.
 
@@ -445,7 +454,7 @@ class AdaptivePolicy:
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
                  bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05,
-                 pace: int = 0):
+                 pace: int = 0, full_share: float = 0.0):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -462,6 +471,10 @@ class AdaptivePolicy:
         self.probing = False  # the last choice was a probe (doubles the interval once launched)
         self.plain_run = 0  # plain steps launched in a row while rows wanted drafts
         self.explore_every = explore_every  # 0: never
+        # at most about this share of the time goes to full-tree steps run where a smaller tier is
+        # chosen, so that the full tree's record follows the requests that run now (0: never;
+        # module docstring, "full_share")
+        self.full_share = full_share
         # a smaller tier than the full tree must promise this much more (a share) to run instead:
         # its estimate's error costs more than it gains where the tiers' costs are close. 0.15:
         # the best worst case over batch 1, 8, 32 and 64 in evaluation/policy_sim.py's replay of
@@ -772,6 +785,12 @@ class AdaptivePolicy:
             if self.explore_every and self.idle.max() >= self.explore_every:
                 # the longest-idle tier (the larger one of a tie: the full tree first at the start)
                 return len(self.tiers) - int(np.argmax(self.idle[::-1]))
+            if self.full_share and best != len(self.tiers):
+                costs = self.costs(batch, kv, context)
+                # the full tree once its steps since it last ran, at this share each, pay what its step
+                # costs over the chosen tier's
+                if self.idle[-1] * self.full_share >= costs[-1] / costs[best] - 1.0:
+                    return len(self.tiers)
             return best
         return 0
 
@@ -799,7 +818,8 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 # the adaptive policy's settings a user may change (AdaptivePolicy's keyword arguments), by type
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
                    "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int,
-                   "bound_trees": int, "refresh": int, "drain": int, "drain_quantile": float, "pace": int}
+                   "bound_trees": int, "refresh": int, "drain": int, "drain_quantile": float, "pace": int,
+                   "full_share": float}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 

@@ -98,7 +98,7 @@ def test_evaluate_sets_the_estimate_beside_the_measure(tiny_target):
 
 def test_the_estimate_follows_the_assists_gated_long_chain():
     """With the n-gram assist, and with its gated steps verifying a longer chain than the tree
-    (ngram_gate_chain), the estimate scores a matched root with that chain as the batch-1 engine
+    (ngram_gate_chain; by default GATE_CHAIN at batch 1 under the fixed policy), the estimate scores a matched root with that chain as the batch-1 engine
     verifies it: the same steps and accepted drafts, prompt by prompt, and the long chain changes them."""
     target = make_target(seed=0, vocab=VOCAB, max_positions=192, std=0.2)  # answers that repeat now and then
     train = random_prompts(12, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3], seed=11)
@@ -107,12 +107,12 @@ def test_the_estimate_follows_the_assists_gated_long_chain():
     longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=150).generate(
         prompts, SamplingParams(max_new_tokens=new + 25))]
     seen = {}
-    for options in ({}, {"ngram_gate_chain": 20}):
+    for options in ({"ngram_gate_chain": 0}, {}, {"ngram_gate_chain": 20}):  # the tree's chain, the default's, 20
         engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=1, drafter_options=options,
                             **TREE)
         served = [(r.steps, r.accepted_tokens) for r in engine.generate(prompts, SamplingParams(max_new_tokens=new))]
         est = served_acceptance(target, head, "eagle3+ngram", TREE, prompts, longer, [new] * len(prompts),
                                 options=options)
         assert [(e["steps"], e["accepted_tokens"]) for e in est] == served
-        seen[bool(options)] = served
-    assert seen[True] != seen[False]
+        seen[options.get("ngram_gate_chain")] = served
+    assert seen[None] != seen[0] and seen[20] != seen[0]

@@ -112,8 +112,9 @@ def test_what_a_head_cannot_do_is_refused(target, kind, size, depth):
     other = make_target(seed=1, vocab=80)
     with pytest.raises(EngineError, match="head expects vocab 64, target has 80"):
         SpecEngine(other, head, max_len=64)
-    # a tree deeper than the head's modules is cut to them (EAGLE-1: one layer, any depth)
-    assert SpecEngine(target, head, num_steps=6, topk=1, max_len=64).num_steps == depth
+    # a tree deeper than the head's modules is cut to them (EAGLE-1: one layer, any depth; the kind's own
+    # method: with the n-gram assist the lookup's chain drafts deeper)
+    assert SpecEngine(target, head, method=kind, num_steps=6, topk=1, max_len=64).num_steps == depth
 
 
 def test_medusa_with_one_shared_projection_drafts_well_and_exactly(target, reference):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specheads.drafters import DraftContext, DrafterError, method_needs_head
-from specheads.drafters.assist import NgramAssist, split_method
+from specheads.drafters import DraftContext, DrafterError, DraftSetup, build_drafter, method_needs_head
+from specheads.drafters.assist import GATE_CHAIN, NgramAssist, split_method
 from specheads.runtime.engine import EngineError, Request, SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
@@ -60,7 +60,9 @@ def _run(engine, prompts, new=NEW):
 @pytest.mark.parametrize("max_batch", [1, 4])
 def test_greedy_output_equals_ar_and_the_chain_runs_past_the_head(target, head, reference, shape, max_batch):
     kind = head.kind
-    engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch, **TREES[shape])
+    # (the assist alone: the gate off, so no step verifies a chain longer than the tree)
+    engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
+                        drafter_options={"ngram_gate": 0}, **TREES[shape])
     assert engine.method == f"{kind}+ngram" and isinstance(engine.drafter, NgramAssist)
     plain = SpecEngine(target, head, method=kind, max_len=128, max_batch=max_batch, **TREES[shape])
     n = plain.drafter.num_draft
@@ -176,14 +178,14 @@ def _gated_steps(engine) -> list[bool]:
 
 @pytest.mark.parametrize("max_batch", [1, 4])
 def test_the_gate_changes_a_steps_cost_not_its_drafts(target, head, reference, max_batch):
-    """With the gate (ngram_gate), a full-tree step whose rows all match skips the head's tree and
-    verifies the lookup's chain, as the full step would have: the same output and the same drafts
+    """With the gate (ngram_gate; its chain the tree's, ngram_gate_chain 0), a full-tree step whose
+    rows all match skips the head's tree and verifies the lookup's chain, as the full step would have: the same output and the same drafts
     accepted at every step as without it; at batch 1 it gates where the answer repeats."""
     kind = head.kind
     runs = {}
     for gate in (0, max_batch):
         engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
-                            drafter_options={"ngram_gate": gate}, **TREES["tree"])
+                            drafter_options={"ngram_gate": gate, "ngram_gate_chain": 0}, **TREES["tree"])
         gated = _gated_steps(engine)
         runs[gate] = _run(engine, PROMPTS) + (gated,)
     (out0, acc0, gated0), (out1, acc1, gated1) = runs[0], runs[max_batch]
@@ -215,27 +217,42 @@ def test_a_gated_chain_longer_than_the_tree_keeps_the_output(target, head, refer
     with pytest.raises(EngineError, match="ngram_gate_chain sets the chain of the gate's steps: it needs the gate"):
         SpecEngine(target, head, method=f"{kind}+ngram", max_len=128,
                    drafter_options={"ngram_gate": 0, "ngram_gate_chain": 20}, **TREES["tree"])
-    with pytest.raises(EngineError, match="the gate is off here .* add ngram_gate=1"):  # adaptive: off unless asked
+    with pytest.raises(EngineError, match="the gate is off under the adaptive policy unless asked: add ngram_gate=1"):
         SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, speculation_policy="adaptive",
                    drafter_options={"ngram_gate_chain": 20}, **TREES["tree"])
 
 
-def test_the_gate_is_on_at_batch_1_under_the_fixed_policy_by_default(target, head):
+def test_the_gate_and_its_long_chain_are_on_at_batch_1_under_the_fixed_policy_by_default(target, head):
     """Measured to pay at batch 1 on an H200 under the fixed policy, and not under the adaptive one
-    (drafters/assist.py): unset, the engine gates batches of one row under the fixed policy only;
-    set, as it says."""
+    (drafters/assist.py): unset, the engine gates batches of one row under the fixed policy only,
+    its gated steps verifying the lookup's chain up to GATE_CHAIN drafts; set, as it says. A drafter
+    built outside an engine leaves the gate for the engine to settle."""
+    n = TREES["tree"]["num_draft_tokens"]
+
     def engine(**kw):
         e = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1, **TREES["tree"], **kw)
         e._allocate()
         return e
     fixed = engine()
-    assert fixed.drafter.gate is None and fixed.gate_rows == 1 and fixed._gated is not None
+    assert fixed.drafter.gate == 1 and fixed.gate_rows == 1 and fixed._gated is not None
+    assert fixed.drafter.gate_chain == GATE_CHAIN and fixed.max_drafts == GATE_CHAIN and fixed.num_draft_tokens == n
     adaptive = engine(speculation_policy="adaptive")
-    assert adaptive.gate_rows == 0 and adaptive._gated is None
+    assert adaptive.gate_rows == 0 and adaptive._gated is None and adaptive.max_drafts == n
     asked = engine(speculation_policy="adaptive", drafter_options={"ngram_gate": 1})
-    assert asked.gate_rows == 1 and asked._gated is not None
+    assert asked.gate_rows == 1 and asked._gated is not None and asked.max_drafts == GATE_CHAIN
     off = engine(drafter_options={"ngram_gate": 0})
-    assert off.gate_rows == 0 and off._gated is None
+    assert off.gate_rows == 0 and off._gated is None and off.max_drafts == n == off.num_steps
+    tree_chain = engine(drafter_options={"ngram_gate_chain": 0})  # 0: the tree's draft count
+    assert tree_chain.gate_rows == 1 and tree_chain.max_drafts == n
+    # a sequence too long for the default chain to reach past it (192 positions): the tree's chain
+    tight = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=192 - GATE_CHAIN, max_batch=1,
+                       **TREES["tree"])
+    assert tight.gate_rows == 1 and tight.max_drafts == n
+    roomy = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=192 - GATE_CHAIN - 1, max_batch=1,
+                       **TREES["tree"])
+    assert roomy.max_drafts == GATE_CHAIN
+    built = build_drafter(f"{head.kind}+ngram", DraftSetup(target, head, options={}, **TREES["tree"]))
+    assert built.gate is None and built.gate_chain == n
 
 
 def test_the_gate_keeps_sampled_output_and_the_adaptive_policy(target, reference):

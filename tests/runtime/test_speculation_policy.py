@@ -442,6 +442,31 @@ def test_every_tier_runs_at_the_start_and_again_when_idle():
     assert all(quiet.choose([(r, 6)], 1, 512) == 0 for _ in range(20))  # no draft pays: no exploring either
 
 
+def test_full_share_runs_the_full_tree_now_and_then_where_a_smaller_tier_is_chosen():
+    """full_share s: where a smaller tier is the choice, the full tree runs once its drafting steps
+    since it last ran, times s, reach what its step costs over the chosen tier's (its record then
+    follows the requests of now); off (0), it never runs there. Plain decoding is never forced."""
+    def run(share, steps=200):
+        policy = AdaptivePolicy(TIERS, TableCost(lambda b, t: 1.0 + (0.5 if t == FULL else 0.0)), window=16,
+                                prior_weight=2.0, full_share=share)
+        row = policy.new_row()
+        observe(policy, row, 4, accepted=1, steps=60)  # the full tree's record: a chain pays more
+        chosen = []
+        for _ in range(steps):
+            t = policy.choose([(row, 6)], 8, 512)
+            policy.launched(t)
+            chosen.append(t)
+        return policy, chosen
+    _, never = run(0.0)
+    assert 0 < never[0] < 4 and 4 not in never
+    policy, chosen = run(0.05)  # the full step costs 0.5 more: once every 0.5 / 0.05 = 10 drafting steps
+    gaps = np.diff([i for i, t in enumerate(chosen) if t == 4])
+    assert len(gaps) >= 15 and set(gaps.tolist()) == {11}
+    assert set(chosen) - {4} == {never[0]}
+    with pytest.raises(PolicyError, match="full_share"):
+        build_policy("adaptive", FULL, settings="full_share=-1")
+
+
 def test_static_costs_without_measurements():
     cost = StaticCost()
     assert cost.step(1, 128, None) == 1.0
