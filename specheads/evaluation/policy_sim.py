@@ -41,7 +41,7 @@ from specheads.evaluation.estimate import accepted_per_position, scoring_drafter
 from specheads.runtime.defaults import DEFAULT_TREE
 from specheads.runtime.graphs import next_pow2
 from specheads.runtime.policy import FIRST_DRAFT_ROWS, POLICY_SETTINGS, AdaptivePolicy, FixedPolicy, StaticCost, \
-    TreeShape, setting_value
+    TreeShape, context_hint, setting_value
 
 
 def headless(draft: str) -> bool:
@@ -127,9 +127,10 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
              buckets: bool = False, first_drafts: bool = False) -> SimResult:
     """Serve every request (prompt i: new_tokens[i] tokens, the first from its prefill) with at
     most `batch` rows at once, a finished row taking the next request, each step's tier chosen by
-    `policy` (None: plain decoding every step) and priced by `cost.step(b, kv, tier)` (default:
-    the static model). buckets: price and choose at the engine's graph buckets (powers of two),
-    as it does on a GPU. traces: `tier_traces` of (at least) the policy's tiers. first_drafts: the
+    `policy` (None: plain decoding every step) and priced by `cost.step(b, kv, tier, context)` at
+    the rows' mean context (default: the static model, which has no context term). buckets: price
+    and choose at the engine's graph buckets (powers of two), as it does on a GPU, the policy told
+    the mean context rounded as the engine rounds it. traces: `tier_traces` of (at least) the policy's tiers. first_drafts: the
     drafter tells its first draft in a plain step (`Abilities.first_draft`), so a batch of at most
     FIRST_DRAFT_ROWS rows observes it there, as the engine's does. The result's steps_by_tier
     counts by the policy's tier index (0: plain)."""
@@ -163,12 +164,16 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
         context = max(prompt_lens[i] + e for i, e, _ in active)
         kvs = [max(next_pow2(need), 128) if buckets else need
                for need in [context + 1] + [context + t.num_draft + 1 for t in tiers]]
+        # priced at the rows' mean context, as the engine prices and a measured profile times a step
+        # (rounded as the engine rounds it for the policy)
+        mean = sum(prompt_lens[i] + e for i, e, _ in active) / n
+        hint = context_hint(mean, kvs[-1]) if buckets else mean
         # no request waits once the last one is in: the batch drains, as generate()'s does
         tier = policy.choose([(slot, tiers[-1].steps) for _, _, slot in active], b, kvs,
-                             draining=not todo) if policy is not None else 0
+                             draining=not todo, context=hint) if policy is not None else 0
         if policy is not None:
             policy.launched(tier)
-        res.cost += cost.step(b, kvs[tier], tiers[tier - 1] if tier else None)
+        res.cost += cost.step(b, kvs[tier], tiers[tier - 1] if tier else None, mean)
         res.steps += 1
         res.steps_by_tier[tier] += 1
         res.row_steps_by_tier[tier] += n

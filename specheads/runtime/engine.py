@@ -66,7 +66,7 @@ from specheads.kernels.verify import accept, finish_step, step_inputs
 from specheads.runtime.defaults import DEFAULT_TREE, MAX_TOP_LOGPROBS
 from specheads.runtime.graphs import capture_graph, next_pow2
 from specheads.runtime.policy import FIRST_DRAFT_ROWS, POLICIES, PolicyError, SpeculationProfile, StaticCost, TreeShape, \
-    build_policy
+    build_policy, context_hint
 from specheads.runtime.sampling import InvalidRequest, RowParams, SamplingParams, sample_rows
 from specheads.runtime.tree import Tree
 from specheads.target.model import KVCache
@@ -583,7 +583,7 @@ class SpecEngine:
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
             tier = self.policy.choose(self._policy_rows(ahead), b, kvs, host_ms, draining=self.draining,
-                                      context=self._context_hint(sum(lengths) / n + grows, kvs[-1]))
+                                      context=context_hint(sum(lengths) / n + grows, kvs[-1]))
         return b, kvs[tier], sampled, tier, logprobs
 
     def _policy_rows(self, ahead: int) -> list:
@@ -1112,13 +1112,6 @@ class SpecEngine:
         below = kv // 2 if kv > MIN_CONTEXT_BUCKET else 0
         low = min(max(below - self.tree_nodes - 1, 0), top)
         return [low, top] if low < top else [top]
-
-    def _context_hint(self, mean: float, kv: int) -> int:
-        """The rows' mean context before a step, rounded up to a sixteenth of the bucket kv: the
-        policy prices the step there (`_measure_costs`), and a rounded value keeps its answers
-        cached for stretches of steps."""
-        q = max(kv // 16, 1)
-        return int(-(-mean // q)) * q
 
     # graphs are captured per bucket: batch, context and prompt widths round up to powers of two
     def _batch_bucket(self, n: int) -> int:

@@ -39,10 +39,13 @@ its record stays as it was when it last ran: on an H200 (chat, batch 8, under th
 row a step by a record taken early where the fixed tree's steps gave 4.24 (0.874 of the fixed
 tree). With `full_share` s > 0 (default off), where a smaller tier is chosen, the full tree runs once
 its drafting steps since it last ran, times s, reach what its step costs over the chosen tier's
-(about that share of the time, at most, goes to it). On the replay (`policy_sim`, validation traces,
-the card's costs, several orders of the prompts) s = 0.01 lifted the assisted chat batch 8's worst
-order from 0.86 to 0.98 of the best fixed tree, but moved other cells by -3% to +4% (the switch
-margin was chosen with stale records): unmeasured on a card, so off. A smaller tier replaces the full tree only
+(about that share of the time, at most, goes to it). On the replay (`policy_sim`, steps priced at
+the rows' mean context as the engine prices them, the card's profiles of two calls, 6 orders of the
+prompts, 3 runs of one policy each), the assisted drafter's validation traces at batch 1, 8 and 32:
+s = 0.01 took chat batch 8 from 1.025 (worst order 0.77) to 1.039 (0.98) of the best fixed tree and
+chat batch 32 from 0.93 to 0.99, no cell lower; the coding test traces 0.977 / 0.991 / 0.971 to
+0.982 / 0.991 / 0.983. On the plain EAGLE-3 traces with an older profile (no context points) batch
+32 went 0.950 to 0.916. Unmeasured on a card, so off. A smaller tier replaces the full tree only
 where it promises `switch_margin` (default 0.15) more: its estimate's error costs more than it
 gains where the tiers' rates are close.
 
@@ -223,6 +226,14 @@ def resolve_tiers(tiers, full: TreeShape, trees: bool, can_tier: bool) -> list[T
 
 
 # ---------------------------------------------------------------------------- costs
+def context_hint(mean: float, kv: int) -> int:
+    """The rows' mean context before a step, rounded up to a sixteenth of its bucket kv: where the
+    policy prices the step (`SpeculationProfile.step`); a rounded value keeps its answers cached
+    for stretches of steps."""
+    q = max(kv // 16, 1)
+    return int(-(-mean // q)) * q
+
+
 @dataclass
 class StaticCost:
     """Step costs in units of a plain decode step where nothing is timed (module docstring)."""

@@ -15,7 +15,7 @@ import torch
 
 from specheads.drafters.draft_model import DraftLM
 from specheads.runtime.engine import EngineError, Request, SpecEngine
-from specheads.runtime.policy import SpeculationProfile, TreeShape, default_tiers
+from specheads.runtime.policy import SpeculationProfile, TreeShape, context_hint, default_tiers
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
 from tests.runtime.spec_helpers import ar_tokens, make_target, random_head, random_prompts, train_head
@@ -690,4 +690,4 @@ def test_a_context_bucket_is_timed_at_its_shortest_and_longest_context(target, h
     assert engine._bucket_fills(128) == [0, 128 - n - 1]
     assert engine._bucket_fills(2048) == [1024 - n - 1, 2048 - n - 1]
     assert engine._bucket_fills(1500) == [750 - n - 1, 1500 - n - 1]  # a cache of 1500: its last bucket
-    assert engine._context_hint(1000.5, 2048) == 1024 and engine._context_hint(1024.2, 2048) == 1152
+    assert context_hint(1000.5, 2048) == 1024 and context_hint(1024.2, 2048) == 1152
