@@ -297,13 +297,13 @@ def verify_cost(device, dtype, ks=(1, 2, 4, 8, 16, 32, 64, 128), context=512, re
             "floor_ms": floor_ms, "k1_share_of_floor": floor_ms / base}
 
 
-
 def profile_name(method: str, drafter_options: dict) -> str:
     """The file name of a method's speculation profile under --speculation-profile-dir: the method
     and its drafter options (they may change the drafter, hence its steps), in letters, digits,
     '.', '_' and '-' only (a device call returns no other file names)."""
     spec = method + "".join(f"_{k}-{v}" for k, v in sorted(drafter_options.items()))
     return re.sub(r"[^A-Za-z0-9._-]", "_", spec.replace("@", "_").replace(",", "-")) + ".json"
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
