@@ -14,6 +14,11 @@ Walking each answer as the engine does gives each split's mean acceptance.
 
     python3 gpu_runs/assist_split.py --traces docs/results/policy-sim-cpu/validation_l8_t256_traces.json.gz \
         --draft .dev/head --out docs/results/assist-split-cpu/validation_l8.json
+
+With --chains C1,C2,... beside --traces and --positions (a replay of the same answers), the gated long
+chain of each length C is replayed without the head: the lookup alone runs at every root (chains up to
+the longest C), the head's full tree taken from the positions file, each answer walked with the chain
+where the lookup matched (as a gated batch-1 step verifies it) and the tree elsewhere.
 """
 
 from __future__ import annotations
@@ -105,6 +110,43 @@ def summarize(rows: list[list[dict]], cats: list[str], new: list[int], big: int)
             "chain_step_share": share}
 
 
+def lookup_chains(target, prompts: list[list[int]], answers: list[list[int]], longest: int,
+                  max_ngram: int, min_ngram: int) -> list[list[tuple[bool, int]]]:
+    """Per answer, per step root (as `positions`): (whether the lookup matched, how many of its chain's
+    first `longest` drafts the answer accepts), the lookup alone (no head)."""
+    from types import SimpleNamespace
+
+    from specheads.drafters.ngram import DeviceNgramDrafter
+
+    ngram = DeviceNgramDrafter(longest, max_ngram)
+    longest_seq = max(len(p) + len(a) for p, a in zip(prompts, answers))
+    ngram.allocate(64, longest_seq + longest + 2, torch.device("cpu"), torch.float32)
+    cols = torch.arange(longest)
+    out = []
+    with torch.no_grad():
+        for p, a in zip(prompts, answers):
+            rows = []
+            for chunk, seq, ctx in prefilled_roots(ngram, target, p + a, len(p)):
+                n, found = lookup_accepted(SimpleNamespace(lookup=ngram, min_ngram=min_ngram), ctx, seq, chunk, cols)
+                rows += [(bool(f), int(k)) for f, k in zip(found, n)]
+            out.append(rows)
+    return out
+
+
+def chain_walks(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], cats: list[str], new: list[int],
+                lengths: list[int], nodes: int) -> dict:
+    """Mean acceptance per gated chain length C (the chain up to C where the lookup matched, the head's
+    tree of `nodes` nodes elsewhere), over all prompts, the chat ones and the coding ones."""
+    groups = {"all": list(range(len(cats)))}
+    for i, c in enumerate(cats):
+        groups.setdefault("coding" if c == "coding" else "chat", []).append(i)
+    for pos, ch in zip(rows, chains):
+        assert len(pos) == len(ch) and all(p["found"] == f for p, (f, _) in zip(pos, ch)), "another replay's positions"
+    return {c_len: {g: mean_length([[min(k, c_len) if f else p["tree"][nodes] for p, (f, k) in zip(rows[i], chains[i])]
+                                    for i in idx], [new[i] for i in idx]) for g, idx in groups.items()}
+            for c_len in lengths}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--traces", help="a policy_sim traces file: its prompts and the target's answers")
@@ -115,8 +157,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ngram-min", type=int, default=None)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--skip", nargs="*", default=[], help="categories to leave out (e.g. coding, traced elsewhere)")
+    ap.add_argument("--chains", default=None, help="C1,C2,...: the gated long chain's lengths, replayed with the "
+                    "lookup alone (with --traces and --positions)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.chains:
+        return replay_chains(args)
     if bool(args.traces) == bool(args.positions) or (args.traces and not args.draft):
         ap.error("give --traces and --draft (a replay), or --positions (a replay's positions to summarize again)")
     if args.positions:
@@ -159,6 +205,30 @@ def main(argv=None) -> int:
     with gzip.open(out.with_name(out.stem + "_positions.json.gz"), "wt") as f:
         json.dump({"categories": cats, "new_tokens": new, "positions": rows}, f)
     show(report, big)
+    return 0
+
+
+def replay_chains(args) -> int:
+    """--chains: each gated chain length's mean acceptance (see the module doc)."""
+    from specheads.drafters.assist import MAX_NGRAM, MIN_NGRAM
+    from specheads.target.loader import load_target
+
+    if not (args.traces and args.positions):
+        raise SystemExit("--chains needs --traces (the answers) and --positions (the head's side, the same answers)")
+    data, saved = json.loads(read_text(args.traces)), json.loads(read_text(args.positions))
+    target, _, _ = load_target(args.target or data["key"]["target"], dtype=torch.float32, device="cpu")
+    prompts, answers = data["prompts"], data["answers"]
+    assert len(prompts) == len(saved["positions"]), "the positions file is of another replay"
+    lengths = [int(x) for x in args.chains.split(",")]
+    chains = lookup_chains(target, prompts, answers, max(lengths), MAX_NGRAM, args.ngram_min or MIN_NGRAM)
+    nodes = int(args.tree.split(",")[2])
+    report = {"traces": args.traces, "positions": args.positions, "tree": args.tree,
+              "chains": chain_walks(saved["positions"], chains, saved["categories"], saved["new_tokens"], lengths, nodes)}
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    for c_len, acc in report["chains"].items():
+        print(f"gated chain {c_len:>3}, the head's {nodes} nodes elsewhere: " + "  ".join(f"{g} {v:.3f}" for g, v in acc.items()))
     return 0
 
 

@@ -48,3 +48,45 @@ def test_the_gated_long_chain_takes_the_whole_chain_or_a_narrower_tree(tmp_path)
     assert split.main(["--positions", str(saved), "--out", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["long_chain"]["1"]["all"] == 3.0 and again["splits"]["3"]["all"] == report["splits"][3]["all"]
+
+
+def test_longer_gated_chains_walk_the_lookups_chain_up_to_each_length():
+    """--chains: a root whose lookup matched takes the lookup alone's accepted drafts cut at C, another
+    the head's tree of the positions file; a lookup replay of other answers is refused."""
+    import pytest
+
+    split = load_script("gpu_runs/assist_split.py")
+    pos = [_pos(True, 3, [0, 0, 0, 0]), _pos(False, 0, [0, 1, 1, 2]), _pos(False, 0, [0, 1, 1, 2]),
+           _pos(False, 0, [0, 1, 1, 2]), _pos(False, 0, [0, 1, 1, 2]), _pos(False, 0, [0, 1, 1, 2])]
+    # the lookup matched at the first root and spells 5 of the answer's next tokens (the positions cut it at 3)
+    chains = [[(True, 5)] + [(False, 0)] * 5]
+    got = split.chain_walks([pos], chains, ["coding"], [7], [1, 3, 5], nodes=3)
+    # (7 tokens: the prefill's, then a step rooted after each token the steps before emitted)
+    assert got[5]["coding"] == split.mean_length([[5, 2, 2, 2, 2, 2]], [7])
+    assert got[3]["coding"] == split.mean_length([[3, 2, 2, 2, 2, 2]], [7])
+    assert got[5]["coding"] > got[3]["coding"] > got[1]["coding"]
+    with pytest.raises(AssertionError, match="another replay's positions"):
+        split.chain_walks([pos], [[(False, 0)] * 6], ["coding"], [7], [3], nodes=3)
+
+
+def test_the_lookup_alone_finds_the_assists_chain():
+    """lookup_chains (no head) matches where the assist's replay (`positions`) matched and accepts as
+    many of the chain's drafts, up to the assist's N; past N it goes on."""
+    import torch
+
+    from specheads.evaluation.estimate import scoring_drafter
+    from tests.runtime.spec_helpers import make_target, random_head
+
+    split = load_script("gpu_runs/assist_split.py")
+    target = make_target(seed=0, vocab=64)
+    prompt = [5, 9, 11, 3, 7, 5, 9, 11, 3, 7, 2]
+    answer = [5, 9, 11, 3, 7, 5, 9, 11, 3, 7, 5, 9, 11, 3, 1, 4, 5, 9, 11, 3]
+    n = 4
+    drafter = scoring_drafter(target, random_head(target), "eagle3+ngram", {"num_steps": 2, "topk": 2,
+                              "num_draft_tokens": n}, [prompt], [answer])
+    with torch.no_grad():
+        pos = split.positions(drafter, target, prompt + answer, len(prompt))
+    chains = split.lookup_chains(target, [prompt], [answer], 3 * n, 4, 3)[0]
+    assert [p["found"] for p in pos] == [f for f, _ in chains] and any(f for f, _ in chains)
+    assert [p["chain"] for p in pos] == [min(k, n) if f else 0 for f, k in chains]
+    assert max(k for _, k in chains) > n
