@@ -59,6 +59,18 @@ MIN_NGRAM = 3
 OPTIONS = ("ngram_max", "ngram_min", "ngram_gate", "ngram_gate_chain")  # drafter options the assist takes (the rest go to the head's drafter)
 
 
+def default_gate(policy: str | None) -> int:
+    """The gate where ngram_gate is not given (module doc, "The gate"): batches of one row under the
+    fixed policy, off under any other."""
+    return 1 if policy == "fixed" else 0
+
+
+def gate_off(chain: int, policy: str | None) -> str:
+    """Why a chain longer than the tree's is refused where the gate is off by the policy's default."""
+    return (f"ngram_gate_chain={chain} lengthens the gate's chain, and the gate is off under the {policy} policy "
+            f"unless asked: add ngram_gate=1")
+
+
 def resolve_options(options: dict, policy: str | None, room: int | None = None) -> dict:
     """The assist's options as an engine under `policy` runs it (module doc, "The gate"): the gate
     unset is 1 under the fixed policy and 0 (off) under the adaptive one; the gated chain unset is
@@ -69,10 +81,9 @@ def resolve_options(options: dict, policy: str | None, room: int | None = None) 
     if policy is None:
         return out
     if out.get("ngram_gate") is None:
-        if policy != "fixed" and out.get("ngram_gate_chain"):
-            raise ValueError(f"ngram_gate_chain={out['ngram_gate_chain']} lengthens the gate's chain, and the gate is "
-                             f"off under the {policy} policy unless asked: add ngram_gate=1")
-        out["ngram_gate"] = 1 if policy == "fixed" else 0
+        out["ngram_gate"] = default_gate(policy)
+        if not out["ngram_gate"] and out.get("ngram_gate_chain"):
+            raise ValueError(gate_off(out["ngram_gate_chain"], policy))
     if out.get("ngram_gate_chain") is None and out["ngram_gate"]:
         out["ngram_gate_chain"] = GATE_CHAIN if room is None or room > GATE_CHAIN else 0
     return out

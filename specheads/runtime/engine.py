@@ -59,6 +59,7 @@ import torch
 
 from specheads.drafters import PLAIN, DraftContext, Drafter, DrafterError, DraftSetup, PrefillBatch, StepResult, \
     build_drafter, default_method
+from specheads.drafters.assist import default_gate, gate_off
 from specheads.kernels.kv_commit import commit_kv
 from specheads.kernels.tuning import active as active_tuning
 from specheads.kernels.tuning import use as use_tuning
@@ -302,9 +303,8 @@ class SpecEngine:
         except PolicyError as e:
             raise EngineError(str(e)) from None
         if getattr(self.drafter, "gate_chain", 0) > self.num_draft_tokens and not self.gate_rows:
-            # (the drafter is as deep as the long chain, which only a gated step drafts)
-            raise EngineError(f"ngram_gate_chain={self.drafter.gate_chain} lengthens the gate's chain, and the gate is "
-                              f"off here (the adaptive policy leaves it off unless asked): add ngram_gate=1")
+            # (a drafter built outside the engine: as deep as the long chain, which only a gated step drafts)
+            raise EngineError(gate_off(self.drafter.gate_chain, getattr(self.policy, "name", None)))
 
     # ------------------------------------------------------------------ policy
     @property
@@ -377,9 +377,7 @@ class SpecEngine:
         at coding batch 1 the gate took the fixed assisted tree from 3.11x to 3.18x `ar`, where the
         adaptive policy with it ran 2.91x (3.10x without it, paced; 2026-12-03, docs/benchmarks.md)."""
         gate = getattr(self.drafter, "gate", 0)
-        if gate is None:
-            return 1 if getattr(self.policy, "name", None) == "fixed" else 0
-        return gate
+        return default_gate(getattr(self.policy, "name", None)) if gate is None else gate
 
     @property
     def active(self) -> int:
