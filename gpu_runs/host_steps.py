@@ -30,7 +30,15 @@ METHODS = {"ar": {}, "chain1": dict(num_steps=1, topk=1, num_draft_tokens=1),
            "chain2": dict(num_steps=2, topk=1, num_draft_tokens=2),
            "chain4": dict(num_steps=4, topk=1, num_draft_tokens=4),
            # adaptive, made to verify chain 2 every step (its choice still worked out)
-           "adaptive": dict(num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive")}
+           "adaptive": dict(num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive"),
+           # the full tree every step, fixed and under the adaptive policy's own choice (batch 1's host work)
+           "tree": dict(num_steps=6, topk=4, num_draft_tokens=15),
+           "tree-adaptive": dict(num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive"),
+           # adaptive with the full tree its only tier: the policy's own host work beside the fixed tree's
+           "tree-adaptive-full": dict(num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive",
+                                      speculation_tiers="6,4,15"),
+           "tree-adaptive-hold": dict(num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive",
+                                      speculation_settings="hold=0.1")}
 
 
 def build(vocab: int = 512):
@@ -83,6 +91,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=320)
     ap.add_argument("--max-new-tokens", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--settings", default=None, help="the adaptive methods' --speculation-settings (NAME=VALUE,...)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     target, head = build()
@@ -92,7 +101,9 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     engines = {}
     for name in args.methods:
-        kw = METHODS[name]
+        kw = dict(METHODS[name])
+        if args.settings and kw.get("speculation_policy") == "adaptive":
+            kw["speculation_settings"] = ",".join(x for x in (kw.get("speculation_settings"), args.settings) if x)
         engine = SpecEngine(target, head if name != "ar" else None, method="ar" if name == "ar" else "eagle3",
                             max_batch=args.batch, max_len=args.max_new_tokens + 128, **kw)
         engine.buckets = True  # the card's batch and context buckets (the policy's choices are kept between them)

@@ -65,6 +65,14 @@ METHODS = {  # name -> SpecEngine keywords
     # coding batch 1 on an H200 it ran the full tier every step yet 5% below the fixed engine (2026-12-03)
     "assist-adaptive-gated": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
                                   speculation_policy="adaptive", drafter_options={"ngram_gate": 1}),
+    # adaptive with the full tree its only tier (it chooses between it and plain decoding): the
+    # policy's own cost a step beside the fixed engine's at the same tree
+    "assist-adaptive-full": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
+                                 speculation_policy="adaptive", speculation_tiers="6,4,15"),
+    # the same with `hold` (runtime/policy.py): a clear choice repeated without an estimate for a few steps
+    "assist-adaptive-gated-hold": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
+                                       speculation_policy="adaptive", drafter_options={"ngram_gate": 1},
+                                       speculation_settings="hold=0.1"),
     # fixed chains, to set each one's time a step beside the speculation profile's for its tier
     "chain1": dict(method="eagle3", num_steps=1, topk=1, num_draft_tokens=1),
     "chain2": dict(method="eagle3", num_steps=2, topk=1, num_draft_tokens=2),
@@ -194,7 +202,7 @@ def main() -> None:
             own = dict(engine.policy.__dict__) if engine.policy is not None else {}  # (plain-*: its choose)
             for run in range(args.runs):
                 tally = instrument(engine, trace=args.trace and run == args.runs - 1)
-                prof = cProfile.Profile() if args.cprofile and name.endswith("adaptive") and run == args.runs - 1 else None
+                prof = cProfile.Profile() if args.cprofile and "adaptive" in name and run == args.runs - 1 else None
                 sync()
                 t0 = time.perf_counter()
                 if prof:

@@ -465,7 +465,7 @@ class AdaptivePolicy:
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
                  bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05,
-                 pace: int = 0, full_share: float = 0.0):
+                 pace: int = 0, full_share: float = 0.0, hold: float = 0.0):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -550,6 +550,12 @@ class AdaptivePolicy:
         self._trials = ((j <= a) & (j < o)).astype(float)
         self._hits = self._trials * (j < a)
         self._last_rates = None  # (its key, the rates): asked again between folds with the same rows and buckets
+        # hold h > 0: where a choice leads every other by more than the share h (`_lead`), the next
+        # refresh - 1 choices in the same buckets for the same rows repeat it without an estimate,
+        # and the observations meanwhile are summed, then folded at the next estimate (module
+        # docstring, "hold")
+        self.hold = hold
+        self._held, self._hold_left = None, 0  # (key, tier, merit) of the held choice; choices left
 
     def new_row(self) -> int:
         if not self._free:  # twice the slots
@@ -616,7 +622,7 @@ class AdaptivePolicy:
         self._pend_all_h += h
         self._pending += 1
         self._pending_slots.append(slots)
-        if len(slots) <= FRESH_ROWS or self._pending >= self.refresh:
+        if (len(slots) <= FRESH_ROWS and not self._hold_left) or self._pending >= self.refresh:
             self.fold()
 
     def fold(self) -> None:
@@ -784,11 +790,22 @@ class AdaptivePolicy:
         (`draining`, `context`: as `rates`)."""
         if all(r is None for r in rows):
             return 0
-        rates = self.rates(rows, batch, kv, host_ms, draining, context)
-        best = int(np.argmax(rates[1:])) + 1
-        if best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin) and rates[-1] > rates[0]:
-            best = len(self.tiers)  # the full tree: the smaller one does not gain enough (and it beats plain)
-        merit = bool(rates[best] > rates[0])
+        key = (batch, tuple(kv) if np.ndim(kv) else kv, draining, None if len(rows) > FRESH_ROWS else tuple(rows))
+        if self._hold_left and self._held[0] == key:
+            self._hold_left -= 1
+            best, merit = self._held[1:]
+        else:
+            self._hold_left = 0
+            if self._pending and len(rows) <= FRESH_ROWS:
+                self.fold()  # (observations summed while a choice was held)
+            rates = self.rates(rows, batch, kv, host_ms, draining, context)
+            best = int(np.argmax(rates[1:])) + 1
+            if (best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin)
+                    and rates[-1] > rates[0]):
+                best = len(self.tiers)  # the full tree: the smaller one does not gain enough (and it beats plain)
+            merit = bool(rates[best] > rates[0])
+            if self.hold and self.refresh > 1 and self._lead(rates, best, merit) > self.hold:
+                self._held, self._hold_left = (key, best, merit), self.refresh - 1
         if merit:
             self.probe_interval = self.probe_every
         self.probing = not merit and self.plain_run + 1 >= self.probe_interval
@@ -804,6 +821,25 @@ class AdaptivePolicy:
                     return len(self.tiers)
             return best
         return 0
+
+    def _lead(self, rates: np.ndarray, best: int, merit: bool) -> float:
+        """By what share the rate of the option nearest to replacing this choice would have to
+        rise (or the choice's own fall) to replace it: the full tree gives way to a smaller tier
+        only past `switch_margin`, and a drafting choice to plain decoding at an equal rate."""
+        full, margin = len(self.tiers), 1.0 + self.switch_margin
+        if not merit:  # plain decoding: the best tier must reach its rate
+            return float(rates[0] / rates[best]) - 1.0
+        rivals = [rates[0]]
+        for t in range(1, full + 1):
+            if t == best:
+                continue
+            if best == full:
+                rivals.append(rates[t] / margin)  # a smaller tier needs the margin over the full tree
+            elif t == full:
+                rivals.append(rates[t] * margin)  # the smaller tier keeps the margin over the full tree
+            else:
+                rivals.append(rates[t])
+        return float(rates[best] / max(rivals)) - 1.0
 
     def launched(self, tier: int) -> None:
         """The engine launched a step of this tier (where some row wanted drafts)."""
@@ -830,7 +866,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
                    "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int,
                    "bound_trees": int, "refresh": int, "drain": int, "drain_quantile": float, "pace": int,
-                   "full_share": float}
+                   "full_share": float, "hold": float}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 
