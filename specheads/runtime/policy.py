@@ -37,7 +37,7 @@ full tree at batch 64 takes 2-3x a chain's step). A tier that is not chosen is n
 its record stays as it was when it last ran: on an H200 (chat, batch 8, under the n-gram assist,
 2026-12-03) adaptive ran chain 2 in every step of a run, judging the full tree at 2.4-2.6 tokens a
 row a step by a record taken early where the fixed tree's steps gave 4.24 (0.874 of the fixed
-tree). With `full_share` s > 0 (default off), where a smaller tier is chosen, the full tree runs once
+tree). With `full_share` s > 0 (default 0.01), where a smaller tier is chosen, the full tree runs once
 its drafting steps since it last ran, times s, reach what its step costs over the chosen tier's
 (about that share of the time, at most, goes to it). On the replay (`policy_sim`, steps priced at
 the rows' mean context as the engine prices them, the card's profiles of two calls, 6 orders of the
@@ -45,9 +45,11 @@ prompts, 3 runs of one policy each), the assisted drafter's validation traces at
 s = 0.01 took chat batch 8 from 1.025 (worst order 0.77) to 1.039 (0.98) of the best fixed tree and
 chat batch 32 from 0.93 to 0.99, no cell lower; the coding test traces 0.977 / 0.991 / 0.971 to
 0.982 / 0.991 / 0.983. On the plain EAGLE-3 traces with an older profile (no context points) batch
-32 went 0.950 to 0.916. Unmeasured on a card, so off. A smaller tier replaces the full tree only
-where it promises `switch_margin` (default 0.15) more: its estimate's error costs more than it
-gains where the tiers' rates are close.
+32 went 0.950 to 0.916. On the card (H200, 2026-12-03, chat, 128 test prompts, median of 3, with
+`hold` 0.1) the assisted tree's adaptive policy went from 0.878 to 0.934 of the fixed tree at batch
+8 (where it had locked into chain 2) and from 1.077 to 1.063 at batch 32: on by default, s = 0.01.
+A smaller tier replaces the full tree only where it promises `switch_margin` (default 0.15) more:
+its estimate's error costs more than it gains where the tiers' rates are close.
 
 A batch that drains (`generate()` has admitted its last prompt: no request waits for a row) ends
 with its slowest rows. With `drain` 1 (off by default) each tier is ranked there by the
@@ -72,6 +74,20 @@ what first drafts would win there is not measured yet.
 
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
+
+A clear choice is held (`hold` h, default 0.05): where the chosen option's rate leads the one
+nearest to replacing it by the share L (the full tree's lead over a smaller tier counted past
+`switch_margin`), the next L / h choices (at most 16) in the same batch and context buckets, for
+the same rows in a batch of at most FRESH_ROWS, repeat it without working out an estimate, and the
+observations meanwhile are kept and folded at the next estimate. The estimate is the policy's main
+host cost: on an H200 (2026-12-03, gpu_runs/policy_steps.py, docs/results/policy-host-h200/) an
+adaptive engine whose only tier was the fixed engine's tree ran chat batch 8 at 15,605 tok/s
+against the fixed engine's 16,209, the choice taking 0.2 ms and the observation 0.13 ms a step,
+partly on the steps' critical path. On this project's CPU (gpu_runs/host_steps.py, batch 8, the
+device's work stubbed) the policy's share of a step fell from 0.14 ms to 0.04 ms with h = 0.05;
+the replay of the assisted traces (chat and coding, batch 1, 8 and 32, 3 orders, the card's
+profiles) ran within 0.5% of the same without it in every cell but one (chat batch 32, 0.93 to
+0.99 of the best fixed tree).
 
 In a batch of more than `FRESH_ROWS` (8) rows, observations are summed per row and folded into
 the records every `refresh` (4) observations, and every row's expected tokens are worked out again
@@ -135,6 +151,7 @@ FRESH_ROWS = 8  # up to this many rows, each observation is folded into the reco
 FIRST_DRAFT_ROWS = 8  # up to this many rows (the batch bucket), plain steps tell their first drafts
 PACE_WEIGHT = 0.05  # a step's share of its tier's paced time (AdaptivePolicy.paced)
 PACE_MIN_STEPS = 8  # steps of a tier and batch bucket read before their pace counts
+HOLD_STEPS = 16  # the most choices a clear one is repeated without an estimate (AdaptivePolicy, hold)
 
 
 class PolicyError(ValueError):
@@ -465,7 +482,7 @@ class AdaptivePolicy:
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
                  bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05,
-                 pace: int = 0, full_share: float = 0.0, hold: float = 0.0):
+                 pace: int = 0, full_share: float = 0.01, hold: float = 0.05):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -550,12 +567,15 @@ class AdaptivePolicy:
         self._trials = ((j <= a) & (j < o)).astype(float)
         self._hits = self._trials * (j < a)
         self._last_rates = None  # (its key, the rates): asked again between folds with the same rows and buckets
-        # hold h > 0: where a choice leads every other by more than the share h (`_lead`), the next
-        # refresh - 1 choices in the same buckets for the same rows repeat it without an estimate,
-        # and the observations meanwhile are summed, then folded at the next estimate (module
-        # docstring, "hold")
+        # hold h (0: off): a choice that leads every other by the share L (`_lead`) is repeated for
+        # the next L / h choices (at most HOLD_STEPS) in the same buckets (for the same rows, in a
+        # batch of at most FRESH_ROWS) without an estimate; the observations meanwhile are kept and
+        # folded at the next estimate (module docstring, "hold")
         self.hold = hold
-        self._held, self._hold_left = None, 0  # (key, tier, merit) of the held choice; choices left
+        # (key, tier, merit, the pending observations that end it) of the held choice; choices left
+        self._held, self._hold_left = None, 0
+        self._deferred = False  # observations wait for the next estimate (a choice was held)
+        self._raw: list = []  # observe's (slots, tier index, offered, accepted) not yet summed (`_sum_noted`)
 
     def new_row(self) -> int:
         if not self._free:  # twice the slots
@@ -570,6 +590,8 @@ class AdaptivePolicy:
             self._pend_hits = np.concatenate([self._pend_hits, np.zeros((grow,) + self.mean.shape[1:])])
             self._free = list(range(old + grow - 1, old - 1, -1))
         slot = self._free.pop()
+        if self._raw:  # (the slot's last row may have observations noted: summed before the slot is cleared)
+            self._sum_noted()
         self.mean[slot] = 0
         self.count[slot] = 0
         self._pend_trials[slot] = 0
@@ -587,8 +609,12 @@ class AdaptivePolicy:
         tier's depth, or less under the request's cap) and the drafts it accepted."""
         if tier < 1 or not rows:
             return
-        self._add(np.asarray(rows), self._shares[tier - 1], self._trials[offered, accepted],
-                  self._hits[offered, accepted])
+        if len(self._shares[tier - 1]) == 1:  # (its own tier's record: noted now, summed at the next fold)
+            self._raw.append((rows, tier - 1, offered, accepted))
+            self._observed(len(rows))
+        else:
+            self._add(np.asarray(rows), self._shares[tier - 1], self._trials[offered, accepted],
+                      self._hits[offered, accepted])
 
     def observe_first(self, rows: list[int], hits: list[int]) -> None:
         """A plain step where each of these rows' drafter told its first draft (module docstring):
@@ -620,10 +646,45 @@ class AdaptivePolicy:
             self._pend_h[tiers] += h
         self._pend_all_k += k
         self._pend_all_h += h
-        self._pending += 1
         self._pending_slots.append(slots)
-        if (len(slots) <= FRESH_ROWS and not self._hold_left) or self._pending >= self.refresh:
+        self._observed(len(slots))
+
+    def _observed(self, rows: int) -> None:
+        """One more observation of `rows` rows: folded now where due (a batch of at most FRESH_ROWS
+        rows: at once; a wider one: every `refresh`), or, while a choice is held, at the next estimate."""
+        self._pending += 1
+        if self._hold_left:
+            self._deferred = True
+        elif rows <= FRESH_ROWS or self._pending >= self.refresh:
             self.fold()
+
+    def _sum_noted(self) -> None:
+        """The observations `observe` noted since the last fold, summed into the pending records at
+        once (a slot and tier may come more than once: np.add.at)."""
+        raw, self._raw = self._raw, []
+        if len(raw) == 1:
+            slots, tiers = np.asarray(raw[0][0]), raw[0][1]
+            offered, accepted = raw[0][2], raw[0][3]
+        else:
+            slots = np.asarray([r for entry in raw for r in entry[0]])
+            tiers = np.asarray([entry[1] for entry in raw for _ in entry[0]])
+            offered = [o for entry in raw for o in entry[2]]
+            accepted = [a for entry in raw for a in entry[3]]
+        trials, hits = self._trials[offered, accepted], self._hits[offered, accepted]  # [N, D]
+        if len(raw) == 1:  # (distinct slots, one tier: a plain fancy add)
+            self._pend_trials[slots, tiers] += trials
+            self._pend_hits[slots, tiers] += hits
+            self._pend_k[tiers] += trials.sum(0)
+            self._pend_h[tiers] += hits.sum(0)
+        else:
+            np.add.at(self._pend_trials, (slots, tiers), trials)
+            np.add.at(self._pend_hits, (slots, tiers), hits)
+            np.add.at(self._pend_k, tiers, trials)
+            np.add.at(self._pend_h, tiers, hits)
+            slots = np.unique(slots)
+        self._pend_all_k += trials.sum(0)
+        self._pend_all_h += hits.sum(0)
+        self._pending_slots.append(slots)
 
     def fold(self) -> None:
         """The observations summed since the last fold into the records (each row's and the pooled
@@ -633,7 +694,9 @@ class AdaptivePolicy:
             self._pace_version += 1
         if not self._pending:
             return
-        self._pending = 0
+        if self._raw:
+            self._sum_noted()
+        self._pending, self._deferred = 0, False
         self.version += 1
         touched = self._pending_slots[0] if len(self._pending_slots) == 1 else np.unique(
             np.concatenate(self._pending_slots))
@@ -790,22 +853,25 @@ class AdaptivePolicy:
         (`draining`, `context`: as `rates`)."""
         if all(r is None for r in rows):
             return 0
-        key = (batch, tuple(kv) if np.ndim(kv) else kv, draining, None if len(rows) > FRESH_ROWS else tuple(rows))
-        if self._hold_left and self._held[0] == key:
+        key = (batch, tuple(kv) if isinstance(kv, (list, tuple)) else kv, draining,
+               None if len(rows) > FRESH_ROWS else tuple(rows))
+        if self._hold_left and self._held[0] == key and self._pending < self._held[3]:
             self._hold_left -= 1
-            best, merit = self._held[1:]
+            best, merit = self._held[1:3]
         else:
             self._hold_left = 0
-            if self._pending and len(rows) <= FRESH_ROWS:
-                self.fold()  # (observations summed while a choice was held)
+            if self._deferred:
+                self.fold()  # (observations kept while a choice was held)
             rates = self.rates(rows, batch, kv, host_ms, draining, context)
             best = int(np.argmax(rates[1:])) + 1
             if (best < len(self.tiers) and rates[best] < rates[-1] * (1.0 + self.switch_margin)
                     and rates[-1] > rates[0]):
                 best = len(self.tiers)  # the full tree: the smaller one does not gain enough (and it beats plain)
             merit = bool(rates[best] > rates[0])
-            if self.hold and self.refresh > 1 and self._lead(rates, best, merit) > self.hold:
-                self._held, self._hold_left = (key, best, merit), self.refresh - 1
+            if self.hold:  # a lead of L: held for L / hold choices (at most HOLD_STEPS)
+                steps = min(int(self._lead(rates, best, merit) / self.hold), HOLD_STEPS)
+                if steps > 0:  # (as many observations end it too: a step observes once)
+                    self._held, self._hold_left = (key, best, merit, self._pending + steps), steps
         if merit:
             self.probe_interval = self.probe_every
         self.probing = not merit and self.plain_run + 1 >= self.probe_interval

@@ -467,6 +467,80 @@ def test_full_share_runs_the_full_tree_now_and_then_where_a_smaller_tier_is_chos
         build_policy("adaptive", FULL, settings="full_share=-1")
 
 
+def test_a_clear_choice_is_held_without_an_estimate_and_its_observations_kept():
+    """With `hold` h a choice leading the option nearest to replacing it by the share L repeats for
+    L / h choices (at most HOLD_STEPS) without an estimate, while the rows and buckets stay and fewer
+    observations than that came; the observations meanwhile are folded at the next estimate as one
+    batch of trials (within the window, the same means as folded one by one)."""
+    from specheads.runtime.policy import HOLD_STEPS
+
+    def run(hold):
+        policy = AdaptivePolicy(TIERS, TableCost(gpu_like), hold=hold, window=128, pooled_window=128)
+        row = policy.new_row()
+        observe(policy, row, 4, accepted=6)
+        estimates = []
+        rates = policy.rates
+        policy.rates = lambda *a, **k: (estimates.append(1), rates(*a, **k))[1]
+        chosen = []
+        for i in range(40):
+            chosen.append(policy.choose([(row, 6)], 1, 512))
+            policy.observe([row], chosen[-1], [6], [6 if i % 2 else 5])
+        policy.fold()
+        return policy, chosen, len(estimates)
+
+    base, chosen0, n0 = run(0)
+    held, chosen1, n1 = run(0.05)
+    assert chosen0 == chosen1 == [4] * 40
+    assert n0 == 40 and n1 < 40 / 2
+    assert np.allclose(held.mean, base.mean) and np.array_equal(held.count, base.count)
+    assert np.allclose(held.tier_mean, base.tier_mean) and np.array_equal(held.all_count, base.all_count)
+    # the lead decides the length: the full tree's lead over the best chain past the margin, or plain's
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), hold=0.05)
+    row = policy.new_row()
+    observe(policy, row, 4, accepted=6)
+    rates = policy.rates([(row, 6)], 1, 512)
+    lead = rates[4] / max(rates[0], *(rates[1:4] / (1 + policy.switch_margin))) - 1
+    assert policy._lead(rates, 4, True) == pytest.approx(lead)
+    policy.choose([(row, 6)], 1, 512)
+    assert policy._hold_left == min(int(lead / 0.05), HOLD_STEPS)
+    # another bucket, other rows or as many observations as held choices end the hold
+    for change in ("kv", "rows", "observations"):
+        policy.choose([(row, 6)], 1, 512)
+        assert policy._hold_left > 0
+        if change == "kv":
+            rates_fn, estimates = policy.rates, []
+            policy.rates = lambda *a, **k: (estimates.append(1), rates_fn(*a, **k))[1]
+            policy.choose([(row, 6)], 1, 1024)
+            del policy.rates
+            assert estimates
+        elif change == "rows":
+            policy.choose([(row, 6), (policy.new_row(), 6)], 1, 512)
+        else:
+            for _ in range(HOLD_STEPS):
+                policy.observe([row], 4, [6], [6])
+            estimates = []
+            rates_fn = policy.rates
+            policy.rates = lambda *a, **k: (estimates.append(1), rates_fn(*a, **k))[1]
+            policy.choose([(row, 6)], 1, 512)
+            del policy.rates
+            assert estimates and policy._pending == 0  # worked out again, the kept observations folded
+
+
+def test_observations_noted_for_a_slot_stay_with_its_row():
+    """Observations wait to be summed until a fold; a slot freed and taken by a new row meanwhile
+    starts the new row's record empty, the old row's observations counted in the pooled records."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=4)
+    rows = [policy.new_row() for _ in range(12)]  # a wide batch: folded every 4 observations
+    policy.observe(rows, 4, [6] * 12, [6] * 12)
+    assert policy._raw and policy.count[rows[0]].sum() == 0
+    policy.release(rows[0])
+    fresh = policy.new_row()
+    assert fresh == rows[0]
+    policy.fold()
+    assert policy.count[fresh].sum() == 0
+    assert policy.count[rows[1], 3, 0] == 1 and policy.tier_count[3, 0] == 12
+
+
 def test_static_costs_without_measurements():
     cost = StaticCost()
     assert cost.step(1, 128, None) == 1.0
@@ -683,7 +757,7 @@ def test_first_drafts_of_plain_steps_are_trials_at_depth_one_of_the_chains():
     """`observe_first` (a plain step's first-draft checks) is a trial at depth 1 of every chain
     tier, for the row and the pooled records, and leaves the tree tier and deeper depths alone; a
     row decoding plainly on a poor record drafts again once its first drafts match."""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), hold=0)  # (each observation folded at once: no choice held)
     row = policy.new_row()
     for _ in range(40):  # a poor stretch: the full tree's drafts all rejected
         policy.observe([row], len(TIERS), [FULL.steps], [0])
@@ -712,7 +786,7 @@ def test_paced_steps_cost_what_the_engine_read():
     (not in ms) ignores it."""
     from specheads.runtime.policy import PACE_MIN_STEPS
 
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), pace=1)
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), pace=1, hold=0)  # (folded at each observation)
     row = policy.new_row()
     deep = len(TIERS)  # the full tree
     observe(policy, row, deep, TIERS[deep - 1].steps)  # every draft accepted
