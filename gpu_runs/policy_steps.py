@@ -148,6 +148,7 @@ def instrument(engine, trace: bool = False) -> dict:
     engine._finish = timed("finish", _finish)
     engine._prefill = timed("prefill", engine._prefill)
     engine._gate = timed("gate", engine._gate)  # the assist's gate: its wait for the step in flight
+    engine._run = timed("run", engine._run)  # a launch's graph replay (the launch's rest: its host work around it)
     engine._measure_costs = timed("measure_costs", engine._measure_costs)
     if engine.policy is not None:
         choose = timed("choose", engine.policy.choose)
@@ -212,7 +213,7 @@ def main() -> None:
                 wall = 1000 * (time.perf_counter() - t0)
                 if prof:
                     prof.disable()
-                for attr in ("_launch", "_finish", "_prefill", "_measure_costs", "_gate"):
+                for attr in ("_launch", "_finish", "_prefill", "_measure_costs", "_gate", "_run"):
                     delattr(engine, attr)  # back to the class's methods
                 if engine.policy is not None:  # back to the policy's own (a plain-* engine keeps its wrapper)
                     for attr in ("choose", "observe"):
@@ -244,7 +245,7 @@ def main() -> None:
                 h = cell["host_ms"]
                 print(f"{name:9s} b{b:<3d} run {run}: {cell['tokens_per_s']:8.0f} tok/s  {launches:5d} launches "
                       f"{cell['ms_per_launch']:6.3f} ms each ({cell['step_ms']:.3f} without prefills), ahead {cell['ahead_share']:.0%}  wait {h.get('wait', 0):7.1f}"
-                      f"  launch {h.get('launch', 0):6.1f} (choose {h.get('choose', 0):5.1f})  finish-wait "
+                      f"  launch {h.get('launch', 0):6.1f} (replay {h.get('run', 0):6.1f}; choose {h.get('choose', 0):5.1f})  finish-wait "
                       f"{h.get('finish', 0) - h.get('wait', 0):6.1f}  prefill {h.get('prefill', 0):6.1f}  "
                       f"measure {h.get('measure_costs', 0):6.1f} ({cell['calls'].get('measure_costs', 0)})  "
                       f"gate {h.get('gate', 0):6.1f} ({cell['calls'].get('gated', 0)} gated)  "

@@ -11,7 +11,8 @@ from tests.runtime.spec_helpers import make_target, random_head, random_prompts
 
 
 @pytest.mark.parametrize("name", ["ar", "adaptive", "adaptive-pace", "chain2", "ngram-adaptive", "plain-ngram", "plain-eagle3",
-                                  "ngram-host-adaptive", "assist-adaptive", "assist", "assist-adaptive-gated"])
+                                  "ngram-host-adaptive", "assist-adaptive", "assist", "assist-adaptive-gated",
+                                  "assist-adaptive-full", "assist-adaptive-gated-hold"])
 def test_the_step_timers_follow_the_engine(name):
     steps = load_script("gpu_runs/policy_steps.py")
     target = make_target(seed=0, vocab=64)
@@ -26,11 +27,12 @@ def test_the_step_timers_follow_the_engine(name):
     assert got == want
     assert tally["n"]["launch"] == sum(tally["tiers"].values()) > 0
     assert tally["n"]["finish"] >= tally["n"]["launch"] - 1 and tally["n"]["prefill"] > 0
+    assert tally["n"]["run"] >= tally["n"]["launch"]  # every launch replays (or runs) its step
     if engine.policy is not None and name != "ar":
         assert tally["n"]["choose"] > 0
     if name.startswith("plain-"):  # the policy that never drafts
         assert set(tally["tiers"]) == {0}
-    if name in ("assist", "assist-adaptive-gated"):  # batch 2: its gate checks the steps of one row
+    if name in ("assist", "assist-adaptive-gated", "assist-adaptive-gated-hold"):  # batch 2: its gate checks the steps of one row
         assert engine.gate_rows == 1 and tally["n"]["gate"] > 0
         assert tally["n"]["gated"] == sum(s["gated"] for s in tally["steps"])
     # the trace: one entry a step read, tokens as emitted after the prefills, a choice per plan

@@ -1,0 +1,21 @@
+"""gpu_runs/host_steps.py times the engine's host work a step with the device's work stubbed: its
+methods must build (the adaptive ones with --settings added to their own) and its report count
+the steps each method ran."""
+
+import json
+import sys
+
+from tests.helpers import load_script
+
+
+def test_host_steps_runs_each_method_and_reports_its_steps(tmp_path, monkeypatch):
+    script = load_script("gpu_runs/host_steps.py")
+    out = tmp_path / "host.json"
+    monkeypatch.setattr(sys, "argv", ["host_steps.py", "--methods", "ar", "tree", "tree-adaptive-full",
+                                      "tree-adaptive-hold", "--batch", "2", "--prompts", "4",
+                                      "--max-new-tokens", "8", "--repeats", "1", "--settings", "full_share=0",
+                                      "--out", str(out)])
+    script.main()
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"ar", "tree", "tree-adaptive-full", "tree-adaptive-hold"}
+    assert all(r["steps"] >= 8 // 2 and r["ms_per_step"] > 0 for r in rows.values())
