@@ -9,7 +9,7 @@ policy times mid-run; launches counted by tier and by whether they ran ahead of 
         ngram-host ngram-host-adaptive]   (TARGET in the environment)
 
 Prints one line a method and batch size; writes DIR/policy_steps.json (and the costliest host
-functions of the last adaptive run, cProfile, with --cprofile; each step and each choice of the
+functions of each method's last run, cProfile, with --cprofile; each step and each choice of the
 policy in the last run, with --trace)."""
 from __future__ import annotations
 
@@ -203,7 +203,7 @@ def main() -> None:
             own = dict(engine.policy.__dict__) if engine.policy is not None else {}  # (plain-*: its choose)
             for run in range(args.runs):
                 tally = instrument(engine, trace=args.trace and run == args.runs - 1)
-                prof = cProfile.Profile() if args.cprofile and "adaptive" in name and run == args.runs - 1 else None
+                prof = cProfile.Profile() if args.cprofile and run == args.runs - 1 else None
                 sync()
                 t0 = time.perf_counter()
                 if prof:
