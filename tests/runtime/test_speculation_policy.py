@@ -526,6 +526,41 @@ def test_a_clear_choice_is_held_without_an_estimate_and_its_observations_kept():
             assert estimates and policy._pending == 0  # worked out again, the kept observations folded
 
 
+def test_noted_observations_sum_as_added_one_by_one():
+    """Observations noted between folds (rows and tiers that change from step to step, a slot more
+    than once) sum into the pending records as adding each step's trials and hits would."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=100, hold=0)
+    rows = [policy.new_row() for _ in range(12)]
+    rng = np.random.default_rng(0)
+    want = {k: np.zeros_like(getattr(policy, k)) for k in ("_pend_trials", "_pend_hits", "_pend_k", "_pend_h",
+                                                           "_pend_all_k", "_pend_all_h")}
+    for _ in range(7):
+        some = [int(r) for r in rng.choice(rows, size=int(rng.integers(9, 13)), replace=False)]  # > 8 rows: not folded
+        tier = int(rng.integers(1, len(TIERS) + 1))
+        depth = TIERS[tier - 1].steps
+        offered = [int(x) for x in rng.integers(1, depth + 1, len(some))]
+        accepted = [int(rng.integers(0, o + 1)) for o in offered]
+        policy.observe(some, tier, offered, accepted)
+        trials, hits = policy._trials[offered, accepted], policy._hits[offered, accepted]
+        want["_pend_trials"][some, tier - 1] += trials
+        want["_pend_hits"][some, tier - 1] += hits
+        want["_pend_k"][tier - 1] += trials.sum(0)
+        want["_pend_h"][tier - 1] += hits.sum(0)
+        want["_pend_all_k"] += trials.sum(0)
+        want["_pend_all_h"] += hits.sum(0)
+    assert len(policy._raw) == 7
+    policy._sum_noted()
+    for name, value in want.items():
+        assert np.allclose(getattr(policy, name), value), name
+    same = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=100, hold=0)  # the same rows and tier each step
+    kept = [same.new_row() for _ in range(10)]
+    for step in range(3):
+        same.observe(kept, 4, [6] * 10, [step] * 10)
+    same._sum_noted()
+    assert np.allclose(same._pend_trials[kept[0], 3], same._trials[6, 0] + same._trials[6, 1] + same._trials[6, 2])
+    assert np.allclose(same._pend_k[3], 10 * (same._trials[6, 0] + same._trials[6, 1] + same._trials[6, 2]))
+
+
 def test_observations_noted_for_a_slot_stay_with_its_row():
     """Observations wait to be summed until a fold; a slot freed and taken by a new row meanwhile
     starts the new row's record empty, the old row's observations counted in the pooled records."""
