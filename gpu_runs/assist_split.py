@@ -155,6 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--draft", help="the head (with --traces)")
     ap.add_argument("--tree", default="6,4,15", help="S,K,N: the head's tree (N nodes shared with the chain)")
     ap.add_argument("--ngram-min", type=int, default=None)
+    ap.add_argument("--ngram-max", type=int, default=None, help="with --chains: the lookup's longest suffix "
+                    "(default: the assist's)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--skip", nargs="*", default=[], help="categories to leave out (e.g. coding, traced elsewhere)")
     ap.add_argument("--chains", default=None, help="C1,C2,...: the gated long chain's lengths, replayed with the "
@@ -220,7 +222,8 @@ def replay_chains(args) -> int:
     prompts, answers = data["prompts"], data["answers"]
     assert len(prompts) == len(saved["positions"]), "the positions file is of another replay"
     lengths = [int(x) for x in args.chains.split(",")]
-    chains = lookup_chains(target, prompts, answers, max(lengths), MAX_NGRAM, args.ngram_min or MIN_NGRAM)
+    chains = lookup_chains(target, prompts, answers, max(lengths), args.ngram_max or MAX_NGRAM,
+                           args.ngram_min or MIN_NGRAM)
     nodes = int(args.tree.split(",")[2])
     report = {"traces": args.traces, "positions": args.positions, "tree": args.tree,
               "chains": chain_walks(saved["positions"], chains, saved["categories"], saved["new_tokens"], lengths, nodes)}

@@ -26,7 +26,7 @@ def _rows(g, b: int, w: int, vocab: int):
 
 
 @needs_triton
-@pytest.mark.parametrize("max_ngram", [1, 2, 3, 4])
+@pytest.mark.parametrize("max_ngram", [1, 2, 3, 4, 5, 6, 8])
 @pytest.mark.parametrize("vocab", [3, 7, 50])
 def test_ngram_kernel_equals_reference(interpret, max_ngram, vocab):
     g = torch.Generator().manual_seed(max_ngram * 100 + vocab)
