@@ -68,10 +68,15 @@ if triton is not None:
         back1 = tl.load(base + tl.maximum(length - 1, 0))  # the suffix's 2nd token from the end
         back2 = tl.load(base + tl.maximum(length - 2, 0))
         back3 = tl.load(base + tl.maximum(length - 3, 0))
-        back4 = tl.load(base + tl.maximum(length - 4, 0))
-        back5 = tl.load(base + tl.maximum(length - 5, 0))
-        back6 = tl.load(base + tl.maximum(length - 6, 0))
-        back7 = tl.load(base + tl.maximum(length - 7, 0))
+        back4, back5, back6, back7 = root, root, root, root  # (loaded only where MAX_NGRAM reaches them)
+        if MAX_NGRAM >= 5:
+            back4 = tl.load(base + tl.maximum(length - 4, 0))
+        if MAX_NGRAM >= 6:
+            back5 = tl.load(base + tl.maximum(length - 5, 0))
+        if MAX_NGRAM >= 7:
+            back6 = tl.load(base + tl.maximum(length - 6, 0))
+        if MAX_NGRAM >= 8:
+            back7 = tl.load(base + tl.maximum(length - 7, 0))
         for start in range(0, w, BLOCK):
             p = start + tl.arange(0, BLOCK).to(tl.int64)
             inside = p < w

@@ -16,7 +16,7 @@ import inspect
 
 import torch
 
-MODULES = ("fused", "linear", "attention", "draft", "verify", "kv_commit", "path", "mtp_window")
+MODULES = ("fused", "linear", "attention", "draft", "verify", "kv_commit", "path", "mtp_window", "ngram")
 _TYPES = {torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
           torch.bool: "i1", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 

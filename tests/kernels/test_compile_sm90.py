@@ -80,6 +80,12 @@ def step_launches():
                 x, nw = torch.randn(3, 64), torch.rand(64) + 0.5
                 linear(x, torch.randn(32, 64), norm_weight=nw, eps=1e-5)
                 linear(x, torch.randn(64, 64), norm_weight=nw, eps=1e-5, silu=True)
+            # the n-gram lookup at the assist's suffix (max 4, found from 3) and the longest it unrolls
+            from specheads.kernels.ngram import KERNEL_MAX_NGRAM, ngram_lookup
+
+            h = torch.randint(0, 5, (2, 40))
+            for longest in (4, KERNEL_MAX_NGRAM):
+                ngram_lookup(h, torch.tensor([30, 39]), torch.tensor([1, 2]), torch.arange(8), longest, 3)
     finally:
         mp.undo()
     return distinct(launches)
@@ -95,7 +101,8 @@ def test_the_step_covers_the_kernels(step_launches):
     assert any(d["name"] == "_causal_kernel" and d["constexprs"]["MULTI"] for d in step_launches)
     assert {"_linear_kernel", "_split_kernel", "_causal_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",
             "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel", "_ring_path_kernel", "_mtp_window_kernel",
-            "_tree_plan_kernel"} <= names, names
+            "_tree_plan_kernel", "_ngram_kernel"} <= names, names
+    assert {d["constexprs"]["MAX_NGRAM"] for d in step_launches if d["name"] == "_ngram_kernel"} == {4, 8}
     assert any(d["name"] == "_head_input_kernel" and not d["constexprs"]["NORM"] for d in step_launches)  # EAGLE-1
     assert any(d["name"] == "_linear_kernel" and d["constexprs"]["FOLD"] for d in step_launches)
 
