@@ -51,88 +51,26 @@ if triton is not None:
     import triton.language as tl
 
     def _ngram_kernel(h_ptr, len_ptr, root_ptr, cols_ptr, out_ptr, found_ptr, w, s_h, n_draft,
-                      MAX_NGRAM: tl.constexpr, MIN_NGRAM: tl.constexpr, BLOCK: tl.constexpr, DRAFT: tl.constexpr):
+                      MAX_NGRAM: tl.constexpr, MIN_NGRAM: tl.constexpr, NPAD: tl.constexpr, BLOCK: tl.constexpr,
+                      DRAFT: tl.constexpr):
         row = tl.program_id(0)
         base = h_ptr + row * s_h
         length = tl.load(len_ptr + row)
         root = tl.load(root_ptr + row)
-        # best position of each n (n = 1 .. MAX_NGRAM, unrolled up to KERNEL_MAX_NGRAM), the latest match so far
-        best1 = tl.full((), -1, tl.int64)
-        best2 = tl.full((), -1, tl.int64)
-        best3 = tl.full((), -1, tl.int64)
-        best4 = tl.full((), -1, tl.int64)
-        best5 = tl.full((), -1, tl.int64)
-        best6 = tl.full((), -1, tl.int64)
-        best7 = tl.full((), -1, tl.int64)
-        best8 = tl.full((), -1, tl.int64)
-        back1 = tl.load(base + tl.maximum(length - 1, 0))  # the suffix's 2nd token from the end
-        back2 = tl.load(base + tl.maximum(length - 2, 0))
-        back3 = tl.load(base + tl.maximum(length - 3, 0))
-        back4, back5, back6, back7 = root, root, root, root  # (loaded only where MAX_NGRAM reaches them)
-        if MAX_NGRAM >= 5:
-            back4 = tl.load(base + tl.maximum(length - 4, 0))
-        if MAX_NGRAM >= 6:
-            back5 = tl.load(base + tl.maximum(length - 5, 0))
-        if MAX_NGRAM >= 7:
-            back6 = tl.load(base + tl.maximum(length - 6, 0))
-        if MAX_NGRAM >= 8:
-            back7 = tl.load(base + tl.maximum(length - 7, 0))
+        ns = tl.arange(0, NPAD)
+        bests = tl.full((NPAD,), -1, tl.int64)  # at n - 1: the latest position matching the last n tokens so far
         for start in range(0, w, BLOCK):
             p = start + tl.arange(0, BLOCK).to(tl.int64)
             inside = p < w
             m = inside & (p < length) & (tl.load(base + p, mask=inside, other=-1) == root)
-            best1 = tl.maximum(best1, tl.max(tl.where(m, p, -1), 0))
-            if MAX_NGRAM >= 2:
-                m = m & (p >= 1) & (tl.load(base + p - 1, mask=inside & (p >= 1), other=-1) == back1)
-                best2 = tl.maximum(best2, tl.max(tl.where(m, p, -1), 0))
-            if MAX_NGRAM >= 3:
-                m = m & (p >= 2) & (tl.load(base + p - 2, mask=inside & (p >= 2), other=-1) == back2)
-                best3 = tl.maximum(best3, tl.max(tl.where(m, p, -1), 0))
-            if MAX_NGRAM >= 4:
-                m = m & (p >= 3) & (tl.load(base + p - 3, mask=inside & (p >= 3), other=-1) == back3)
-                best4 = tl.maximum(best4, tl.max(tl.where(m, p, -1), 0))
-            if MAX_NGRAM >= 5:
-                m = m & (p >= 4) & (tl.load(base + p - 4, mask=inside & (p >= 4), other=-1) == back4)
-                best5 = tl.maximum(best5, tl.max(tl.where(m, p, -1), 0))
-            if MAX_NGRAM >= 6:
-                m = m & (p >= 5) & (tl.load(base + p - 5, mask=inside & (p >= 5), other=-1) == back5)
-                best6 = tl.maximum(best6, tl.max(tl.where(m, p, -1), 0))
-            if MAX_NGRAM >= 7:
-                m = m & (p >= 6) & (tl.load(base + p - 6, mask=inside & (p >= 6), other=-1) == back6)
-                best7 = tl.maximum(best7, tl.max(tl.where(m, p, -1), 0))
-            if MAX_NGRAM >= 8:
-                m = m & (p >= 7) & (tl.load(base + p - 7, mask=inside & (p >= 7), other=-1) == back7)
-                best8 = tl.maximum(best8, tl.max(tl.where(m, p, -1), 0))
-        best = best1
-        if MAX_NGRAM >= 2:
-            best = tl.where(best2 >= 0, best2, best)
-        if MAX_NGRAM >= 3:
-            best = tl.where(best3 >= 0, best3, best)
-        if MAX_NGRAM >= 4:
-            best = tl.where(best4 >= 0, best4, best)
-        if MAX_NGRAM >= 5:
-            best = tl.where(best5 >= 0, best5, best)
-        if MAX_NGRAM >= 6:
-            best = tl.where(best6 >= 0, best6, best)
-        if MAX_NGRAM >= 7:
-            best = tl.where(best7 >= 0, best7, best)
-        if MAX_NGRAM >= 8:
-            best = tl.where(best8 >= 0, best8, best)
-        found = best >= 0
-        if MIN_NGRAM == 2:
-            found = best2 >= 0
-        if MIN_NGRAM == 3:
-            found = best3 >= 0
-        if MIN_NGRAM == 4:
-            found = best4 >= 0
-        if MIN_NGRAM == 5:
-            found = best5 >= 0
-        if MIN_NGRAM == 6:
-            found = best6 >= 0
-        if MIN_NGRAM == 7:
-            found = best7 >= 0
-        if MIN_NGRAM == 8:
-            found = best8 >= 0
+            bests = tl.where(ns == 0, tl.maximum(bests, tl.max(tl.where(m, p, -1), 0)), bests)
+            for k in tl.static_range(1, MAX_NGRAM):  # n = k + 1: the token k before p equals the suffix's
+                back = tl.load(base + tl.maximum(length - k, 0))
+                m = m & (p >= k) & (tl.load(base + p - k, mask=inside & (p >= k), other=-1) == back)
+                bests = tl.where(ns == k, tl.maximum(bests, tl.max(tl.where(m, p, -1), 0)), bests)
+        longest = tl.max(tl.where(bests >= 0, ns, -1), 0)  # the largest n with a match (-1: none)
+        best = tl.max(tl.where(ns == longest, bests, -1), 0)
+        found = tl.max(tl.where(ns == MIN_NGRAM - 1, bests, -1), 0) >= 0
         tl.store(found_ptr + row, found)
         period = tl.maximum(length - best, 1)
         j = tl.arange(0, DRAFT)
@@ -142,7 +80,7 @@ if triton is not None:
         tl.store(out_ptr + row * n_draft + j, tl.load(base + at, mask=want, other=0), mask=want)
 
 
-KERNEL_MAX_NGRAM = 8  # the kernel's unrolled n; a larger max_ngram takes the reference
+KERNEL_MAX_NGRAM = 8  # the longest suffix the kernel is tested for; a larger max_ngram takes the reference
 
 
 def ngram_lookup(h: torch.Tensor, length: torch.Tensor, roots: torch.Tensor, draft_cols: torch.Tensor,
@@ -159,5 +97,5 @@ def ngram_lookup(h: torch.Tensor, length: torch.Tensor, roots: torch.Tensor, dra
     found = torch.empty(b, dtype=torch.bool, device=h.device)
     _kernel(_ngram_kernel)[(b,)](h, length.contiguous(), roots.contiguous(), draft_cols.contiguous(), drafts, found,
                                  w, h.stride(0), n, MAX_NGRAM=max_ngram, MIN_NGRAM=min_ngram,
-                                 BLOCK=min(1024, triton.next_power_of_2(w)), DRAFT=triton.next_power_of_2(max(n, 1)))
+                                 NPAD=triton.next_power_of_2(max_ngram), BLOCK=min(1024, triton.next_power_of_2(w)), DRAFT=triton.next_power_of_2(max(n, 1)))
     return drafts, found

@@ -80,12 +80,12 @@ def step_launches():
                 x, nw = torch.randn(3, 64), torch.rand(64) + 0.5
                 linear(x, torch.randn(32, 64), norm_weight=nw, eps=1e-5)
                 linear(x, torch.randn(64, 64), norm_weight=nw, eps=1e-5, silu=True)
-            # the n-gram lookup at the assist's suffix (max 4, found from 3) and the longest it unrolls
+            # the n-gram lookup: one token, n-gram's default 3, the assist's 4 (found from 3), the longest tested
             from specheads.kernels.ngram import KERNEL_MAX_NGRAM, ngram_lookup
 
             h = torch.randint(0, 5, (2, 40))
-            for longest in (4, KERNEL_MAX_NGRAM):
-                ngram_lookup(h, torch.tensor([30, 39]), torch.tensor([1, 2]), torch.arange(8), longest, 3)
+            for longest in (1, 3, 4, KERNEL_MAX_NGRAM):
+                ngram_lookup(h, torch.tensor([30, 39]), torch.tensor([1, 2]), torch.arange(8), longest, min(3, longest))
     finally:
         mp.undo()
     return distinct(launches)
@@ -102,7 +102,7 @@ def test_the_step_covers_the_kernels(step_launches):
     assert {"_linear_kernel", "_split_kernel", "_causal_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",
             "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel", "_ring_path_kernel", "_mtp_window_kernel",
             "_tree_plan_kernel", "_ngram_kernel"} <= names, names
-    assert {d["constexprs"]["MAX_NGRAM"] for d in step_launches if d["name"] == "_ngram_kernel"} == {4, 8}
+    assert {d["constexprs"]["MAX_NGRAM"] for d in step_launches if d["name"] == "_ngram_kernel"} == {1, 3, 4, 8}
     assert any(d["name"] == "_head_input_kernel" and not d["constexprs"]["NORM"] for d in step_launches)  # EAGLE-1
     assert any(d["name"] == "_linear_kernel" and d["constexprs"]["FOLD"] for d in step_launches)
 
