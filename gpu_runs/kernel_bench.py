@@ -19,10 +19,8 @@ microseconds a call and the best settings per shape and row count; writes DIR/ke
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
-import tempfile
 from pathlib import Path
 
 import torch
@@ -31,6 +29,7 @@ import torch.nn.functional as F
 from specheads.kernels import tuning
 from specheads.kernels.attention import causal_attention, causal_mask, tree_attention, tree_plan
 from specheads.kernels.linear import linear
+from older import module_from_source
 from timing import graph_us
 
 MODELS = {  # hidden, heads, kv heads, head dim, intermediate, vocab
@@ -122,16 +121,9 @@ def random_tree(b, t, gen):
 
 
 def load_prev(path):
-    """An earlier attention module from its source file, its kernels renamed so that the jit
-    cache (fused._kernel, keyed by name) keeps them apart from the current ones."""
-    src = Path(path).read_text().replace("_causal_kernel", "_causal_kernel_prev").replace(
-        "_split_kernel", "_split_kernel_prev")
-    copy = Path(tempfile.mkdtemp()) / "attention_prev.py"  # Triton reads a kernel's source from its file
-    copy.write_text(src)
-    spec = importlib.util.spec_from_file_location("attention_prev", copy)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """An earlier attention module from its source file, its kernels renamed (older.module_from_source)."""
+    return module_from_source(Path(path).read_text(), "attention_prev",
+                              (("_causal_kernel", "_causal_kernel_prev"), ("_split_kernel", "_split_kernel_prev")))
 
 
 def bench_attention(model, quick, prev=None) -> list[dict]:

@@ -1,5 +1,5 @@
 """The device n-gram lookup's kernel of an older commit beside the current one, on the GPU: each
-captured 50 times in a CUDA graph and replayed at the engine's shapes (batch 1, 8 and 64; context
+captured in a CUDA graph and replayed (timing.graph_us) at the engine's shapes (batch 1, 8 and 64; context
 buckets of 256, 1,024 and 4,096 tokens; chains of 15 and 31; max_ngram 4, and 6 and 8 for the current
 one), with whether their outputs agree. Prints a table, writes DIR/ngram_old_new.json.
 
@@ -8,46 +8,18 @@ one), with whether their outputs agree. Prints a table, writes DIR/ngram_old_new
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import subprocess
-import tempfile
+import sys
 from pathlib import Path
 
 import torch
 
-from specheads.kernels import ngram as new
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from older import module_at  # noqa: E402
+from timing import graph_us  # noqa: E402
 
-def old_module(commit: str):
-    code = subprocess.run(["git", "show", f"{commit}:specheads/kernels/ngram.py"], check=True, capture_output=True,
-                          text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "ngram_old.py"
-    path.write_text(code)
-    spec = importlib.util.spec_from_file_location("ngram_old", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def graphed_us(fn, reps: int = 50, rounds: int = 20) -> float:
-    """Microseconds a call: `reps` calls captured in one CUDA graph, replayed `rounds` times."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(rounds):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1000 * start.elapsed_time(end) / (reps * rounds)
+from specheads.kernels import ngram as new  # noqa: E402
 
 
 def main() -> None:
@@ -55,7 +27,7 @@ def main() -> None:
     ap.add_argument("--old", required=True, help="the older commit")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    old = old_module(args.old)
+    old = module_at(args.old, "specheads/kernels/ngram.py", "ngram_old", (("_ngram_kernel", "_ngram_kernel_old"),))
     dev = torch.device("cuda")
     rows = []
     print(f"{'batch':>5} {'context':>7} {'chain':>5} {'max':>3} {'old us':>7} {'new us':>7} {'same':>5}")
@@ -69,12 +41,12 @@ def main() -> None:
                 cols = torch.arange(n, device=dev)
                 for max_ngram in (4, 6, 8):
                     got = new.ngram_lookup(h, length, roots, cols, max_ngram, 3)
-                    new_us = graphed_us(lambda: new.ngram_lookup(h, length, roots, cols, max_ngram, 3))
+                    new_us = graph_us(lambda: new.ngram_lookup(h, length, roots, cols, max_ngram, 3))
                     old_us, same = None, None
                     if max_ngram <= old.KERNEL_MAX_NGRAM:
                         want = old.ngram_lookup(h, length, roots, cols, max_ngram, 3)
                         same = bool(torch.equal(got[1], want[1]) and torch.equal(got[0][got[1]], want[0][want[1]]))
-                        old_us = graphed_us(lambda: old.ngram_lookup(h, length, roots, cols, max_ngram, 3))
+                        old_us = graph_us(lambda: old.ngram_lookup(h, length, roots, cols, max_ngram, 3))
                     rows.append({"batch": b, "context": w, "chain": n, "max_ngram": max_ngram, "old_us": old_us,
                                  "new_us": new_us, "same": same})
                     print(f"{b:5d} {w:7d} {n:5d} {max_ngram:3d} {old_us if old_us is not None else float('nan'):7.2f} "

@@ -10,26 +10,15 @@ plain decoding for each tier as a fixed tree, the old policy and the current one
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from older import module_at  # noqa: E402
+
 COSTS = {"static128": [], "static64": ["saturation_tokens=64", "draft_depth_cost=0.07"]}
-
-
-def old_policy_module(commit: str):
-    code = subprocess.run(["git", "show", f"{commit}:specheads/runtime/policy.py"], check=True, capture_output=True,
-                          text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "old_policy.py"
-    path.write_text(code)
-    spec = importlib.util.spec_from_file_location("old_policy", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["old_policy"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main():
@@ -43,7 +32,7 @@ def main():
     from specheads.evaluation.policy_sim import simulate, static_cost
     from specheads.runtime.policy import AdaptivePolicy, FixedPolicy, parse_tiers
 
-    old = old_policy_module(args.old)
+    old = module_at(args.old, "specheads/runtime/policy.py", "old_policy")
     data = json.loads(Path(args.traces).read_text())
     tiers = sorted(parse_tiers(";".join(data["traces"])), key=lambda t: (t.num_draft, t.steps, t.topk))
     traces = {t: data["traces"][str(t)] for t in tiers}
