@@ -75,21 +75,22 @@ what first drafts would win there is not measured yet.
 A tier never changes an output: verification is lossless, so greedy output is the target's own
 and sampled output follows the request's counter-based noise whatever tree was verified.
 
-A clear choice is held (`hold` h, default 0.05): where the chosen option's rate leads the one
-nearest to replacing it by the share L (the full tree's lead over a smaller tier counted past
-`switch_margin`), the next L / h choices (at most 16) in the same batch and context buckets, for
-the same rows in a batch of at most FRESH_ROWS, repeat it without working out an estimate, and the
-observations meanwhile are kept and folded at the next estimate. The estimate is the policy's main
+In a batch of at most FRESH_ROWS rows a clear choice is held (`hold` h, default 0.05): where the
+chosen option's rate leads the one nearest to replacing it by the share L (the full tree's lead
+over a smaller tier counted past `switch_margin`), the next L / h choices (at most 16) for the same
+rows in the same batch and context buckets repeat it without working out an estimate, and the
+observations meanwhile are kept and folded at the next estimate. (A wider batch already keeps its
+rates between folds; held there as well, up to 16 or `refresh` choices while rows left a draining
+batch, the replay of coding's validation traces at batch 64 lost 3%: 0.927 against 0.959.) The estimate is the policy's main
 host cost: on an H200 (2026-12-03, gpu_runs/policy_steps.py, docs/results/policy-host-h200/) an
 adaptive engine whose only tier was the fixed engine's tree ran chat batch 8 at 15,605 tok/s
 against the fixed engine's 16,209, the choice taking 0.2 ms and the observation 0.13 ms a step,
 partly on the steps' critical path. On this project's CPU (gpu_runs/host_steps.py, the device's
 work stubbed, an adaptive engine whose only tier is the fixed engine's tree) a step's host work went
 from 0.140 to 0.050 ms at batch 1 (the fixed engine's: 0.030) and from 0.180 to 0.119 at batch 8
-(0.062) with h = 0.05 and observations summed at a fold;
-the replay of the assisted traces (chat and coding, batch 1, 8 and 32, 3 orders, the card's
-profiles) ran within 0.5% of the same without it in every cell but one (chat batch 32, 0.93 to
-0.99 of the best fixed tree).
+(0.062) with h = 0.05 and observations summed at a fold; the replay of the assisted traces (chat
+and coding, batch 1 and 8, 3 orders, the card's profiles) ran as without it (chat batch 1 0.994 to
+0.998 of the best fixed tree, the rest equal).
 
 In a batch of more than `FRESH_ROWS` (8) rows, observations are summed per row and folded into
 the records every `refresh` (4) observations, and every row's expected tokens are worked out again
@@ -569,10 +570,10 @@ class AdaptivePolicy:
         self._trials = ((j <= a) & (j < o)).astype(float)
         self._hits = self._trials * (j < a)
         self._last_rates = None  # (its key, the rates): asked again between folds with the same rows and buckets
-        # hold h (0: off): a choice that leads every other by the share L (`_lead`) is repeated for
-        # the next L / h choices (at most HOLD_STEPS) in the same buckets (for the same rows, in a
-        # batch of at most FRESH_ROWS) without an estimate; the observations meanwhile are kept and
-        # folded at the next estimate (module docstring, "hold")
+        # hold h (0: off): in a batch of at most FRESH_ROWS rows, a choice that leads every other by
+        # the share L (`_lead`) is repeated for the next L / h choices (at most HOLD_STEPS) for the same
+        # rows in the same buckets without an estimate; the observations meanwhile are kept and folded
+        # at the next estimate (module docstring, "hold")
         self.hold = hold
         # (key, tier, merit, the pending observations that end it) of the held choice; choices left
         self._held, self._hold_left = None, 0
@@ -866,9 +867,10 @@ class AdaptivePolicy:
         (`draining`, `context`: as `rates`)."""
         if all(r is None for r in rows):
             return 0
-        key = (batch, tuple(kv) if isinstance(kv, (list, tuple)) else kv, draining,
-               None if len(rows) > FRESH_ROWS else tuple(rows))
-        if self._hold_left and self._held[0] == key and self._pending < self._held[3]:
+        key = None  # (a narrow batch's choice may be held: `hold`)
+        if self.hold and len(rows) <= FRESH_ROWS:
+            key = (batch, tuple(kv) if isinstance(kv, (list, tuple)) else kv, draining, tuple(rows))
+        if self._hold_left and key is not None and self._held[0] == key and self._pending < self._held[3]:
             self._hold_left -= 1
             best, merit = self._held[1:3]
         else:
@@ -881,7 +883,7 @@ class AdaptivePolicy:
                     and rates[-1] > rates[0]):
                 best = len(self.tiers)  # the full tree: the smaller one does not gain enough (and it beats plain)
             merit = bool(rates[best] > rates[0])
-            if self.hold:  # a lead of L: held for L / hold choices (at most HOLD_STEPS)
+            if key is not None:  # a lead of L: held for L / hold choices (at most HOLD_STEPS)
                 steps = min(int(self._lead(rates, best, merit) / self.hold), HOLD_STEPS)
                 if steps > 0:  # (as many observations end it too: a step observes once)
                     self._held, self._hold_left = (key, best, merit, self._pending + steps), steps
