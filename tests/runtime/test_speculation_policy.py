@@ -503,6 +503,13 @@ def test_a_clear_choice_is_held_without_an_estimate_and_its_observations_kept():
     assert policy._lead(rates, 4, True) == pytest.approx(lead)
     policy.choose([(row, 6)], 1, 512)
     assert policy._hold_left == min(int(lead / 0.05), HOLD_STEPS)
+    # a batch wider than FRESH_ROWS keeps its rates between folds instead: nothing is held there
+    wide = AdaptivePolicy(TIERS, TableCost(gpu_like), hold=0.05)
+    many = [wide.new_row() for _ in range(12)]
+    for r in many:
+        observe(wide, r, 4, accepted=6, steps=2)
+    wide.choose([(r, 6) for r in many], 16, 512)
+    assert wide._hold_left == 0
     # another bucket, other rows or as many observations as held choices end the hold
     for change in ("kv", "rows", "observations"):
         policy.choose([(row, 6)], 1, 512)
