@@ -3,7 +3,7 @@ sizes, for whichever checkout is first on PYTHONPATH (so an older commit's archi
 it uses only the engine's public API, SpecEngine / Request / add / step).
 
     python3 gpu_runs/kernel_profile.py HEAD --out DIR [--label L] [--batch-sizes 1 8 32]
-        [--methods ar eagle3-tree eagle3+ngram@6,4,15:ngram_gate=1] [--set FIELD=VALUE ...]
+        [--methods ar eagle3-tree eagle3+ngram@6,4,15:ngram_gate=1] [--set FIELD=VALUE ...] [--policy adaptive]
         (TARGET in the environment; a method: ar, eagle3-tree (6,4,15) or METHOD@S,K,N[:drafter options])
 
 For each method and batch size: the rows fill with held-out prompts (.dev/prompts/sharegpt.json;
@@ -131,6 +131,9 @@ def main():
     ap.add_argument("--min-context", type=int, default=0,
                     help="join prompt texts (as one user turn) until each prompt has at least this many "
                          "tokens, to profile the steps of a longer context bucket (e.g. 600: the 1,024-key one)")
+    ap.add_argument("--policy", default=None, choices=["fixed", "adaptive"],
+                    help="the drafting methods' speculation policy (default: the engine's, fixed); adaptive "
+                         "captures and times its tiers first, as a server does")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--host", action="store_true", help="the host's share of a step and its costliest functions")
     ap.add_argument("--gaps", action="store_true", help="the device's idle time between kernels, by kernel pair")
@@ -178,8 +181,11 @@ def main():
                 engine = SpecEngine(target, method="ar", max_batch=b)
             else:
                 name, shape, options = engine_spec(method)
+                policy = {"speculation_policy": args.policy} if args.policy else {}  # (older checkouts: none)
                 engine = SpecEngine(target, head, name, num_steps=shape[0], topk=shape[1], num_draft_tokens=shape[2],
-                                    max_batch=b, drafter_options=options)
+                                    max_batch=b, drafter_options=options, **policy)
+                if args.policy == "adaptive" and engine.use_graphs:
+                    engine.capture_common(range(1, b + 1))
             params = SamplingParams(max_new_tokens=args.new_tokens)
             engine.generate(prompts[:b], params)  # every bucket the timed steps reach captured first
             for i in range(b):
