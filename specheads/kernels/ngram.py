@@ -97,5 +97,6 @@ def ngram_lookup(h: torch.Tensor, length: torch.Tensor, roots: torch.Tensor, dra
     found = torch.empty(b, dtype=torch.bool, device=h.device)
     _kernel(_ngram_kernel)[(b,)](h, length.contiguous(), roots.contiguous(), draft_cols.contiguous(), drafts, found,
                                  w, h.stride(0), n, MAX_NGRAM=max_ngram, MIN_NGRAM=min_ngram,
-                                 NPAD=triton.next_power_of_2(max_ngram), BLOCK=min(1024, triton.next_power_of_2(w)), DRAFT=triton.next_power_of_2(max(n, 1)))
+                                 NPAD=triton.next_power_of_2(max_ngram), BLOCK=min(1024, triton.next_power_of_2(w)),
+                                 DRAFT=triton.next_power_of_2(max(n, 1)))
     return drafts, found

@@ -634,6 +634,12 @@ class AdaptivePolicy:
     def _add(self, slots: np.ndarray, tiers: list[int], trials: np.ndarray, hits: np.ndarray) -> None:
         """One step's trials and hits [R, D] of these (distinct) slots, summed into the records of
         `tiers` not yet folded and into every tier's pooled one; folded now where due."""
+        self._pend(slots, tiers, trials, hits)
+        self._observed(len(slots))
+
+    def _pend(self, slots: np.ndarray, tiers: list[int], trials: np.ndarray, hits: np.ndarray) -> None:
+        """Trials and hits [R, D] of these (distinct) slots into the pending records of `tiers` and
+        every tier's pooled one."""
         k, h = trials.sum(0), hits.sum(0)
         if len(tiers) == 1:  # (a step's own tier: a plain fancy add, 2 us where np.ix_ takes 5)
             t = tiers[0]
@@ -650,7 +656,6 @@ class AdaptivePolicy:
         self._pend_all_k += k
         self._pend_all_h += h
         self._pending_slots.append(slots)
-        self._observed(len(slots))
 
     def _observed(self, rows: int) -> None:
         """One more observation of `rows` rows: folded now where due (a batch of at most FRESH_ROWS
@@ -678,11 +683,7 @@ class AdaptivePolicy:
             if len(raw) > 1:
                 shape = (len(raw), len(first[0]), self.depth)
                 trials, hits = trials.reshape(shape).sum(0), hits.reshape(shape).sum(0)
-            slots, tier = np.asarray(first[0]), first[1]
-            self._pend_trials[slots, tier] += trials
-            self._pend_hits[slots, tier] += hits
-            self._pend_k[tier] += trials.sum(0)
-            self._pend_h[tier] += hits.sum(0)
+            self._pend(np.asarray(first[0]), [first[1]], trials, hits)
         else:  # per (slot, tier) and per tier by one-hot products
             slots = np.asarray([r for entry in raw for r in entry[0]])
             tiers = np.asarray([entry[1] for entry in raw for _ in entry[0]])
@@ -690,15 +691,15 @@ class AdaptivePolicy:
             both = np.concatenate([trials, hits], axis=1)  # [N, 2D]
             keys, where = np.unique(slots * n_tiers + tiers, return_inverse=True)
             sums = (where[None, :] == np.arange(len(keys))[:, None]).astype(float) @ both  # [U, 2D]
-            self._pend_trials[keys // n_tiers, keys % n_tiers] += sums[:, :d]
-            self._pend_hits[keys // n_tiers, keys % n_tiers] += sums[:, d:]
+            at = (keys // n_tiers, keys % n_tiers)  # (slot, tier) of each distinct key
+            self._pend_trials[at] += sums[:, :d]
+            self._pend_hits[at] += sums[:, d:]
             by_tier = (tiers[None, :] == np.arange(n_tiers)[:, None]).astype(float) @ both  # [T, 2D]
             self._pend_k += by_tier[:, :d]
             self._pend_h += by_tier[:, d:]
-            slots = np.unique(keys // n_tiers)
-        self._pend_all_k += trials.sum(0)
-        self._pend_all_h += hits.sum(0)
-        self._pending_slots.append(slots)
+            self._pend_all_k += trials.sum(0)
+            self._pend_all_h += hits.sum(0)
+            self._pending_slots.append(np.unique(at[0]))
 
     def fold(self) -> None:
         """The observations summed since the last fold into the records (each row's and the pooled
