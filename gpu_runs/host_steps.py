@@ -6,7 +6,7 @@ it. A tiny random target (its prefills are real, and small). Old and new code si
 it from each checkout (PYTHONPATH) on the same machine.
 
     python3 gpu_runs/host_steps.py [--methods ar chain1 chain2 adaptive] [--batch 64] [--prompts 320]
-        [--max-new-tokens 200] [--repeats 5] [--out FILE.json]
+        [--max-new-tokens 200] [--repeats 5] [--launches] [--out FILE.json]
 
 Prints, per method, the best and median wall time of `generate()` over the repeats without its
 prefills, and ms a step (the steps the results count)."""
@@ -68,19 +68,37 @@ def stub(engine, seed: int = 3) -> None:
     engine._run = run
 
 
+def timed(fn, tally: list):
+    """fn, its seconds added to tally[0] and its calls counted in tally[1] where there is one."""
+    def wrapper(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            tally[0] += time.perf_counter() - t0
+            if len(tally) > 1:
+                tally[1] += 1
+    return wrapper
+
+
 def time_prefills(engine) -> list:
     """Wrap the engine's prefill with a timer (the real forward of the tiny target, not the host's
     share a step): returns the list its seconds are added to."""
     spent = [0.0]
-    prefill = engine._prefill
+    engine._prefill = timed(engine._prefill, spent)
+    return spent
 
-    def timed():
-        t0 = time.perf_counter()
-        try:
-            return prefill()
-        finally:
-            spent[0] += time.perf_counter() - t0
-    engine._prefill = timed
+
+def time_launches(engine) -> dict:
+    """Wrap the engine's launch with timers: 'planned' (behind a step in flight, its plan made before),
+    'unplanned' (it plans its own step: the first after a prefill) and the policy's `launched`;
+    returns {part: [seconds, calls]}, emptied in place by the caller between runs."""
+    spent = {"planned": [0.0, 0], "unplanned": [0.0, 0], "launched": [0.0, 0]}
+    launch = engine._launch
+    planned, unplanned = timed(launch, spent["planned"]), timed(launch, spent["unplanned"])
+    engine._launch = lambda ahead, plan=None: (planned if ahead else unplanned)(ahead, plan=plan)
+    if engine.policy is not None:  # (`ar` has none)
+        engine.policy.launched = timed(engine.policy.launched, spent["launched"])
     return spent
 
 
@@ -92,6 +110,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--settings", default=None, help="the adaptive methods' --speculation-settings (NAME=VALUE,...)")
+    ap.add_argument("--launches", action="store_true",
+                    help="also the launch's host time, us a call: planned, unplanned (after a prefill), the policy's part")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     target, head = build()
@@ -112,24 +132,30 @@ def main() -> None:
             choose = engine.policy.choose
             engine.policy.choose = lambda *a, _c=choose, **k: (_c(*a, **k), 2)[1]
         engine.generate(prompts[: args.batch], params)  # warm-up
-        engines[name] = (engine, time_prefills(engine))
+        engines[name] = (engine, time_prefills(engine), time_launches(engine) if args.launches else None)
     walls = {name: [] for name in args.methods}
-    steps = {}
+    steps, parts = {}, {}
     for _ in range(args.repeats):  # the methods in turn, so that the machine's drift falls on each alike
-        for name, (engine, spent) in engines.items():
+        for name, (engine, spent, launches) in engines.items():
             spent[0] = 0.0
+            for tally in (launches or {}).values():
+                tally[:] = [0.0, 0]
             t0 = time.perf_counter()
             results = engine.generate(prompts, params)
             walls[name].append(time.perf_counter() - t0 - spent[0])
             steps[name] = max(1, sum(r.steps for r in results) // args.batch)
+            if launches:  # (the last repeat's)
+                parts[name] = {k: round(1e6 * t / max(n, 1), 2) for k, (t, n) in launches.items()}
     report = {"machine": platform.processor() or platform.machine(), "batch": args.batch, "prompts": args.prompts,
               "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": []}
     print(f"{'method':>9} {'best ms':>8} {'median':>8} {'steps':>6} {'ms a step':>9}")
     for name in args.methods:
         best, med = min(walls[name]) * 1e3, statistics.median(walls[name]) * 1e3
         report["rows"].append({"method": name, "best_ms": round(best, 2), "median_ms": round(med, 2),
-                               "steps": steps[name], "ms_per_step": round(best / steps[name], 4)})
-        print(f"{name:>9} {best:8.1f} {med:8.1f} {steps[name]:6d} {best / steps[name]:9.4f}")
+                               "steps": steps[name], "ms_per_step": round(best / steps[name], 4)}
+                              | ({"launch_us": parts[name]} if name in parts else {}))
+        print(f"{name:>9} {best:8.1f} {med:8.1f} {steps[name]:6d} {best / steps[name]:9.4f}"
+              + (f"  launch us: {parts[name]}" if name in parts else ""))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -85,6 +85,10 @@ def engine_spec(method: str) -> tuple[str, tuple[int, int, int], dict]:
     return m.method, (m.num_steps, m.topk, m.num_draft_tokens), dict(m.options)
 
 
+# the steps a cell runs on its timed requests: 12 warm, 12 timed, 42 in host_time, 6 profiled
+WINDOW_STEPS = 72
+
+
 def host_time(steps) -> dict:
     """The host's time a step outside waits on the device, and its costliest functions."""
     import cProfile
@@ -133,7 +137,7 @@ def main():
                          "tokens, to profile the steps of a longer context bucket (e.g. 600: the 1,024-key one)")
     ap.add_argument("--policy", default=None, choices=["fixed", "adaptive"],
                     help="the drafting methods' speculation policy (default: the engine's, fixed); adaptive "
-                         "captures and times its tiers first, as a server does")
+                         "also times its tiers at the start, as a server does")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--host", action="store_true", help="the host's share of a step and its costliest functions")
     ap.add_argument("--gaps", action="store_true", help="the device's idle time between kernels, by kernel pair")
@@ -184,17 +188,26 @@ def main():
                 policy = {"speculation_policy": args.policy} if args.policy else {}  # (older checkouts: none)
                 engine = SpecEngine(target, head, name, num_steps=shape[0], topk=shape[1], num_draft_tokens=shape[2],
                                     max_batch=b, drafter_options=options, **policy)
-                if args.policy == "adaptive" and engine.use_graphs:
-                    engine.capture_common(range(1, b + 1))
+            if getattr(engine, "use_graphs", False) and hasattr(engine, "capture_common"):  # (older checkouts: none)
+                # every graph the timed steps reach, captured first as a server starts: no capture
+                # inside the timed or profiled windows (a fixed engine captures a bucket when met)
+                engine.capture_common(range(1, b + 1))
             params = SamplingParams(max_new_tokens=args.new_tokens)
-            engine.generate(prompts[:b], params)  # every bucket the timed steps reach captured first
+            engine.generate(prompts[:b], params)
+            # the timed requests outlive every timed and profiled step (at most WINDOW_STEPS), even
+            # where each step commits a whole chain: a row that left would leave steps that do nothing
+            longest = max(len(prompts[i % len(prompts)]) for i in range(b))
+            budget = max(args.new_tokens, WINDOW_STEPS * (getattr(engine, "widest_nodes", 1) + 1))
+            timed = SamplingParams(max_new_tokens=min(budget, engine.max_len - longest - 1))
             for i in range(b):
-                engine.add(Request(prompts[i % len(prompts)], params, frozenset()))
+                engine.add(Request(prompts[i % len(prompts)], timed, frozenset()))
+            short = [0]
 
             def steps(n):
                 toks = 0
                 for _ in range(n):
                     toks += sum(len(o.new_tokens) for o in engine.step())
+                    short[0] += len(engine.rows) < b
                 return toks
 
             steps(12)
@@ -226,6 +239,9 @@ def main():
                 cell["host"] = host
             if args.gaps:
                 cell["gaps"] = gaps(prof, 6)
+            cell["short_steps"] = short[0]  # steps after a row left (0: every figure is of full batches)
+            if short[0]:
+                print(f"  warning: {short[0]} steps ran with fewer than {b} rows (raise --new-tokens)", flush=True)
             report["cells"].append(cell)
             print(f"{args.label:10s} {method:12s} b{b:<3d} step {ms:7.3f} ms  tok/step {toks / 12:6.2f}  "
                   f"tok/s {cell['tokens_per_s']:8.0f}  kernels {cell['kernel_us_per_step']:8.1f} us  "

@@ -69,6 +69,11 @@ METHODS = {  # name -> SpecEngine keywords
     # policy's own cost a step beside the fixed engine's at the same tree
     "assist-adaptive-full": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
                                  speculation_policy="adaptive", speculation_tiers="6,4,15"),
+    # the same with the gate: the fixed engine's steps exactly (the gated chain where every row matches),
+    # so beside `assist` it isolates what the adaptive engine adds to a step
+    "assist-adaptive-gated-full": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
+                                       speculation_policy="adaptive", speculation_tiers="31,4,15",
+                                       drafter_options={"ngram_gate": 1}),
     # the same with `hold` (runtime/policy.py): a clear choice repeated without an estimate for a few steps
     "assist-adaptive-gated-hold": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
                                        speculation_policy="adaptive", drafter_options={"ngram_gate": 1},
@@ -124,7 +129,11 @@ def instrument(engine, trace: bool = False) -> dict:
     launch, finish = engine._launch, engine._finish
 
     def _launch(ahead, **kw):
+        t0 = time.perf_counter()
         out = launch(ahead, **kw)
+        if not ahead:  # (also in `launch`) a launch not behind a step in flight: it plans its step itself
+            ms["launch-unplanned"] += 1000 * (time.perf_counter() - t0)
+            n["launch-unplanned"] += 1
         tally["tiers"][out.tier] += 1
         tally["ahead"][ahead] += 1
         n["gated"] += out.gated  # (the assist's gated steps, counted under the full tier too)
@@ -245,7 +254,8 @@ def main() -> None:
                 h = cell["host_ms"]
                 print(f"{name:9s} b{b:<3d} run {run}: {cell['tokens_per_s']:8.0f} tok/s  {launches:5d} launches "
                       f"{cell['ms_per_launch']:6.3f} ms each ({cell['step_ms']:.3f} without prefills), ahead {cell['ahead_share']:.0%}  wait {h.get('wait', 0):7.1f}"
-                      f"  launch {h.get('launch', 0):6.1f} (replay {h.get('run', 0):6.1f}; choose {h.get('choose', 0):5.1f})  finish-wait "
+                      f"  launch {h.get('launch', 0):6.1f} (replay {h.get('run', 0):6.1f}; unplanned {h.get('launch-unplanned', 0):5.1f})"
+                      f"  choose {h.get('choose', 0):5.1f}  finish-wait "
                       f"{h.get('finish', 0) - h.get('wait', 0):6.1f}  prefill {h.get('prefill', 0):6.1f}  "
                       f"measure {h.get('measure_costs', 0):6.1f} ({cell['calls'].get('measure_costs', 0)})  "
                       f"gate {h.get('gate', 0):6.1f} ({cell['calls'].get('gated', 0)} gated)  "

@@ -113,6 +113,9 @@ def parse_options(text: str) -> dict:
         if not eq or not key.strip() or not value.strip():
             raise DrafterError(f"drafter option {item!r}: expected name=value, e.g. ngram_gate=1")
         value = value.strip()
+        if ":" in value:  # (a second option joined with ':' would reach the drafter as this one's value)
+            raise DrafterError(f"drafter option {item!r}: a value holds ':'; separate options with ',', e.g. "
+                               f"ngram_gate_chain=47,ngram_max=6")
         low = value.lower()
         out[key.strip()] = (int(value) if value.lstrip("-").isdigit() else
                             low == "true" if low in ("true", "false") else value)

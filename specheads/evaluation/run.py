@@ -53,7 +53,7 @@ def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str =
     """'KIND' (a head kind: eagle3, mtp, medusa, ... with the tree given; KIND+ngram: with the n-gram
     assist, drafters/assist.py), 'KIND@S,K,N', 'chain' (the
     head given, top-1, S steps; `head_kind` names its kind), 'ngram', 'ngram@N'; a head kind's method
-    may end in ':name=value,...', its drafter's options (e.g. 'eagle3+ngram@6,4,15:ngram_gate=1');
+    may end in ':name=value,...' (or ':a=1:b=2'), its drafter's options (e.g. 'eagle3+ngram@6,4,15:ngram_gate=1');
     `ar` always comes first (it is the reference)."""
     from specheads.drafters import DrafterError, parse_options
     from specheads.drafters.assist import split_method
@@ -65,7 +65,8 @@ def parse_methods(specs: list[str], tree: tuple[int, int, int], head_kind: str =
         spec_base, colon, opts = spec.partition(":")
         name, _, arg = spec_base.partition("@")
         try:
-            options = tuple(sorted(parse_options(opts).items())) if colon else ()
+            # (options joined with ':' as well as ',', as scripts/bench.py takes them)
+            options = tuple(sorted(parse_options(opts.replace(":", ",")).items())) if colon else ()
         except DrafterError as e:
             raise SuiteError(f"method {spec!r}: {e}") from None
         try:

@@ -308,3 +308,8 @@ def test_drafter_options_in_a_method_spec():
         parse_methods(["eagle3:gate"], (6, 4, 15))
     with pytest.raises(SuiteError, match=r":name=value"):
         parse_methods(["ngram@4:ngram_gate=1"], (6, 4, 15))
+    # options joined with ':' are two options (they once reached the drafter as one value, '47:ngram_max=6')
+    m = parse_methods(["eagle3+ngram@6,4,15:ngram_gate_chain=47:ngram_max=6"], (6, 4, 15))[1]
+    assert m.options == (("ngram_gate_chain", 47), ("ngram_max", 6))
+    with pytest.raises(DrafterError, match="separate options with ','"):
+        parse_options("ngram_gate_chain=47:ngram_max=6")
