@@ -621,8 +621,6 @@ class SpecEngine:
         tier = self._full if run == self._gated else run  # (a gated step is the full tree's, to the policy)
         proposal, self._proposal = self._proposal, None  # made with this plan, or None
         t0 = time.perf_counter()  # the host's share of the step (a bucket's first plan may time its graphs)
-        if any(r.speculate for r in self.rows):
-            self.policy.launched(tier)
         offered = None
         if tier and self._host_drafts:
             tree = self._host_tree(n, b, tier, proposal[0] if proposal else None)
@@ -646,6 +644,8 @@ class SpecEngine:
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
+        if any(r.speculate for r in self.rows):  # (once queued: behind the assist's gate the card waits on this launch)
+            self.policy.launched(tier)
         return _Launch(list(self.rows), host, event, host_lp, tier, [r.speculate for r in self.rows], b,
                        time.perf_counter() - t0, offered, bool(ahead), run == self._gated)
 
@@ -953,6 +953,9 @@ class SpecEngine:
                 first = self._prefill_forward(row0, ids.to(dev), lens.to(dev), sampled, logprobs)
         if staged:
             self._move_row(self.staging, start, width)
+        if hasattr(self.policy, "prime"):  # while the card prefills (its first tokens are read next)
+            joining = [r for r in new if r.speculate]
+            self.policy.prime([r.acceptance for r in joining], [r.depth_cap for r in joining])
         lp = None
         if logprobs:  # the prefill wrote them at path position 0
             lp = [t[row0: row0 + k, :1].tolist() for t in self.step_lp]

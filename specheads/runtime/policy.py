@@ -442,7 +442,8 @@ class FixedPolicy:
     drafting row: depths offered, drafts accepted), `observe_first(records, hits)` after a plain
     step whose drafter told its first drafts (per row that had one: 1 where the target's token
     equals it), `choose(rows, batch, kv, host_ms, draining, context)` -> the tier of the next step
-    (0: plain decoding; i: tiers[i - 1]) and `launched(tier)`."""
+    (0: plain decoding; i: tiers[i - 1]), `launched(tier)`, and `prime(records, caps)` while joining
+    rows' prompts are prefilled (work the next choice would do, done while the card is busy)."""
 
     name = "fixed"
 
@@ -470,6 +471,9 @@ class FixedPolicy:
         return 1
 
     def launched(self, tier: int) -> None:
+        pass
+
+    def prime(self, rows: list, caps: list[int]) -> None:
         pass
 
 
@@ -602,6 +606,9 @@ class AdaptivePolicy:
         self._tokens_version[slot] = -1
         if self._last_rates is not None and self._last_rates[0][-1] is not None:
             self._last_rates = None  # (a narrow batch's key names its slots: one may come back with a new record)
+        # a held choice ends: it was for the rows before, and a slot that comes back would let the
+        # hold's key (which names the slots) match a new request's rows (at batch 1, every request's)
+        self._hold_left = 0
         return slot
 
     def release(self, row: int) -> None:
@@ -771,6 +778,18 @@ class AdaptivePolicy:
             tokens[stale] = self._tokens[fresh] = self._expected_tokens(fresh, fresh_caps)
             self._tokens_cap[fresh], self._tokens_version[fresh] = fresh_caps, self.version
         return tokens
+
+    def prime(self, rows: list[int], caps: list[int]) -> None:
+        """Joining rows (their slots and depth caps), while their prompts are prefilled: what the
+        next choice would do first, done now (it is made while the card idles, after the prefill's
+        first tokens are read): the fold of observations a held choice deferred (a row's joining
+        ended the hold) and the new rows' expected tokens. Nothing is observed in between, so the
+        choice is the same."""
+        if not rows or self._hold_left:
+            return
+        if self._deferred:
+            self.fold()
+        self.expected_tokens(rows, caps)
 
     def _expected_tokens(self, rows, caps) -> np.ndarray:
         q = self.acceptance(rows)

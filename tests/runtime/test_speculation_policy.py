@@ -533,6 +533,36 @@ def test_a_clear_choice_is_held_without_an_estimate_and_its_observations_kept():
             assert estimates and policy._pending == 0  # worked out again, the kept observations folded
 
 
+def test_a_joining_row_ends_the_hold_and_is_primed_while_prefilled():
+    """A slot that comes back (batch 1: every request takes the one the last left) must not let a
+    choice held for the rows before match the new request's; `prime` (called while the new row's
+    prompt is prefilled) does the deferred fold and the row's estimate, so the next choice is the
+    same as without it and works out no estimate of its own."""
+    def run(prime):
+        policy = AdaptivePolicy(TIERS, TableCost(gpu_like), hold=0.05)
+        row = policy.new_row()
+        observe(policy, row, 1, accepted=2)
+        for _ in range(3):
+            tier = policy.choose([(row, 6)], 1, 512)
+            policy.observe([row], tier, [policy.tiers[tier - 1].steps], [1])
+        assert policy._hold_left > 0 and policy._deferred
+        policy.release(row)
+        new = policy.new_row()
+        assert new == row and policy._hold_left == 0  # the same slot, a new request: nothing held
+        computed = []
+        inner = policy._expected_tokens
+        policy._expected_tokens = lambda *a: (computed.append(1), inner(*a))[1]
+        if prime:
+            policy.prime([new], [6])
+            assert not policy._deferred and computed == [1]
+            computed.clear()
+        return policy.choose([(new, 6)], 1, 512), computed, policy.version
+
+    (plain, worked, v0), (primed, none, v1) = run(False), run(True)
+    assert plain == primed and v0 == v1
+    assert worked and not none  # primed: the choice found the new row's estimate made
+
+
 def test_noted_observations_sum_as_added_one_by_one():
     """Observations noted between folds (rows and tiers that change from step to step, a slot more
     than once) sum into the pending records as adding each step's trials and hits would."""
