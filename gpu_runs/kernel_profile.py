@@ -85,8 +85,9 @@ def engine_spec(method: str) -> tuple[str, tuple[int, int, int], dict]:
     return m.method, (m.num_steps, m.topk, m.num_draft_tokens), dict(m.options)
 
 
-# the steps a cell runs on its timed requests: 12 warm, 12 timed, 42 in host_time, 6 profiled
-WINDOW_STEPS = 72
+# the steps a cell runs on its timed requests: warm-up, timed, host_time's (timed, then profiled), profiled
+TIMED_STEPS, HOST_PROFILED_STEPS, PROFILED_STEPS = 12, 30, 6
+WINDOW_STEPS = 3 * TIMED_STEPS + HOST_PROFILED_STEPS + PROFILED_STEPS
 
 
 def host_time(steps) -> dict:
@@ -106,13 +107,13 @@ def host_time(steps) -> dict:
     try:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        steps(12)
+        steps(TIMED_STEPS)
         torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) * 1000 / 12
-        waits = waited[0] * 1000 / 12
+        wall = (time.perf_counter() - t0) * 1000 / TIMED_STEPS
+        waits = waited[0] * 1000 / TIMED_STEPS
         prof = cProfile.Profile()
         prof.enable()
-        steps(30)
+        steps(HOST_PROFILED_STEPS)
         prof.disable()
     finally:
         torch.cuda.Event.synchronize = sync
@@ -210,15 +211,15 @@ def main():
                     short[0] += len(engine.rows) < b
                 return toks
 
-            steps(12)
+            steps(TIMED_STEPS)
             sync()
             t0 = time.perf_counter()
-            toks = steps(12)
+            toks = steps(TIMED_STEPS)
             sync()
-            ms = (time.perf_counter() - t0) * 1000 / 12
+            ms = (time.perf_counter() - t0) * 1000 / TIMED_STEPS
             host = host_time(steps) if args.host and args.device == "cuda" else None
             with profile(activities=[ProfilerActivity.CUDA if args.device == "cuda" else ProfilerActivity.CPU]) as prof:
-                steps(6)
+                steps(PROFILED_STEPS)
                 sync()
             by_name = defaultdict(float)
             for e in prof.key_averages():
@@ -226,24 +227,24 @@ def main():
                 if t is None:
                     t = e.self_cuda_time_total
                 if t > 0:
-                    by_name[e.key] += t / 6
+                    by_name[e.key] += t / PROFILED_STEPS
             by_family = defaultdict(float)
             for n, t in by_name.items():
                 by_family[family(n)] += t
             top = sorted(by_name.items(), key=lambda kv: -kv[1])[:14]
-            cell = {"method": method, "batch": b, "step_ms": ms, "tokens_per_step": toks / 12,
-                    "tokens_per_s": toks / 12 / ms * 1000, "kernel_us_per_step": sum(by_name.values()),
+            cell = {"method": method, "batch": b, "step_ms": ms, "tokens_per_step": toks / TIMED_STEPS,
+                    "tokens_per_s": toks / TIMED_STEPS / ms * 1000, "kernel_us_per_step": sum(by_name.values()),
                     "families_us": dict(sorted(by_family.items(), key=lambda kv: -kv[1])),
                     "top_kernels_us": [[n[:90], t] for n, t in top]}
             if host is not None:
                 cell["host"] = host
             if args.gaps:
-                cell["gaps"] = gaps(prof, 6)
+                cell["gaps"] = gaps(prof, PROFILED_STEPS)
             cell["short_steps"] = short[0]  # steps after a row left (0: every figure is of full batches)
             if short[0]:
                 print(f"  warning: {short[0]} steps ran with fewer than {b} rows (raise --new-tokens)", flush=True)
             report["cells"].append(cell)
-            print(f"{args.label:10s} {method:12s} b{b:<3d} step {ms:7.3f} ms  tok/step {toks / 12:6.2f}  "
+            print(f"{args.label:10s} {method:12s} b{b:<3d} step {ms:7.3f} ms  tok/step {toks / TIMED_STEPS:6.2f}  "
                   f"tok/s {cell['tokens_per_s']:8.0f}  kernels {cell['kernel_us_per_step']:8.1f} us  "
                   + "  ".join(f"{f} {t:.0f}" for f, t in list(cell["families_us"].items())[:6]), flush=True)
             for n, t in top[:8]:

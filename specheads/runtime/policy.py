@@ -157,6 +157,11 @@ PACE_MIN_STEPS = 8  # steps of a tier and batch bucket read before their pace co
 HOLD_STEPS = 16  # the most choices a clear one is repeated without an estimate (AdaptivePolicy, hold)
 
 
+def _kv_key(kv):
+    """A step's context bucket(s) as a cache key: one bucket, or one per option (a list or array)."""
+    return tuple(kv) if np.ndim(kv) else kv
+
+
 class PolicyError(ValueError):
     pass
 
@@ -857,7 +862,7 @@ class AdaptivePolicy:
         # more or less moves every tier's rate and plain decoding's alike), and most steps cost the
         # host no estimate (module docstring)
         who = None if len(rows) > FRESH_ROWS else tuple(rows)
-        key = (self.version, batch, tuple(kv) if np.ndim(kv) else kv, context, host_ms,
+        key = (self.version, batch, _kv_key(kv), context, host_ms,
                getattr(self.cost, "version", 0), self._pace_version, draining, who)
         if self._last_rates is not None and self._last_rates[0] == key:
             return self._last_rates[1]
@@ -889,7 +894,7 @@ class AdaptivePolicy:
             return 0
         key = None  # (a narrow batch's choice may be held: `hold`)
         if self.hold and len(rows) <= FRESH_ROWS:
-            key = (batch, tuple(kv) if isinstance(kv, (list, tuple)) else kv, draining, tuple(rows))
+            key = (batch, _kv_key(kv), draining, tuple(rows))
         if self._hold_left and key is not None and self._held[0] == key and self._pending < self._held[3]:
             self._hold_left -= 1
             best, merit = self._held[1:3]
