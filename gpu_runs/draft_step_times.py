@@ -10,7 +10,7 @@ graph as the rows grow is an outlier), batch rows all decoding.
         [--trees 6,4,15 8,10,63] [--profile 12]
 
 A kind may carry head options: `medusa:shared_lm_head=1` (one vocabulary projection for every
-Medusa head), `medusa:num_heads=2`.
+Medusa head), `medusa:num_heads=2`, and its drafter's `lm_head_int8=0` (the draft readout as loaded).
 
 --trees times every kind at each tree shape (a row per kind, tree and batch); --profile N prints,
 for each row, the N kernels that take the most GPU time in a step (torch.profiler over 20 steps),
@@ -36,14 +36,19 @@ SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hi
 SHAPES = {"mtp": {"num_modules": 5}, "medusa": {"num_heads": 4}}
 
 
-def kind_options(spec: str) -> tuple[str, dict]:
-    """'medusa:shared_lm_head=1,num_heads=3' -> ('medusa', {'shared_lm_head': True, 'num_heads': 3})."""
+FLAGS = ("shared_lm_head", "lm_head_int8")
+DRAFTER_OPTIONS = ("lm_head_int8",)  # the rest configure the head
+
+
+def kind_options(spec: str) -> tuple[str, dict, dict]:
+    """'medusa:shared_lm_head=1,num_heads=3,lm_head_int8=0' -> ('medusa', {'shared_lm_head': True,
+    'num_heads': 3}, {'lm_head_int8': False}): the kind, its head's options, its drafter's."""
     kind, _, opts = spec.partition(":")
-    extra = {}
+    head, drafter = {}, {}
     for item in (x for x in opts.split(",") if x):
         key, _, value = item.partition("=")
-        extra[key] = value.lower() in ("1", "true") if key == "shared_lm_head" else int(value)
-    return kind, extra
+        (drafter if key in DRAFTER_OPTIONS else head)[key] = value.lower() in ("1", "true") if key in FLAGS else int(value)
+    return kind, head, drafter
 
 
 def build(spec: str, device, dtype, layers: int):
@@ -54,7 +59,7 @@ def build(spec: str, device, dtype, layers: int):
     torch.manual_seed(0)
     cfg = LlamaConfig(**{**SMOLLM2, "num_hidden_layers": layers})
     target = TargetModel(cfg).to(device=device, dtype=dtype).eval().requires_grad_(False)
-    kind, extra = kind_options(spec)
+    kind, extra, _ = kind_options(spec)
     if kind == "ar":
         return target, None
     from specheads.heads.registry import head_kind
@@ -89,7 +94,9 @@ def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target, head = build(kind, device, dtype, layers)
     kw = {} if kind == "ar" else dict(num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2])
-    engine = SpecEngine(target, head, method=kind_options(kind)[0], max_batch=batch, max_len=prompt_len + 4 * steps + 64, **kw)
+    name, _, options = kind_options(kind)
+    engine = SpecEngine(target, head, method=name, max_batch=batch, max_len=prompt_len + 4 * steps + 64,
+                        drafter_options=options or None, **kw)
     g = torch.Generator().manual_seed(1)
     for _ in range(batch):
         prompt = torch.randint(0, SMOLLM2["vocab_size"], (prompt_len,), generator=g).tolist()

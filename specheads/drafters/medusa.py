@@ -22,8 +22,10 @@ from specheads.runtime.tree import Tree
 class MedusaDrafter(Drafter):
     abilities = Abilities(on_device=True, trees=True, tiers=True)
 
-    def __init__(self, head, num_steps: int = 4, topk: int = 1, num_draft_tokens: int | None = None):
+    def __init__(self, head, num_steps: int = 4, topk: int = 1, num_draft_tokens: int | None = None,
+                 lm_head_int8: bool = True):
         self.head = head
+        self.lm_head_int8 = lm_head_int8
         self.depth = self.steps = min(num_steps, head.config.num_heads)
         self.topk = topk
         self.pool = CandidatePool(self.steps, topk, num_draft_tokens)
@@ -33,7 +35,12 @@ class MedusaDrafter(Drafter):
     @classmethod
     def from_setup(cls, setup: DraftSetup) -> "MedusaDrafter":
         check_head_setup(setup)
-        return cls(setup.head, setup.num_steps, setup.topk, setup.num_draft_tokens)
+        return cls(setup.head, setup.num_steps, setup.topk, setup.num_draft_tokens, **setup.options)
+
+    def prepare(self, device) -> None:
+        """On CUDA: the heads read out on the fused projection kernel, in int8 (lm_head_int8,
+        default True: drafts only, the target verifies every token)."""
+        self.head.fuse_for_inference(lm_head_int8=self.lm_head_int8)
 
     def memory_bytes(self, rows: int, cap: int, elem: int) -> int:
         return rows * self.head.config.target_hidden_size * elem
@@ -83,8 +90,8 @@ class MedusaDrafter(Drafter):
         front_score, front_pool = self.pool.zero_score[:b], self.pool.no_parent[:b]
         off, width = 0, 1
         for d in range(self.steps):
-            # the same logits under every frontier node
-            logits = logits_by_depth[d].float().expand(b, width, -1).contiguous()
+            # the same logits under every frontier node (the expansion reads the head's dtype)
+            logits = logits_by_depth[d].expand(b, width, -1)
             n = width * k
             _, front_score, _, front_pool = topk_expand(
                 logits, front_score, front_pool, k, target_ids, pool_tok[:, off: off + n], pool_score[:, off: off + n],

@@ -26,6 +26,8 @@ import torch
 from torch import nn
 
 from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches, readout_from_target
+from specheads.heads.fused_layer import draft_logits as fused_logits
+from specheads.heads.fused_layer import fuse_readout
 
 TITLE = "Medusa"
 ARCHITECTURE = "MedusaModel"
@@ -208,10 +210,20 @@ class MedusaHead(DraftVocab, nn.Module):
         self.lm_heads = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
                                       for _ in range(cfg.num_readouts))
         self._init_draft_vocab(cfg)
+        self.fused = False
 
     lm_head_from_target = True  # Medusa initializes each head's projection from the LM head
 
-    def fuse_for_inference(self, lm_head_int8: bool = False) -> "MedusaHead":
+    def fuse_for_inference(self, lm_head_int8: bool = True) -> "MedusaHead":
+        """Drafting reads out on the fused projection kernel (heads/fused_layer.draft_logits), every
+        vocabulary projection (lm_head_int8, default True) in an int8 copy with a float32 scale a
+        row: half the bytes a drafted depth streams, where a depth of a small target's step is
+        mostly its projection (drafts only: the target verifies every token). The residual blocks
+        stay torch modules. Call after the head is on its device and dtype (again to change
+        lm_head_int8)."""
+        for proj in self.lm_heads:
+            fuse_readout(proj, proj.weight, lm_head_int8)
+        self.fused = True
         return self
 
     def readout_heads(self) -> list[nn.Linear]:
@@ -236,11 +248,16 @@ class MedusaHead(DraftVocab, nn.Module):
 
     def draft_logits(self, hidden: torch.Tensor, heads: int) -> list[torch.Tensor]:
         """The first `heads` heads' logits from the target's hidden state [b, 1, H]: one product for
-        every head through a shared projection, one a head otherwise."""
+        every head through a shared projection, one a head otherwise (fused: on the projection
+        kernel, in int8 where fuse_for_inference said so)."""
         feats = self.features(hidden, heads)
         if not self.config.shared_lm_head:
-            return [self.logits(f, d) for d, f in enumerate(feats)]
-        return list(self.lm_heads[0](torch.cat(feats, dim=1)).split(1, dim=1))
+            return [self._draft_readout(f, d) for d, f in enumerate(feats)]
+        return list(self._draft_readout(torch.cat(feats, dim=1), 0).split(1, dim=1))
+
+    def _draft_readout(self, features: torch.Tensor, step: int) -> torch.Tensor:
+        proj = self.projection(step)
+        return fused_logits(features, proj.weight, proj._lm_int8) if self.fused else proj(features)
 
     def readout(self, features: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         return features, self.projection(step).weight

@@ -76,14 +76,48 @@ def test_fused_drafting_keeps_output_exact_and_drafts_as_the_modules(target, hea
         h = copy.deepcopy(head)
         engine = SpecEngine(target, h, max_len=64, max_batch=2, **TREES["tree"])
         if int8 is not None:
-            engine.drafter.lm_head_int8 = int8
+            # the head's drafter (the n-gram assist's inner one where the kind's method has the assist)
+            getattr(engine.drafter, "inner", engine.drafter).lm_head_int8 = int8
             engine.drafter.prepare(engine.device)
-            assert h.kind == "medusa" or h.fused  # medusa drafts on its torch modules
+            assert h.fused
+            if h.kind == "medusa":  # each head's own projection, in int8 where asked
+                assert all((p._lm_int8 is not None) == int8 for p in h.lm_heads)
         runs[name] = engine.generate(PROMPTS[:n], params)
         assert [r.token_ids for r in runs[name]] == [r[:new] for r in reference[:n]], name
     accepted = {name: [r.accepted_tokens for r in res] for name, res in runs.items()}
     assert accepted["fused"] == accepted["modules"]
     assert sum(accepted["int8"]) > 0
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_medusa_fused_readout_matches_the_modules(target, kernels, shared, monkeypatch):
+    """MedusaHead.fuse_for_inference: the heads' logits on the projection kernel equal the
+    modules' (bf16 weights as loaded: exactly under the torch reference), and with the int8 copy
+    stay within its rounding; the drafter's lm_head_int8 option reaches the head."""
+    import copy
+
+    import torch
+
+    head = random_head(target, kind="medusa", num_heads=3, shared_lm_head=shared)
+    hidden = torch.randn(2, 1, head.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    modules = head.draft_logits(hidden, 3)
+    if kernels == "triton":
+        interpret_triton(monkeypatch)
+    for int8 in (False, True):
+        fused = copy.deepcopy(head).fuse_for_inference(lm_head_int8=int8)
+        got = fused.draft_logits(hidden, 3)
+        assert [g.shape for g in got] == [m.shape for m in modules]
+        for g, m in zip(got, modules):
+            if int8 or kernels == "triton":
+                scale = m.abs().max()
+                assert (g - m).abs().max() <= (0.02 if int8 else 1e-4) * scale
+            else:
+                assert torch.equal(g, m)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    engine = SpecEngine(target, copy.deepcopy(head), max_len=64, drafter_options={"lm_head_int8": False},
+                        **TREES["tree"])
+    assert engine.drafter.inner.lm_head_int8 is False
 
 
 def test_rows_move_with_their_drafter_state(target, head, reference):
