@@ -27,7 +27,7 @@ from torch import nn
 
 from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches, readout_from_target
 from specheads.heads.fused_layer import draft_logits as fused_logits
-from specheads.heads.fused_layer import fuse_readout
+from specheads.heads.fused_layer import fuse_readout, keep_in_place
 
 TITLE = "Medusa"
 ARCHITECTURE = "MedusaModel"
@@ -215,12 +215,19 @@ class MedusaHead(DraftVocab, nn.Module):
     lm_head_from_target = True  # Medusa initializes each head's projection from the LM head
 
     def fuse_for_inference(self, lm_head_int8: bool = True) -> "MedusaHead":
-        """Drafting reads out on the fused projection kernel (heads/fused_layer.draft_logits), every
-        vocabulary projection (lm_head_int8, default True) in an int8 copy with a float32 scale a
-        row: half the bytes a drafted depth streams, where a depth of a small target's step is
-        mostly its projection (drafts only: the target verifies every token). The residual blocks
-        stay torch modules. Call after the head is on its device and dtype (again to change
-        lm_head_int8)."""
+        """Drafting as one batched product a block depth for every head (the heads' j-th blocks
+        stacked: they all read the same hidden state, so three launches a depth serve K heads where
+        each head took three), and the readouts on the fused projection kernel
+        (heads/fused_layer.draft_logits), every vocabulary projection (lm_head_int8, default True)
+        in an int8 copy with a float32 scale a row: half the bytes a drafted depth streams, where a
+        head's step is mostly its projection. Drafts only: the target verifies every token. Call
+        after the head is on its device and dtype (again to change lm_head_int8)."""
+        stacked = []
+        for j in range(self.config.num_layers):
+            layers = [block.layers[j] for block in self.blocks]
+            stacked.append(torch.stack([layer.weight.t() for layer in layers]).contiguous())  # [K, H, H]: x @ W.T
+            stacked.append(torch.stack([layer.bias for layer in layers])[:, None, :].contiguous())  # [K, 1, H]
+        keep_in_place(self, "_stacked_blocks", tuple(stacked))
         for proj in self.lm_heads:
             fuse_readout(proj, proj.weight, lm_head_int8)
         self.fused = True
@@ -247,17 +254,30 @@ class MedusaHead(DraftVocab, nn.Module):
         return self.projection(step)(features)
 
     def draft_logits(self, hidden: torch.Tensor, heads: int) -> list[torch.Tensor]:
-        """The first `heads` heads' logits from the target's hidden state [b, 1, H]: one product for
-        every head through a shared projection, one a head otherwise (fused: on the projection
-        kernel, in int8 where fuse_for_inference said so)."""
-        feats = self.features(hidden, heads)
-        if not self.config.shared_lm_head:
-            return [self._draft_readout(f, d) for d, f in enumerate(feats)]
-        return list(self._draft_readout(torch.cat(feats, dim=1), 0).split(1, dim=1))
+        """The first `heads` heads' logits [b, 1, Vd] from the target's hidden state [b, 1, H]: one
+        product for every head through a shared projection, one a head otherwise (fused: the
+        stacked blocks and the projection kernel, in int8 where fuse_for_inference said so)."""
+        if not self.fused:
+            feats = self.features(hidden, heads)
+            if not self.config.shared_lm_head:
+                return [self.logits(f, d) for d, f in enumerate(feats)]
+            return list(self.lm_heads[0](torch.cat(feats, dim=1)).split(1, dim=1))
+        feats = self._stacked_features(hidden, heads)  # [heads, b, 1, H]
+        if self.config.shared_lm_head:  # every head's rows in one product, head-major
+            return list(self._fused_readout(feats, 0).unbind(0))
+        return [self._fused_readout(f, d) for d, f in enumerate(feats.unbind(0))]
 
-    def _draft_readout(self, features: torch.Tensor, step: int) -> torch.Tensor:
+    def _stacked_features(self, hidden: torch.Tensor, heads: int) -> torch.Tensor:
+        """features() of the first `heads` heads through the stacked blocks: [heads, *hidden.shape]."""
+        x = hidden.reshape(1, -1, hidden.shape[-1]).expand(heads, -1, -1)
+        blocks = self._stacked_blocks
+        for j in range(0, len(blocks), 2):
+            x = x + nn.functional.silu(torch.baddbmm(blocks[j + 1][:heads], x, blocks[j][:heads]))
+        return x.reshape(heads, *hidden.shape)
+
+    def _fused_readout(self, features: torch.Tensor, step: int) -> torch.Tensor:
         proj = self.projection(step)
-        return fused_logits(features, proj.weight, proj._lm_int8) if self.fused else proj(features)
+        return fused_logits(features, proj.weight, proj._lm_int8)
 
     def readout(self, features: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         return features, self.projection(step).weight
