@@ -125,3 +125,18 @@ for trial in range(50):
         rd, rf = ngram.ngram_lookup_reference(h, length, roots, cols, max_ngram)
         bad += int(not (torch.equal(f, rf) and torch.equal(d[f], rd[rf])))
 print(f"ngram lookup: {bad} of 250 random batches differ from the reference")
+
+# The greedy pick (kernels/argmax.py) against torch's argmax: SmolLM2's and Qwen's vocabularies,
+# 1 to 2,048 rows (batch 64 of 31-draft chains plus their roots), ties planted across chunks
+from specheads.kernels.argmax import argmax_last  # noqa: E402
+
+bad = 0
+for trial, (rows, vocab) in enumerate([(1, 49152), (16, 49152), (2048, 49152), (1, 151936), (64, 151936)]):
+    g = torch.Generator().manual_seed(trial)
+    x = torch.randn(rows, vocab, generator=g).to(dev, torch.bfloat16)
+    top = x.max().item() + 1
+    x[0, [vocab - 1, 3]] = top  # a tie: the lower index wins
+    x[-1, vocab // 2:] = top
+    for _ in range(2):  # a second launch reads the counters the first one reset
+        bad += int(not torch.equal(argmax_last(x), x.argmax(-1)))
+print(f"argmax: {bad} of 10 launches differ from torch's")

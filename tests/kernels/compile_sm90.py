@@ -16,7 +16,6 @@ import inspect
 
 import torch
 
-MODULES = ("fused", "linear", "attention", "draft", "verify", "kv_commit", "path", "mtp_window", "ngram")
 _TYPES = {torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
           torch.bool: "i1", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -25,7 +24,9 @@ def record_launches(monkeypatch) -> list:
     """Every launch through `fused._kernel` from now on: (function, args, kwargs). The kernels
     still run (interpreted, with TRITON_INTERPRET=1)."""
     import importlib
+    import pkgutil
 
+    from specheads import kernels
     from specheads.kernels import fused
 
     launches = []
@@ -42,8 +43,8 @@ def record_launches(monkeypatch) -> list:
                 return launch
         return Grid()
 
-    for name in MODULES:
-        mod = importlib.import_module(f"specheads.kernels.{name}")
+    for info in pkgutil.iter_modules(kernels.__path__):  # every kernel module, a new one too
+        mod = importlib.import_module(f"specheads.kernels.{info.name}")
         if hasattr(mod, "_kernel"):
             monkeypatch.setattr(mod, "_kernel", recording)
     return launches

@@ -40,7 +40,7 @@ def step_launches():
             # the feature-head kinds on the final hidden state (their drafters' own kernel variants)
             from specheads.heads.registry import head_kind
 
-            for kind, size in (("eagle", {}), ("mtp", {"num_modules": 2})):
+            for kind, size in (("eagle", {}), ("mtp", {"num_modules": 2}), ("medusa", {"num_heads": 2})):
                 entry = head_kind(kind)
                 head = entry.module(entry.config.for_target(target, draft_vocab_size=256, **size)).eval()
                 engine = SpecEngine(target, head, num_steps=2, topk=2, num_draft_tokens=4, max_batch=2, max_len=128)
@@ -101,7 +101,7 @@ def test_the_step_covers_the_kernels(step_launches):
     assert any(d["name"] == "_causal_kernel" and d["constexprs"]["MULTI"] for d in step_launches)
     assert {"_linear_kernel", "_split_kernel", "_causal_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",
             "_tree_mask_kernel", "_accept_kernel", "_commit_kernel", "_head_input_kernel", "_ring_path_kernel", "_mtp_window_kernel",
-            "_tree_plan_kernel", "_ngram_kernel"} <= names, names
+            "_tree_plan_kernel", "_ngram_kernel", "_argmax_kernel"} <= names, names
     assert {d["constexprs"]["MAX_NGRAM"] for d in step_launches if d["name"] == "_ngram_kernel"} == {1, 3, 4, 8}
     assert any(d["name"] == "_head_input_kernel" and not d["constexprs"]["NORM"] for d in step_launches)  # EAGLE-1
     assert any(d["name"] == "_linear_kernel" and d["constexprs"]["FOLD"] for d in step_launches)
