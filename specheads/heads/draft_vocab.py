@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from specheads.heads.fused_layer import keep_in_place
+
 
 class DraftVocab:
     """Mixin for head modules whose config has vocab_size and draft_vocab_size."""
@@ -22,16 +24,24 @@ class DraftVocab:
                 f"draft_vocab_size {self.config.draft_vocab_size} and vocab_size {self.config.vocab_size}")
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
+        if getattr(self, "fused", False):
+            self.keep_target_ids()
 
     def target_rows(self) -> torch.Tensor:
         """Target token id of each draft id, [draft_vocab]."""
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
+    def keep_target_ids(self) -> None:
+        """While the head is fused for drafting (fuse_for_inference calls this): each draft id's
+        target id kept, one lookup a drafted depth instead of two launches to work it out."""
+        keep_in_place(self, "_target_ids", self.target_rows())
+
     def target_ids(self) -> torch.Tensor:
-        return self.target_rows()
+        """Target token id of each draft id [draft_vocab]: kept while fused for drafting."""
+        return self._target_ids if getattr(self, "fused", False) else self.target_rows()
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.target_rows()[draft_ids]
+        return self.target_ids()[draft_ids]
 
 
 @torch.no_grad()

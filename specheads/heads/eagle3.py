@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.heads.kind import HeadKindError
-from specheads.heads.draft_vocab import readout_from_target
-from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, fuse_readout, keep_in_place, layer_finish, layer_over_cache
+from specheads.heads.draft_vocab import DraftVocab, readout_from_target
+from specheads.heads.fused_layer import draft_logits, draft_tile, fuse_layer, fuse_readout, layer_finish, layer_over_cache
 from specheads.kernels.attention import tree_attention
 from specheads.kernels.draft import head_input, head_input_reference
 from specheads.kernels.fused import rmsnorm, rope_cache
@@ -459,7 +459,7 @@ class Eagle3DecoderLayer(Eagle3Layer):
         return self.input_layernorm(hidden)
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(DraftVocab, nn.Module):
     kind = "eagle3"
 
     def __init__(self, cfg: Eagle3Config):
@@ -471,9 +471,7 @@ class Eagle3Head(nn.Module):
         self.layers = nn.ModuleDict({str(i): Eagle3DecoderLayer(cfg) for i in range(1, cfg.num_layers)})
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
-        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
-                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self._init_draft_vocab(cfg)
         inv_freq, scaling = rope_inv_freq(cfg.rope_config())
         self.rotary = RotaryTable(inv_freq, scaling, cfg.max_position_embeddings)
         self.fused = False
@@ -504,35 +502,13 @@ class Eagle3Head(nn.Module):
             for layer in self.decoder_layers():
                 fuse_layer(layer)
             self.fused = True
-        keep_in_place(self, "_target_ids", self.target_rows())  # draft id -> target id in one lookup while drafting
+        self.keep_target_ids()
         fuse_readout(self, self.lm_head.weight, lm_head_int8)
         return self
 
     def decoder_layers(self) -> list[Eagle3Layer]:
         """The draft layers in order: midlayer, then layers 1.."""
         return [self.midlayer, *self.layers.values()]
-
-    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
-            raise ValueError(
-                f"vocab map shapes d2t {tuple(d2t.shape)}, t2d {tuple(t2d.shape)} do not match the head's "
-                f"draft_vocab_size {self.config.draft_vocab_size} and vocab_size {self.config.vocab_size}"
-            )
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-        if self.fused:
-            keep_in_place(self, "_target_ids", self.target_rows())
-
-    def target_ids(self) -> torch.Tensor:
-        """Target token id of each draft id [draft_vocab]: cached while fused for drafting."""
-        return self._target_ids if self.fused else self.target_rows()
-
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.target_ids()[draft_ids]
-
-    def target_rows(self) -> torch.Tensor:
-        """Target token id of each draft id, [draft_vocab]."""
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.fused:

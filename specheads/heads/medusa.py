@@ -231,6 +231,7 @@ class MedusaHead(DraftVocab, nn.Module):
         for proj in self.lm_heads:
             fuse_readout(proj, proj.weight, lm_head_int8)
         self.fused = True
+        self.keep_target_ids()
         return self
 
     def readout_heads(self) -> list[nn.Linear]:

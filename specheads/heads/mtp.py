@@ -261,6 +261,7 @@ class MTPHead(DraftVocab, nn.Module):
         for module in self.layers:
             fuse_layer(module)
         self.fused = True
+        self.keep_target_ids()
         fuse_readout(self, self.lm_head.weight, lm_head_int8)
         return self
 
