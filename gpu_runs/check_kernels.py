@@ -73,6 +73,14 @@ for b, n in [(1, 1), (1, 8), (8, 8)]:
     same &= torch.equal(p1[0], p2[0]) and torch.equal(p1[2], p2[2]) and torch.equal(m1, m2)
     err = max((o1[1] - o2[1]).abs().max().item(), (p1[1] - p2[1]).abs().max().item())
     print(f"topk_expand b={b} n={n}: ids/parents/mask equal {same}, max score error {err:.2e}", flush=True)
+    # Medusa's shared logits (one row a batch row for every node) against the same row expanded
+    row = logits[:, :1]
+    runs = []
+    for lg, kw in ((row.expand(b, n, vocab).contiguous(), {}), (row, {"shared": True})):
+        pools = [torch.zeros(b, n * k, dtype=dt, device=dev) for dt in (torch.long, torch.float32, torch.long)]
+        runs.append((draft.topk_expand(lg, score, pool_in, k, tid, *pools, 9, **kw), pools))
+    same = all(torch.equal(x, y) for x, y in zip(list(runs[0][0]) + runs[0][1], list(runs[1][0]) + runs[1][1]))
+    print(f"topk_expand shared b={b} n={n}: equal to the expanded logits {same}", flush=True)
 for dtype in (torch.float32, torch.bfloat16):
     table = torch.randn(49152, 576, device=dev, dtype=dtype)
     hidden = torch.randn(8, 8, 576, device=dev, dtype=dtype)

@@ -90,11 +90,10 @@ class MedusaDrafter(Drafter):
         front_score, front_pool = self.pool.zero_score[:b], self.pool.no_parent[:b]
         off, width = 0, 1
         for d in range(self.steps):
-            # the same logits under every frontier node (the expansion reads the head's dtype)
-            logits = logits_by_depth[d].expand(b, width, -1)
             n = width * k
+            # the same logits under every frontier node: read once a row (shared), in the head's dtype
             _, front_score, _, front_pool = topk_expand(
-                logits, front_score, front_pool, k, target_ids, pool_tok[:, off: off + n], pool_score[:, off: off + n],
-                pool_parent[:, off: off + n], off, None, None, ctx.kv, 0)[:4]
+                logits_by_depth[d], front_score, front_pool, k, target_ids, pool_tok[:, off: off + n],
+                pool_score[:, off: off + n], pool_parent[:, off: off + n], off, None, None, ctx.kv, 0, shared=True)[:4]
             off, width = off + n, k
         return self.pool.tree(roots, pool)

@@ -199,13 +199,15 @@ if triton is not None:
                      nrow_ptr, s_lb,
                      K: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
                      CKP: tl.constexpr, WP: tl.constexpr, HP: tl.constexpr, HAS_MASK: tl.constexpr,
-                     NEXT_INPUT: tl.constexpr, NODE_ROW: tl.constexpr, PDL: tl.constexpr):
+                     NEXT_INPUT: tl.constexpr, NODE_ROW: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
                 gdc_launch_dependents()
         # stage 1, one program per (frontier node, vocabulary chunk): the chunk's (max, sum of exp)
-        # and its best K keys
+        # and its best K keys; SHARED: every node of a row has the same logits (one row a batch row,
+        # Medusa's), so stage 1 runs once a row and stage 2 reads that row's results for every node
+        n_src = 1 if SHARED else n_front  # stage-1 rows a batch row
         row = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -227,16 +229,17 @@ if triton is not None:
         # the last of a batch row's programs to finish runs stage 2 for the row (as the split-K
         # attention merges): every thread's stores are issued before the one-thread atomic,
         # whose acq_rel at gpu scope publishes them and makes the others' visible here
-        b = row // n_front
+        b = row // n_src
         tl.debug_barrier()
         done = tl.atomic_add(cnt_ptr + b, 1, sem="acq_rel", scope="gpu")
-        if done == n_front * n_chunks - 1:
+        if done == n_src * n_chunks - 1:
             n = tl.arange(0, NP)[:, None]
             n_ok = n < n_front
+            src_n = n * 0 if SHARED else n  # the stage-1 row of each node
             # log-sum-exp of each node's logits from the chunks' (max, sum of exp)
             c = tl.arange(0, CP)[None, :]
             c_ok = n_ok & (c < n_chunks)
-            part2 = (b * n_front + n) * n_chunks + c
+            part2 = (b * n_src + src_n) * n_chunks + c
             pm = tl.load(stat_ptr + part2 * 2, mask=c_ok, other=float("-inf"), cache_modifier=".cg")
             ps = tl.load(stat_ptr + part2 * 2 + 1, mask=c_ok, other=0.0, cache_modifier=".cg")
             mx = tl.max(pm, axis=1)
@@ -246,7 +249,7 @@ if triton is not None:
             # each node's top-k among its chunks' candidate keys (value, then the lower draft id)
             q = tl.arange(0, CKP)[None, :]
             q_ok = n_ok & (q < n_chunks * K)
-            cand = tl.load(key_ptr + (b * n_front + n) * n_chunks * K + q, mask=q_ok, other=-9223372036854775807,
+            cand = tl.load(key_ptr + (b * n_src + src_n) * n_chunks * K + q, mask=q_ok, other=-9223372036854775807,
                            cache_modifier=".cg")
             kk = tl.arange(0, KP)[None, :]
             child = tl.zeros([NP, KP], tl.int64)
@@ -376,7 +379,7 @@ def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden,
 
 def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score, pool_parent, pool_base,
                 mask_src=None, mask_dst=None, ctx=0, width=0, next_input=None, node_rows=None, tok_out=None,
-                parent_out=None, parent_base=0):
+                parent_out=None, parent_base=0, shared: bool = False):
     """See topk_expand_reference; Triton on GPU (or under TRITON_INTERPRET=1), one launch: a
     program per (node, vocabulary chunk), the last of a row's to finish expands the row.
     next_input: (embed_weight, hidden [B, N, H], w_embed, eps_embed, w_hidden, eps_hidden) to
@@ -386,7 +389,15 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     next_input's hidden): the feed's last entry, read in place instead of gathered first.
     tok_out, parent_out [B, k] (views with unit last stride, given together): where the new
     frontier's tokens and its parents plus parent_base go (the next call's inputs, written in
-    place); they are returned as the frontier's tokens and parents."""
+    place); they are returned as the frontier's tokens and parents.
+    shared: logits [B, 1, V] are every frontier node's (front_score [B, N]: N nodes a row), as
+    expanding them to [B, N, V] would give, read once a row (Medusa's heads see no draft)."""
+    if shared:
+        if logits.shape[1] != 1 or node_rows is not None or next_input is not None:
+            raise ValueError("topk_expand: shared logits are one row a batch row, without node_rows or next_input")
+        if not use_triton(logits):
+            logits = logits.expand(-1, front_score.shape[1], -1)
+            shared = False
     if node_rows is not None:
         if not use_triton(logits):
             b, w, vocab = logits.shape
@@ -399,8 +410,8 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         else:
             assert node_rows.is_contiguous() and front_score.shape[1] == 1
     b, n, vocab = logits.shape
-    if node_rows is not None:
-        n = 1  # the frontier; logits holds W rows a batch row
+    if node_rows is not None or shared:
+        n = front_score.shape[1] if shared else 1  # the frontier; logits holds W rows (or one) a batch row
     if k > vocab:
         raise ValueError(f"topk {k} exceeds the draft vocabulary ({vocab})")
     if (tok_out is None) != (parent_out is None):
@@ -422,8 +433,9 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     assert front_score.stride(-1) == 1 and front_pool.stride(-1) == 1
     block = min(BLOCK_V, triton.next_power_of_2(vocab))
     chunks = triton.cdiv(vocab, block)
-    keys = torch.empty(b * n * chunks * k, dtype=torch.int64, device=dev)
-    stat = torch.empty(b * n * chunks * 2, dtype=torch.float32, device=dev)
+    rows1 = b if shared else b * n  # stage 1's rows: a node's logits each (one a batch row when shared)
+    keys = torch.empty(rows1 * chunks * k, dtype=torch.int64, device=dev)
+    stat = torch.empty(rows1 * chunks * 2, dtype=torch.float32, device=dev)
     tok = torch.empty(b, k, dtype=torch.long, device=dev) if tok_out is None else tok_out
     score = torch.empty(b, k, dtype=torch.float32, device=dev)
     parent = torch.empty(b, k, dtype=torch.long, device=dev) if parent_out is None else parent_out
@@ -446,7 +458,7 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     else:
         h = 1
         hid_args = (tok, tok, tok, tok, tok, tok, 1, 0.0, 0.0, 0, 0)
-    _kernel(_topk_kernel)[(b * n, chunks)](
+    _kernel(_topk_kernel)[(rows1, chunks)](
         flat, keys, stat, split_counters(dev, b), vocab, chunks, flat.stride(0),
         front_score, front_pool, target_ids, pool_tok, pool_score, pool_parent,
         tok, score, parent, pool, m_src, m_dst, n, pool_base, ctx, width, parent_base, tok.stride(0), parent.stride(0),
@@ -456,7 +468,8 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         K=k, BLOCK=block, NP=triton.next_power_of_2(n), KP=triton.next_power_of_2(k),
         CP=triton.next_power_of_2(chunks), CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k),
         HP=triton.next_power_of_2(h), HAS_MASK=has_mask, NEXT_INPUT=next_input is not None,
-        NODE_ROW=node_rows is not None, num_warps=active().speed.draft_warps, **pdl_options(flat, "topk_expand"))
+        NODE_ROW=node_rows is not None, SHARED=shared, num_warps=active().speed.draft_warps,
+        **pdl_options(flat, "topk_expand"))
     if next_input is None:
         return tok, score, parent, pool
     return tok, score, parent, pool, x, hid

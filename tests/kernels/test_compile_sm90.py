@@ -97,6 +97,7 @@ def test_the_step_covers_the_kernels(step_launches):
     assert len(step_launches) >= 58  # what the longer run (PROMPTS) launched: no variant lost
     assert any(d["name"] == "_linear_kernel" and d["constexprs"]["SCALED"] for d in step_launches)
     assert any(d["name"] == "_topk_kernel" and d["constexprs"]["NODE_ROW"] for d in step_launches)
+    assert any(d["name"] == "_topk_kernel" and d["constexprs"]["SHARED"] for d in step_launches)  # Medusa
     assert sum(d["name"] == "_causal_kernel" for d in step_launches) >= 5
     assert any(d["name"] == "_causal_kernel" and d["constexprs"]["MULTI"] for d in step_launches)
     assert {"_linear_kernel", "_split_kernel", "_causal_kernel", "_topk_kernel", "_select_tree_kernel", "_feed_kernel", "_embedding_kernel",

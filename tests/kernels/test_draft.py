@@ -110,6 +110,32 @@ def test_topk_expand_kernel_equals_reference(interpret, monkeypatch, b, n, k, vo
 
 
 @needs_triton
+@pytest.mark.parametrize("b, n, k, vocab, block", [(1, 1, 4, 300, 64), (2, 8, 8, 500, 128), (3, 4, 3, 200, 2048)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_topk_expand_shared_logits_equal_the_expanded(interpret, monkeypatch, b, n, k, vocab, block, dtype):
+    """shared=True (Medusa: every frontier node of a row has the row's logits [B, 1, V]) writes
+    the pool and picks the frontier exactly as the logits expanded to [B, N, V] do (stage 1 once
+    a row instead of once a node), also off the kernel."""
+    monkeypatch.setattr(draft, "BLOCK_V", block)
+    logits, front_score, front_pool, target_ids, _, _ = _expand_case(b, n, k, vocab, seed=b + n + vocab)
+    row = logits[:, :1].to(dtype)
+    case = (row.expand(b, n, vocab).contiguous(), front_score, front_pool, target_ids, None, None)
+    want, want_pools, _ = _run(draft.topk_expand, case, k, 3, 0, 0, with_mask=False)
+    shared = lambda *a: draft.topk_expand(*a, shared=True)  # noqa: E731
+    for kernels in (True, False):
+        if not kernels:
+            monkeypatch.delenv("TRITON_INTERPRET")
+        got, pools, _ = _run(shared, (row,) + case[1:], k, 3, 0, 0, with_mask=False)
+        for x, y in zip(list(got) + pools, list(want) + want_pools):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+            if x.dtype != torch.float32:
+                assert torch.equal(x, y)
+    if n > 1:  # logits already a row a node
+        with pytest.raises(ValueError, match="shared logits are one row"):
+            draft.topk_expand(case[0], case[1], case[2], k, case[3], *want_pools, 3, shared=True)
+
+
+@needs_triton
 def test_topk_expand_kernel_without_mask_and_ties(interpret, monkeypatch):
     """Equal logits everywhere: the lowest draft ids win, and among equal scores the earlier
     child (node 0's) is chosen; no mask buffers (the last depth)."""
