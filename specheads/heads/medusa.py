@@ -252,21 +252,19 @@ class MedusaHead(DraftVocab, nn.Module):
         return self.lm_heads[0 if self.config.shared_lm_head else step]
 
     def logits(self, features: torch.Tensor, step: int) -> torch.Tensor:
-        return self.projection(step)(features)
+        """Head `step`'s logits (fused: on the projection kernel, in int8 where fuse_for_inference
+        said so)."""
+        proj = self.projection(step)
+        return fused_logits(features, proj.weight, proj._lm_int8) if self.fused else proj(features)
 
     def draft_logits(self, hidden: torch.Tensor, heads: int) -> list[torch.Tensor]:
         """The first `heads` heads' logits [b, 1, Vd] from the target's hidden state [b, 1, H]: one
         product for every head through a shared projection, one a head otherwise (fused: the
-        stacked blocks and the projection kernel, in int8 where fuse_for_inference said so)."""
-        if not self.fused:
-            feats = self.features(hidden, heads)
-            if not self.config.shared_lm_head:
-                return [self.logits(f, d) for d, f in enumerate(feats)]
-            return list(self.lm_heads[0](torch.cat(feats, dim=1)).split(1, dim=1))
-        feats = self._stacked_features(hidden, heads)  # [heads, b, 1, H]
+        blocks stacked as well)."""
+        feats = self._stacked_features(hidden, heads) if self.fused else torch.stack(self.features(hidden, heads))
         if self.config.shared_lm_head:  # every head's rows in one product, head-major
-            return list(self._fused_readout(feats, 0).unbind(0))
-        return [self._fused_readout(f, d) for d, f in enumerate(feats.unbind(0))]
+            return list(self.logits(feats, 0).unbind(0))
+        return [self.logits(f, d) for d, f in enumerate(feats.unbind(0))]
 
     def _stacked_features(self, hidden: torch.Tensor, heads: int) -> torch.Tensor:
         """features() of the first `heads` heads through the stacked blocks: [heads, *hidden.shape]."""
@@ -275,10 +273,6 @@ class MedusaHead(DraftVocab, nn.Module):
         for j in range(0, len(blocks), 2):
             x = x + nn.functional.silu(torch.baddbmm(blocks[j + 1][:heads], x, blocks[j][:heads]))
         return x.reshape(heads, *hidden.shape)
-
-    def _fused_readout(self, features: torch.Tensor, step: int) -> torch.Tensor:
-        proj = self.projection(step)
-        return fused_logits(features, proj.weight, proj._lm_int8)
 
     def readout(self, features: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         return features, self.projection(step).weight

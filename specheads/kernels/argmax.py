@@ -5,8 +5,8 @@ decode step (~680 us) whether the step verified 1 row or 16. Here a program a (r
 BLOCK entries) finds its chunk's best, and the last of a row's programs to finish (an atomic
 counter, as topk_expand's stage 2) takes the best of the chunks: the row's work spread over the
 card. Ties go to the lowest index, as torch's (its first maximal value): the value and the index
-are packed into one int64 key (the value's float32 bits made monotone, then the index counted
-down), so each pick is one max. -0.0 ties with 0.0 as in torch. A row holding NaN is outside
+are packed into one int64 key (fused.order_key, as the top-k expansion's), so each pick is one max.
+-0.0 ties with 0.0 as in torch. A row holding NaN is outside
 the contract (torch picks its first NaN; here a positive NaN outranks every number).
 """
 
@@ -19,6 +19,8 @@ from specheads.kernels.fused import _kernel, triton, use_triton
 
 if triton is not None:
     import triton.language as tl
+
+    from specheads.kernels.fused import key_index, order_key
 
 BLOCK = 2048  # vocabulary entries a program reads
 
@@ -35,9 +37,7 @@ if triton is not None:
         chunk = tl.program_id(1)
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * s_row + offs, mask=offs < n_vocab, other=float("-inf")).to(tl.float32)
-        bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
-        key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) + (2147483647 - offs).to(tl.int64)
-        tl.store(key_ptr + row * n_chunks + chunk, tl.max(key, axis=0))
+        tl.store(key_ptr + row * n_chunks + chunk, tl.max(order_key(x, offs), axis=0))
         # every thread's store is issued before the one-thread atomic, whose acq_rel at gpu scope
         # publishes it and makes the row's other chunks' keys visible to the last program
         tl.debug_barrier()
@@ -47,7 +47,7 @@ if triton is not None:
             cand = tl.load(key_ptr + row * n_chunks + c, mask=c < n_chunks, other=-9223372036854775807,
                            cache_modifier=".cg")
             top = tl.max(cand, axis=0)
-            tl.store(out_ptr + row, 2147483647 - (top & 0xFFFFFFFF))
+            tl.store(out_ptr + row, key_index(top).to(tl.int64))
             tl.store(cnt_ptr + row, 0)  # ready for the next launch (or graph replay)
 
 

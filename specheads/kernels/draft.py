@@ -42,6 +42,8 @@ from specheads.modules import rms_norm
 if triton is not None:
     import triton.language as tl
 
+    from specheads.kernels.fused import key_index, key_value, order_key
+
 BLOCK_V = 2048  # vocabulary entries per first-stage program
 
 
@@ -220,8 +222,7 @@ if triton is not None:
         part = row * n_chunks + chunk
         tl.store(stat_ptr + part * 2, m)
         tl.store(stat_ptr + part * 2 + 1, s)
-        bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
-        key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) + (2147483647 - offs).to(tl.int64)
+        key = order_key(x, offs)
         for j in tl.static_range(K):  # the chunk's best K keys, best first
             best = tl.max(key, axis=0)
             tl.store(key_ptr + part * K + j, best)
@@ -257,9 +258,8 @@ if triton is not None:
                 best = tl.max(cand, axis=1)
                 child = tl.where(kk == j, best[:, None], child)
                 cand = tl.where(cand == best[:, None], -9223372036854775807, cand)
-            hi = (child >> 32).to(tl.int32)
-            value = (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-            child_id = 2147483647 - (child - ((child >> 32) << 32)).to(tl.int32)
+            value = key_value(child)
+            child_id = key_index(child)
             fs = tl.load(fs_ptr + b * s_fs + n, mask=n_ok, other=0.0)
             fp = tl.load(fp_ptr + b * s_fp + n, mask=n_ok, other=0)
             ok = n_ok & (kk < K)
@@ -270,9 +270,7 @@ if triton is not None:
             tl.store(pscore_ptr + b * s_ps + flat, score, mask=ok)
             tl.store(ppar_ptr + b * s_pp + flat, fp + kk * 0, mask=ok)  # each child's parent, broadcast
             # the next frontier: the best k of all children (ties to the earlier child)
-            bits2 = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
-            key2 = ((bits2 ^ ((bits2 >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) + (2147483647 - flat).to(tl.int64)
-            key2 = tl.reshape(tl.where(ok, key2, -9223372036854775807), [NP * KP])
+            key2 = tl.reshape(tl.where(ok, order_key(score, flat), -9223372036854775807), [NP * KP])
             r = tl.arange(0, KP)
             pick = tl.zeros([KP], tl.int64)
             for j in tl.static_range(K):
@@ -280,8 +278,7 @@ if triton is not None:
                 pick = tl.where(r == j, best, pick)
                 key2 = tl.where(key2 == best, -9223372036854775807, key2)
             r_ok = r < K
-            hi = (pick >> 32).to(tl.int32)
-            f = 2147483647 - (pick - ((pick >> 32) << 32)).to(tl.int32)
+            f = key_index(pick)
             f = tl.where(r_ok, f, 0)
             par = f // K
             # the picks' tokens read back from the pool: selecting them from the registers instead
@@ -290,7 +287,7 @@ if triton is not None:
             tl.debug_barrier()  # the pool's tokens, stored above by other threads, are read back
             new_tok = tl.load(ptok_ptr + b * s_pt + f, mask=r_ok, other=0)
             tl.store(btok_ptr + b * s_bt + r, new_tok, mask=r_ok)
-            tl.store(bscore_ptr + b * K + r, (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True), mask=r_ok)
+            tl.store(bscore_ptr + b * K + r, key_value(pick), mask=r_ok)
             tl.store(bpar_ptr + b * s_bp + r, par + par_base, mask=r_ok)
             tl.store(bpool_ptr + b * K + r, pool_base + f, mask=r_ok)
             if HAS_MASK:  # row j: its parent's tree columns, then its own bit
@@ -332,9 +329,7 @@ if triton is not None:
         b = tl.program_id(0).to(tl.int64)
         p = tl.arange(0, PP)
         score = tl.load(score_ptr + b * s_pb + p, mask=p < n_pool, other=float("-inf"))
-        bits = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
-        key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) + (2147483647 - p).to(tl.int64)
-        key = tl.where(p < n_pool, key, -9223372036854775807)
+        key = tl.where(p < n_pool, order_key(score, p), -9223372036854775807)
         r = tl.arange(0, NP)
         pick = tl.zeros([NP], tl.int64)
         for j in tl.static_range(N):  # the best n, best first; ties to the earlier node
@@ -342,7 +337,7 @@ if triton is not None:
             pick = tl.where(r == j, best, pick)
             key = tl.where(key == best, -9223372036854775807, key)
         ok = r < N
-        idx = tl.where(ok, 2147483647 - (pick - ((pick >> 32) << 32)).to(tl.int32), -1)  # rank r's pool index
+        idx = tl.where(ok, key_index(pick), -1)  # rank r's pool index
         # tree index (1-based) in pool order: how many choices sit earlier in the pool
         earlier = (idx[None, :] < idx[:, None]) & ok[None, :]
         pos = tl.sum(earlier.to(tl.int32), axis=1) + 1

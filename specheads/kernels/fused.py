@@ -188,6 +188,25 @@ if triton is not None:
         s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
         tl.store(out_ptr + row * n_cols + cols, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
 
+    # A (value, index) pair packed into one int64 that orders by the float32 value (-0.0 as 0.0),
+    # then by the lower index: one max over keys picks the largest value, the first among equals
+    # (the top-k expansion, the tree selection, the greedy pick). Ties are torch's.
+    @triton.jit
+    def order_key(x, idx):
+        bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+        return ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) + (2147483647 - idx).to(tl.int64)
+
+    @triton.jit
+    def key_index(key):
+        """The index an order_key holds (int32)."""
+        return 2147483647 - (key - ((key >> 32) << 32)).to(tl.int32)
+
+    @triton.jit
+    def key_value(key):
+        """The value an order_key holds (float32)."""
+        hi = (key >> 32).to(tl.int32)
+        return (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
     _jitted: dict = {}
 
     def _kernel(fn):

@@ -26,12 +26,20 @@ def interpret_triton(monkeypatch) -> None:
         fn = getattr(tl, name)
         if not isinstance(fn, InterpretedFunction):
             monkeypatch.setattr(tl, name, InterpretedFunction(fn.fn))
-    from specheads.kernels import attention  # our jitted helpers a kernel calls, likewise
+    # our jitted helpers a kernel calls (attention._chunk_turn, fused.order_key, ...), likewise, in
+    # every kernel module that holds them (an imported helper is that module's own binding)
+    import importlib
+    import pkgutil
 
-    for module, name in ((attention, "_chunk_turn"),):
-        fn = getattr(module, name)
-        if not isinstance(fn, InterpretedFunction):
-            monkeypatch.setattr(module, name, InterpretedFunction(fn.fn))
+    from triton.runtime.jit import JITFunction
+
+    from specheads import kernels
+
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"specheads.kernels.{info.name}")
+        for name, fn in list(vars(module).items()):
+            if isinstance(fn, JITFunction) and fn.fn.__module__.startswith("specheads.") and not name.endswith("_kernel"):
+                monkeypatch.setattr(module, name, InterpretedFunction(fn.fn))
 
 
 def interpreted_commit_kernel(monkeypatch) -> list:
