@@ -78,6 +78,8 @@ METHODS = {  # name -> SpecEngine keywords
     "assist-adaptive-gated-hold": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
                                        speculation_policy="adaptive", drafter_options={"ngram_gate": 1},
                                        speculation_settings="hold=0.1"),
+    # the assisted chain 2, fixed: the best fixed shape at chat batch 64 in a stream (H200, 2026-12-04)
+    "assist-chain2": dict(method="eagle3+ngram", num_steps=2, topk=1, num_draft_tokens=2),
     # fixed chains, to set each one's time a step beside the speculation profile's for its tier
     "chain1": dict(method="eagle3", num_steps=1, topk=1, num_draft_tokens=1),
     "chain2": dict(method="eagle3", num_steps=2, topk=1, num_draft_tokens=2),

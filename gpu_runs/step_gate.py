@@ -1,7 +1,7 @@
 """Old against new draft step times (draft_step_times.py JSONs from two checkouts, same card): print
 each row's step relative to `ar` for both, and with --flag PATH write PATH when a kind's step at a
-tree shape (batch 1) costs at least --min-gain less relative to `ar` in the new code, so a later call
-on the same warm machine can run only when the change paid.
+tree shape (batch 1) costs at least --min-gain less relative to `ar` in the new code (and remove it
+where not), so a later call on the same warm machine can run only when the change paid.
 
     python3 gpu_runs/step_gate.py --old $OUT/steps_old_*.json --new $OUT/steps_new_*.json \
         --kind medusa --tree 2,8,12 --flag /tmp/medusa_cheaper
@@ -42,8 +42,8 @@ def main() -> None:
     o, n = old.get((args.batch, args.kind, args.tree)), new.get((args.batch, args.kind, args.tree))
     paid = bool(o and n and n <= o * (1 - args.min_gain))
     print(f"gate: {args.kind} {args.tree} b{args.batch} new/old {n / o if o and n else float('nan'):.3f} -> {'PAID' if paid else 'not paid'}")
-    if paid and args.flag:
-        Path(args.flag).write_text("paid\n")
+    if args.flag:  # (a flag an earlier gate left on the machine goes where this one did not pay)
+        Path(args.flag).write_text("paid\n") if paid else Path(args.flag).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
