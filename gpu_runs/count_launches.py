@@ -73,6 +73,9 @@ def counting_jit(real_jit):
                         COUNT.depth -= 1
                 return launch
 
+            def __call__(self, *a, **k):  # a helper called from inside another kernel
+                return kernel(*a, **k)
+
             def __getattr__(self, name):
                 return getattr(kernel, name)
         return Launcher()

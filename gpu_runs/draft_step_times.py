@@ -16,6 +16,10 @@ Medusa head), `medusa:num_heads=2`, and its drafter's `lm_head_int8=0` (the draf
 for each row, the N kernels that take the most GPU time in a step (torch.profiler over 20 steps),
 so the part of a step that grows with the tree's size can be named.
 
+--tunings LABEL=JSON ... times every kind and tree again under each kernel tuning (over the card's
+defaults; `specheads/kernels/tuning.py`), e.g. the top-k expansion's block and warps:
+`--tunings 'b2048={}' 'b1024={"speed": {"draft_block": 1024}}' 'w4={"speed": {"draft_warps": 4}}'`.
+
 With --accept (served tokens a step, e.g. from a kinds table) it also prints the speedup those
 would give at this step cost: accept / (step ms / ar step ms). Old and new code side by side:
 run it from each checkout on the same card (gpu_runs/README.md).
@@ -86,17 +90,24 @@ def kernel_table(engine, top: int, steps: int = 20) -> list[dict]:
     return [{"kernel": "(all kernels)", "us_per_step": round(total / steps, 2), "calls_per_step": 0}] + table
 
 
-def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: int, profile_top: int = 0) -> dict:
+def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: int, profile_top: int = 0,
+              tuning_json: dict | None = None) -> dict:
     from specheads.runtime.engine import Request, SpecEngine
     from specheads.runtime.sampling import SamplingParams
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    from specheads.kernels import tuning
+
+    # the card's defaults with the given fields replaced, for this engine's kernels and graphs (the
+    # next row's engine sets its own)
+    kernel_tuning = tuning.KernelTuning.from_dict(tuning_json or {}, base=tuning.KernelTuning.for_device(device))
+    tuning.use(kernel_tuning)
     target, head = build(kind, device, dtype, layers)
     kw = {} if kind == "ar" else dict(num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2])
     name, _, options = kind_options(kind)
     engine = SpecEngine(target, head, method=name, max_batch=batch, max_len=prompt_len + 4 * steps + 64,
-                        drafter_options=options or None, **kw)
+                        drafter_options=options or None, kernel_tuning=kernel_tuning, **kw)
     g = torch.Generator().manual_seed(1)
     for _ in range(batch):
         prompt = torch.randint(0, SMOLLM2["vocab_size"], (prompt_len,), generator=g).tolist()
@@ -141,20 +152,37 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=200)
     ap.add_argument("--label", default="")
     ap.add_argument("--accept", nargs="*", default=[], metavar="KIND=TOKENS", help="served tokens a step")
+    ap.add_argument("--tunings", nargs="+", default=None, metavar="LABEL=JSON",
+                    help='kernel tunings to time each row under, over the card\'s defaults, e.g. '
+                         '\'b1024={"speed": {"draft_block": 1024}}\' (default: the card\'s defaults alone; '
+                         'the ar rows run under the first)')
     args = ap.parse_args()
+    tunings = [("", None)]
+    if args.tunings:
+        tunings = []
+        for spec in args.tunings:
+            label, sep, text = spec.partition("=")
+            if not sep or not label:
+                raise SystemExit(f"--tunings {spec!r}: expected LABEL=JSON, e.g. 'b1024={{\"speed\": {{\"draft_block\": 1024}}}}'")
+            try:
+                tunings.append((label, json.loads(text)))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"--tunings {label}: {text!r} is not JSON ({e})") from None
     trees = [tuple(int(x) for x in t.split(",")) for t in (args.trees or [args.tree])]
     accept = {k: float(v) for k, v in (a.split("=") for a in args.accept)}
     rows = []
-    for batch in args.batch_sizes:
-        for kind in args.kinds:
-            for tree in trees[:1] if kind == "ar" else trees:
-                r = time_kind(kind, batch, args.steps, tree, args.layers, args.prompt_len, args.profile)
-                rows.append(r)
-                print(f"{args.label} b{batch} {kind:>7} {r['tree']:>8}: {r['ms_per_step']:.3f} ms a step "
-                      f"(depth {r['draft_depth']})", flush=True)
-                for k in r.get("kernels", []):
-                    print(f"      {k['us_per_step']:>9.1f} us {k['calls_per_step']:>6.1f}x  {k['kernel']}")
-                torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    cells = [(batch, kind, tree, t) for batch in args.batch_sizes for kind in args.kinds
+             for tree in (trees[:1] if kind == "ar" else trees) for t in (tunings[:1] if kind == "ar" else tunings)]
+    for batch, kind, tree, (tlabel, tjson) in cells:
+        r = time_kind(kind, batch, args.steps, tree, args.layers, args.prompt_len, args.profile, tjson)
+        if tlabel:
+            r["tuning"], r["tuning_json"] = tlabel, tjson
+        rows.append(r)
+        print(f"{args.label} b{batch} {kind:>7} {r['tree']:>8} {tlabel}: {r['ms_per_step']:.3f} ms a step "
+              f"(depth {r['draft_depth']})", flush=True)
+        for k in r.get("kernels", []):
+            print(f"      {k['us_per_step']:>9.1f} us {k['calls_per_step']:>6.1f}x  {k['kernel']}")
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
     ar = {r["batch"]: r["ms_per_step"] for r in rows if r["kind"] == "ar"}
     for r in rows:
         if r["batch"] in ar:
@@ -165,10 +193,12 @@ def main():
     card = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     report = {"card": card, "label": args.label, "tree": args.tree, "trees": [",".join(map(str, t)) for t in trees], "layers": args.layers,
               "prompt_len": args.prompt_len, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    print(f"{'label':>6} {'batch':>5} {'kind':>7} {'tree':>8} {'ms/step':>8} {'x ar':>6} {'accept':>6} {'pred.':>6}")
+    print(f"{'label':>6} {'batch':>5} {'kind':>7} {'tree':>8} {'tuning':>8} {'ms/step':>8} {'x ar':>6} {'accept':>6} "
+          f"{'pred.':>6}")
     for r in rows:
-        print(f"{args.label:>6} {r['batch']:>5} {r['kind']:>7} {r['tree']:>8} {r['ms_per_step']:>8.3f} {r.get('x_ar_step', 0):>6.2f} "
-              f"{r.get('accept', 0):>6.2f} {r.get('predicted_speedup', 0):>6.2f}")
+        print(f"{args.label:>6} {r['batch']:>5} {r['kind']:>7} {r['tree']:>8} {r.get('tuning', ''):>8} "
+              f"{r['ms_per_step']:>8.3f} {r.get('x_ar_step', 0):>6.2f} {r.get('accept', 0):>6.2f} "
+              f"{r.get('predicted_speedup', 0):>6.2f}")
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))

@@ -426,7 +426,7 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     flat = logits.reshape(-1, vocab)
     assert flat.stride(-1) == 1 and target_ids.is_contiguous()
     assert front_score.stride(-1) == 1 and front_pool.stride(-1) == 1
-    block = min(BLOCK_V, triton.next_power_of_2(vocab))
+    block = min(active().speed.draft_block or BLOCK_V, triton.next_power_of_2(vocab))
     chunks = triton.cdiv(vocab, block)
     rows1 = b if shared else b * n  # stage 1's rows: a node's logits each (one a batch row when shared)
     keys = torch.empty(rows1 * chunks * k, dtype=torch.int64, device=dev)

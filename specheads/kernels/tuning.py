@@ -203,6 +203,11 @@ class Speed:
     # expansion's sums may round differently (2, 16 and 32 warps did against 8 on the H200):
     # drafts may change, the output never
     draft_warps: int = 8
+    # vocabulary entries a first-stage program of the top-k expansion reads (0: the kernel's own
+    # default, kernels/draft.py BLOCK_V, 2048): fewer entries a program, more programs and more
+    # candidates for the row's last program to merge. The lse's sums may round differently: drafts
+    # may change, the output never
+    draft_block: int = 0
     # kernels launched with programmatic dependent launch on cards that have it (Hopper and
     # later): each waits on the GPU for its predecessor's writes, hiding the launch gap.
     # SmolLM2's 1-token forward 0.87 -> 0.69 ms on an H200 (gpu_runs/pdl_check.py)
@@ -280,6 +285,9 @@ class Speed:
         _check(g, "pdl_early_programs", v, v >= 0, "an integer >= 0 (0: the card's SM count)")
         v = _int(g, "draft_warps", self.draft_warps)
         _check(g, "draft_warps", v, v in WARPS, f"one of {WARPS}")
+        v = _int(g, "draft_block", self.draft_block)
+        _check(g, "draft_block", v, v == 0 or (_pow2(v) and 16 <= v <= 16384),
+               "0 (the kernel's default) or a power of two from 16 to 16384")
         names = self.pdl_kernels
         if isinstance(names, str):
             raise TuningError(f"{g}.pdl_kernels = {names!r}: expected a set of kernel names")

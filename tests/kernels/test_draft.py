@@ -110,6 +110,45 @@ def test_topk_expand_kernel_equals_reference(interpret, monkeypatch, b, n, k, vo
 
 
 @needs_triton
+@pytest.mark.parametrize("shared", [False, True])
+def test_topk_expand_block_from_the_kernel_tuning(interpret, monkeypatch, shared):
+    """speed.draft_block sets the vocabulary entries a first-stage program reads (0: BLOCK_V):
+    a block of 64 over 300 entries (5 chunks) gives what the module's block of 64 does, and a
+    different chunking than 2048's (one chunk) picks the same tokens."""
+    from specheads.kernels import tuning
+
+    b, n, k, vocab = 2, 4, 4, 300
+    case = _expand_case(b, n, k, vocab, seed=11)
+    if shared:
+        case = (case[0][:, :1].contiguous(),) + case[1:]
+    fn = (lambda *a: draft.topk_expand(*a, shared=True)) if shared else draft.topk_expand
+    run = lambda: _run(fn, case, k, 3, 0, 0, with_mask=False)  # noqa: E731
+    chunks = []  # the first-stage grid of each launch
+    real = draft._kernel
+    def spy(f):
+        kernel = real(f)
+        class Grid:
+            def __getitem__(self, grid):
+                chunks.append(grid[1])
+                return kernel[grid]
+        return Grid()
+    monkeypatch.setattr(draft, "_kernel", spy)
+    monkeypatch.setattr(draft, "BLOCK_V", 64)
+    by_module, _, _ = run()
+    monkeypatch.setattr(draft, "BLOCK_V", 2048)
+    one_chunk, _, _ = run()
+    with tuning.using(tuning.active().replace(draft_block=64)):
+        by_tuning, _, _ = run()
+    assert chunks == [5, 1, 5]
+    for x, y, z in zip(by_tuning, by_module, one_chunk):
+        assert torch.equal(x, y)
+        if x.dtype == torch.float32:
+            torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(x, z)
+
+
+@needs_triton
 @pytest.mark.parametrize("b, n, k, vocab, block", [(1, 1, 4, 300, 64), (2, 8, 8, 500, 128), (3, 4, 3, 200, 2048)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_topk_expand_shared_logits_equal_the_expanded(interpret, monkeypatch, b, n, k, vocab, block, dtype):

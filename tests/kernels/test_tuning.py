@@ -56,6 +56,8 @@ def test_frozen():
     (dict(linear_tiles={(96, 64): (12, 2)}), r"speed.linear_tiles\[\(96, 64\)\] = \(12, 2\): expected \[BLOCK_N"),
     (dict(linear_tiles={(96, 64): (16, 4, 2)}), r"speed.linear_tiles\[\(96, 64\)\] = \(16, 4, 2\): expected \[BLOCK_N"),
     (dict(draft_warps=3), r"speed.draft_warps = 3: expected one of \(1, 2, 4, 8, 16, 32\)"),
+    (dict(draft_block=1000), r"speed.draft_block = 1000: expected 0 \(the kernel's default\) or a power of two"),
+    (dict(draft_block=8), r"speed.draft_block = 8: expected 0"),
     (dict(linear_row_block=128), r"speed.linear_row_block = 128: expected 16, 32 or 64"),
     (dict(attention_row_block=8), r"numerics.attention_row_block = 8"),
     (dict(pdl_kernels={"linear", "gemm"}), r"speed.pdl_kernels: unknown kernel 'gemm'; expected names from accept"),
