@@ -342,8 +342,14 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0, help="the sampling seed of prompt 0 (prompt i: seed + 1000003 i)")
+    ap.add_argument("--kernel-tuning", default=None, metavar="JSON_OR_FILE",
+                    help="kernel settings over the card's defaults, as `specheads generate --kernel-tuning` takes "
+                         "them (e.g. '{\"speed\": {\"draft_block\": 1024}}'); recorded in the JSON")
     ap.add_argument("--out", default="bench/result")
     args = ap.parse_args()
+    from specheads.kernels.tuning import use_given
+
+    use_given(args.kernel_tuning)  # before any engine fuses or captures
 
     from specheads.drafters import parse_options
     from specheads.drafters.draft_model import load_draft
@@ -405,6 +411,7 @@ def main() -> None:
 
     rows = []
     report = {"card": card, "dtype": str(dtype), "target": str(target_dir), "draft": args.draft,
+              "kernel_tuning": args.kernel_tuning,
               "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": rows,
               "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                            "seed": args.seed} if sampled else None,

@@ -501,10 +501,9 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
 def _use_kernel_tuning(args) -> None:
     """--kernel-tuning over the card's defaults, for every kernel from here on (before the
     engine fuses its models and captures its graphs)."""
-    if args.kernel_tuning:
-        from specheads.kernels.tuning import KernelTuning, use
+    from specheads.kernels.tuning import use_given
 
-        use(KernelTuning.parse(args.kernel_tuning, base=KernelTuning.for_device()))
+    use_given(args.kernel_tuning)
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:

@@ -495,6 +495,15 @@ def use(tuning: KernelTuning) -> KernelTuning:
     return previous
 
 
+def use_given(text: str | None) -> KernelTuning:
+    """A command line's --kernel-tuning (JSON or a JSON file; None: nothing) over the card's
+    defaults, made the one the kernels read (before an engine fuses its models and captures its
+    graphs); returns the tuning now in use."""
+    if text:
+        use(KernelTuning.parse(text, base=KernelTuning.for_device()))
+    return active()
+
+
 @contextlib.contextmanager
 def using(tuning: KernelTuning) -> Iterator[KernelTuning]:
     """`use(tuning)` for the block, then the previous tuning again."""

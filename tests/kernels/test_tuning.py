@@ -187,3 +187,22 @@ def test_pdl_set_is_read_at_call_time(monkeypatch):
     with tuning.using(tuning.active().replace(pdl_kernels=frozenset({"topk_expand"}))):
         assert not fused.pdl_options(t, "linear")["PDL"] and fused.pdl_options(t, "topk_expand")["PDL"]
     assert fused.pdl_options(t, "linear")["PDL"]
+
+
+def test_use_given_applies_a_command_lines_tuning_over_the_defaults(tmp_path):
+    """--kernel-tuning of `generate`, `serve` and scripts/bench.py: JSON text or a file, over the
+    card's defaults; none given leaves the tuning in use as it is."""
+    before = tuning.active()
+    try:
+        assert tuning.use_given(None) is before and tuning.use_given("") is before
+        got = tuning.use_given('{"speed": {"draft_block": 512}}')
+        assert got is tuning.active() and got.speed.draft_block == 512
+        assert got == KernelTuning.for_device().replace(draft_block=512)
+        path = tmp_path / "t.json"
+        path.write_text('{"speed": {"draft_warps": 4}}')
+        got = tuning.use_given(str(path))
+        assert got.speed.draft_warps == 4 and got.speed.draft_block == 0  # over the defaults, not the last one
+        with pytest.raises(TuningError, match="draft_block = 3"):
+            tuning.use_given('{"speed": {"draft_block": 3}}')
+    finally:
+        tuning.use(before)
