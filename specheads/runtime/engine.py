@@ -911,13 +911,33 @@ class SpecEngine:
         outputs = []
         for group in prefill_groups([len(r.request.prompt) for r in new], self.prefill_tokens):
             if self.buckets and len(group) <= STAGED_PREFILL_PROMPTS:
-                for i in group:  # each alone, through the captured prefill of its width
-                    outputs += self._prefill_group([new[i]])
+                outputs += self._prefill_staged([new[i] for i in group])
             else:
                 outputs += self._prefill_group([new[i] for i in group])
         return outputs
 
+    def _prefill_staged(self, new: list[_Row]) -> list[StepOutput]:
+        """Each prompt alone, through the captured prefill of its width, all queued before their
+        first tokens are read in one sync: the host's work for the next prompt (its row's settings
+        and inputs, the launch, the row's move) overlaps the card's prefill of the one before,
+        where reading each first token at once had the host wait on the card once a prompt."""
+        start, firsts, lps = len(self.rows), [], []
+        for r in new:
+            first, lp = self._queue_prefill([r])
+            firsts.append(first.clone())  # (the graph's output: the next prompt's replay writes it again)
+            lps += lp
+        return self._read_prefill(new, start, torch.cat(firsts), lps)
+
     def _prefill_group(self, new: list[_Row]) -> list[StepOutput]:
+        """These prompts in one forward (one alone: through its width's captured prefill)."""
+        start = len(self.rows)
+        first, lps = self._queue_prefill(new)
+        return self._read_prefill(new, start, first, lps)
+
+    def _queue_prefill(self, new: list[_Row]) -> tuple[torch.Tensor, list]:
+        """Queue the prefill of these prompts into the next rows (they join `self.rows`): their
+        first tokens on the device, and per prompt its first token's logprobs (read here, where
+        asked) or None."""
         start, k = len(self.rows), len(new)
         dev = self.device
         lengths = [len(r.request.prompt) for r in new]
@@ -956,16 +976,21 @@ class SpecEngine:
         if hasattr(self.policy, "prime"):  # while the card prefills (its first tokens are read next)
             joining = [r for r in new if r.speculate]
             self.policy.prime([r.acceptance for r in joining], [r.depth_cap for r in joining])
-        lp = None
-        if logprobs:  # the prefill wrote them at path position 0
+        lps = [None] * k
+        if logprobs:  # the prefill wrote them at path position 0 (of the staging row: read before the next)
             lp = [t[row0: row0 + k, :1].tolist() for t in self.step_lp]
+            lps = [(lp[0][i], lp[1][i], lp[2][i]) for i in range(k)]
         self.rows += new
+        return first, lps
+
+    def _read_prefill(self, new: list[_Row], start: int, first: torch.Tensor, lps: list) -> list[StepOutput]:
+        """The joined rows' first tokens (one sync), emitted; rows that finish at once leave."""
         outputs, done = [], []
         for i, (r, tok) in enumerate(zip(new, first.tolist())):
             toks, reason = self._emit(r, [tok])
             out = StepOutput(r.handle, toks, reason, accept_length=1, prefill=True)
-            if lp is not None and r.request.top_logprobs is not None:
-                out.logprobs = self._logprobs(r, lp[0][i], lp[1][i], lp[2][i], len(toks))
+            if lps[i] is not None and r.request.top_logprobs is not None:
+                out.logprobs = self._logprobs(r, *lps[i], len(toks))
             outputs.append(out)
             if reason is not None:
                 done.append(start + i)

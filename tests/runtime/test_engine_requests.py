@@ -283,6 +283,47 @@ def test_a_few_joins_prefill_alone_at_bucket_widths(target, head, method, monkey
     assert calls == [(0, 4)]  # more than the limit: one forward of the four, in their rows
 
 
+def _run_requests(engine, requests):
+    """Add every request at once, step to the end: per request its tokens, finish reason and the
+    first token's logprobs (where asked)."""
+    handles = [engine.add(r) for r in requests]
+    got = {h: [[], None, None] for h in handles}
+    while engine.has_work:
+        for o in engine.step():
+            entry = got[o.handle]
+            entry[0] += o.new_tokens
+            entry[1] = o.finish_reason or entry[1]
+            if o.prefill:
+                entry[2] = o.logprobs
+    return [got[h] for h in handles]
+
+
+def test_staged_joins_queue_their_prefills_and_read_them_together(target, head, monkeypatch):
+    """Prompts joining at one step, each through its width's prefill in the staging row, are all
+    queued before their first tokens are read in one sync (one read for the four here); a request
+    that ends at its first token, one that asks for logprobs and a seeded sampled one among them
+    get what an engine prefilling them in their own rows (one forward) gives."""
+    requests = [Request(PROMPTS[0], SamplingParams(max_new_tokens=12)),
+                Request(PROMPTS[1], SamplingParams(max_new_tokens=1)),
+                Request(PROMPTS[3], SamplingParams(max_new_tokens=12), top_logprobs=2),
+                Request(PROMPTS[4], SamplingParams(max_new_tokens=12, temperature=1.0, seed=5))]
+    staged = SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=4)
+    staged.buckets = True
+    reads = []
+    real = staged._read_prefill
+    monkeypatch.setattr(staged, "_read_prefill", lambda new, *a: reads.append(len(new)) or real(new, *a))
+    got = _run_requests(staged, requests)
+    want = _run_requests(SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100,
+                                    max_batch=4), requests)
+    assert reads == [4]
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    assert got[1][1] == "length" and len(got[1][0]) == 1
+    assert got[0][0] == _ar(target, [PROMPTS[0]], SamplingParams(max_new_tokens=12))[0]
+    (lp, top), (want_lp, want_top) = got[2][2][0], want[2][2][0]
+    assert [t for t, _ in top] == [t for t, _ in want_top]
+    assert lp == pytest.approx(want_lp, abs=1e-4)
+
+
 def test_no_row_drafting_runs_plain_decode_steps(target, head, monkeypatch):
     """When every active request has speculation off, a step is a plain decode (no drafting
     work at all); a drafting request joining later still drafts and stays exact."""
