@@ -91,7 +91,7 @@ def kernel_table(engine, top: int, steps: int = 20) -> list[dict]:
 
 
 def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: int, profile_top: int = 0,
-              tuning_json: dict | None = None) -> dict:
+              kernel_tuning=None) -> dict:
     from specheads.runtime.engine import Request, SpecEngine
     from specheads.runtime.sampling import SamplingParams
 
@@ -99,9 +99,8 @@ def time_kind(kind: str, batch: int, steps: int, tree, layers: int, prompt_len: 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     from specheads.kernels import tuning
 
-    # the card's defaults with the given fields replaced, for this engine's kernels and graphs (the
-    # next row's engine sets its own)
-    kernel_tuning = tuning.KernelTuning.from_dict(tuning_json or {}, base=tuning.KernelTuning.for_device(device))
+    # this row's kernel tuning (default: the card's), in use before the models are built and fused
+    kernel_tuning = kernel_tuning or tuning.KernelTuning.for_device(device)
     tuning.use(kernel_tuning)
     target, head = build(kind, device, dtype, layers)
     kw = {} if kind == "ar" else dict(num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2])
@@ -157,7 +156,9 @@ def main():
                          '\'b1024={"speed": {"draft_block": 1024}}\' (default: the card\'s defaults alone; '
                          'the ar rows run under the first)')
     args = ap.parse_args()
-    tunings = [("", None)]
+    from specheads.kernels.tuning import KernelTuning, TuningError
+
+    tunings = [("", None, None)]  # (label, its JSON, the tuning over the card's defaults): checked before any row runs
     if args.tunings:
         tunings = []
         for spec in args.tunings:
@@ -165,16 +166,16 @@ def main():
             if not sep or not label:
                 raise SystemExit(f"--tunings {spec!r}: expected LABEL=JSON, e.g. 'b1024={{\"speed\": {{\"draft_block\": 1024}}}}'")
             try:
-                tunings.append((label, json.loads(text)))
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"--tunings {label}: {text!r} is not JSON ({e})") from None
+                tunings.append((label, json.loads(text), KernelTuning.parse(text, base=KernelTuning.for_device())))
+            except (json.JSONDecodeError, TuningError) as e:
+                raise SystemExit(f"--tunings {label}: {text!r}: {e}") from None
     trees = [tuple(int(x) for x in t.split(",")) for t in (args.trees or [args.tree])]
     accept = {k: float(v) for k, v in (a.split("=") for a in args.accept)}
     rows = []
     cells = [(batch, kind, tree, t) for batch in args.batch_sizes for kind in args.kinds
              for tree in (trees[:1] if kind == "ar" else trees) for t in (tunings[:1] if kind == "ar" else tunings)]
-    for batch, kind, tree, (tlabel, tjson) in cells:
-        r = time_kind(kind, batch, args.steps, tree, args.layers, args.prompt_len, args.profile, tjson)
+    for batch, kind, tree, (tlabel, tjson, ktuning) in cells:
+        r = time_kind(kind, batch, args.steps, tree, args.layers, args.prompt_len, args.profile, ktuning)
         if tlabel:
             r["tuning"], r["tuning_json"] = tlabel, tjson
         rows.append(r)

@@ -929,7 +929,7 @@ class SpecEngine:
         return self._read_prefill(new, start, torch.cat(firsts), lps)
 
     def _prefill_group(self, new: list[_Row]) -> list[StepOutput]:
-        """These prompts in one forward (one alone: through its width's captured prefill)."""
+        """These prompts in one forward, in their own rows."""
         start = len(self.rows)
         first, lps = self._queue_prefill(new)
         return self._read_prefill(new, start, first, lps)
