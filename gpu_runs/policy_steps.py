@@ -80,6 +80,11 @@ METHODS = {  # name -> SpecEngine keywords
                                        speculation_settings="hold=0.1"),
     # the assisted chain 2, fixed: the best fixed shape at chat batch 64 in a stream (H200, 2026-12-04)
     "assist-chain2": dict(method="eagle3+ngram", num_steps=2, topk=1, num_draft_tokens=2),
+    "assist-chain4": dict(method="eagle3+ngram", num_steps=4, topk=1, num_draft_tokens=4),
+    # adaptive with full_share for the full tree alone (share_all 0: the default before 2026-12-04, late),
+    # beside `assist-adaptive` (every dearer tier refreshed)
+    "assist-adaptive-share0": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
+                                   speculation_policy="adaptive", speculation_settings="share_all=0"),
     # fixed chains, to set each one's time a step beside the speculation profile's for its tier
     "chain1": dict(method="eagle3", num_steps=1, topk=1, num_draft_tokens=1),
     "chain2": dict(method="eagle3", num_steps=2, topk=1, num_draft_tokens=2),

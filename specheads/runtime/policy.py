@@ -48,6 +48,16 @@ chat batch 32 from 0.93 to 0.99, no cell lower; the coding test traces 0.977 / 0
 32 went 0.950 to 0.916. On the card (H200, 2026-12-03, chat, 128 test prompts, median of 3, with
 `hold` 0.1) the assisted tree's adaptive policy went from 0.878 to 0.934 of the fixed tree at batch
 8 (where it had locked into chain 2) and from 1.077 to 1.063 at batch 32: on by default, s = 0.01.
+A middle tier's record goes stale the same way. With `share_all` 1 (off by default) the rule covers
+every tier dearer than the chosen one, the most overdue first (a cheaper tier is never forced). On an
+H200 (2026-12-04, gpu_runs/policy_steps.py, 2 runs each, one call a cell): at chat batch 64, 256 test
+prompts in a stream, adaptive without it ran chain 2 in 338 of about 408 steps after 16 early chain-4
+steps, 33,743-33,845 tok/s, and with it chain 4 in 264-284 of 345, 37,820-38,038 (fixed chain 4:
+36,285-36,338); at coding batch 32, 64 prompts, it went the other way, 23,032-24,067 against
+25,009-25,222 (the full tree in 117 of 121 steps without it, chain 2 in 85 of 180 with it). The
+choice follows which record a run's early steps leave behind, so either outcome can come from a
+small change in those steps (the replay of the validation traces moves by up to 10% with the
+prompts' order); off until a run-to-run comparison over many orders on the card shows a gain.
 A smaller tier replaces the full tree only where it promises `switch_margin` (default 0.15) more:
 its estimate's error costs more than it gains where the tiers' rates are close.
 
@@ -494,7 +504,7 @@ class AdaptivePolicy:
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
                  bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05,
-                 pace: int = 0, full_share: float = 0.01, hold: float = 0.05):
+                 pace: int = 0, full_share: float = 0.01, hold: float = 0.05, share_all: int = 0):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
         # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
         # prompts, the current SmolLM2 head) with the step costs measured on an H200
@@ -515,6 +525,7 @@ class AdaptivePolicy:
         # chosen, so that the full tree's record follows the requests that run now (0: never;
         # module docstring, "full_share")
         self.full_share = full_share
+        self.share_all = bool(share_all)  # full_share for every tier dearer than the chosen one, not only the full tree
         # a smaller tier than the full tree must promise this much more (a share) to run instead:
         # its estimate's error costs more than it gains where the tiers' costs are close. 0.15:
         # the best worst case over batch 1, 8, 32 and 64 in evaluation/policy_sim.py's replay of
@@ -921,10 +932,18 @@ class AdaptivePolicy:
                 return len(self.tiers) - int(np.argmax(self.idle[::-1]))
             if self.full_share and best != len(self.tiers):
                 costs = self.costs(batch, kv, context)
-                # the full tree once its steps since it last ran, at this share each, pay what its step
-                # costs over the chosen tier's
-                if self.idle[-1] * self.full_share >= costs[-1] / costs[best] - 1.0:
-                    return len(self.tiers)
+                # the full tree (share_all: any tier dearer than the chosen one, the most overdue first)
+                # once its steps since it last ran, at this share each, pay what its step costs over
+                # the chosen tier's
+                if not self.share_all:
+                    if self.idle[-1] * self.full_share >= costs[-1] / costs[best] - 1.0:
+                        return len(self.tiers)
+                else:
+                    due = self.idle * self.full_share - (costs[1:] / costs[best] - 1.0)
+                    due[costs[1:] <= costs[best]] = -1.0
+                    t = int(np.argmax(due))
+                    if due[t] >= 0.0:
+                        return t + 1
             return best
         return 0
 
@@ -972,7 +991,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
 POLICY_SETTINGS = {"window": int, "prior": float, "prior_weight": float, "pooled_window": int, "probe_every": int,
                    "explore_every": int, "switch_margin": float, "probe_backoff": int, "share_chains": int,
                    "bound_trees": int, "refresh": int, "drain": int, "drain_quantile": float, "pace": int,
-                   "full_share": float, "hold": float}
+                   "full_share": float, "hold": float, "share_all": int}
 SETTINGS_HELP = "NAME=VALUE[,NAME=VALUE...] with NAME one of " + ", ".join(POLICY_SETTINGS)
 
 
@@ -988,7 +1007,7 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
     low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff", "refresh") else 0
-    if name in ("share_chains", "bound_trees", "drain", "pace") and v not in (0, 1):
+    if name in ("share_chains", "bound_trees", "drain", "pace", "share_all") and v not in (0, 1):
         raise PolicyError(f"{what}: {name}={v} must be 0 or 1")
     if name == "drain_quantile" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: drain_quantile={v} must lie in [0, 1] (0: the slowest row's rate)")

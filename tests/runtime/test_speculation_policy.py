@@ -467,6 +467,50 @@ def test_full_share_runs_the_full_tree_now_and_then_where_a_smaller_tier_is_chos
         build_policy("adaptive", FULL, settings="full_share=-1")
 
 
+def test_share_all_refreshes_every_dearer_tier_and_never_a_cheaper_one():
+    """share_all 1: full_share's rule for every tier dearer than the chosen one, the most overdue first,
+    so a middle tier judged on an early stretch is seen again (at chat batch 64 on an H200 chain 4 ran
+    16 steps at the start, then never, where it beat the chosen chain 2 by 5%); a cheaper tier is never
+    forced. share_all 0 (the default): the full tree alone."""
+    price = {TIERS[0]: 1.0, TIERS[1]: 1.1, TIERS[2]: 1.3, FULL: 2.0}
+
+    def run(share_all, steps=400):
+        policy = AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9), window=16,
+                                prior_weight=2.0, full_share=0.05, share_all=share_all)
+        row = policy.new_row()
+        observe(policy, row, 1, accepted=1, steps=60)  # chain 1 always right: the choice
+        for t in (2, 3, 4):
+            observe(policy, row, t, accepted=0, steps=60)  # the others judged on a poor stretch
+        chosen = []
+        for _ in range(steps):
+            t = policy.choose([(row, 6)], 8, 512)
+            policy.launched(t)
+            chosen.append(t)
+        return chosen
+    old, new = run(0), run(1)
+    assert set(old) == {1, 4}
+    assert set(new) == {1, 2, 3, 4} and 0 not in new
+    # each dearer tier about once its idle steps x 0.05 pay its extra cost over chain 1's
+    counts = {t: new.count(t) for t in (2, 3, 4)}
+    assert counts[2] > counts[3] > counts[4] >= 1
+    assert not AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9)).share_all
+    policy = AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9), window=16, prior_weight=2.0,
+                            full_share=0.05, share_all=1)
+    row = policy.new_row()
+    observe(policy, row, 3, accepted=4, steps=60)  # chain 4 the choice: chains 1 and 2 are cheaper
+    for t in (1, 2):
+        observe(policy, row, t, accepted=0, steps=60)
+    observe(policy, row, 4, accepted=0, steps=60)
+    picks = []
+    for _ in range(200):
+        t = policy.choose([(row, 6)], 8, 512)
+        policy.launched(t)
+        picks.append(t)
+    assert set(picks) == {3, 4}
+    with pytest.raises(PolicyError, match="share_all"):
+        build_policy("adaptive", FULL, settings="share_all=2")
+
+
 def test_a_clear_choice_is_held_without_an_estimate_and_its_observations_kept():
     """With `hold` h a choice leading the option nearest to replacing it by the share L repeats for
     L / h choices (at most HOLD_STEPS) without an estimate, while the rows and buckets stay and fewer
