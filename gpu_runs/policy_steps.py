@@ -81,10 +81,13 @@ METHODS = {  # name -> SpecEngine keywords
     # the assisted chain 2, fixed: the best fixed shape at chat batch 64 in a stream (H200, 2026-12-04)
     "assist-chain2": dict(method="eagle3+ngram", num_steps=2, topk=1, num_draft_tokens=2),
     "assist-chain4": dict(method="eagle3+ngram", num_steps=4, topk=1, num_draft_tokens=4),
-    # adaptive with full_share for the full tree alone (share_all 0: the default before 2026-12-04, late),
-    # beside `assist-adaptive` (every dearer tier refreshed)
+    # adaptive with full_share's refresh for the full tree alone (share_all 0, the default) and for every
+    # tier dearer than the chosen one (share_all 1): at chat batch 64 on an H200 +12%, at coding batch 32
+    # -4 to -9% (2026-12-04, late; one order of the prompts each)
     "assist-adaptive-share0": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
                                    speculation_policy="adaptive", speculation_settings="share_all=0"),
+    "assist-adaptive-share1": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
+                                   speculation_policy="adaptive", speculation_settings="share_all=1"),
     # fixed chains, to set each one's time a step beside the speculation profile's for its tier
     "chain1": dict(method="eagle3", num_steps=1, topk=1, num_draft_tokens=1),
     "chain2": dict(method="eagle3", num_steps=2, topk=1, num_draft_tokens=2),
@@ -111,6 +114,16 @@ METHODS = {  # name -> SpecEngine keywords
     "ngram-host": dict(method="ngram-host", num_draft_tokens=8),
     "ngram-host-adaptive": dict(method="ngram-host", num_draft_tokens=8, speculation_policy="adaptive"),
 }
+
+
+def run_order(n: int, run: int) -> list[int]:
+    """The prompts' order for timed run `run` under --shuffle: a permutation seeded by the run's index
+    (the same on every machine, so old and new code meet the same orders)."""
+    import random
+
+    order = list(range(n))
+    random.Random(run).shuffle(order)
+    return order
 
 
 def instrument(engine, trace: bool = False) -> dict:
@@ -199,6 +212,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--trace", action="store_true", help="list each step and each choice of the last run (JSON)")
+    ap.add_argument("--shuffle", action="store_true",
+                    help="each timed run takes the prompts in its own order (seeded by the run's index; the "
+                         "warm-up keeps the set's order): the adaptive policy's choices follow the records its "
+                         "early steps leave, so one order's runs repeat one path")
     args = ap.parse_args()
 
     target, tok, _ = load_target(os.environ["TARGET"], dtype=DTYPE, device=DEV)
@@ -218,13 +235,15 @@ def main() -> None:
             engine.generate(prompts, params, stops)  # warm-up: every bucket met captured (and timed)
             own = dict(engine.policy.__dict__) if engine.policy is not None else {}  # (plain-*: its choose)
             for run in range(args.runs):
+                order = run_order(len(prompts), run) if args.shuffle else list(range(len(prompts)))
+                run_prompts = [prompts[i] for i in order]
                 tally = instrument(engine, trace=args.trace and run == args.runs - 1)
                 prof = cProfile.Profile() if args.cprofile and run == args.runs - 1 else None
                 sync()
                 t0 = time.perf_counter()
                 if prof:
                     prof.enable()
-                results = engine.generate(prompts, params, stops)
+                results = engine.generate(run_prompts, params, stops)
                 sync()
                 wall = 1000 * (time.perf_counter() - t0)
                 if prof:
@@ -239,7 +258,7 @@ def main() -> None:
                 tokens = sum(len(r.token_ids) for r in results)
                 launches = sum(tally["tiers"].values())
                 tiers = engine.policy.tiers if engine.policy is not None else []
-                cell = {"method": name, "batch": b, "run": run, "wall_ms": wall, "tokens": tokens,
+                cell = {"method": name, "batch": b, "run": run, "shuffled": args.shuffle, "wall_ms": wall, "tokens": tokens,
                         "tokens_per_s": tokens / wall * 1000, "launches": launches,
                         "ms_per_launch": wall / max(launches, 1),
                         # a step's share of the run without the prefills (beside the profile's step_ms)

@@ -12,7 +12,8 @@ from tests.runtime.spec_helpers import make_target, random_head, random_prompts
 
 @pytest.mark.parametrize("name", ["ar", "adaptive", "adaptive-pace", "chain2", "ngram-adaptive", "plain-ngram", "plain-eagle3",
                                   "ngram-host-adaptive", "assist-adaptive", "assist", "assist-adaptive-gated",
-                                  "assist-adaptive-full", "assist-adaptive-gated-hold", "assist-chain2"])
+                                  "assist-adaptive-full", "assist-adaptive-gated-hold", "assist-chain2",
+                                  "assist-chain4", "assist-adaptive-share0", "assist-adaptive-share1"])
 def test_the_step_timers_follow_the_engine(name):
     steps = load_script("gpu_runs/policy_steps.py")
     target = make_target(seed=0, vocab=64)
@@ -64,3 +65,13 @@ def test_the_choice_audit_sets_expected_tokens_against_emitted():
     assert rows[2]["steps"] == 2 and rows[2]["expected_tokens"] == 10.0 and rows[2]["emitted_tokens"] == 6.0
     assert rows[2]["emitted_over_expected"] == 0.6 and rows[2]["gap_ms"] == 2.0
     assert rows[1]["expected_tokens"] == 3.0 and rows[1]["gap_ms"] is None and rows[1]["priced_ms"] == 1.5
+
+
+def test_shuffled_orders_are_permutations_seeded_by_the_run():
+    """--shuffle: each timed run its own order of every prompt, the same for a run index everywhere
+    (old and new code meet the same orders), run 0 not the set's order for any useful size."""
+    steps = load_script("gpu_runs/policy_steps.py")
+    orders = [steps.run_order(64, r) for r in range(3)]
+    assert all(sorted(o) == list(range(64)) for o in orders)
+    assert orders[0] != list(range(64)) and orders[0] != orders[1] != orders[2]
+    assert steps.run_order(64, 1) == orders[1]
