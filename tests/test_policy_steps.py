@@ -13,7 +13,8 @@ from tests.runtime.spec_helpers import make_target, random_head, random_prompts
 @pytest.mark.parametrize("name", ["ar", "adaptive", "adaptive-pace", "chain2", "ngram-adaptive", "plain-ngram", "plain-eagle3",
                                   "ngram-host-adaptive", "assist-adaptive", "assist", "assist-adaptive-gated",
                                   "assist-adaptive-full", "assist-adaptive-gated-hold", "assist-chain2",
-                                  "assist-chain4", "assist-adaptive-share0", "assist-adaptive-share1"])
+                                  "assist-chain4", "assist-adaptive-share0", "assist-adaptive-share1",
+                                  "assist-adaptive-share2"])
 def test_the_step_timers_follow_the_engine(name):
     steps = load_script("gpu_runs/policy_steps.py")
     target = make_target(seed=0, vocab=64)

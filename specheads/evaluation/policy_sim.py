@@ -212,25 +212,46 @@ def grid(spec: list[str]) -> list[dict]:
     return [dict(c) for c in itertools.product(*axes)] if axes else [{}]
 
 
+def stream_order(n: int, stream: int, order: int, orders: int) -> list[int]:
+    """The requests of one replay: each of n prompts `stream` times, in the prompts' own order where
+    there is one order, else shuffled by a generator seeded with the order's index (the same on
+    every machine)."""
+    import random
+
+    idx = [i % n for i in range(n * stream)]
+    if orders > 1:
+        random.Random(order).shuffle(idx)
+    return idx
+
+
 def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buckets=False, settings_grid=({},),
-            fixed_trees=None, first_drafts: bool = False) -> list[dict]:
+            fixed_trees=None, first_drafts: bool = False, stream: int = 1, orders: int = 1,
+            warmup: bool = False) -> list[dict]:
     """Per batch size: ar, a fixed policy at each of `fixed_trees` (default: the largest tier) and
-    adaptive over `tiers` at every settings combination; each row with its speed relative to ar."""
+    adaptive over `tiers` at every settings combination; each row with its speed relative to ar.
+    stream R: each prompt R times, so a batch refills from a queue as a server's does; orders K: K
+    shuffled orders of those requests, each row naming its order (the adaptive policy's choices follow
+    the records its early steps leave, so one order is one path); warmup: each adaptive policy serves
+    the requests once before the pass that is counted, as a benchmark's warm-up run leaves it."""
     rows = []
     fixed_trees = fixed_trees if fixed_trees is not None else [tiers[-1]]
-    for b in batch_sizes:
-        base = simulate(None, traces, prompt_lens, new_tokens, b, cost, buckets)
-        cands = [("ar", {}, None, base, [])]
-        for tree in fixed_trees:
-            cands.append(("fixed", {}, str(tree),
-                          simulate(FixedPolicy(tree), traces, prompt_lens, new_tokens, b, cost, buckets), [tree]))
-        for s in settings_grid:
-            pol = AdaptivePolicy(list(tiers), cost or StaticCost(), **s)
-            cands.append(("adaptive", s, None, simulate(pol, traces, prompt_lens, new_tokens, b, cost, buckets,
-                                                        first_drafts), tiers))
-        for name, s, tree, r, used in cands:
-            rows.append({"batch": b, "policy": name, "tree": tree, "settings": s, **r.to_dict(used),
-                         "speedup_vs_ar": r.tokens_per_cost / base.tokens_per_cost if base.tokens_per_cost else math.nan})
+    for order in range(orders):
+        idx = stream_order(len(prompt_lens), stream, order, orders)
+        tr = {t: [v[i] for i in idx] for t, v in traces.items()}
+        lens, news = [prompt_lens[i] for i in idx], [new_tokens[i] for i in idx]
+        for b in batch_sizes:
+            base = simulate(None, tr, lens, news, b, cost, buckets)
+            cands = [("ar", {}, None, base, [])]
+            for tree in fixed_trees:
+                cands.append(("fixed", {}, str(tree), simulate(FixedPolicy(tree), tr, lens, news, b, cost, buckets), [tree]))
+            for s in settings_grid:
+                pol = AdaptivePolicy(list(tiers), cost or StaticCost(), **s)
+                if warmup:
+                    simulate(pol, tr, lens, news, b, cost, buckets, first_drafts)
+                cands.append(("adaptive", s, None, simulate(pol, tr, lens, news, b, cost, buckets, first_drafts), tiers))
+            for name, s, tree, r, used in cands:
+                rows.append({"batch": b, "order": order, "policy": name, "tree": tree, "settings": s, **r.to_dict(used),
+                             "speedup_vs_ar": r.tokens_per_cost / base.tokens_per_cost if base.tokens_per_cost else math.nan})
     return rows
 
 
@@ -246,19 +267,28 @@ def static_cost(spec: list[str]) -> StaticCost:
 
 
 def rank_settings(rows: list[dict]) -> list[dict]:
-    """Each adaptive setting's tokens per cost over the best fixed tree's, by batch size, and the
-    worst of those (best worst case first): how settings are chosen on the validation split."""
+    """Each adaptive setting's tokens per cost over the best fixed tree's, by batch size (the mean
+    over the replay's orders; `by_batch_worst`: the worst order), and the worst of those over batch
+    sizes and orders (best worst case first): how settings are chosen on the validation split."""
     best = {}
     for r in rows:
         if r["policy"] == "fixed":
-            best[r["batch"]] = max(best.get(r["batch"], 0.0), r["tokens_per_cost"])
+            k = (r["batch"], r.get("order", 0))
+            best[k] = max(best.get(k, 0.0), r["tokens_per_cost"])
     out = {}
     for r in rows:
-        if r["policy"] == "adaptive" and best.get(r["batch"]):
+        k = (r["batch"], r.get("order", 0))
+        if r["policy"] == "adaptive" and best.get(k):
             key = json.dumps(r["settings"], sort_keys=True)
-            out.setdefault(key, {"settings": r["settings"], "by_batch": {}})["by_batch"][r["batch"]] = \
-                r["tokens_per_cost"] / best[r["batch"]]
-    ranked = [{**v, "worst": min(v["by_batch"].values())} for v in out.values()]
+            out.setdefault(key, {"settings": r["settings"], "ratios": {}})["ratios"].setdefault(r["batch"], []).append(
+                r["tokens_per_cost"] / best[k])
+    ranked = []
+    for v in out.values():
+        ratios = v.pop("ratios")
+        v["by_batch"] = {b: sum(x) / len(x) for b, x in ratios.items()}
+        v["by_batch_worst"] = {b: min(x) for b, x in ratios.items()}
+        v["worst"] = min(v["by_batch_worst"].values())
+        ranked.append(v)
     return sorted(ranked, key=lambda v: -v["worst"])
 
 
@@ -350,8 +380,17 @@ def main(argv=None) -> int:
     ap.add_argument("--first-drafts", choices=["auto", "off"], default="auto",
                     help="auto: a small batch's plain steps observe the first draft where --draft's drafter tells it "
                          "(the device n-gram's), as the engine does; off: they observe nothing (the engine before)")
+    ap.add_argument("--stream", type=int, default=1, metavar="R",
+                    help="each prompt R times, so wide batches refill from a queue as a server's do (default 1)")
+    ap.add_argument("--orders", type=int, default=1, metavar="K",
+                    help="K shuffled orders of the requests, reported by their mean and worst (default 1: as listed)")
+    ap.add_argument("--warmup", action="store_true",
+                    help="each adaptive policy serves the requests once before the counted pass, as a benchmark's "
+                         "warm-up run leaves it")
     ap.add_argument("--out", default="policy_sim")
     args = ap.parse_args(argv)
+    if args.stream < 1 or args.orders < 1:
+        raise ValueError(f"--stream {args.stream} and --orders {args.orders}: each must be at least 1")
 
     from specheads.runtime.policy import SpeculationProfile, check_tier, parse_tiers
 
@@ -424,19 +463,25 @@ def main(argv=None) -> int:
     cost = SpeculationProfile.load(args.profile) if args.profile else static_cost(args.static)
     rows = compare(tiers, traces, prompt_lens, new_tokens, args.batch_sizes, cost, buckets=cost is not None,
                    settings_grid=grid(args.grid), fixed_trees=fixed,
-                   first_drafts=args.first_drafts == "auto" and tells_first(args.draft))
-    print(f"{'batch':>5} {'policy':>8} {'tree / settings':>40} {'accept':>6} {'x ar':>6}  steps by tier")
+                   first_drafts=args.first_drafts == "auto" and tells_first(args.draft),
+                   stream=args.stream, orders=args.orders, warmup=args.warmup)
+    print(f"{'batch':>5} {'order':>5} {'policy':>8} {'tree / settings':>40} {'accept':>6} {'x ar':>6}  steps by tier")
     for r in rows:
         what = r["tree"] or (" ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults")
         acc = f"{r['mean_accept_length']:.2f}" if r["mean_accept_length"] else "-"
-        print(f"{r['batch']:>5} {r['policy']:>8} {what:>40} {acc:>6} {r['speedup_vs_ar']:>6.3f}  {r['steps_by_tier']}")
+        print(f"{r['batch']:>5} {r['order']:>5} {r['policy']:>8} {what:>40} {acc:>6} {r['speedup_vs_ar']:>6.3f}  "
+              f"{r['steps_by_tier']}")
     ranking = rank_settings(rows)
-    print("adaptive settings by their worst ratio to the best fixed tree over the batch sizes:")
+    print("adaptive settings by their worst ratio to the best fixed tree over the batch sizes"
+          + (" and orders (mean / worst order):" if args.orders > 1 else ":"))
     for r in ranking[:10]:
         what = " ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults"
-        print(f"  {what:>40}: worst {r['worst']:.3f}  ({', '.join(f'b{b} {x:.3f}' for b, x in r['by_batch'].items())})")
+        cells = ", ".join(f"b{b} {x:.3f}" + (f" / {r['by_batch_worst'][b]:.3f}" if args.orders > 1 else "")
+                          for b, x in r["by_batch"].items())
+        print(f"  {what:>40}: worst {r['worst']:.3f}  ({cells})")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**key, "prompts": len(prompt_lens), "tiers": [str(t) for t in tiers],
+    out.write_text(json.dumps({**key, "prompts": len(prompt_lens), "stream": args.stream, "orders": args.orders,
+                               "warmup": args.warmup, "tiers": [str(t) for t in tiers],
                                "profile": args.profile, "static": args.static, "rows": rows, "ranking": ranking},
                               indent=1))
     print(f"wrote {out}")

@@ -58,6 +58,18 @@ steps, 33,743-33,845 tok/s, and with it chain 4 in 264-284 of 345, 37,820-38,038
 choice follows which record a run's early steps leave behind, so either outcome can come from a
 small change in those steps (the replay of the validation traces moves by up to 10% with the
 prompts' order); off until a run-to-run comparison over many orders on the card shows a gain.
+`share_all` 2 prices a refresh by what it gives up instead: in a batch of more than FRESH_ROWS rows,
+any tier but the chosen one (cheaper ones too, and the smaller tiers while the full tree is chosen,
+which `switch_margin` otherwise keeps from being seen again) runs once its idle drafting steps times
+full_share reach the share of tokens/s its step would lose on the current estimates; a narrower
+batch, whose step observes few rows, keeps share_all 1's rule. On the replay (`policy_sim`'s
+`simulate`, the assisted drafter's traces repeated 8 times in 4 shuffled orders as a stream after a
+warm-up pass, the H200 profile of 2026-12-04), chosen on the validation traces: the mean (worst) share
+of the best fixed tier at batch 32 and 64 went from 0.967 (0.892) and 0.968 (0.901) to 0.994 (0.981)
+and 1.001 (0.991) on chat, from 0.943 (0.923) and 0.924 (0.909) to 0.994 (0.989) and 0.990 (0.981) on
+coding; batch 16 moved by +0.1% and -1.3%, batch 1 and 8 by at most +0.3%. On the coding test traces:
+batch 32 0.928 (0.884) to 0.990 (0.981), batch 64 0.970 (0.947) to 1.008 (0.992), batch 16 -1.0%,
+batch 1 0.960 to 0.984. Not yet run on the card, so off by default.
 A smaller tier replaces the full tree only where it promises `switch_margin` (default 0.15) more:
 its estimate's error costs more than it gains where the tiers' rates are close.
 
@@ -525,7 +537,9 @@ class AdaptivePolicy:
         # chosen, so that the full tree's record follows the requests that run now (0: never;
         # module docstring, "full_share")
         self.full_share = full_share
-        self.share_all = bool(share_all)  # full_share for every tier dearer than the chosen one, not only the full tree
+        # which tiers full_share refreshes: 0 the full tree, 1 every dearer tier, 2 in a batch of more than
+        # FRESH_ROWS rows every other tier by the tokens/s its step would give up (module docstring)
+        self.share_all = share_all
         # a smaller tier than the full tree must promise this much more (a share) to run instead:
         # its estimate's error costs more than it gains where the tiers' costs are close. 0.15:
         # the best worst case over batch 1, 8, 32 and 64 in evaluation/policy_sim.py's replay of
@@ -930,22 +944,34 @@ class AdaptivePolicy:
             if self.explore_every and self.idle.max() >= self.explore_every:
                 # the longest-idle tier (the larger one of a tie: the full tree first at the start)
                 return len(self.tiers) - int(np.argmax(self.idle[::-1]))
-            if self.full_share and best != len(self.tiers):
-                costs = self.costs(batch, kv, context)
-                # the full tree (share_all: any tier dearer than the chosen one, the most overdue first)
-                # once its steps since it last ran, at this share each, pay what its step costs over
-                # the chosen tier's
-                if not self.share_all:
-                    if self.idle[-1] * self.full_share >= costs[-1] / costs[best] - 1.0:
-                        return len(self.tiers)
-                else:
-                    due = self.idle * self.full_share - (costs[1:] / costs[best] - 1.0)
-                    due[costs[1:] <= costs[best]] = -1.0
-                    t = int(np.argmax(due))
-                    if due[t] >= 0.0:
-                        return t + 1
+            if self.full_share:
+                due = self._refresh(len(rows), best, batch, kv, context)
+                if due:
+                    return due
             return best
         return 0
+
+    def _refresh(self, rows: int, best: int, batch: int, kv, context) -> int:
+        """The tier (1-based) to run instead of the chosen one so that its record follows the requests
+        of now (`full_share`, `share_all`: module docstring), or 0: a tier is due once its drafting
+        steps since it last ran, times full_share, reach what running it now would cost, the most
+        overdue first."""
+        if self.share_all == 2 and rows > FRESH_ROWS and self._last_rates is not None:
+            rates = self._last_rates[1]  # (worked out for this choice: a wide batch holds no choice)
+            cost = np.maximum(1.0 - rates[1:] / max(rates[best], 1e-12), 0.0)  # the share of tokens/s given up
+            cost[best - 1] = np.inf
+        elif best == len(self.tiers):
+            return 0
+        else:
+            costs = self.costs(batch, kv, context)
+            cost = costs[1:] / costs[best] - 1.0  # the share of time its step takes over the chosen one's
+            if self.share_all:
+                cost[costs[1:] <= costs[best]] = np.inf  # (a cheaper tier is never forced by this rule)
+            else:
+                cost[:-1] = np.inf
+        due = self.idle * self.full_share - cost
+        t = int(np.argmax(due))
+        return t + 1 if due[t] >= 0.0 else 0
 
     def _lead(self, rates: np.ndarray, best: int, merit: bool) -> float:
         """By what share the rate of the option nearest to replacing this choice would have to
@@ -1007,8 +1033,11 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
     low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff", "refresh") else 0
-    if name in ("share_chains", "bound_trees", "drain", "pace", "share_all") and v not in (0, 1):
+    if name in ("share_chains", "bound_trees", "drain", "pace") and v not in (0, 1):
         raise PolicyError(f"{what}: {name}={v} must be 0 or 1")
+    if name == "share_all" and v not in (0, 1, 2):
+        raise PolicyError(f"{what}: share_all={v} must be 0 (the full tree), 1 (every dearer tier) or 2 (every "
+                          f"tier by the tokens/s it gives up, in batches of more than {FRESH_ROWS} rows)")
     if name == "drain_quantile" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: drain_quantile={v} must lie in [0, 1] (0: the slowest row's rate)")
     if name != "prior" and not (v >= low and math.isfinite(v)):

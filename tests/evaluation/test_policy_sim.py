@@ -107,6 +107,27 @@ def test_compare_rows_and_speedups(setup):
     assert fixed["speedup_vs_ar"] > 1.5
 
 
+def test_a_stream_in_several_orders_with_a_warm_up(setup):
+    """--stream R --orders K --warmup: every prompt R times per order, K seeded shuffles (the same
+    ones on every run), one row per order, and the ranking's mean and worst over the orders."""
+    from specheads.evaluation.policy_sim import rank_settings, stream_order
+
+    _, _, traces = setup
+    n = len(PROMPTS)
+    assert stream_order(n, 3, 0, 1) == [i % n for i in range(3 * n)]
+    orders = [stream_order(n, 3, k, 2) for k in range(2)]
+    assert all(sorted(o) == sorted(i % n for i in range(3 * n)) for o in orders) and orders[0] != orders[1]
+    assert stream_order(n, 3, 1, 2) == orders[1]
+    rows = compare(TIERS, traces, [len(p) for p in PROMPTS], [NEW] * n, [4], settings_grid=grid(["window=4,16"]),
+                   fixed_trees=[TIERS[0], TIERS[2]], stream=3, orders=2, warmup=True)
+    assert sorted({r["order"] for r in rows}) == [0, 1] and len(rows) == 2 * 5
+    assert all(r["tokens"] == 3 * n * NEW for r in rows)  # every request of the stream served once per pass
+    ranked = rank_settings(rows)
+    assert len(ranked) == 2
+    for r in ranked:
+        assert r["by_batch_worst"][4] <= r["by_batch"][4] and r["worst"] == r["by_batch_worst"][4]
+
+
 def test_grid_parses_and_refuses():
     assert grid(["window=8,16", "prior_weight=1,2.5"]) == [
         {"window": 8, "prior_weight": 1.0}, {"window": 8, "prior_weight": 2.5},

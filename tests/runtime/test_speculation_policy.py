@@ -508,7 +508,37 @@ def test_share_all_refreshes_every_dearer_tier_and_never_a_cheaper_one():
         picks.append(t)
     assert set(picks) == {3, 4}
     with pytest.raises(PolicyError, match="share_all"):
-        build_policy("adaptive", FULL, settings="share_all=2")
+        build_policy("adaptive", FULL, settings="share_all=-1")
+
+
+def test_share_all_2_refreshes_every_tier_by_the_rate_it_gives_up_in_a_wide_batch():
+    """share_all 2: in a batch of more than 8 rows, any tier but the chosen one (cheaper ones too, and
+    the smaller tiers while the full tree is chosen) runs once its idle drafting steps x full_share
+    reach the share of tokens/s its step would give up on the current estimates: a close rival
+    often, a poor one seldom. In a batch of up to 8 rows it is share_all 1."""
+    price = {TIERS[0]: 1.0, TIERS[1]: 1.1, TIERS[2]: 1.3, FULL: 2.0}
+
+    def run(share_all, rows, steps=400):
+        policy = AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9), window=16,
+                                prior_weight=2.0, full_share=0.05, share_all=share_all)
+        slots = [policy.new_row() for _ in range(rows)]
+        for slot in slots:  # one accepted draft under every tier: chain 1, the cheapest, leads
+            for t in range(1, len(TIERS) + 1):
+                observe(policy, slot, t, accepted=1, steps=20)
+        chosen = []
+        for _ in range(steps):
+            t = policy.choose([(slot, 6) for slot in slots], 16 if rows > 8 else 8, 512)
+            policy.launched(t)
+            chosen.append(t)
+        return chosen
+    wide = run(2, 16)
+    counts = {t: wide.count(t) for t in (1, 2, 3, 4)}
+    # rates 2/1.0, 2/1.1, 2/1.3, 2/2.0: chain 2 gives up 9%, chain 4 23%, the full tree 50%
+    assert counts[1] > counts[2] > counts[3] > counts[4] >= 1 and 0 not in wide
+    assert run(2, 4) == run(1, 4)
+    assert run(2, 16) != run(1, 16)
+    with pytest.raises(PolicyError, match="share_all=3 must be 0"):
+        build_policy("adaptive", FULL, settings="share_all=3")
 
 
 def test_a_clear_choice_is_held_without_an_estimate_and_its_observations_kept():
