@@ -62,14 +62,13 @@ prompts' order); off until a run-to-run comparison over many orders on the card 
 any tier but the chosen one (cheaper ones too, and the smaller tiers while the full tree is chosen,
 which `switch_margin` otherwise keeps from being seen again) runs once its idle drafting steps times
 full_share reach the share of tokens/s its step would lose on the current estimates; a narrower
-batch, whose step observes few rows, keeps share_all 1's rule. On the replay (`policy_sim`'s
-`simulate`, the assisted drafter's traces repeated 8 times in 4 shuffled orders as a stream after a
-warm-up pass, the H200 profile of 2026-12-04), chosen on the validation traces: the mean (worst) share
-of the best fixed tier at batch 32 and 64 went from 0.967 (0.892) and 0.968 (0.901) to 0.994 (0.981)
-and 1.001 (0.991) on chat, from 0.943 (0.923) and 0.924 (0.909) to 0.994 (0.989) and 0.990 (0.981) on
-coding; batch 16 moved by +0.1% and -1.3%, batch 1 and 8 by at most +0.3%. On the coding test traces:
-batch 32 0.928 (0.884) to 0.990 (0.981), batch 64 0.970 (0.947) to 1.008 (0.992), batch 16 -1.0%,
-batch 1 0.960 to 0.984. Not yet run on the card, so off by default.
+batch, whose step observes few rows, keeps share_all 1's rule. On the replay (`policy_sim --stream 8
+--orders 4 --warmup`: the assisted drafter's traces, each prompt 8 times in 4 shuffled orders served
+after a warm-up pass, the H200 profile of 2026-12-04; docs/results/policy-share-h200-2026-12-04-late/
+replay/), the worst share of the best fixed tier over batch 1, 8, 16, 32 and 64 and the orders was,
+for share_all 0 / 1 / 2: validation chat 0.974 / 0.950 / 0.981, validation coding 0.898 / 0.930 /
+0.987, test coding 0.875 / 0.931 / 0.972 (batch 32 mean 0.929 / 0.960 / 0.984, batch 64 0.951 /
+0.973 / 0.989; batch 16 1.001 / 1.000 / 0.990). Not yet run on the card, so off by default.
 A smaller tier replaces the full tree only where it promises `switch_margin` (default 0.15) more:
 its estimate's error costs more than it gains where the tiers' rates are close.
 
