@@ -955,19 +955,22 @@ class AdaptivePolicy:
         of now (`full_share`, `share_all`: module docstring), or 0: a tier is due once its drafting
         steps since it last ran, times full_share, reach what running it now would cost, the most
         overdue first."""
+        full = len(self.tiers)
+        if not self.share_all:  # the full tree alone (scalars: this runs at most steps of a wide batch)
+            if best == full:
+                return 0
+            costs = self.costs(batch, kv, context)
+            return full if self.idle[-1] * self.full_share >= costs[-1] / costs[best] - 1.0 else 0
         if self.share_all == 2 and rows > FRESH_ROWS and self._last_rates is not None:
             rates = self._last_rates[1]  # (worked out for this choice: a wide batch holds no choice)
             cost = np.maximum(1.0 - rates[1:] / max(rates[best], 1e-12), 0.0)  # the share of tokens/s given up
             cost[best - 1] = np.inf
-        elif best == len(self.tiers):
+        elif best == full:
             return 0
         else:
             costs = self.costs(batch, kv, context)
             cost = costs[1:] / costs[best] - 1.0  # the share of time its step takes over the chosen one's
-            if self.share_all:
-                cost[costs[1:] <= costs[best]] = np.inf  # (a cheaper tier is never forced by this rule)
-            else:
-                cost[:-1] = np.inf
+            cost[costs[1:] <= costs[best]] = np.inf  # (a cheaper tier is never forced by this rule)
         due = self.idle * self.full_share - cost
         t = int(np.argmax(due))
         return t + 1 if due[t] >= 0.0 else 0
