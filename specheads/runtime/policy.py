@@ -150,6 +150,13 @@ may fit a smaller bucket than the full tree, and runs there):
   2.69 ms apart (median) where their graph takes 1.70-1.99 ms. With the pace, adaptive there ran
   34,791-36,807 tok/s against 35,896-36,888 without, and at coding batch 1 2.636x against 2.633x
   `ar` (2026-12-02, docs/benchmarks.md): no gain beyond the runs' spread, so it is off.
+- paced, added (`pace=2`; off by default, not yet run on a card): every tier costs its graph's time
+  plus the time the drafting steps read at that batch bucket took beyond the graph times they were
+  priced at (their average over the tiers paced; plain decoding its own, none until paced). A time a
+  step that the graphs leave out, and which every tier pays alike, favours the deeper tiers: on an
+  H200 at chat batch 64 (2026-12-04) the fixed chains' steps came about 0.8 ms apart beyond their
+  graphs, chain 4 ran 12.8% ahead of chain 2 where the graphs alone rank it 8% ahead, and the policy's
+  estimates tied the two, so each run kept whichever its first steps favoured.
 - static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a
   plain decode step, verifying T tokens in all costs max(1, T / saturation_tokens) (a decode
   streams the weights once until the batch's tokens fill the matmuls), and each draft depth
@@ -526,7 +533,9 @@ class AdaptivePolicy:
         self.tiers = list(tiers)
         self.cost = cost
         self.probe_every = probe_every
-        self.pace = pace  # 1: a tier costs at least its steps' measured pace (`paced`); 0: its graph's time
+        # 1: a tier costs at least its steps' measured pace (`paced`); 2: its graph's time plus the time a
+        # step takes beyond its graph at that batch (`_pace_excess`); 0: its graph's time
+        self.pace = pace
         self.probe_backoff = probe_backoff  # the longest run between probes, in probe_every's (1: no backoff)
         self.probe_interval = probe_every  # plain steps in a row before the next probe
         self.probing = False  # the last choice was a probe (doubles the interval once launched)
@@ -586,6 +595,10 @@ class AdaptivePolicy:
         # tier index and batch bucket; `paced`): a step costs at least that where the host, not the
         # card, sets the pace (module docstring). Taken into the costs at the next fold
         self._pace: dict = {}  # (tier index, batch bucket) -> [average ms, steps seen, least ms seen]
+        # pace 2: the graph time each tier's launched steps were priced at, by batch bucket (an average
+        # like the pace's), beside the pace, to read the time a step takes beyond its graph
+        self._graph_ms: dict = {}  # (tier index, batch bucket) -> ms
+        self._graphs = None  # (batch bucket, [1 + T] graph times) of the last costs worked out
         self._pace_version, self._pace_dirty = 0, False
         self._tier, self._tier_version = None, -1
         self._costs: dict = {}  # (batch, context buckets, the cost's version) -> step costs [1 + T]
@@ -836,15 +849,32 @@ class AdaptivePolicy:
             raise PolicyError(f"context buckets {kvs}: expected one, or one for plain decoding and each of the "
                               f"{len(self.tiers)} tiers")
         key = (batch, kvs, context, getattr(self.cost, "version", 0), self._pace_version)
-        costs = self._costs.get(key)
-        if costs is None:
+        got = self._costs.get(key)
+        if got is None:
             if len(self._costs) >= 4096:
                 self._costs.clear()
-            costs = np.array([self.cost.step(batch, k, t, context) for k, t in zip(kvs, [None, *self.tiers])])
+            graphs = np.array([self.cost.step(batch, k, t, context) for k, t in zip(kvs, [None, *self.tiers])])
+            costs = graphs
             if self._pace and getattr(self.cost, "measured", False):  # (a static cost is not in ms)
-                costs = np.maximum(costs, self._pace_floor(batch))
-            self._costs[key] = costs
-        return costs
+                costs = graphs + self._pace_excess(batch) if self.pace == 2 else np.maximum(graphs, self._pace_floor(batch))
+            got = self._costs[key] = (costs, graphs)
+        if self.pace == 2:
+            self._graphs = (batch, got[1])  # (what the step launched next is priced at by its graph: `launched`)
+        return got[0]
+
+    def _pace_excess(self, batch: int) -> np.ndarray:
+        """[1 + T] (pace 2): the time a step takes at this batch bucket beyond its graph's, by the pace
+        read so far: plain decoding its own (0 until paced), every tier the average over the drafting
+        tiers paced (the host's reading and emitting a step, which the graphs' times leave out)."""
+        excess = {}
+        for (tier, b), (avg, seen, _) in self._pace.items():
+            graph = self._graph_ms.get((tier, b))
+            if b == batch and seen >= PACE_MIN_STEPS and graph is not None:
+                excess[tier] = max(avg - graph, 0.0)
+        drafting = [v for t, v in excess.items() if t]
+        out = np.full(1 + len(self.tiers), sum(drafting) / len(drafting) if drafting else 0.0)
+        out[0] = excess.get(0, 0.0)
+        return out
 
     def _pace_floor(self, batch: int) -> np.ndarray:
         """[1 + T]: the least each tier's step can cost at this batch bucket by the pace read so far:
@@ -996,6 +1026,10 @@ class AdaptivePolicy:
 
     def launched(self, tier: int) -> None:
         """The engine launched a step of this tier (where some row wanted drafts)."""
+        if self._graphs is not None:  # (pace 2) the graph time it was priced at
+            batch, graphs = self._graphs
+            old = self._graph_ms.get((tier, batch))
+            self._graph_ms[(tier, batch)] = graphs[tier] if old is None else old + PACE_WEIGHT * (graphs[tier] - old)
         self.plain_run = self.plain_run + 1 if tier == 0 else 0
         if tier and self.probing:  # (a host drafter's plan may be made twice a step: doubled once, here)
             self.probe_interval = min(2 * self.probe_interval, self.probe_every * self.probe_backoff)
@@ -1035,7 +1069,10 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
     low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff", "refresh") else 0
-    if name in ("share_chains", "bound_trees", "drain", "pace") and v not in (0, 1):
+    if name == "pace" and v not in (0, 1, 2):
+        raise PolicyError(f"{what}: pace={v} must be 0 (graph times), 1 (at least the measured pace) or 2 (graph "
+                          f"times plus the measured time a step takes beyond them)")
+    if name in ("share_chains", "bound_trees", "drain") and v not in (0, 1):
         raise PolicyError(f"{what}: {name}={v} must be 0 or 1")
     if name == "share_all" and v not in (0, 1, 2):
         raise PolicyError(f"{what}: share_all={v} must be 0 (the full tree), 1 (every dearer tier) or 2 (every "

@@ -969,6 +969,43 @@ def test_paced_steps_cost_what_the_engine_read():
     assert np.array_equal(off.costs(b, 512), before)
 
 
+def test_pace_2_adds_the_time_a_step_takes_beyond_its_graph():
+    """pace 2: every tier costs its graph's time plus the time the drafting steps read at that batch
+    took beyond the graphs they were priced at (their average over the tiers paced), plain decoding
+    plus its own (none until paced). A per-step time shared by every tier favours the deeper one: two
+    chains tied on graph times alone part once each step costs 1 ms more."""
+    from specheads.runtime.policy import PACE_MIN_STEPS
+
+    price = {TIERS[0]: 1.0, TIERS[1]: 1.2, TIERS[2]: 1.6, FULL: 4.0}
+    policy = AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.8), pace=2, hold=0, full_share=0)
+    row = policy.new_row()
+    for t, acc in ((2, 1), (3, 2)):  # chain 2: about 2 tokens a step, chain 4: about 3
+        observe(policy, row, t, acc, steps=60)
+    rows, b = [(row, 6)], 64
+    tokens = policy.expected_tokens([row], [6])[0]
+    price[TIERS[2]] = price[TIERS[1]] * tokens[2] / tokens[1]  # chain 4's graph priced to tie with chain 2's
+    before = policy.costs(b, 512).copy()
+    graph_rates = policy.rates(rows, b, 512)
+    assert abs(graph_rates[2] / graph_rates[3] - 1) < 1e-9
+    for tier in (2, 3):  # both chains' steps read 1 ms beyond their graphs
+        policy.choose(rows, b, 512)  # (prices the step: the graph time `launched` records)
+        policy.launched(tier)
+        for _ in range(PACE_MIN_STEPS):
+            policy.paced(tier, b, price[TIERS[tier - 1]] + 1.0)
+    policy.fold()
+    after = policy.costs(b, 512)
+    assert np.allclose(after[1:], before[1:] + 1.0) and after[0] == before[0]  # plain: not paced yet
+    rates = policy.rates(rows, b, 512)
+    assert rates[3] > 1.1 * rates[2]  # chain 4 ahead by the shared millisecond
+    for _ in range(PACE_MIN_STEPS):
+        policy.launched(0)
+        policy.paced(0, b, 0.8 + 0.25)
+    policy.fold()
+    assert abs(policy.costs(b, 512)[0] - 1.05) < 1e-9
+    with pytest.raises(PolicyError, match="pace=3 must be 0"):
+        build_policy("adaptive", FULL, settings="pace=3")
+
+
 def test_an_unpaced_tier_costs_at_least_a_shallower_tiers_pace():
     """A tier not yet paced is priced at least at the pace of any paced tier no deeper than it (a
     deeper step emits as many tokens or more, so makes as much host work or more): otherwise the
