@@ -91,11 +91,6 @@ METHODS = {  # name -> SpecEngine keywords
     # share_all 2: every other tier refreshed by the tokens/s it would give up (batches of more than 8 rows)
     "assist-adaptive-share2": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
                                    speculation_policy="adaptive", speculation_settings="share_all=2"),
-    # pace 2: a step costs its graph's time plus the time steps take beyond their graphs at that batch
-    "assist-adaptive-pace2": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
-                                  speculation_policy="adaptive", speculation_settings="pace=2"),
-    "assist-adaptive-share2-pace2": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
-                                         speculation_policy="adaptive", speculation_settings="share_all=2,pace=2"),
     # fixed chains, to set each one's time a step beside the speculation profile's for its tier
     "chain1": dict(method="eagle3", num_steps=1, topk=1, num_draft_tokens=1),
     "chain2": dict(method="eagle3", num_steps=2, topk=1, num_draft_tokens=2),

@@ -14,7 +14,7 @@ from tests.runtime.spec_helpers import make_target, random_head, random_prompts
                                   "ngram-host-adaptive", "assist-adaptive", "assist", "assist-adaptive-gated",
                                   "assist-adaptive-full", "assist-adaptive-gated-hold", "assist-chain2",
                                   "assist-chain4", "assist-adaptive-share0", "assist-adaptive-share1",
-                                  "assist-adaptive-share2", "assist-adaptive-pace2", "assist-adaptive-share2-pace2"])
+                                  "assist-adaptive-share2"])
 def test_the_step_timers_follow_the_engine(name):
     steps = load_script("gpu_runs/policy_steps.py")
     target = make_target(seed=0, vocab=64)

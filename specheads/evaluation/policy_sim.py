@@ -124,7 +124,7 @@ class SimResult:
 
 
 def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int], batch: int, cost=None,
-             buckets: bool = False, first_drafts: bool = False) -> SimResult:
+             buckets: bool = False, first_drafts: bool = False, host_us: tuple[float, float] = (0.0, 0.0)) -> SimResult:
     """Serve every request (prompt i: new_tokens[i] tokens, the first from its prefill) with at
     most `batch` rows at once, a finished row taking the next request, each step's tier chosen by
     `policy` (None: plain decoding every step) and priced by `cost.step(b, kv, tier, context)` at
@@ -132,8 +132,12 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
     and choose at the engine's graph buckets (powers of two), as it does on a GPU, the policy told
     the mean context rounded as the engine rounds it. traces: `tier_traces` of (at least) the policy's tiers. first_drafts: the
     drafter tells its first draft in a plain step (`Abilities.first_draft`), so a batch of at most
-    FIRST_DRAFT_ROWS rows observes it there, as the engine's does. The result's steps_by_tier
-    counts by the policy's tier index (0: plain)."""
+    FIRST_DRAFT_ROWS rows observes it there, as the engine's does. host_us (drafting, plain): the
+    host's time a step beyond the card's, in microseconds a row (reading and emitting each row's
+    tokens; on an H200 at batch 64 about 12 us a row for the assisted chains' steps and 2 for
+    plain ones, docs/benchmarks.md), added to every step's cost and told to the policy as the
+    engine tells it the steps' pace. The result's steps_by_tier counts by the policy's tier index
+    (0: plain)."""
     cost = cost or StaticCost()
     tiers = policy.tiers if policy is not None else []
     # a chain's trace: its first draft was accepted where it accepted any
@@ -141,6 +145,7 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
     res = SimResult()
     todo = deque(range(len(new_tokens)))
     active: list[list] = []  # [request, tokens emitted, the policy's record]
+    last = None  # the (tier, batch bucket) of the step before
 
     def leave():  # the requests that are done free their rows
         for r in [r for r in active if r[1] >= new_tokens[r[0]]]:
@@ -173,7 +178,12 @@ def simulate(policy, traces: dict, prompt_lens: list[int], new_tokens: list[int]
                              draining=not todo, context=hint) if policy is not None else 0
         if policy is not None:
             policy.launched(tier)
-        res.cost += cost.step(b, kvs[tier], tiers[tier - 1] if tier else None, mean)
+        step = cost.step(b, kvs[tier], tiers[tier - 1] if tier else None, mean) + n * host_us[0 if tier else 1] / 1000.0
+        res.cost += step
+        if (host_us[0] or host_us[1]) and policy is not None and hasattr(policy, "paced"):
+            if last == (tier, b):  # two steps of one tier and bucket in a row: their spacing, as the engine reads it
+                policy.paced(tier, b, step)
+            last = (tier, b)
         res.steps += 1
         res.steps_by_tier[tier] += 1
         res.row_steps_by_tier[tier] += n
@@ -226,13 +236,14 @@ def stream_order(n: int, stream: int, order: int, orders: int) -> list[int]:
 
 def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buckets=False, settings_grid=({},),
             fixed_trees=None, first_drafts: bool = False, stream: int = 1, orders: int = 1,
-            warmup: bool = False) -> list[dict]:
+            warmup: bool = False, host_us: tuple[float, float] = (0.0, 0.0)) -> list[dict]:
     """Per batch size: ar, a fixed policy at each of `fixed_trees` (default: the largest tier) and
     adaptive over `tiers` at every settings combination; each row with its speed relative to ar.
     stream R: each prompt R times, so a batch refills from a queue as a server's does; orders K: K
     shuffled orders of those requests, each row naming its order (the adaptive policy's choices follow
     the records its early steps leave, so one order is one path); warmup: each adaptive policy serves
-    the requests once before the pass that is counted, as a benchmark's warm-up run leaves it."""
+    the requests once before the pass that is counted, as a benchmark's warm-up run leaves it;
+    host_us: as `simulate`'s, for every policy."""
     rows = []
     fixed_trees = fixed_trees if fixed_trees is not None else [tiers[-1]]
     for order in range(orders):
@@ -240,15 +251,17 @@ def compare(tiers, traces, prompt_lens, new_tokens, batch_sizes, cost=None, buck
         tr = {t: [v[i] for i in idx] for t, v in traces.items()}
         lens, news = [prompt_lens[i] for i in idx], [new_tokens[i] for i in idx]
         for b in batch_sizes:
-            base = simulate(None, tr, lens, news, b, cost, buckets)
+            base = simulate(None, tr, lens, news, b, cost, buckets, host_us=host_us)
             cands = [("ar", {}, None, base, [])]
             for tree in fixed_trees:
-                cands.append(("fixed", {}, str(tree), simulate(FixedPolicy(tree), tr, lens, news, b, cost, buckets), [tree]))
+                cands.append(("fixed", {}, str(tree), simulate(FixedPolicy(tree), tr, lens, news, b, cost, buckets,
+                                                               host_us=host_us), [tree]))
             for s in settings_grid:
                 pol = AdaptivePolicy(list(tiers), cost or StaticCost(), **s)
                 if warmup:
-                    simulate(pol, tr, lens, news, b, cost, buckets, first_drafts)
-                cands.append(("adaptive", s, None, simulate(pol, tr, lens, news, b, cost, buckets, first_drafts), tiers))
+                    simulate(pol, tr, lens, news, b, cost, buckets, first_drafts, host_us)
+                cands.append(("adaptive", s, None, simulate(pol, tr, lens, news, b, cost, buckets, first_drafts, host_us),
+                              tiers))
             for name, s, tree, r, used in cands:
                 rows.append({"batch": b, "order": order, "policy": name, "tree": tree, "settings": s, **r.to_dict(used),
                              "speedup_vs_ar": r.tokens_per_cost / base.tokens_per_cost if base.tokens_per_cost else math.nan})
@@ -387,6 +400,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", action="store_true",
                     help="each adaptive policy serves the requests once before the counted pass, as a benchmark's "
                          "warm-up run leaves it")
+    ap.add_argument("--host-us", type=float, nargs=2, default=(0.0, 0.0), metavar=("DRAFTING", "PLAIN"),
+                    help="the host's time a step beyond the card's, in microseconds a row, for drafting and for "
+                         "plain steps (default 0 0: the graphs' times alone; an H200 at batch 64: about 12 and 2)")
     ap.add_argument("--out", default="policy_sim")
     args = ap.parse_args(argv)
     if args.stream < 1 or args.orders < 1:
@@ -464,7 +480,7 @@ def main(argv=None) -> int:
     rows = compare(tiers, traces, prompt_lens, new_tokens, args.batch_sizes, cost, buckets=cost is not None,
                    settings_grid=grid(args.grid), fixed_trees=fixed,
                    first_drafts=args.first_drafts == "auto" and tells_first(args.draft),
-                   stream=args.stream, orders=args.orders, warmup=args.warmup)
+                   stream=args.stream, orders=args.orders, warmup=args.warmup, host_us=tuple(args.host_us))
     print(f"{'batch':>5} {'order':>5} {'policy':>8} {'tree / settings':>40} {'accept':>6} {'x ar':>6}  steps by tier")
     for r in rows:
         what = r["tree"] or (" ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults")
@@ -481,6 +497,7 @@ def main(argv=None) -> int:
         print(f"  {what:>40}: worst {r['worst']:.3f}  ({cells})")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**key, "prompts": len(prompt_lens), "stream": args.stream, "orders": args.orders,
+                               "host_us": list(args.host_us),
                                "warmup": args.warmup, "tiers": [str(t) for t in tiers],
                                "profile": args.profile, "static": args.static, "rows": rows, "ranking": ranking},
                               indent=1))

@@ -58,17 +58,21 @@ steps, 33,743-33,845 tok/s, and with it chain 4 in 264-284 of 345, 37,820-38,038
 choice follows which record a run's early steps leave behind, so either outcome can come from a
 small change in those steps (the replay of the validation traces moves by up to 10% with the
 prompts' order); off until a run-to-run comparison over many orders on the card shows a gain.
-`share_all` 2 prices a refresh by what it gives up instead: in a batch of more than FRESH_ROWS rows,
-any tier but the chosen one (cheaper ones too, and the smaller tiers while the full tree is chosen,
-which `switch_margin` otherwise keeps from being seen again) runs once its idle drafting steps times
-full_share reach the share of tokens/s its step would lose on the current estimates; a narrower
-batch, whose step observes few rows, keeps share_all 1's rule. On the replay (`policy_sim --stream 8
---orders 4 --warmup`: the assisted drafter's traces, each prompt 8 times in 4 shuffled orders served
-after a warm-up pass, the H200 profile of 2026-12-04; docs/results/policy-share-h200-2026-12-04-late/
+`share_all` 2 prices a refresh by what it gives up instead: in a batch of more than 2 x FRESH_ROWS
+(16) rows, any tier but the chosen one (cheaper ones too, and the smaller tiers while the full tree is
+chosen, which `switch_margin` otherwise keeps from being seen again) runs once its idle drafting steps
+times full_share reach the share of tokens/s its step would lose on the current estimates; a narrower
+batch, whose step observes few rows, keeps share_all 1's rule (applied from 8 rows up, it cost the
+replay's batch 16 0.5-4%). On the replay (`policy_sim --stream 8 --orders 4
+--warmup`: the assisted drafter's traces, each prompt 8 times in 4 shuffled orders served after a
+warm-up pass, the H200 profile of 2026-12-04; docs/results/policy-share-h200-2026-12-04-late/
 replay/), the worst share of the best fixed tier over batch 1, 8, 16, 32 and 64 and the orders was,
-for share_all 0 / 1 / 2: validation chat 0.974 / 0.950 / 0.981, validation coding 0.898 / 0.930 /
-0.987, test coding 0.875 / 0.931 / 0.972 (batch 32 mean 0.929 / 0.960 / 0.984, batch 64 0.951 /
-0.973 / 0.989; batch 16 1.001 / 1.000 / 0.990). Not yet run on the card, so off by default.
+for share_all 0 / 1 / 2: validation chat 0.974 / 0.950 / 0.980, validation coding 0.898 / 0.930 /
+0.988, test coding 0.875 / 0.931 / 0.972; with the host's time a step beside the graphs' (`--host-us
+12 2`, as measured at batch 64) 0.935 / 0.956 / 0.973, 0.925 / 0.984 / 0.980 and 0.917 / 0.960 /
+0.981. Not yet run on the card, so off by default. (A step priced at its graph's time plus the
+measured time beyond it, which would rank chain 4 ahead of chain 2 at chat batch 64 as the card
+does, lost on the same replay with the host's time: validation chat 0.882, test coding 0.849.)
 A smaller tier replaces the full tree only where it promises `switch_margin` (default 0.15) more:
 its estimate's error costs more than it gains where the tiers' rates are close.
 
@@ -150,13 +154,6 @@ may fit a smaller bucket than the full tree, and runs there):
   2.69 ms apart (median) where their graph takes 1.70-1.99 ms. With the pace, adaptive there ran
   34,791-36,807 tok/s against 35,896-36,888 without, and at coding batch 1 2.636x against 2.633x
   `ar` (2026-12-02, docs/benchmarks.md): no gain beyond the runs' spread, so it is off.
-- paced, added (`pace=2`; off by default, not yet run on a card): every tier costs its graph's time
-  plus the time the drafting steps read at that batch bucket took beyond the graph times they were
-  priced at (their average over the tiers paced; plain decoding its own, none until paced). A time a
-  step that the graphs leave out, and which every tier pays alike, favours the deeper tiers: on an
-  H200 at chat batch 64 (2026-12-04) the fixed chains' steps came about 0.8 ms apart beyond their
-  graphs, chain 4 ran 12.8% ahead of chain 2 where the graphs alone rank it 8% ahead, and the policy's
-  estimates tied the two, so each run kept whichever its first steps favoured.
 - static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a
   plain decode step, verifying T tokens in all costs max(1, T / saturation_tokens) (a decode
   streams the weights once until the batch's tokens fill the matmuls), and each draft depth
@@ -183,6 +180,7 @@ FIRST_DRAFT_ROWS = 8  # up to this many rows (the batch bucket), plain steps tel
 PACE_WEIGHT = 0.05  # a step's share of its tier's paced time (AdaptivePolicy.paced)
 PACE_MIN_STEPS = 8  # steps of a tier and batch bucket read before their pace counts
 HOLD_STEPS = 16  # the most choices a clear one is repeated without an estimate (AdaptivePolicy, hold)
+SHARE_ALL_ROWS = 2 * FRESH_ROWS  # share_all 2 prices refreshes by tokens/s in batches wider than this
 
 
 def _kv_key(kv):
@@ -533,9 +531,7 @@ class AdaptivePolicy:
         self.tiers = list(tiers)
         self.cost = cost
         self.probe_every = probe_every
-        # 1: a tier costs at least its steps' measured pace (`paced`); 2: its graph's time plus the time a
-        # step takes beyond its graph at that batch (`_pace_excess`); 0: its graph's time
-        self.pace = pace
+        self.pace = pace  # 1: a tier costs at least its steps' measured pace (`paced`); 0: its graph's time
         self.probe_backoff = probe_backoff  # the longest run between probes, in probe_every's (1: no backoff)
         self.probe_interval = probe_every  # plain steps in a row before the next probe
         self.probing = False  # the last choice was a probe (doubles the interval once launched)
@@ -546,7 +542,7 @@ class AdaptivePolicy:
         # module docstring, "full_share")
         self.full_share = full_share
         # which tiers full_share refreshes: 0 the full tree, 1 every dearer tier, 2 in a batch of more than
-        # FRESH_ROWS rows every other tier by the tokens/s its step would give up (module docstring)
+        # 2 x FRESH_ROWS rows every other tier by the tokens/s its step would give up (module docstring)
         self.share_all = share_all
         # a smaller tier than the full tree must promise this much more (a share) to run instead:
         # its estimate's error costs more than it gains where the tiers' costs are close. 0.15:
@@ -595,10 +591,6 @@ class AdaptivePolicy:
         # tier index and batch bucket; `paced`): a step costs at least that where the host, not the
         # card, sets the pace (module docstring). Taken into the costs at the next fold
         self._pace: dict = {}  # (tier index, batch bucket) -> [average ms, steps seen, least ms seen]
-        # pace 2: the graph time each tier's launched steps were priced at, by batch bucket (an average
-        # like the pace's), beside the pace, to read the time a step takes beyond its graph
-        self._graph_ms: dict = {}  # (tier index, batch bucket) -> ms
-        self._graphs = None  # (batch bucket, [1 + T] graph times) of the last costs worked out
         self._pace_version, self._pace_dirty = 0, False
         self._tier, self._tier_version = None, -1
         self._costs: dict = {}  # (batch, context buckets, the cost's version) -> step costs [1 + T]
@@ -849,32 +841,15 @@ class AdaptivePolicy:
             raise PolicyError(f"context buckets {kvs}: expected one, or one for plain decoding and each of the "
                               f"{len(self.tiers)} tiers")
         key = (batch, kvs, context, getattr(self.cost, "version", 0), self._pace_version)
-        got = self._costs.get(key)
-        if got is None:
+        costs = self._costs.get(key)
+        if costs is None:
             if len(self._costs) >= 4096:
                 self._costs.clear()
-            graphs = np.array([self.cost.step(batch, k, t, context) for k, t in zip(kvs, [None, *self.tiers])])
-            costs = graphs
+            costs = np.array([self.cost.step(batch, k, t, context) for k, t in zip(kvs, [None, *self.tiers])])
             if self._pace and getattr(self.cost, "measured", False):  # (a static cost is not in ms)
-                costs = graphs + self._pace_excess(batch) if self.pace == 2 else np.maximum(graphs, self._pace_floor(batch))
-            got = self._costs[key] = (costs, graphs)
-        if self.pace == 2:
-            self._graphs = (batch, got[1])  # (what the step launched next is priced at by its graph: `launched`)
-        return got[0]
-
-    def _pace_excess(self, batch: int) -> np.ndarray:
-        """[1 + T] (pace 2): the time a step takes at this batch bucket beyond its graph's, by the pace
-        read so far: plain decoding its own (0 until paced), every tier the average over the drafting
-        tiers paced (the host's reading and emitting a step, which the graphs' times leave out)."""
-        excess = {}
-        for (tier, b), (avg, seen, _) in self._pace.items():
-            graph = self._graph_ms.get((tier, b))
-            if b == batch and seen >= PACE_MIN_STEPS and graph is not None:
-                excess[tier] = max(avg - graph, 0.0)
-        drafting = [v for t, v in excess.items() if t]
-        out = np.full(1 + len(self.tiers), sum(drafting) / len(drafting) if drafting else 0.0)
-        out[0] = excess.get(0, 0.0)
-        return out
+                costs = np.maximum(costs, self._pace_floor(batch))
+            self._costs[key] = costs
+        return costs
 
     def _pace_floor(self, batch: int) -> np.ndarray:
         """[1 + T]: the least each tier's step can cost at this batch bucket by the pace read so far:
@@ -991,7 +966,7 @@ class AdaptivePolicy:
                 return 0
             costs = self.costs(batch, kv, context)
             return full if self.idle[-1] * self.full_share >= costs[-1] / costs[best] - 1.0 else 0
-        if self.share_all == 2 and rows > FRESH_ROWS and self._last_rates is not None:
+        if self.share_all == 2 and rows > SHARE_ALL_ROWS and self._last_rates is not None:
             rates = self._last_rates[1]  # (worked out for this choice: a wide batch holds no choice)
             cost = np.maximum(1.0 - rates[1:] / max(rates[best], 1e-12), 0.0)  # the share of tokens/s given up
             cost[best - 1] = np.inf
@@ -1026,10 +1001,6 @@ class AdaptivePolicy:
 
     def launched(self, tier: int) -> None:
         """The engine launched a step of this tier (where some row wanted drafts)."""
-        if self._graphs is not None:  # (pace 2) the graph time it was priced at
-            batch, graphs = self._graphs
-            old = self._graph_ms.get((tier, batch))
-            self._graph_ms[(tier, batch)] = graphs[tier] if old is None else old + PACE_WEIGHT * (graphs[tier] - old)
         self.plain_run = self.plain_run + 1 if tier == 0 else 0
         if tier and self.probing:  # (a host drafter's plan may be made twice a step: doubled once, here)
             self.probe_interval = min(2 * self.probe_interval, self.probe_every * self.probe_backoff)
@@ -1069,14 +1040,11 @@ def setting_value(name: str, value, what: str = "--speculation-settings"):
     if name == "prior" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: prior={v} must lie in [0, 1] (an acceptance rate)")
     low = 1 if name in ("window", "pooled_window", "probe_every", "probe_backoff", "refresh") else 0
-    if name == "pace" and v not in (0, 1, 2):
-        raise PolicyError(f"{what}: pace={v} must be 0 (graph times), 1 (at least the measured pace) or 2 (graph "
-                          f"times plus the measured time a step takes beyond them)")
-    if name in ("share_chains", "bound_trees", "drain") and v not in (0, 1):
+    if name in ("share_chains", "bound_trees", "drain", "pace") and v not in (0, 1):
         raise PolicyError(f"{what}: {name}={v} must be 0 or 1")
     if name == "share_all" and v not in (0, 1, 2):
         raise PolicyError(f"{what}: share_all={v} must be 0 (the full tree), 1 (every dearer tier) or 2 (every "
-                          f"tier by the tokens/s it gives up, in batches of more than {FRESH_ROWS} rows)")
+                          f"tier by the tokens/s it gives up, in batches of more than {SHARE_ALL_ROWS} rows)")
     if name == "drain_quantile" and not 0.0 <= v <= 1.0:
         raise PolicyError(f"{what}: drain_quantile={v} must lie in [0, 1] (0: the slowest row's rate)")
     if name != "prior" and not (v >= low and math.isfinite(v)):

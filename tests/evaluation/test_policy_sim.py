@@ -128,6 +128,26 @@ def test_a_stream_in_several_orders_with_a_warm_up(setup):
         assert r["by_batch_worst"][4] <= r["by_batch"][4] and r["worst"] == r["by_batch_worst"][4]
 
 
+def test_the_hosts_time_a_row_is_added_to_every_step_and_told_as_the_pace(setup):
+    """host_us (drafting, plain): each step costs its rows times that many microseconds more, and a
+    policy that takes the steps' pace is told the spacing of two steps of one tier in a row."""
+    _, _, traces = setup
+    lens, news = [len(p) for p in PROMPTS], [NEW] * len(PROMPTS)
+    base = simulate(None, traces, lens, news, 2)
+    slow = simulate(None, traces, lens, news, 2, host_us=(0.0, 500.0))
+    assert slow.steps == base.steps and slow.cost > base.cost
+    # every plain step of two rows (the batch stays full here) costs 2 x 0.5 more
+    assert abs((slow.cost - base.cost) - base.steps * 2 * 0.5) < 1e-9
+    told = []
+
+    class Pacing(FixedPolicy):
+        def paced(self, tier, batch, ms):
+            told.append((tier, batch, ms))
+    simulate(Pacing(TIERS[0]), traces, lens, news, 2, host_us=(100.0, 0.0))
+    assert told and all(t == 1 and b in (1, 2) for t, b, _ in told)
+    assert all(abs(ms - (StaticCost().step(b, 0, TIERS[0]) + b * 0.1)) < 1e-9 for _, b, ms in told)
+
+
 def test_grid_parses_and_refuses():
     assert grid(["window=8,16", "prior_weight=1,2.5"]) == [
         {"window": 8, "prior_weight": 1.0}, {"window": 8, "prior_weight": 2.5},
