@@ -88,7 +88,7 @@ METHODS = {  # name -> SpecEngine keywords
                                    speculation_policy="adaptive", speculation_settings="share_all=0"),
     "assist-adaptive-share1": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
                                    speculation_policy="adaptive", speculation_settings="share_all=1"),
-    # share_all 2: every other tier refreshed by the tokens/s it would give up (batches of more than 8 rows)
+    # share_all 2: every other tier refreshed by the tokens/s it would give up (batches of more than 16 rows)
     "assist-adaptive-share2": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
                                    speculation_policy="adaptive", speculation_settings="share_all=2"),
     # fixed chains, to set each one's time a step beside the speculation profile's for its tier
@@ -121,12 +121,11 @@ METHODS = {  # name -> SpecEngine keywords
 
 def run_order(n: int, run: int) -> list[int]:
     """The prompts' order for timed run `run` under --shuffle: a permutation seeded by the run's index
-    (the same on every machine, so old and new code meet the same orders)."""
-    import random
+    (the same on every machine, so old and new code meet the same orders; the replay's orders,
+    `policy_sim --orders`, are the same permutations)."""
+    from specheads.evaluation.policy_sim import stream_order
 
-    order = list(range(n))
-    random.Random(run).shuffle(order)
-    return order
+    return stream_order(n, 1, run, orders=2)
 
 
 def instrument(engine, trace: bool = False) -> dict:
