@@ -104,6 +104,10 @@ class DraftContext:
     kv: int  # the step's context bucket: cache slots [:kv] may be read
     roots: torch.Tensor  # [b] each row's last emitted token
     histories: list[list[int]] | None = None  # per active row, when needs.history
+    # the most entries a row can hold pending from the steps before (a path's nodes), where the
+    # engine knows fewer than the drafter allows for (`accept_depth`): a drafter that feeds its
+    # pending entries at a fixed width (HeadCacheRows) feeds this many; 0: its own width
+    feed: int = 0
 
 
 @dataclass

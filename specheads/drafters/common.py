@@ -83,10 +83,16 @@ class HeadCacheRows:
         """Room for a path `depth` deep among the pending entries (before `allocate`)."""
         self.width = max(self.width, depth + 1)
 
+    def fed(self, ctx) -> int:
+        """How many pending entries a row a step feeds: the engine's bound (`DraftContext.feed`)
+        where it is narrower than the room `accept_depth` made (e.g. the n-gram assist's gated chain,
+        which runs only in small batches), else that room."""
+        return min(ctx.feed, self.width) if ctx.feed else self.width
+
     def keep_up(self, ctx, wide: bool = True) -> None:
         """A plain step: the pending entries fed (as a step's draft starts: `_feed`), no tree; after
         a plain step or a prefill only the first column (one entry a row)."""
-        self._feed(ctx.rows, ctx.kv, width=self.width if wide else 1)
+        self._feed(ctx.rows, ctx.kv, width=self.fed(ctx) if wide else 1)
 
     def clear_row(self, row: int) -> None:
         # an idle row computes harmlessly inside a padded batch: one entry of its own to attend to

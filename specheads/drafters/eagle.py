@@ -178,7 +178,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         width = kv + self.tree_room
         # both mask buffers start as the context: column < the row's committed length
         both = self.masks[:, :b, :, :width] if self.steps > 1 and not self.static else None
-        fed, last, positions = self._feed(b, kv, both)
+        fed, last, positions = self._feed(b, kv, both, self.fed(ctx))
         dev = roots.device
         base = self.committed[:b]  # == the target's committed length
         if self.static:

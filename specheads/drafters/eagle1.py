@@ -156,7 +156,7 @@ class Eagle1Drafter(HeadCacheRows, Drafter):
         width = kv + self.tree_room
         # both mask buffers start as the context (column < the new committed length)
         both = self.masks[:, :b, :, :width] if self.steps > 1 else None
-        fed, last, depth_positions = self._feed(b, kv, both)
+        fed, last, depth_positions = self._feed(b, kv, both, self.fed(ctx))
         hidden = fed.gather(1, last[:, None, None].expand(b, 1, fed.shape[-1]))  # the predicted f_L [b, 1, H]
         masks = [both[0], both[1]] if both is not None else [None, None]
         pool = pool_tok, pool_score, pool_parent = self.pool.buffers(b, dev)

@@ -292,6 +292,9 @@ class SpecEngine:
         # the last step launched drafted: a plain step after it keeps up with that step's whole path
         # (a plain step after a plain one or a prefill, with the one entry each row has pending)
         self._drafted = False
+        # the last step launched was the gate's (`_gate`): its rows may hold the gated chain's whole path
+        # pending, which a batch wider than the gate's feeds in a plain step of its own (`_fed`)
+        self._gated_last = False
         self._full, self._gated = 0, None  # the full tree's tier index; the gate's graph index (`_allocate`)
         # generate() has admitted its last prompt: no request waits for a row (the policy's `drain`
         # setting ranks tiers for the batch's slow end then; runtime/policy.py); a server's engine
@@ -571,6 +574,8 @@ class SpecEngine:
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         tier = 0
         self._proposal = None
+        if self._gated is not None and self._catch_up(b):  # the gated step's paths first (`_fed`)
+            return b, kvs[0], sampled, 0, logprobs
         if any(r.speculate for r in self.rows):
             kvs += [self._step_bucket(before + t.num_draft + 2) for t in self.policy.tiers]
             if self._measuring:
@@ -628,6 +633,7 @@ class SpecEngine:
             t0 -= proposal[1] if proposal else 0.0
         out = self._run(b, kv, sampled, run, logprobs)
         self._drafted = tier > 0
+        self._gated_last = run == self._gated
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
             if self.drafter is not None:
@@ -1253,7 +1259,8 @@ class SpecEngine:
         """Step rows [:b] verifying tier `tier`'s tree (0: the roots alone); the result rows (`out`)."""
         key = (b, kv, sampled, tier) + ((True,) if logprobs else ())
         if tier == 0 and self._drafted and self._keeps_up:  # (the plain graph of every bucket is the narrow one)
-            key = (b, kv, sampled, tier, logprobs, True)
+            # (after a gated step in a wider batch: the catch-up, captured when first met; `_fed`)
+            key = (b, kv, sampled, tier, logprobs, 2 if self._catch_up(b) else True)
         if not self.use_graphs:
             with torch.no_grad():
                 self._step(*key)
@@ -1264,16 +1271,32 @@ class SpecEngine:
         return self.out
 
     def _capture(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False,
-                 wide: bool = False) -> torch.cuda.CUDAGraph:
+                 wide: int = 0) -> torch.cuda.CUDAGraph:
         graph, _ = capture_graph(lambda: self._step(b, kv, sampled, tier, logprobs, wide), self._pool,
                                  self._restorer())
         self._pool = graph.pool()
         return graph
 
+    def _fed(self, b: int, wide: int = 1) -> int:
+        """The most entries a row of batch bucket `b` can hold pending before a step
+        (`DraftContext.feed`): a path of the gate's longer chain (ngram_gate_chain) where a gated step
+        can come before (batches of at most the gate's rows, or `wide` 2: the plain step that follows
+        one where new rows made the batch wider), else a path of the tree. A drafter feeds its
+        pending entries at a fixed width: on an H200 at batch 64 the gated chain's 32 entries a row
+        took an EAGLE-3 chain step from 1.91 to 2.12 ms (2026-12-04), where no gated step can run."""
+        if self._gated is not None and (b <= self._gate_rows or wide == 2):
+            return self.widest_nodes
+        return self.tree_nodes
+
+    def _catch_up(self, b: int) -> bool:
+        """The last step was gated and new rows made the batch wider than the gate's: its rows' paths
+        (up to the gated chain's) are fed in a plain step before the next drafting one (`_fed`)."""
+        return self._gated_last and b > self._gate_rows
+
     def _tree(self, b: int, kv: int, tier: int) -> Tree:
         drafter = self._drafters[tier]
         if drafter is not None and not self._host_drafts:
-            return drafter.propose(DraftContext(b, kv, self.root[:b]))
+            return drafter.propose(DraftContext(b, kv, self.root[:b], feed=self._fed(b)))
         if drafter is not None:
             t, n = self.tree_in, 1 + drafter.num_draft
             return Tree(t.tokens[:b, :n], t.parents[:b, :n], t.depth[:b, :n], t.valid[:b, :n], drafter.depth,
@@ -1281,9 +1304,9 @@ class SpecEngine:
         lone = self._lone
         return Tree(self.root[:b, None], lone.parents[:b], lone.depth[:b], lone.valid[:b], 0)
 
-    def _step(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False, wide: bool = False) -> None:
+    def _step(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False, wide: int = 0) -> None:
         """Draft, verify, accept and commit for rows [:b] (tier 0: no drafts; `wide`: a plain step
-        after a drafting one); fixed shapes, no host syncs."""
+        after a drafting one, 2 after a gated one in a wider batch: `_fed`); fixed shapes, no host syncs."""
         draft = tier > 0
         # a plain step of a device drafter keeps its row state up to date (the smallest tier takes
         # in what the last step left pending; the root's one-node path is committed below), so a
@@ -1295,8 +1318,8 @@ class SpecEngine:
         keep = not draft and self._keeps_up
         first = None
         if keep:
-            ctx = DraftContext(b, kv, self.root[:b])
-            self._drafters[1].keep_up(ctx, wide)
+            ctx = DraftContext(b, kv, self.root[:b], feed=self._fed(b, wide))
+            self._drafters[1].keep_up(ctx, bool(wide))
             if self._tells_first(b):  # (before the commit moves the row state past the root)
                 first = self._drafters[1].first_draft(ctx)
         tree = self._tree(b, kv, tier)

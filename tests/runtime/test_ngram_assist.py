@@ -222,6 +222,56 @@ def test_a_gated_chain_longer_than_the_tree_keeps_the_output(target, head, refer
                    drafter_options={"ngram_gate_chain": 20}, **TREES["tree"])
 
 
+def test_only_a_gated_batch_feeds_the_long_chains_width_and_a_join_after_a_gated_step_catches_up(
+        target, head, reference, monkeypatch):
+    """A head that keeps its pending entries (EAGLE-3, EAGLE-1) feeds them at a fixed width a step:
+    the gated chain's (ngram_gate_chain + 1) only in batches the gate can run, the tree's (num_draft +
+    1) in wider ones. A request that joins right after a gated step makes the batch wider while its
+    rows hold up to the gated chain's path: a plain step feeds them at the long width first. No
+    step feeds fewer entries than a row holds, and the output stays the target's."""
+    kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
+    engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=4,
+                        drafter_options={"ngram_gate": 1, "ngram_gate_chain": 3 * n}, **TREES["tree"])
+    feeds, steps = [], []  # (rows stepped, width fed, the most entries a row held); (rows, tier, wide)
+    inner = type(engine.drafter.inner)
+    if hasattr(inner, "_feed"):
+        feed = inner._feed
+
+        def spy_feed(self, b, kv, masks=None, width=None):
+            feeds.append((b, width or self.width, int(self.pending_n[:b].max())))
+            return feed(self, b, kv, masks, width)
+        monkeypatch.setattr(inner, "_feed", spy_feed)
+    step = engine._step
+
+    def spy_step(b, kv, sampled, tier, logprobs=False, wide=0):
+        steps.append((b, tier, wide))
+        return step(b, kv, sampled, tier, logprobs, wide)
+    engine._step = spy_step
+    gated = _gated_steps(engine)
+    # one repeating request alone until the gate runs a step, then a second joins
+    first = engine.add(Request(PROMPTS[-2], SamplingParams(max_new_tokens=NEW)))
+    tokens = {first: []}
+    while not any(gated):
+        for out in engine.step():
+            tokens[out.handle] += out.new_tokens
+    assert engine._gated_last
+    second = engine.add(Request(PROMPTS[0], SamplingParams(max_new_tokens=NEW)))
+    tokens[second] = []
+    joined = len(steps)
+    while engine.has_work:
+        for out in engine.step():
+            tokens[out.handle] += out.new_tokens
+    assert [tokens[first], tokens[second]] == [reference[-2], reference[0]]
+    b, tier, wide = steps[joined]  # the step after the join: plain, feeding the gated chain's paths
+    assert b > engine._gate_rows and tier == 0 and wide == 2
+    assert all(w != 2 for _, _, w in steps[:joined] + steps[joined + 1:])
+    if feeds:
+        assert all(held <= width for _, width, held in feeds), feeds
+        widths = {(b <= engine._gate_rows, width) for b, width, _ in feeds if width > 1}
+        assert (True, 3 * n + 1) in widths and (False, n + 1) in widths, widths
+        assert any(b > engine._gate_rows and width == 3 * n + 1 for b, width, _ in feeds)  # the catch-up
+
+
 def test_the_gate_and_its_long_chain_are_on_at_batch_1_under_the_fixed_policy_by_default(target, head):
     """Measured to pay at batch 1 on an H200 under the fixed policy, and not under the adaptive one
     (drafters/assist.py): unset, the engine gates batches of one row under the fixed policy only,
