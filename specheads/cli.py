@@ -461,7 +461,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
                    help="the adaptive policy's trees as STEPS,TOPK,DRAFT_TOKENS, e.g. '1,1,1;2,1,2;4,1,4' (the "
                         "full tree is always one); default: chains 1, 2 and 4 deep and the full tree")
     p.add_argument("--speculation-settings", default=None, metavar="NAME=VALUE,...",
-                   help="the adaptive policy's settings, e.g. 'switch_margin=0.15' (a smaller tier replaces the "
+                   help="the adaptive policy's settings, e.g. 'switch_margin=0.08' (a smaller tier replaces the "
                         "full tree only where it promises that share more tokens/s); names: window, prior, "
                         "prior_weight, pooled_window, probe_every, probe_backoff, explore_every, switch_margin "
                         "(specheads/runtime/policy.py)")

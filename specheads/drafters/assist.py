@@ -12,8 +12,8 @@ The head's drafter drafts every step (its tree is dropped in the rows that take 
 commits every accepted path, so its state follows the text whichever draft won; a path may then be
 as deep as the chain (`Drafter.accept_depth`). The output is the target's whatever is drafted.
 
-The gate (option `ngram_gate` N: batches of up to N rows; 0 = off; unset, 1 under the fixed policy
-and off under the adaptive one, `SpecEngine.gate_rows`): where a row takes
+The gate (option `ngram_gate` N: batches of up to N rows; 0 = off; unset, 1 under the fixed and the
+adaptive policy, off under another, `SpecEngine.gate_rows`): where a row takes
 the chain, the head's tree of that step is drafted for nothing; about 29% of the assisted steps take it
 at batch 1 (SmolLM2-135M, the validation prompts' replay, chat and coding alike), and on an H200 the
 head's six depths are about a fifth of such a step. With the gate, each drafting step also writes
@@ -24,7 +24,12 @@ steps it checks. Measured at batch 1 (one H200, 2026-12-03, median of 3, docs/be
 +1.2% on chat (128 test prompts) and +2.0% on coding (64), 6,4,31 +2.3% and +0.9%; hence on at
 batch 1 under the fixed policy. The adaptive policy with it ran 2.91x `ar` at coding batch 1 against
 3.10x without (paced, another call of the same card), and with the long chain below 3.10x where the
-fixed engine ran 3.26x, the full tier chosen at every step: unexplained, so off there unless asked for. Wider batches rarely have every row matching at once, and each wait would cost them the
+fixed engine ran 3.26x, the full tier chosen at every step. Measured again on 2026-12-04 (night, one
+H200, one call, 64 test prompts a set, median of 3): adaptive with the gate ran 0.991 of the fixed
+engine on chat and on coding, without it 0.955 and 0.951; so on under the adaptive policy too. (Its
+long chain had made every step of a wider batch feed the head 32 entries a row, a gated path's,
+which only the gate's batches can hold: the engine now feeds the tree's width there, `SpecEngine._fed`.)
+Wider batches rarely have every row matching at once, and each wait would cost them the
 run-ahead: not measured there, so not gated. With `ngram_gate_chain` C (more than the tree's N
 drafts), a gated step verifies a chain of up to C drafts in its own verify shape (C + 1 nodes) while
 every other step keeps the tree's N + 1: a repeated passage is drafted C deep without every step
@@ -61,8 +66,8 @@ OPTIONS = ("ngram_max", "ngram_min", "ngram_gate", "ngram_gate_chain")  # drafte
 
 def default_gate(policy: str | None) -> int:
     """The gate where ngram_gate is not given (module doc, "The gate"): batches of one row under the
-    fixed policy, off under any other."""
-    return 1 if policy == "fixed" else 0
+    fixed and the adaptive policy, off under any other (a custom policy's)."""
+    return 1 if policy in ("fixed", "adaptive") else 0
 
 
 def gate_off(chain: int, policy: str | None) -> str:
@@ -73,7 +78,7 @@ def gate_off(chain: int, policy: str | None) -> str:
 
 def resolve_options(options: dict, policy: str | None, room: int | None = None) -> dict:
     """The assist's options as an engine under `policy` runs it (module doc, "The gate"): the gate
-    unset is 1 under the fixed policy and 0 (off) under the adaptive one; the gated chain unset is
+    unset is 1 under the fixed and the adaptive policy (`default_gate`); the gated chain unset is
     GATE_CHAIN where the gate is on and a step may reach that far past the engine's longest
     sequence (`room` positions; None: no limit), else the tree's. Without a policy (a drafter built
     outside an engine) the gate stays unset, for the engine to settle, and the chain is the tree's."""

@@ -227,7 +227,7 @@ class SpecEngine:
     graphs the buckets it lacks are timed on this card (when the engine is idle) and it is saved
     back there. Without graphs
     and without a profile, the adaptive policy uses the static cost model. speculation_settings:
-    the adaptive policy's settings ("switch_margin=0.15,window=16" or a dict; runtime.policy
+    the adaptive policy's settings ("switch_margin=0.08,window=16" or a dict; runtime.policy
     POLICY_SETTINGS)."""
 
     def __init__(self, target, head=None, method: str | None = None, num_steps: int = DEFAULT_TREE[0],
@@ -376,9 +376,9 @@ class SpecEngine:
     @property
     def gate_rows(self) -> int:
         """The n-gram assist's gate (`_gate`): the most rows a gated step may hold, 0 for none. Unset
-        (ngram_gate not given), 1 under the fixed policy and none under the adaptive one: on an H200
-        at coding batch 1 the gate took the fixed assisted tree from 3.11x to 3.18x `ar`, where the
-        adaptive policy with it ran 2.91x (3.10x without it, paced; 2026-12-03, docs/benchmarks.md)."""
+        (ngram_gate not given), 1 under the fixed and the adaptive policy (drafters/assist.py,
+        `default_gate`): on an H200 at batch 1 it took the fixed assisted tree from 3.11x to 3.18x `ar`
+        on coding (2026-12-03) and the adaptive one from 0.95 to 0.99 of the fixed (2026-12-04)."""
         gate = getattr(self.drafter, "gate", 0)
         return default_gate(getattr(self.policy, "name", None)) if gate is None else gate
 

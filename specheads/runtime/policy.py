@@ -73,8 +73,26 @@ for share_all 0 / 1 / 2: validation chat 0.974 / 0.950 / 0.980, validation codin
 0.981. Not yet run on the card, so off by default. (A step priced at its graph's time plus the
 measured time beyond it, which would rank chain 4 ahead of chain 2 at chat batch 64 as the card
 does, lost on the same replay with the host's time: validation chat 0.882, test coding 0.849.)
-A smaller tier replaces the full tree only where it promises `switch_margin` (default 0.15) more:
+A smaller tier replaces the full tree only where it promises `switch_margin` (default 0.08) more:
 its estimate's error costs more than it gains where the tiers' rates are close.
+
+With `share_chains` 1 (the default) a chain's step updates every chain tier's record: a chain
+drafts the same top-1 token at each depth whatever its length, so its acceptance at a depth is
+every chain's there, and a chain that does not run is judged by the chains that do instead of by
+the steps it ran last (at a stream's start, where answers accept least). A probe's observation is
+folded into the records at once, also in a batch wider than FRESH_ROWS (which otherwise folds every
+`refresh` observations): a run of plain steps observes nothing else, and waiting for `refresh`
+probes, each after a doubled run, let a record from a stream's first steps choose plain decoding
+for hundreds of steps. Replayed on the assisted drafter's validation traces (`policy_sim --stream 8
+--orders 4 --warmup`, the H200 profile of 2026-12-04 evening, batch 1, 8, 32, 64;
+docs/results/policy-matrix-h200-2026-12-04-night/replay/), the worst share of the best fixed tier
+over the batch sizes and orders went, chat / coding: 0.851 / 0.929 before, 0.896 / 0.929 with the
+probe folded at once, 0.976 / 0.936 with shared chain records too, 0.991 / 0.986 with the margin
+0.08 as well (0.05: 0.981 / 0.966; 0.10: 0.988 / 0.942); on the test coding traces 0.940 before and
+0.967 after (batch 1: 0.988 to 0.990 mean, 0.983 to 0.980 worst order). On an H200 on 2026-11-29
+(a closed batch, the engine of then) own records had run at 1.002 / 1.054 / 1.165 of shared ones at
+batch 1 / 8 / 32 with the same tiers chosen (chain 2 in 91-93% of batch 32's steps), which the
+records cannot explain; the card has not run these defaults yet.
 
 A batch that drains (`generate()` has admitted its last prompt: no request waits for a row) ends
 with its slowest rows. With `drain` 1 (off by default) each tier is ranked there by the
@@ -518,7 +536,7 @@ class AdaptivePolicy:
 
     def __init__(self, tiers: list[TreeShape], cost, window: int = 32, prior: float = 0.7,
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
-                 switch_margin: float = 0.15, probe_backoff: int = 8, share_chains: int = 0,
+                 switch_margin: float = 0.08, probe_backoff: int = 8, share_chains: int = 1,
                  bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05,
                  pace: int = 0, full_share: float = 0.01, hold: float = 0.05, share_all: int = 0):
         # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
@@ -535,6 +553,7 @@ class AdaptivePolicy:
         self.probe_backoff = probe_backoff  # the longest run between probes, in probe_every's (1: no backoff)
         self.probe_interval = probe_every  # plain steps in a row before the next probe
         self.probing = False  # the last choice was a probe (doubles the interval once launched)
+        self._probed = False  # a probe was launched: its observation is folded at once (module docstring)
         self.plain_run = 0  # plain steps launched in a row while rows wanted drafts
         self.explore_every = explore_every  # 0: never
         # at most about this share of the time goes to full-tree steps run where a smaller tier is
@@ -545,10 +564,10 @@ class AdaptivePolicy:
         # 2 x FRESH_ROWS rows every other tier by the tokens/s its step would give up (module docstring)
         self.share_all = share_all
         # a smaller tier than the full tree must promise this much more (a share) to run instead:
-        # its estimate's error costs more than it gains where the tiers' costs are close. 0.15:
-        # the best worst case over batch 1, 8, 32 and 64 in evaluation/policy_sim.py's replay of
-        # the validation split with the H200's step costs (0.994 of the best fixed tree against
-        # 0.981 at 0; test split 0.969 both; docs/results/policy-sim-h200profile/margin_*.json)
+        # its estimate's error costs more than it gains where the tiers' costs are close. 0.08:
+        # with share_chains 1, the best worst case over batch 1, 8, 32 and 64 in the replay of the
+        # assisted validation traces in streams (module docstring; 0.15 before, chosen without
+        # streams or shared chain records: docs/results/policy-sim-h200profile/margin_*.json)
         self.switch_margin = switch_margin
         self.idle = np.full(len(tiers), explore_every, dtype=np.int64)  # steps since each tier last ran
         self.window, self.pooled_window = window, pooled_window
@@ -563,12 +582,11 @@ class AdaptivePolicy:
         # the tiers whose records a step of each tier updates: itself, and with share_chains=1 for a
         # chain (topk 1) every other chain, since a chain drafts the same top-1 token at each depth
         # whatever its length (a chain tier that one unlucky step made look poor is still judged by
-        # the chains that run). Off by default: on an H200 (64 validation chat prompts, median of 3)
-        # each tier's own record ran at 1.002 / 1.054 / 1.165 of sharing at batch 1 / 8 / 32; the
-        # replays had preferred sharing (docs/benchmarks.md)
+        # the chains that run). On by default (module docstring: the replay in streams)
         self._chains = [i for i, t in enumerate(self.tiers) if t.topk == 1]
         self._trees = [i for i, t in enumerate(self.tiers) if t.topk > 1]
         self._shares = [self._chains if share_chains and i in self._chains else [i] for i in range(n)]
+        self._group = np.array([shares[0] for shares in self._shares])  # each tier's record: its first sharer's
         # bound_trees=1: a tree tier's estimate at each depth is at least the chains' (its top-k holds
         # their top-1 token), so a tree judged on a poor stretch recovers as the chains that run instead
         # do. Off by default: replayed on the validation split's traces with the H200's costs it made a
@@ -653,12 +671,8 @@ class AdaptivePolicy:
         tier's depth, or less under the request's cap) and the drafts it accepted."""
         if tier < 1 or not rows:
             return
-        if len(self._shares[tier - 1]) == 1:  # (its own tier's record: noted now, summed at the next fold)
-            self._raw.append((rows, tier - 1, offered, accepted))
-            self._observed(len(rows))
-        else:
-            self._add(np.asarray(rows), self._shares[tier - 1], self._trials[offered, accepted],
-                      self._hits[offered, accepted])
+        self._raw.append((rows, tier - 1, offered, accepted))  # (noted now, summed at the next fold)
+        self._observed(len(rows))
 
     def observe_first(self, rows: list[int], hits: list[int]) -> None:
         """A plain step where each of these rows' drafter told its first draft (module docstring):
@@ -704,12 +718,13 @@ class AdaptivePolicy:
         self._pending += 1
         if self._hold_left:
             self._deferred = True
-        elif rows <= FRESH_ROWS or self._pending >= self.refresh:
+        elif rows <= FRESH_ROWS or self._pending >= self.refresh or self._probed:
             self.fold()
 
     def _sum_noted(self) -> None:
         """The observations `observe` noted since the last fold, summed into the pending records at
-        once (a slot and tier may come more than once)."""
+        once (a slot and tier may come more than once), each into the records of every tier that
+        shares its tier's (`share_chains`) and once into every tier's pooled one."""
         raw, self._raw = self._raw, []
         first = raw[0]
         if len(raw) == 1:
@@ -724,23 +739,27 @@ class AdaptivePolicy:
             if len(raw) > 1:
                 shape = (len(raw), len(first[0]), self.depth)
                 trials, hits = trials.reshape(shape).sum(0), hits.reshape(shape).sum(0)
-            self._pend(np.asarray(first[0]), [first[1]], trials, hits)
-        else:  # per (slot, tier) and per tier by one-hot products
-            slots = np.asarray([r for entry in raw for r in entry[0]])
-            tiers = np.asarray([entry[1] for entry in raw for _ in entry[0]])
-            n_tiers, d = len(self.tiers), self.depth
-            both = np.concatenate([trials, hits], axis=1)  # [N, 2D]
-            keys, where = np.unique(slots * n_tiers + tiers, return_inverse=True)
-            sums = (where[None, :] == np.arange(len(keys))[:, None]).astype(float) @ both  # [U, 2D]
-            at = (keys // n_tiers, keys % n_tiers)  # (slot, tier) of each distinct key
-            self._pend_trials[at] += sums[:, :d]
-            self._pend_hits[at] += sums[:, d:]
-            by_tier = (tiers[None, :] == np.arange(n_tiers)[:, None]).astype(float) @ both  # [T, 2D]
-            self._pend_k += by_tier[:, :d]
-            self._pend_h += by_tier[:, d:]
+            self._pend(np.asarray(first[0]), self._shares[first[1]], trials, hits)
+        else:  # per (slot, record) and per record by sums over a flat index
             self._pend_all_k += trials.sum(0)
             self._pend_all_h += hits.sum(0)
-            self._pending_slots.append(np.unique(at[0]))
+            slots = np.concatenate([np.asarray(entry[0]) for entry in raw])
+            group = self._group[np.repeat([entry[1] for entry in raw], [len(entry[0]) for entry in raw])]
+            n_tiers, w = len(self.tiers), 2 * self.depth
+            both = np.concatenate([trials, hits], axis=1)  # [N, 2D]
+            keys, where = np.unique(slots * n_tiers + group, return_inverse=True)
+            cols = np.arange(w)
+            sums = np.bincount((where[:, None] * w + cols).ravel(), both.ravel(), len(keys) * w).reshape(-1, w)
+            by = np.bincount((group[:, None] * w + cols).ravel(), both.ravel(), n_tiers * w).reshape(n_tiers, w)
+            at, of = keys // n_tiers, keys % n_tiers  # each distinct key's slot and record
+            for g in np.unique(of).tolist():  # a record shared by several tiers: added to each
+                mine = of == g
+                for t in self._shares[g]:
+                    self._pend_trials[at[mine], t] += sums[mine, : self.depth]
+                    self._pend_hits[at[mine], t] += sums[mine, self.depth:]
+                    self._pend_k[t] += by[g, : self.depth]
+                    self._pend_h[t] += by[g, self.depth:]
+            self._pending_slots.append(np.unique(at))
 
     def fold(self) -> None:
         """The observations summed since the last fold into the records (each row's and the pooled
@@ -752,7 +771,7 @@ class AdaptivePolicy:
             return
         if self._raw:
             self._sum_noted()
-        self._pending, self._deferred = 0, False
+        self._pending, self._deferred, self._probed = 0, False, False
         self.version += 1
         touched = self._pending_slots[0] if len(self._pending_slots) == 1 else np.unique(
             np.concatenate(self._pending_slots))
@@ -1004,6 +1023,7 @@ class AdaptivePolicy:
         self.plain_run = self.plain_run + 1 if tier == 0 else 0
         if tier and self.probing:  # (a host drafter's plan may be made twice a step: doubled once, here)
             self.probe_interval = min(2 * self.probe_interval, self.probe_every * self.probe_backoff)
+            self._probed = True
         self.probing = False
         if tier:
             self.idle += 1

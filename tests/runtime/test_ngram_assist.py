@@ -13,6 +13,7 @@ import torch
 from specheads.drafters import DraftContext, DrafterError, DraftSetup, build_drafter, method_needs_head
 from specheads.drafters.assist import GATE_CHAIN, NgramAssist, split_method
 from specheads.runtime.engine import EngineError, Request, SpecEngine
+from specheads.runtime.policy import FixedPolicy, TreeShape
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
 from tests.runtime.spec_helpers import ar_tokens, make_target, random_prompts, train_head
@@ -81,7 +82,7 @@ def test_adaptive_policy_switches_tiers_and_keeps_output(target, reference):
     engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=4, speculation_policy="adaptive",
                         speculation_settings="explore_every=4", **TREES["tree"])
     tiers = [str(t) for t in engine.policy.tiers]
-    assert tiers[-1] == "8,3,8" and "1,1,1" in tiers  # the full tier reaches the chain's depth
+    assert tiers[-1] == f"{GATE_CHAIN},3,8" and "1,1,1" in tiers  # the full tier reaches the gated chain's depth
     results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
     assert [r.token_ids for r in results] == reference
     used = set()
@@ -217,8 +218,10 @@ def test_a_gated_chain_longer_than_the_tree_keeps_the_output(target, head, refer
     with pytest.raises(EngineError, match="ngram_gate_chain sets the chain of the gate's steps: it needs the gate"):
         SpecEngine(target, head, method=f"{kind}+ngram", max_len=128,
                    drafter_options={"ngram_gate": 0, "ngram_gate_chain": 20}, **TREES["tree"])
-    with pytest.raises(EngineError, match="the gate is off under the adaptive policy unless asked: add ngram_gate=1"):
-        SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, speculation_policy="adaptive",
+    mine = FixedPolicy(TreeShape(3, 3, n))
+    mine.name = "mine"  # a custom policy: the gate stays off unless asked
+    with pytest.raises(EngineError, match="the gate is off under the mine policy unless asked: add ngram_gate=1"):
+        SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, speculation_policy=mine,
                    drafter_options={"ngram_gate_chain": 20}, **TREES["tree"])
 
 
@@ -272,11 +275,11 @@ def test_only_a_gated_batch_feeds_the_long_chains_width_and_a_join_after_a_gated
         assert any(b > engine._gate_rows and width == 3 * n + 1 for b, width, _ in feeds)  # the catch-up
 
 
-def test_the_gate_and_its_long_chain_are_on_at_batch_1_under_the_fixed_policy_by_default(target, head):
-    """Measured to pay at batch 1 on an H200 under the fixed policy, and not under the adaptive one
-    (drafters/assist.py): unset, the engine gates batches of one row under the fixed policy only,
-    its gated steps verifying the lookup's chain up to GATE_CHAIN drafts; set, as it says. A drafter
-    built outside an engine leaves the gate for the engine to settle."""
+def test_the_gate_and_its_long_chain_are_on_at_batch_1_by_default(target, head):
+    """Measured to pay at batch 1 on an H200 under the fixed and the adaptive policy
+    (drafters/assist.py): unset, the engine gates batches of one row under either, its gated steps
+    verifying the lookup's chain up to GATE_CHAIN drafts; set, as it says. A drafter built outside an
+    engine leaves the gate for the engine to settle."""
     n = TREES["tree"]["num_draft_tokens"]
 
     def engine(**kw):
@@ -287,9 +290,9 @@ def test_the_gate_and_its_long_chain_are_on_at_batch_1_under_the_fixed_policy_by
     assert fixed.drafter.gate == 1 and fixed.gate_rows == 1 and fixed._gated is not None
     assert fixed.drafter.gate_chain == GATE_CHAIN and fixed.max_drafts == GATE_CHAIN and fixed.num_draft_tokens == n
     adaptive = engine(speculation_policy="adaptive")
-    assert adaptive.gate_rows == 0 and adaptive._gated is None and adaptive.max_drafts == n
-    asked = engine(speculation_policy="adaptive", drafter_options={"ngram_gate": 1})
-    assert asked.gate_rows == 1 and asked._gated is not None and asked.max_drafts == GATE_CHAIN
+    assert adaptive.gate_rows == 1 and adaptive._gated is not None and adaptive.max_drafts == GATE_CHAIN
+    unasked = engine(speculation_policy="adaptive", drafter_options={"ngram_gate": 0})
+    assert unasked.gate_rows == 0 and unasked._gated is None and unasked.max_drafts == n
     off = engine(drafter_options={"ngram_gate": 0})
     assert off.gate_rows == 0 and off._gated is None and off.max_drafts == n == off.num_steps
     tree_chain = engine(drafter_options={"ngram_gate_chain": 0})  # 0: the tree's draft count

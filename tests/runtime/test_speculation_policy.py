@@ -217,15 +217,16 @@ def test_a_step_counts_each_depth_up_to_the_first_rejection():
 def test_chains_share_their_records_and_a_tree_keeps_its_own():
     """A chain drafts the same top-1 token at each depth whatever its length, so a step of one
     chain tier is a step of every chain tier (at the depths each reaches); the full tree's top-k
-    record stays its own (share_chains=1; off by default, as the H200 chose on validation prompts)."""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), share_chains=1)
+    record stays its own (share_chains=1, the default; 0: every tier its own record)."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like))
+    assert policy._shares[0] == [0, 1, 2]
     rows = [policy.new_row() for _ in range(2)]
     policy.observe(rows, 2, [2, 2], [2, 0])  # chain 2: one row accepts both drafts, the other none
     for chain in range(3):  # 1,1,1  2,1,2  4,1,4
         assert policy.count[rows, chain].tolist() == [[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
         assert policy.tier_count[chain].tolist() == [2, 1, 0, 0, 0, 0]
     assert not policy.count[rows, 3].any() and not policy.tier_count[3].any()
-    apart = AdaptivePolicy(TIERS, TableCost(gpu_like))  # the default: each tier its own record
+    apart = AdaptivePolicy(TIERS, TableCost(gpu_like), share_chains=0)  # each tier its own record
     row = apart.new_row()
     apart.observe([row], 2, [2], [2])
     assert apart.count[row, 1].tolist() == [1, 1, 0, 0, 0, 0] and not apart.count[row, [0, 2, 3]].any()
@@ -359,6 +360,38 @@ def test_a_wide_batch_folds_its_observations_every_refresh_steps():
     assert np.array_equal(policy.expected_tokens(few, few_caps), policy._expected_tokens(np.asarray(few), few_caps))
 
 
+def test_a_probes_observation_is_folded_at_once_in_a_wide_batch():
+    """A wide batch folds every `refresh` observations, but a probe (plain decoding chosen, the best
+    tier run once anyway) is the one observation a run of plain steps makes: it is folded at once,
+    so the choice after it weighs what it found (waiting for `refresh` probes, each after a doubled
+    run of plain steps, kept a record from a stream's first steps for hundreds of steps in the
+    replay of the validation traces at batch 64). Other observations of a wide batch still wait."""
+    from specheads.runtime.policy import FRESH_ROWS
+
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), probe_every=4)
+    rows = [policy.new_row() for _ in range(4 * FRESH_ROWS)]
+    b, asked = len(rows), [(r, FULL.steps) for r in rows]
+    for _ in range(policy.refresh):  # nothing accepted anywhere: plain decoding
+        for t, shape in enumerate(TIERS, 1):
+            policy.observe(rows, t, [shape.steps] * b, [0] * b)
+    steps = []
+    while not any(steps):
+        tier = policy.choose(asked, b, 512)
+        policy.launched(tier)
+        steps.append(tier)
+        if len(steps) > policy.probe_every:
+            break
+    assert steps[:-1] == [0] * (policy.probe_every - 1) and steps[-1] > 0  # the probe
+    version, before = policy.version, policy.tier_mean[steps[-1] - 1].copy()
+    depth = TIERS[steps[-1] - 1].steps
+    policy.observe(rows, steps[-1], [depth] * b, [depth] * b)  # every draft accepted now
+    assert policy.version == version + 1 and not policy._pend_trials.any()
+    assert (policy.tier_mean[steps[-1] - 1][:depth] > before[:depth]).all()
+    policy.launched(0)
+    policy.observe(rows, 1, [1] * b, [1] * b)  # not a probe's: summed until `refresh` of them
+    assert policy.version == version + 1 and policy._pending == 1
+
+
 def test_rates_asked_again_between_folds_are_the_same():
     """A wide batch's choice between folds in the same buckets reuses the rates worked out last,
     whichever rows joined or left meanwhile (they weigh from the next fold); a fold or other buckets
@@ -476,7 +509,7 @@ def test_share_all_refreshes_every_dearer_tier_and_never_a_cheaper_one():
 
     def run(share_all, steps=400):
         policy = AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9), window=16,
-                                prior_weight=2.0, full_share=0.05, share_all=share_all)
+                                prior_weight=2.0, full_share=0.05, share_all=share_all, share_chains=0)
         row = policy.new_row()
         observe(policy, row, 1, accepted=1, steps=60)  # chain 1 always right: the choice
         for t in (2, 3, 4):
@@ -495,7 +528,7 @@ def test_share_all_refreshes_every_dearer_tier_and_never_a_cheaper_one():
     assert counts[2] > counts[3] > counts[4] >= 1
     assert not AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9)).share_all
     policy = AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9), window=16, prior_weight=2.0,
-                            full_share=0.05, share_all=1)
+                            full_share=0.05, share_all=1, share_chains=0)
     row = policy.new_row()
     observe(policy, row, 3, accepted=4, steps=60)  # chain 4 the choice: chains 1 and 2 are cheaper
     for t in (1, 2):
@@ -637,10 +670,13 @@ def test_a_joining_row_ends_the_hold_and_is_primed_while_prefilled():
     assert worked and not none  # primed: the choice found the new row's estimate made
 
 
-def test_noted_observations_sum_as_added_one_by_one():
+@pytest.mark.parametrize("share_chains", [0, 1])
+def test_noted_observations_sum_as_added_one_by_one(share_chains):
     """Observations noted between folds (rows and tiers that change from step to step, a slot more
-    than once) sum into the pending records as adding each step's trials and hits would."""
-    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=100, hold=0)
+    than once) sum into the pending records as adding each step's trials and hits would: into
+    every tier sharing the step's tier's record (share_chains 1: every chain's) and once into the
+    pooled one."""
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=100, hold=0, share_chains=share_chains)
     rows = [policy.new_row() for _ in range(12)]
     rng = np.random.default_rng(0)
     want = {k: np.zeros_like(getattr(policy, k)) for k in ("_pend_trials", "_pend_hits", "_pend_k", "_pend_h",
@@ -653,23 +689,33 @@ def test_noted_observations_sum_as_added_one_by_one():
         accepted = [int(rng.integers(0, o + 1)) for o in offered]
         policy.observe(some, tier, offered, accepted)
         trials, hits = policy._trials[offered, accepted], policy._hits[offered, accepted]
-        want["_pend_trials"][some, tier - 1] += trials
-        want["_pend_hits"][some, tier - 1] += hits
-        want["_pend_k"][tier - 1] += trials.sum(0)
-        want["_pend_h"][tier - 1] += hits.sum(0)
+        for t in policy._shares[tier - 1]:
+            want["_pend_trials"][some, t] += trials
+            want["_pend_hits"][some, t] += hits
+            want["_pend_k"][t] += trials.sum(0)
+            want["_pend_h"][t] += hits.sum(0)
         want["_pend_all_k"] += trials.sum(0)
         want["_pend_all_h"] += hits.sum(0)
     assert len(policy._raw) == 7
     policy._sum_noted()
     for name, value in want.items():
         assert np.allclose(getattr(policy, name), value), name
-    same = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=100, hold=0)  # the same rows and tier each step
+    same = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=100, hold=0, share_chains=0)  # the same rows and tier each step
     kept = [same.new_row() for _ in range(10)]
     for step in range(3):
         same.observe(kept, 4, [6] * 10, [step] * 10)
     same._sum_noted()
     assert np.allclose(same._pend_trials[kept[0], 3], same._trials[6, 0] + same._trials[6, 1] + same._trials[6, 2])
     assert np.allclose(same._pend_k[3], 10 * (same._trials[6, 0] + same._trials[6, 1] + same._trials[6, 2]))
+    chains = AdaptivePolicy(TIERS, TableCost(gpu_like), refresh=100, hold=0)  # chains share (the default)
+    kept = [chains.new_row() for _ in range(10)]
+    for step in range(3):
+        chains.observe(kept, 2, [2] * 10, [step] * 10)
+    chains._sum_noted()
+    one = chains._trials[2, 0] + chains._trials[2, 1] + chains._trials[2, 2]
+    for t in (0, 1, 2):  # every chain's record, the tree's not; the pooled one once
+        assert np.allclose(chains._pend_trials[kept[0], t], one) and np.allclose(chains._pend_k[t], 10 * one)
+    assert not chains._pend_trials[kept[0], 3].any() and np.allclose(chains._pend_all_k, 10 * one)
 
 
 def test_observations_noted_for_a_slot_stay_with_its_row():
@@ -866,8 +912,9 @@ def test_generate_drains_once_its_last_prompt_is_in():
     from tests.runtime.spec_helpers import make_target, random_head, random_prompts
 
     target = make_target(seed=0, vocab=64)
+    # (the assist's gate off: a gated step in flight would add its long chain to the context told)
     engine = SpecEngine(target, random_head(target), max_batch=2, max_len=64, num_steps=2, topk=1,
-                        num_draft_tokens=2, speculation_policy="adaptive")
+                        num_draft_tokens=2, speculation_policy="adaptive", drafter_options={"ngram_gate": 0})
     seen = []
     choose = engine.policy.choose
 

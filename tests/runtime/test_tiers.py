@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 
+from specheads.drafters.assist import GATE_CHAIN
 from specheads.drafters.draft_model import DraftLM
 from specheads.runtime.engine import EngineError, Request, SpecEngine
 from specheads.runtime.policy import SpeculationProfile, TreeShape, context_hint, default_tiers
@@ -317,10 +318,14 @@ def test_default_tiers_and_no_policy_without_a_drafter(target):
     engine = SpecEngine(target, random_head(target), method="eagle3", max_len=64, speculation_policy="adaptive",
                         num_steps=6, topk=4, num_draft_tokens=15)
     assert engine.policy.tiers == default_tiers(TreeShape(6, 4, 15))
-    # the n-gram assist (an EAGLE-3 head's default): the full tier reaches the chain's depth
+    # the n-gram assist (an EAGLE-3 head's default): the full tier reaches its gated chain's depth
     assisted = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive",
                           num_steps=6, topk=4, num_draft_tokens=15)
-    assert assisted.method == "eagle3+ngram" and assisted.policy.tiers == default_tiers(TreeShape(15, 4, 15))
+    assert assisted.method == "eagle3+ngram"
+    assert assisted.policy.tiers == default_tiers(TreeShape(GATE_CHAIN, 4, 15))
+    ungated = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive", num_steps=6,
+                         topk=4, num_draft_tokens=15, drafter_options={"ngram_gate": 0})
+    assert ungated.policy.tiers == default_tiers(TreeShape(15, 4, 15))  # the lookup's chain, the tree's 15
     assert SpecEngine(target, method="ar", max_len=64, speculation_policy="adaptive").policy is None
     tuned = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive", num_steps=6, topk=4,
                        num_draft_tokens=15, speculation_settings="switch_margin=0.15, probe_every=8")
