@@ -585,19 +585,24 @@ class SpecEngine:
             # a host drafter's step also costs the host's time (measured costs are times; static ones are not)
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
-            tier = self.policy.choose(self._policy_rows(ahead), b, kvs, host_ms, draining=self.draining,
+            tier = self.policy.choose(self._policy_rows(ahead, self._fed(b) - 1), b, kvs, host_ms, draining=self.draining,
                                       context=context_hint(sum(lengths) / n + grows, kvs[-1]))
         return b, kvs[tier], sampled, tier, logprobs
 
-    def _policy_rows(self, ahead: int) -> list:
+    def _policy_rows(self, ahead: int, reach: int) -> list:
         """What the policy weighs per row: (record, depth cap), or None for a row that drafts nothing.
+        The cap is the request's, at most `reach`: the most drafts a step of this batch can accept
+        (`_fed`; the assist's gated chain is as deep as the full tier, but runs only in the gate's
+        batches, so a wider batch's full tier is weighed at the tree's draft count).
         A host drafter that proposes chains is asked first where the tokens are known (no step in
         flight): a row it has nothing for counts one token, and one it has a shorter chain for is
         capped there, so the policy drafts where there is something to verify (the proposal serves
         the step). Planned behind a step in flight, each row also carries its chance of a proposal
         (a third item): its share of proposals so far."""
         if not self._propose_first:
-            return [(r.acceptance, r.depth_cap) if r.speculate else None for r in self.rows]
+            if reach >= self.depth:
+                return [(r.acceptance, r.depth_cap) if r.speculate else None for r in self.rows]
+            return [(r.acceptance, min(r.depth_cap, reach)) if r.speculate else None for r in self.rows]
         if ahead:
             return [(r.acceptance, r.depth_cap, r.match_rate) if r.speculate else None for r in self.rows]
         t0 = time.perf_counter()
@@ -668,6 +673,7 @@ class SpecEngine:
                 self.policy.paced(launch.tier, launch.batch, 1000.0 * (t0 - self._read_at))
             self._read_at, self._read_key = t0, key
         tree = self.policy.tiers[launch.tier - 1] if launch.tier else None
+        depth = self._launch_depth(launch)
         seen = ([], [], [])  # the policy's records of the rows that drafted, depths offered, drafts accepted
         # the rows' first-draft checks of a plain step: records, hits (a custom policy may not take them)
         firsts = ([], []) if (launch.tier == 0 and self._tells_first(launch.batch)
@@ -685,7 +691,8 @@ class SpecEngine:
                 out.no_draft_reason = "auto" if row.request.spec.enabled == "auto" else "request"
             if tree is not None and launch.drafting[i]:
                 out.draft_tree = tree
-                offered = min(tree.steps, row.depth_cap, launch.offered[i] if launch.offered else tree.steps)
+                # (a step offers what it could accept: the gated chain's depth only where it was gated)
+                offered = min(depth, row.depth_cap, launch.offered[i] if launch.offered else depth)
                 if offered > 0:  # (a row its host drafter had nothing for tells the policy nothing)
                     seen[0].append(row.acceptance)
                     seen[1].append(offered)
@@ -981,7 +988,9 @@ class SpecEngine:
             self._move_row(self.staging, start, width)
         if hasattr(self.policy, "prime"):  # while the card prefills (its first tokens are read next)
             joining = [r for r in new if r.speculate]
-            self.policy.prime([r.acceptance for r in joining], [r.depth_cap for r in joining])
+            n = len(self.rows) + len(new)  # (the caps the next plan tells: `_policy_rows`)
+            reach = self._fed(self._batch_bucket(n) if self.buckets else n) - 1
+            self.policy.prime([r.acceptance for r in joining], [min(r.depth_cap, reach) for r in joining])
         lps = [None] * k
         if logprobs:  # the prefill wrote them at path position 0 (of the staging row: read before the next)
             lp = [t[row0: row0 + k, :1].tolist() for t in self.step_lp]

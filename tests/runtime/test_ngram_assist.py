@@ -275,6 +275,35 @@ def test_only_a_gated_batch_feeds_the_long_chains_width_and_a_join_after_a_gated
         assert any(b > engine._gate_rows and width == 3 * n + 1 for b, width, _ in feeds)  # the catch-up
 
 
+def test_a_wider_batch_weighs_and_records_the_full_tier_at_the_trees_draft_count(target, head, reference):
+    """Under the adaptive policy the assist's full tier is as deep as its gated chain, which runs only
+    in the gate's batches: a wider batch's choice is told depth caps of at most the tree's draft count
+    (an estimate over the gated chain's depths would overprice the full tree there), and a full-tree
+    step that was not gated records what it offered, at most that many; the gate's batches are told
+    the gated chain's depth."""
+    kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
+    engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=4, speculation_policy="adaptive",
+                        drafter_options={"ngram_gate": 1, "ngram_gate_chain": 3 * n}, **TREES["tree"])
+    told, offered = [], []
+    choose, observe = engine.policy.choose, engine.policy.observe
+
+    def spy_choose(rows, batch, kv, *args, **kwargs):
+        told.append((batch, max(r[1] for r in rows if r is not None)))
+        return choose(rows, batch, kv, *args, **kwargs)
+
+    def spy_observe(rows, tier, offers, accepted):
+        offered.append((tier, max(offers)))
+        return observe(rows, tier, offers, accepted)
+    engine.policy.choose, engine.policy.observe = spy_choose, spy_observe
+    gated = _gated_steps(engine)
+    out, _ = _run(engine, PROMPTS)
+    assert out == reference
+    assert {cap for b, cap in told if b > 1} == {n} and {cap for b, cap in told if b == 1} == {3 * n}
+    full = len(engine.policy.tiers)
+    deep = [o for tier, o in offered if tier == full and o > n]
+    assert len(deep) == sum(gated) and set(deep) <= {3 * n}  # only gated steps offered past the tree
+
+
 def test_the_gate_and_its_long_chain_are_on_at_batch_1_by_default(target, head):
     """Measured to pay at batch 1 on an H200 under the fixed and the adaptive policy
     (drafters/assist.py): unset, the engine gates batches of one row under either, its gated steps
