@@ -1069,6 +1069,8 @@ class SpecEngine:
                     keys.append((b, kv, False, self._gated))
                 if self._keeps_up:  # and the plain step after a drafting one
                     keys.append((b, kv, False, 0, False, True))
+                    if self._gated is not None and b > self._gate_rows:  # after a gated one, rows joined (`_fed`)
+                        keys.append((b, kv, False, 0, False, 2))
                 for key in keys:
                     if key not in self.graphs:
                         self.graphs[key] = self._capture(*key)
@@ -1268,7 +1270,7 @@ class SpecEngine:
         """Step rows [:b] verifying tier `tier`'s tree (0: the roots alone); the result rows (`out`)."""
         key = (b, kv, sampled, tier) + ((True,) if logprobs else ())
         if tier == 0 and self._drafted and self._keeps_up:  # (the plain graph of every bucket is the narrow one)
-            # (after a gated step in a wider batch: the catch-up, captured when first met; `_fed`)
+            # (after a gated step in a wider batch: the catch-up, `_fed`; captured at start-up for greedy rows)
             key = (b, kv, sampled, tier, logprobs, 2 if self._catch_up(b) else True)
         if not self.use_graphs:
             with torch.no_grad():

@@ -275,6 +275,23 @@ def test_only_a_gated_batch_feeds_the_long_chains_width_and_a_join_after_a_gated
         assert any(b > engine._gate_rows and width == 3 * n + 1 for b, width, _ in feeds)  # the catch-up
 
 
+def test_start_up_captures_the_catch_up_step_of_every_batch_wider_than_the_gates(target, head, monkeypatch):
+    """The plain step that feeds a gated step's paths after rows joined (`SpecEngine._fed`) is among
+    the graphs captured at start, for every batch and context bucket wider than the gate's, so a
+    server's second request does not wait on a capture (capture needs CUDA: recorded here)."""
+    engine = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=120, max_batch=4, **TREES["tree"])
+    engine.use_graphs = True
+    monkeypatch.setattr(engine, "_capture", lambda *key: ("step",) + key)
+    monkeypatch.setattr(engine, "_prefill_graph", lambda width, sampled: None)
+    engine.capture_common((1, 2, 3, 4))
+    steps = {k for k in engine.graphs if k[0] != "prefill"}
+    report = engine.graph_report
+    wide = {(b, kv, False, 0, False, 2) for b in report["batch_buckets"] for kv in report["context_buckets"]
+            if b > engine._gate_rows}
+    assert wide and wide <= steps
+    assert not any(len(k) > 5 and k[5] == 2 and k[0] <= engine._gate_rows for k in steps)
+
+
 def test_a_wider_batch_weighs_and_records_the_full_tier_at_the_trees_draft_count(target, head, reference):
     """Under the adaptive policy the assist's full tier is as deep as its gated chain, which runs only
     in the gate's batches: a wider batch's choice is told depth caps of at most the tree's draft count
