@@ -585,14 +585,14 @@ class SpecEngine:
             # a host drafter's step also costs the host's time (measured costs are times; static ones are not)
             timed = getattr(self.policy.cost, "measured", False)
             host_ms = self._host_ms.get(b, 0.0) if self._host_drafts and timed else 0.0
-            tier = self.policy.choose(self._policy_rows(ahead, self._fed(b) - 1), b, kvs, host_ms, draining=self.draining,
+            tier = self.policy.choose(self._policy_rows(ahead, self._reach(b)), b, kvs, host_ms, draining=self.draining,
                                       context=context_hint(sum(lengths) / n + grows, kvs[-1]))
         return b, kvs[tier], sampled, tier, logprobs
 
     def _policy_rows(self, ahead: int, reach: int) -> list:
         """What the policy weighs per row: (record, depth cap), or None for a row that drafts nothing.
         The cap is the request's, at most `reach`: the most drafts a step of this batch can accept
-        (`_fed`; the assist's gated chain is as deep as the full tier, but runs only in the gate's
+        (`_reach`; the assist's gated chain is as deep as the full tier, but runs only in the gate's
         batches, so a wider batch's full tier is weighed at the tree's draft count).
         A host drafter that proposes chains is asked first where the tokens are known (no step in
         flight): a row it has nothing for counts one token, and one it has a shorter chain for is
@@ -989,7 +989,7 @@ class SpecEngine:
         if hasattr(self.policy, "prime"):  # while the card prefills (its first tokens are read next)
             joining = [r for r in new if r.speculate]
             n = len(self.rows) + len(new)  # (the caps the next plan tells: `_policy_rows`)
-            reach = self._fed(self._batch_bucket(n) if self.buckets else n) - 1
+            reach = self._reach(self._batch_bucket(n) if self.buckets else n)
             self.policy.prime([r.acceptance for r in joining], [min(r.depth_cap, reach) for r in joining])
         lps = [None] * k
         if logprobs:  # the prefill wrote them at path position 0 (of the staging row: read before the next)
@@ -1069,8 +1069,10 @@ class SpecEngine:
                     keys.append((b, kv, False, self._gated))
                 if self._keeps_up:  # and the plain step after a drafting one
                     keys.append((b, kv, False, 0, False, True))
-                    if self._gated is not None and b > self._gate_rows:  # after a gated one, rows joined (`_fed`)
-                        keys.append((b, kv, False, 0, False, 2))
+                if self._gated is not None:  # after a gated step (`_fed`): every step in the gate's batches,
+                    # a plain catch-up in wider ones
+                    steps = [*range(1, self._full + 1), self._gated] if b <= self._gate_rows else []
+                    keys += [(b, kv, False, t, False, 2) for t in [0, *steps]]
                 for key in keys:
                     if key not in self.graphs:
                         self.graphs[key] = self._capture(*key)
@@ -1270,8 +1272,9 @@ class SpecEngine:
         """Step rows [:b] verifying tier `tier`'s tree (0: the roots alone); the result rows (`out`)."""
         key = (b, kv, sampled, tier) + ((True,) if logprobs else ())
         if tier == 0 and self._drafted and self._keeps_up:  # (the plain graph of every bucket is the narrow one)
-            # (after a gated step in a wider batch: the catch-up, `_fed`; captured at start-up for greedy rows)
-            key = (b, kv, sampled, tier, logprobs, 2 if self._catch_up(b) else True)
+            key = (b, kv, sampled, tier, logprobs, 2 if self._gated_last else True)
+        elif tier and self._gated_last:  # (the variant that feeds a gated step's paths: `_fed`)
+            key = (b, kv, sampled, tier, logprobs, 2)
         if not self.use_graphs:
             with torch.no_grad():
                 self._step(*key)
@@ -1288,26 +1291,33 @@ class SpecEngine:
         self._pool = graph.pool()
         return graph
 
-    def _fed(self, b: int, wide: int = 1) -> int:
-        """The most entries a row of batch bucket `b` can hold pending before a step
-        (`DraftContext.feed`): a path of the gate's longer chain (ngram_gate_chain) where a gated step
-        can come before (batches of at most the gate's rows, or `wide` 2: the plain step that follows
-        one where new rows made the batch wider), else a path of the tree. A drafter feeds its
-        pending entries at a fixed width: on an H200 at batch 64 the gated chain's 32 entries a row
-        took an EAGLE-3 chain step from 1.91 to 2.12 ms (2026-12-04), where no gated step can run."""
-        if self._gated is not None and (b <= self._gate_rows or wide == 2):
-            return self.widest_nodes
-        return self.tree_nodes
+    def _fed(self, wide: int = 1) -> int:
+        """The most entries a row can hold pending before a step (`DraftContext.feed`): a path of the
+        gate's longer chain (ngram_gate_chain) after a gated step (`wide` 2: the step's graph is that
+        variant, `_run`), else a path of the tree. A drafter feeds its pending entries at a fixed
+        width: on an H200 at batch 64 the gated chain's 32 entries a row took an EAGLE-3 chain step
+        from 1.91 to 2.12 ms (2026-12-04), and the full tree at batch 1 from 0.92 to 0.93 ms. In the
+        gate's batches every step has both variants; a wider batch, where only rows that joined
+        right after a gated step can follow one, feeds that step's paths in a plain step of its own
+        (`_catch_up`)."""
+        return self.widest_nodes if wide == 2 else self.tree_nodes
+
+    def _reach(self, b: int) -> int:
+        """The most drafts a step of batch bucket `b` can accept: the gate's longer chain in the gate's
+        batches, else the tree's draft count."""
+        if self._gated is not None and b <= self._gate_rows:
+            return self.widest_nodes - 1
+        return self.tree_nodes - 1
 
     def _catch_up(self, b: int) -> bool:
         """The last step was gated and new rows made the batch wider than the gate's: its rows' paths
         (up to the gated chain's) are fed in a plain step before the next drafting one (`_fed`)."""
         return self._gated_last and b > self._gate_rows
 
-    def _tree(self, b: int, kv: int, tier: int) -> Tree:
+    def _tree(self, b: int, kv: int, tier: int, wide: int = 0) -> Tree:
         drafter = self._drafters[tier]
         if drafter is not None and not self._host_drafts:
-            return drafter.propose(DraftContext(b, kv, self.root[:b], feed=self._fed(b)))
+            return drafter.propose(DraftContext(b, kv, self.root[:b], feed=self._fed(wide)))
         if drafter is not None:
             t, n = self.tree_in, 1 + drafter.num_draft
             return Tree(t.tokens[:b, :n], t.parents[:b, :n], t.depth[:b, :n], t.valid[:b, :n], drafter.depth,
@@ -1317,7 +1327,7 @@ class SpecEngine:
 
     def _step(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False, wide: int = 0) -> None:
         """Draft, verify, accept and commit for rows [:b] (tier 0: no drafts; `wide`: a plain step
-        after a drafting one, 2 after a gated one in a wider batch: `_fed`); fixed shapes, no host syncs."""
+        after a drafting one, 2 any step after a gated one: `_fed`); fixed shapes, no host syncs."""
         draft = tier > 0
         # a plain step of a device drafter keeps its row state up to date (the smallest tier takes
         # in what the last step left pending; the root's one-node path is committed below), so a
@@ -1329,11 +1339,11 @@ class SpecEngine:
         keep = not draft and self._keeps_up
         first = None
         if keep:
-            ctx = DraftContext(b, kv, self.root[:b], feed=self._fed(b, wide))
+            ctx = DraftContext(b, kv, self.root[:b], feed=self._fed(wide))
             self._drafters[1].keep_up(ctx, bool(wide))
             if self._tells_first(b):  # (before the commit moves the row state past the root)
                 first = self._drafters[1].first_draft(ctx)
-        tree = self._tree(b, kv, tier)
+        tree = self._tree(b, kv, tier, wide)
         anc, y, out = self._verify(tree, b, kv, sampled)
         logits = out.logits
         # accept, then the rows' state and results (out) in one launch; base keeps where the

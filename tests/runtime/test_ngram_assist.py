@@ -228,10 +228,10 @@ def test_a_gated_chain_longer_than_the_tree_keeps_the_output(target, head, refer
 def test_only_a_gated_batch_feeds_the_long_chains_width_and_a_join_after_a_gated_step_catches_up(
         target, head, reference, monkeypatch):
     """A head that keeps its pending entries (EAGLE-3, EAGLE-1) feeds them at a fixed width a step:
-    the gated chain's (ngram_gate_chain + 1) only in batches the gate can run, the tree's (num_draft +
-    1) in wider ones. A request that joins right after a gated step makes the batch wider while its
-    rows hold up to the gated chain's path: a plain step feeds them at the long width first. No
-    step feeds fewer entries than a row holds, and the output stays the target's."""
+    the gated chain's (ngram_gate_chain + 1) only after a gated step, the tree's (num_draft + 1)
+    otherwise. A request that joins right after a gated step makes the batch wider than the gate's
+    while its rows hold up to the gated chain's path: a plain step feeds them at the long width
+    first. No step feeds fewer entries than a row holds, and the output stays the target's."""
     kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
     engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=4,
                         drafter_options={"ngram_gate": 1, "ngram_gate_chain": 3 * n}, **TREES["tree"])
@@ -267,18 +267,30 @@ def test_only_a_gated_batch_feeds_the_long_chains_width_and_a_join_after_a_gated
     assert [tokens[first], tokens[second]] == [reference[-2], reference[0]]
     b, tier, wide = steps[joined]  # the step after the join: plain, feeding the gated chain's paths
     assert b > engine._gate_rows and tier == 0 and wide == 2
-    assert all(w != 2 for _, _, w in steps[:joined] + steps[joined + 1:])
+    assert all(w != 2 for b, _, w in steps[:joined] + steps[joined + 1:] if b > engine._gate_rows)
+    after = [w for (_, _, w), g in zip(steps[1:], gated) if g]  # the steps launched right after a gated one
+    assert after and all(w == 2 for w in after)
     if feeds:
         assert all(held <= width for _, width, held in feeds), feeds
         widths = {(b <= engine._gate_rows, width) for b, width, _ in feeds if width > 1}
-        assert (True, 3 * n + 1) in widths and (False, n + 1) in widths, widths
-        assert any(b > engine._gate_rows and width == 3 * n + 1 for b, width, _ in feeds)  # the catch-up
+        assert {(True, n + 1), (False, n + 1), (False, 3 * n + 1)} <= widths, widths  # (False, long): the catch-up
+    # one row at a time: the steps after a gated one feed the long width, the others the tree's
+    feeds.clear()
+    alone = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=1,
+                       drafter_options={"ngram_gate": 1, "ngram_gate_chain": 3 * n}, **TREES["tree"])
+    gated = _gated_steps(alone)
+    assert _run(alone, PROMPTS[-2:-1])[0] == reference[-2:-1]
+    assert any(gated)
+    if feeds:
+        assert all(held <= width for _, width, held in feeds), feeds
+        assert {width for _, width, _ in feeds if width > 1} == {n + 1, 3 * n + 1}
 
 
 def test_start_up_captures_the_catch_up_step_of_every_batch_wider_than_the_gates(target, head, monkeypatch):
-    """The plain step that feeds a gated step's paths after rows joined (`SpecEngine._fed`) is among
-    the graphs captured at start, for every batch and context bucket wider than the gate's, so a
-    server's second request does not wait on a capture (capture needs CUDA: recorded here)."""
+    """The steps that feed a gated step's paths (`SpecEngine._fed`) are among the graphs captured at
+    start: in the gate's batches every step's variant, in wider ones the plain catch-up after rows
+    joined, for every context bucket, so no request waits on a capture (capture needs CUDA: recorded
+    here)."""
     engine = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=120, max_batch=4, **TREES["tree"])
     engine.use_graphs = True
     monkeypatch.setattr(engine, "_capture", lambda *key: ("step",) + key)
@@ -286,10 +298,13 @@ def test_start_up_captures_the_catch_up_step_of_every_batch_wider_than_the_gates
     engine.capture_common((1, 2, 3, 4))
     steps = {k for k in engine.graphs if k[0] != "prefill"}
     report = engine.graph_report
-    wide = {(b, kv, False, 0, False, 2) for b in report["batch_buckets"] for kv in report["context_buckets"]
-            if b > engine._gate_rows}
-    assert wide and wide <= steps
-    assert not any(len(k) > 5 and k[5] == 2 and k[0] <= engine._gate_rows for k in steps)
+    gate = engine._gate_rows
+    tiers = [0, *range(1, engine._full + 1), engine._gated]
+    narrow = {(b, kv, False, t, False, 2) for b in report["batch_buckets"] if b <= gate
+              for kv in report["context_buckets"] for t in tiers}
+    wide = {(b, kv, False, 0, False, 2) for b in report["batch_buckets"] if b > gate
+            for kv in report["context_buckets"]}
+    assert narrow and wide and (narrow | wide) == {k for k in steps if len(k) > 5 and k[5] == 2}
 
 
 def test_a_wider_batch_weighs_and_records_the_full_tier_at_the_trees_draft_count(target, head, reference):
