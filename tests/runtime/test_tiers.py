@@ -599,8 +599,8 @@ def test_a_device_drafter_drafts_after_plain_steps_as_after_a_fresh_prompt(targe
         trees = []
         tree_of = engine._tree
 
-        def record(b, kv, tier):
-            t = tree_of(b, kv, tier)
+        def record(b, kv, tier, wide=0):
+            t = tree_of(b, kv, tier, wide)
             if tier:
                 trees.append((t.tokens.clone(), list(engine.rows[0].history)))
             return t
