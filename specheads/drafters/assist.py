@@ -28,7 +28,8 @@ fixed engine ran 3.26x, the full tier chosen at every step. Measured again on 20
 H200, one call, 64 test prompts a set, median of 3): adaptive with the gate ran 0.991 of the fixed
 engine on chat and on coding, without it 0.955 and 0.951; so on under the adaptive policy too. (Its
 long chain had made every step of a wider batch feed the head 32 entries a row, a gated path's,
-which only the gate's batches can hold: the engine now feeds the tree's width there, `SpecEngine._fed`.)
+which only a step right after a gated one can need: the engine now feeds the tree's width otherwise,
+`SpecEngine._fed`.)
 Wider batches rarely have every row matching at once, and each wait would cost them the
 run-ahead: not measured there, so not gated. With `ngram_gate_chain` C (more than the tree's N
 drafts), a gated step verifies a chain of up to C drafts in its own verify shape (C + 1 nodes) while

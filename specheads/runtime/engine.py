@@ -293,7 +293,7 @@ class SpecEngine:
         # (a plain step after a plain one or a prefill, with the one entry each row has pending)
         self._drafted = False
         # the last step launched was the gate's (`_gate`): its rows may hold the gated chain's whole path
-        # pending, which a batch wider than the gate's feeds in a plain step of its own (`_fed`)
+        # pending, which the next step feeds at the long width (`_fed`, `_run`)
         self._gated_last = False
         self._full, self._gated = 0, None  # the full tree's tier index; the gate's graph index (`_allocate`)
         # generate() has admitted its last prompt: no request waits for a row (the policy's `drain`
@@ -574,7 +574,7 @@ class SpecEngine:
         # no row wants drafts: a plain decode step (the drafter's state only matters to rows that draft)
         tier = 0
         self._proposal = None
-        if self._gated is not None and self._catch_up(b):  # the gated step's paths first (`_fed`)
+        if self._catch_up(b):  # the gated step's paths first (`_fed`)
             return b, kvs[0], sampled, 0, logprobs
         if any(r.speculate for r in self.rows):
             kvs += [self._step_bucket(before + t.num_draft + 2) for t in self.policy.tiers]
@@ -1291,7 +1291,7 @@ class SpecEngine:
         self._pool = graph.pool()
         return graph
 
-    def _fed(self, wide: int = 1) -> int:
+    def _fed(self, wide: int) -> int:
         """The most entries a row can hold pending before a step (`DraftContext.feed`): a path of the
         gate's longer chain (ngram_gate_chain) after a gated step (`wide` 2: the step's graph is that
         variant, `_run`), else a path of the tree. A drafter feeds its pending entries at a fixed
