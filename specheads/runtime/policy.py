@@ -2,180 +2,85 @@
 
 An engine builds its drafter for the largest tree it may verify (the server's maximum). With the
 adaptive policy it also holds one drafter per smaller tier, sharing the weights and the per-row
-state (`Drafter.tier`), each with its own step graphs. Before each step the policy picks one
-tier for the whole batch, or none (every row verifies only its next token: a plain decode step):
+state (`Drafter.tier`), each with its own step graphs. Before each step the policy picks one tier
+for the whole batch, or none (a plain decode step: every row verifies only its next token). A tier
+never changes an output: verification is lossless, so greedy output is the target's own and sampled
+output follows the request's counter-based noise whatever tree was verified.
+
+The choice: the most expected tokens per unit of cost,
 
     tokens per second of tier t = sum over rows r of E_r(t) / cost(batch, context, t)
     E_r(t) = 1 + sum over depths d <= depth(t) of prod over j <= d of q_r,t(j)
 
-q_r,t(j) is row r's acceptance at depth j when its step reached depth j - 1 under tier t: an
-average over its last `window` such steps, shrunk (where the row has few of them) toward all
-rows' acceptance under tier t times row r's ease (its accepted drafts at depth j over what all
-rows' records of the tiers it ran predict); all rows' under tier t is shrunk toward all rows'
-under every tier, and that toward the same at depth j - 1 (depth 1: toward `prior`): a tier a
-request has not run is judged by that tier's record, scaled by how the request fares, and a
-depth no step reached yet accepts as the one above it. A row that drafts nothing (its request
-turned speculation off) counts one token; a request's own depth cap (SpecControl.num_steps) cuts
-its sum short. A host drafter of chains (`ngram-host`) proposes before the choice where it can (no step
-in flight): a row it has nothing for counts one token and one with a shorter chain is capped
-there, and only what it proposed is recorded; planned behind a step in flight, a row's drafts
-count at its share of steps with a proposal (a third item of its entry). A depth a tier offered
-but the drafter left empty otherwise counts as rejected there. Plain steps observe nothing, so
-after `probe_every` plain steps in a row the best tier runs once anyway (a probe: acceptance may have risen). A probe that leaves
-plain decoding the choice doubles the run before the next one, up to `probe_backoff` times
-`probe_every`; a step that drafts on its merits brings it back to `probe_every`. A probe is
-dear where drafting loses (a wide batch verifies every row's drafts, and a host drafter's
-proposal stops the next step from being launched ahead): on an H200 at `probe_every` 32, host n-gram
-and sampled EAGLE-3 drafted in 3-4% of their steps at batch 32 and 64 (about one probe every 32
-steps, the rest plain) and ran 8-12% below plain decoding (docs/benchmarks.md). Optionally
-(`explore_every` > 0; default off), where a step drafts, a tier that has not run for that many
-steps runs instead of the best one (the longest-idle first; every tier once at the start), so
-that every tier's record stays fresh. Off by default: a tier is judged by its own record across
-rows, never by another tier's (a chain's top-1 drafts are accepted less often than a tree's
-top-k), and on the H200's measured step costs the forced steps cost more than they taught (the
-full tree at batch 64 takes 2-3x a chain's step). A tier that is not chosen is not observed, so
-its record stays as it was when it last ran: on an H200 (chat, batch 8, under the n-gram assist,
-2026-12-03) adaptive ran chain 2 in every step of a run, judging the full tree at 2.4-2.6 tokens a
-row a step by a record taken early where the fixed tree's steps gave 4.24 (0.874 of the fixed
-tree). With `full_share` s > 0 (default 0.01), where a smaller tier is chosen, the full tree runs once
-its drafting steps since it last ran, times s, reach what its step costs over the chosen tier's
-(about that share of the time, at most, goes to it). On the replay (`policy_sim`, steps priced at
-the rows' mean context as the engine prices them, the card's profiles of two calls, 6 orders of the
-prompts, 3 runs of one policy each), the assisted drafter's validation traces at batch 1, 8 and 32:
-s = 0.01 took chat batch 8 from 1.025 (worst order 0.77) to 1.039 (0.98) of the best fixed tree and
-chat batch 32 from 0.93 to 0.99, no cell lower; the coding test traces 0.977 / 0.991 / 0.971 to
-0.982 / 0.991 / 0.983. On the plain EAGLE-3 traces with an older profile (no context points) batch
-32 went 0.950 to 0.916. On the card (H200, 2026-12-03, chat, 128 test prompts, median of 3, with
-`hold` 0.1) the assisted tree's adaptive policy went from 0.878 to 0.934 of the fixed tree at batch
-8 (where it had locked into chain 2) and from 1.077 to 1.063 at batch 32: on by default, s = 0.01.
-A middle tier's record goes stale the same way. With `share_all` 1 (off by default) the rule covers
-every tier dearer than the chosen one, the most overdue first (a cheaper tier is never forced). On an
-H200 (2026-12-04, gpu_runs/policy_steps.py, 2 runs each, one call a cell): at chat batch 64, 256 test
-prompts in a stream, adaptive without it ran chain 2 in 338 of about 408 steps after 16 early chain-4
-steps, 33,743-33,845 tok/s, and with it chain 4 in 264-284 of 345, 37,820-38,038 (fixed chain 4:
-36,285-36,338); at coding batch 32, 64 prompts, it went the other way, 23,032-24,067 against
-25,009-25,222 (the full tree in 117 of 121 steps without it, chain 2 in 85 of 180 with it). The
-choice follows which record a run's early steps leave behind, so either outcome can come from a
-small change in those steps (the replay of the validation traces moves by up to 10% with the
-prompts' order); off until a run-to-run comparison over many orders on the card shows a gain.
-`share_all` 2 prices a refresh by what it gives up instead: in a batch of more than 2 x FRESH_ROWS
-(16) rows, any tier but the chosen one (cheaper ones too, and the smaller tiers while the full tree is
-chosen, which `switch_margin` otherwise keeps from being seen again) runs once its idle drafting steps
-times full_share reach the share of tokens/s its step would lose on the current estimates; a narrower
-batch, whose step observes few rows, keeps share_all 1's rule (applied from 8 rows up, it cost the
-replay's batch 16 0.5-4%). On the replay (`policy_sim --stream 8 --orders 4
---warmup`: the assisted drafter's traces, each prompt 8 times in 4 shuffled orders served after a
-warm-up pass, the H200 profile of 2026-12-04; docs/results/policy-share-h200-2026-12-04-late/
-replay/), the worst share of the best fixed tier over batch 1, 8, 16, 32 and 64 and the orders was,
-for share_all 0 / 1 / 2: validation chat 0.974 / 0.950 / 0.980, validation coding 0.898 / 0.930 /
-0.988, test coding 0.875 / 0.931 / 0.972; with the host's time a step beside the graphs' (`--host-us
-12 2`, as measured at batch 64) 0.935 / 0.956 / 0.973, 0.925 / 0.984 / 0.980 and 0.917 / 0.960 /
-0.981. Not yet run on the card, so off by default. (A step priced at its graph's time plus the
-measured time beyond it, which would rank chain 4 ahead of chain 2 at chat batch 64 as the card
-does, lost on the same replay with the host's time: validation chat 0.882, test coding 0.849.)
-A smaller tier replaces the full tree only where it promises `switch_margin` (default 0.08) more:
-its estimate's error costs more than it gains where the tiers' rates are close.
+q_r,t(j) is row r's acceptance at depth j when its step reached depth j - 1 under tier t: an average
+over its last `window` such steps, shrunk (where the row has few) toward all rows' acceptance under
+tier t times row r's ease (its accepted drafts at depth j over what all rows' records of the tiers it
+ran predict); all rows' record of tier t (over `pooled_window` steps) is shrunk toward every tier's,
+and that toward the depth above (depth 1: `prior`, weighted `prior_weight`). A tier a request has not
+run is so judged by that tier's record scaled by how the request fares, and a depth no step reached
+yet accepts as the one above it. A row that drafts nothing (its request turned speculation off)
+counts one token; a request's own depth cap (SpecControl.num_steps) cuts its sum short; a depth a
+tier offered but the drafter left empty counts as rejected. A host drafter of chains (`ngram-host`)
+proposes before the choice where no step is in flight: a row it has nothing for counts one token and
+a shorter chain caps the row there; planned behind a step in flight, a row's drafts count at its
+share of steps with a proposal. A smaller tier replaces the full tree only where it promises
+`switch_margin` more: its estimate's error costs more than it gains where the rates are close.
 
-With `share_chains` 1 (the default) a chain's step updates every chain tier's record: a chain
-drafts the same top-1 token at each depth whatever its length, so its acceptance at a depth is
-every chain's there, and a chain that does not run is judged by the chains that do instead of by
-the steps it ran last (at a stream's start, where answers accept least). A probe's observation is
-folded into the records at once, also in a batch wider than FRESH_ROWS (which otherwise folds every
-`refresh` observations): a run of plain steps observes nothing else, and waiting for `refresh`
-probes, each after a doubled run, let a record from a stream's first steps choose plain decoding
-for hundreds of steps. Replayed on the assisted drafter's validation traces (`policy_sim --stream 8
---orders 4 --warmup`, the H200 profile of 2026-12-04 evening, batch 1, 8, 32, 64;
-docs/results/policy-matrix-h200-2026-12-04-night/replay/), the worst share of the best fixed tier
-over the batch sizes and orders went, chat / coding: 0.851 / 0.929 before, 0.896 / 0.929 with the
-probe folded at once, 0.976 / 0.936 with shared chain records too, 0.991 / 0.986 with the margin
-0.08 as well (0.05: 0.981 / 0.966; 0.10: 0.988 / 0.942); on the test coding traces 0.940 before and
-0.967 after (batch 1: 0.988 to 0.990 mean, 0.983 to 0.980 worst order). On an H200 on 2026-11-29
-(a closed batch, the engine of then) own records had run at 1.002 / 1.054 / 1.165 of shared ones at
-batch 1 / 8 / 32 with the same tiers chosen (chain 2 in 91-93% of batch 32's steps), which the
-records cannot explain; the card has not run these defaults yet.
+Keeping the records fresh. A tier that is not chosen is not observed, and a plain step observes
+nothing, so a record taken early (a stream's first steps accept least) could decide for hundreds of
+steps. Hence:
+- probes: after `probe_every` plain steps in a row the best tier runs once; a probe that leaves
+  plain decoding the choice doubles the run before the next one, up to `probe_backoff` times
+  `probe_every`; a step that drafts on its merits resets it. A probe's observation is folded into
+  the records at once.
+- `share_chains` 1: a chain's step updates every chain tier's record (a chain drafts the same top-1
+  token at each depth whatever its length).
+- `full_share` s: where a smaller tier is chosen, the full tree runs once its drafting steps since
+  it last ran, times s, reach what its step costs over the chosen tier's (at most about that share
+  of the time goes to it). `share_all` 1 applies the rule to every tier dearer than the chosen one;
+  `share_all` 2, in a batch of more than SHARE_ALL_ROWS rows, to every other tier, priced by the
+  tokens/s its step would give up (narrower batches keep rule 1).
+- `explore_every` n > 0: a tier idle for n drafting steps runs instead of the best one.
+- `bound_trees` 1: a tree tier's estimate at each depth is at least the chains' (its top-k holds
+  their top-1 token).
+- first drafts: where the drafter tells its first draft in a plain step (`Abilities.first_draft`:
+  the device n-gram's lookup), a batch of at most FIRST_DRAFT_ROWS rows checks each row's first
+  draft against the target's token in every plain step (`observe_first`): a trial at depth 1 of
+  every chain tier, so a request whose drafts match again drafts at once.
 
-A batch that drains (`generate()` has admitted its last prompt: no request waits for a row) ends
-with its slowest rows. With `drain` 1 (off by default) each tier is ranked there by the
-`drain_quantile` (0.05) quantile of the rows' expected tokens instead of their sum: the rate of
-the batch's slow end. The replay of the validation split with the H200's step costs preferred it,
-but on the card (H200, 64 prompts a set, 2026-12-02, docs/benchmarks.md) it lost three of four
-cells: at chat batch 64 the quantile of 64 rows' noisy estimates promised almost no drafts, 92% of
-the steps were plain, and it ran at 0.88x `ar` against 0.93x without; coding batch 32 went from
-1.21x to 1.02x. A server's batch, which new requests may join at any step, is never draining.
+The policy's host time. In a batch of more than FRESH_ROWS rows, observations are summed per row and
+folded into the records every `refresh` observations (every row's expected tokens are worked out
+again after a fold, at once for a new row or a changed depth cap); between folds a choice in the
+same buckets is answered from the last estimate. A narrower batch folds each observation at once.
+There, with `hold` h, a choice that leads the one nearest to replacing it by the share L is repeated
+for the next L / h choices (at most HOLD_STEPS) for the same rows and buckets without an estimate.
 
-A plain step observes nothing of the drafts it did not verify, unless its drafter tells its first
-draft (`Abilities.first_draft`: the device n-gram's lookup). Then, in a batch of at most
-`FIRST_DRAFT_ROWS` (8) rows, every plain step runs that lookup too and the engine checks each row's
-first draft against the target's token: a trial at depth 1 of every chain tier (`observe_first`),
-so a request whose drafts start to match again drafts at once, not at the next probe. In the
-replay of the device n-gram's traces with the H200's step costs (coding, batch 1) it took the
-adaptive policy from 0.968 to 1.006 of the fixed chain 8 on the validation split (40 prompts)
-and from 0.832 to 0.995 on the test split (16 prompts), where on the card (2026-12-02) adaptive
-had kept 66-72% of the fixed chain's gain. Wider batches leave it out: there most of n-gram's steps
-are plain (95-99% on chat at batch 32 and 64, 2026-12-01), each would pay the lookup's kernels, and
-what first drafts would win there is not measured yet.
-
-A tier never changes an output: verification is lossless, so greedy output is the target's own
-and sampled output follows the request's counter-based noise whatever tree was verified.
-
-In a batch of at most FRESH_ROWS rows a clear choice is held (`hold` h, default 0.05): where the
-chosen option's rate leads the one nearest to replacing it by the share L (the full tree's lead
-over a smaller tier counted past `switch_margin`), the next L / h choices (at most 16) for the same
-rows in the same batch and context buckets repeat it without working out an estimate, and the
-observations meanwhile are kept and folded at the next estimate. (A wider batch already keeps its
-rates between folds; held there as well, up to 16 or `refresh` choices while rows left a draining
-batch, the replay of coding's validation traces at batch 64 lost 3%: 0.927 against 0.959.) The estimate is the policy's main
-host cost: on an H200 (2026-12-03, gpu_runs/policy_steps.py, docs/results/policy-host-h200/) an
-adaptive engine whose only tier was the fixed engine's tree ran chat batch 8 at 15,605 tok/s
-against the fixed engine's 16,209, the choice taking 0.2 ms and the observation 0.13 ms a step,
-partly on the steps' critical path. On this project's CPU (gpu_runs/host_steps.py, the device's
-work stubbed, an adaptive engine whose only tier is the fixed engine's tree) a step's host work went
-from 0.140 to 0.050 ms at batch 1 (the fixed engine's: 0.030) and from 0.180 to 0.119 at batch 8
-(0.062) with h = 0.05 and observations summed at a fold; the replay of the assisted traces (chat
-and coding, batch 1 and 8, 3 orders, the card's profiles) ran as without it (chat batch 1 0.994 to
-0.998 of the best fixed tree, the rest equal).
-
-In a batch of more than `FRESH_ROWS` (8) rows, observations are summed per row and folded into
-the records every `refresh` (4) observations, and every row's expected tokens are worked out again
-after a fold (at once for a new row or a changed depth cap); between folds a choice in the buckets
-of the last one is answered from it: a request that joined (or left) since weighs from the next
-fold, at most `refresh` steps on. At batch 32 and 64 on an
-H200's host the choice took 0.2-0.4 ms and the observation 0.15 ms a step, where a step of the
-card takes 1.1-1.8 ms (docs/benchmarks.md). A smaller batch's observations are folded at once and
-its estimates worked out after each: cheap there, and the replay of the validation split's traces
-with the H200's costs lost 0.4-0.8% of tokens per cost at batch 1 and 8 with `refresh` 4.
+A batch that drains (`generate()` has admitted its last prompt) ends with its slowest rows: with
+`drain` 1 tiers are ranked there by the `drain_quantile` quantile of the rows' expected tokens
+instead of their sum. A server's batch never drains.
 
 Costs, per (batch bucket, context bucket, tier), each step priced at the context bucket it would
-read (the rows' context, the step in flight, its own tree's nodes: a plain step or a short chain
-may fit a smaller bucket than the full tree, and runs there):
-- measured (`SpeculationProfile`): the time of each tier's captured step graph (its draft at
-  its depth, the verify of its tokens, accept and commit, timed together as they replay) and of
-  the plain decode step, on the card when the engine captures its graphs (`SpecEngine.
-  capture_common` at a server's start), or loaded from a saved profile (JSON). Each bucket is
-  timed with every row at its longest context and at its shortest (`context_ms`), and a step is
-  priced on the line through them at its rows' mean context (`SpeculationProfile.step`):
-  attention reads each row's own keys, so a step costs about linearly in the rows' tokens, and a
-  bucket's top, which its longest row decides, overprices the others (an H200, coding at batch
-  32, bucket 2048: the full assisted tree timed 4.97 ms at the top where its steps ran 2.88 ms
-  apart, and the policy kept to chain 2 at 0.92-0.95 of the fixed tree). A bucket without
-  times takes the nearest timed one's and is timed (and added to the profile) when the engine is
-  next idle: timing replays every tier's graph, a stall no running request should wait on. A
-  tier the loaded profile lacks is timed with the others at the first bucket a step plans, and added.
-  A host drafter's steps (`ngram-host`) also pay the proposal and the host's bookkeeping, which a
-  device drafter's overlapped steps hide: measured as they run.
-- paced (`pace=1`; off by default): a step costs at least the time the engine measured between
-  two steps' results of the same tier and batch bucket, both run ahead of the host (`paced`, an
-  average per tier and bucket, taken into the costs at each fold once 8 such steps were read; a
-  tier not yet paced costs at least the pace of any shallower one). A graph's time is the card's;
-  where the host's work a step (reading results, emitting tokens, the policy itself) takes longer,
-  the host sets the pace. On an H200 at chat batch 64 in a stream, adaptive's chain-2 steps came
-  2.69 ms apart (median) where their graph takes 1.70-1.99 ms. With the pace, adaptive there ran
-  34,791-36,807 tok/s against 35,896-36,888 without, and at coding batch 1 2.636x against 2.633x
-  `ar` (2026-12-02, docs/benchmarks.md): no gain beyond the runs' spread, so it is off.
-- static (`StaticCost`, the fallback where nothing is timed: CPU, no CUDA graphs): in units of a
-  plain decode step, verifying T tokens in all costs max(1, T / saturation_tokens) (a decode
-  streams the weights once until the batch's tokens fill the matmuls), and each draft depth
+read (the rows' context, the step in flight, its own tree's nodes: a plain step or a short chain may
+fit a smaller bucket than the full tree, and runs there):
+- measured (`SpeculationProfile`): the time of each tier's captured step graph (draft, verify,
+  accept and commit, timed together as they replay) and of the plain step, on the card when the
+  engine captures its graphs (`SpecEngine.capture_common` at a server's start) or loaded from a
+  saved profile (JSON). Each bucket is timed with every row at its longest context and at its
+  shortest (`context_ms`), and a step is priced on the line through them at its rows' mean context
+  (attention reads each row's own keys). A bucket without times takes the nearest timed one's and
+  is timed, and added to the profile, when the engine is next idle; a tier the profile lacks is
+  timed at the first bucket a step plans. A host drafter's steps also pay the proposal and the
+  host's bookkeeping, measured as they run.
+- paced (`pace` 1): a step costs at least the time the engine measured between two steps' results
+  of the same tier and batch bucket (`paced`, once PACE_MIN_STEPS were read), where the host, not
+  the card, sets the pace.
+- static (`StaticCost`, where nothing is timed: CPU, no CUDA graphs): in units of a plain decode
+  step, verifying T tokens costs max(1, T / saturation_tokens), and each draft depth
   draft_depth_cost x max(1, rows x topk / saturation_tokens). No context term.
+
+Every default was chosen on the replay of the validation split's traces with a card's measured
+costs (`evaluation/policy_sim.py`) and checked on the card; the runs behind each are in
+docs/history/2026-12-04-policy-defaults-evidence.md and docs/benchmarks.md, "Speculation policy".
 """
 
 from __future__ import annotations
@@ -539,11 +444,6 @@ class AdaptivePolicy:
                  switch_margin: float = 0.08, probe_backoff: int = 8, share_chains: int = 1,
                  bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05,
                  pace: int = 0, full_share: float = 0.01, hold: float = 0.05, share_all: int = 0):
-        # window 32, prior_weight 8, explore_every 0 (were 16, 8, 32): the best worst case over batch
-        # 1, 8 and 32 replayed by evaluation/policy_sim.py on the validation split's traces (36
-        # prompts, the current SmolLM2 head) with the step costs measured on an H200
-        # (docs/results/policy-h200/, its profile): 0.982 of the best fixed tree's tokens per
-        # cost against 0.959; on the test split's traces 1.006 against 0.981 (docs/benchmarks.md)
         if not tiers:
             raise PolicyError("an adaptive policy needs at least one tier")
         self.tiers = list(tiers)
@@ -563,11 +463,7 @@ class AdaptivePolicy:
         # which tiers full_share refreshes: 0 the full tree, 1 every dearer tier, 2 in a batch of more than
         # 2 x FRESH_ROWS rows every other tier by the tokens/s its step would give up (module docstring)
         self.share_all = share_all
-        # a smaller tier than the full tree must promise this much more (a share) to run instead:
-        # its estimate's error costs more than it gains where the tiers' costs are close. 0.08:
-        # with share_chains 1, the best worst case over batch 1, 8, 32 and 64 in the replay of the
-        # assisted validation traces in streams (module docstring; 0.15 before, chosen without
-        # streams or shared chain records: docs/results/policy-sim-h200profile/margin_*.json)
+        # a smaller tier than the full tree must promise this much more (a share) to run instead
         self.switch_margin = switch_margin
         self.idle = np.full(len(tiers), explore_every, dtype=np.int64)  # steps since each tier last ran
         self.window, self.pooled_window = window, pooled_window
@@ -582,27 +478,22 @@ class AdaptivePolicy:
         # the tiers whose records a step of each tier updates: itself, and with share_chains=1 for a
         # chain (topk 1) every other chain, since a chain drafts the same top-1 token at each depth
         # whatever its length (a chain tier that one unlucky step made look poor is still judged by
-        # the chains that run). On by default (module docstring: the replay in streams)
+        # the chains that run)
         self._chains = [i for i, t in enumerate(self.tiers) if t.topk == 1]
         self._trees = [i for i, t in enumerate(self.tiers) if t.topk > 1]
         self._shares = [self._chains if share_chains and i in self._chains else [i] for i in range(n)]
         self._group = np.array([shares[0] for shares in self._shares])  # each tier's record: its first sharer's
         # bound_trees=1: a tree tier's estimate at each depth is at least the chains' (its top-k holds
         # their top-1 token), so a tree judged on a poor stretch recovers as the chains that run instead
-        # do. Off by default: replayed on the validation split's traces with the H200's costs it made a
-        # smaller switch_margin safe (0.999 of the best fixed tree at 0.05, 0.958 without) but cost
-        # batch 8 at the default margin (0.952 against 1.000; docs/benchmarks.md)
+        # do (module docstring)
         self._bound = bool(bound_trees and self._chains and self._trees)
         # each slot's expected tokens per tier [T] as last worked out, for its depth cap then and
         # the records' version (a fold changes every row's estimate through the pooled records): the
         # many plain steps between folds choose from these. In a batch of more than FRESH_ROWS rows
         # a fold comes every `refresh` observations (module docstring)
         self.refresh = refresh
-        # drain 0 (drain 1, drain_quantile 0.05: a draining batch ranks tiers by the quantile of its
-        # rows' expected tokens; module docstring). The replay (validation traces, the H200's step
-        # costs, one closed batch) preferred it: 1.487 and 1.217 of `ar` at batch 32 and 64 against
-        # 1.464 and 1.165 without; on the card it lost chat batch 32 and 64 and coding batch 32
-        # (docs/results/policy-h200-2026-12-02/drain*_*.json)
+        # drain 1: a draining batch ranks tiers by the drain_quantile quantile of its rows' expected
+        # tokens (module docstring)
         self.drain, self.drain_quantile = bool(drain), drain_quantile
         self.version = 0  # the records' version: one more at each fold
         # the time between consecutive steps' results as the engine read them (ms, an average per
@@ -1034,9 +925,7 @@ def default_policy(cuda: bool, tiers=None, profile=None, settings=None) -> str:
     """The commands' default: adaptive on a GPU (and wherever tiers, a profile or settings are
     given), fixed on a CPU, where no step costs are measured. Speculative outputs are
     bit-identical to plain decoding in bf16, so the policy never changes an output, only the
-    speed: on an H200 (SmolLM2 and its head, 64 held-out chat prompts, code c76a6b7,
-    docs/benchmarks.md) adaptive gave 0.97-1.00 of the best of `ar` and the fixed trees at batch
-    1, 8 and 64 and 0.95 at 32, where the fixed default tree fell to 0.74x `ar` at batch 64."""
+    speed (docs/benchmarks.md, "Speculation policy")."""
     return "adaptive" if cuda or tiers or profile or settings else "fixed"
 
 
