@@ -224,8 +224,8 @@ def replay_chains(args) -> int:
     lengths = [int(x) for x in args.chains.split(",")]
     chains = lookup_chains(target, prompts, answers, max(lengths), args.ngram_max or MAX_NGRAM,
                            args.ngram_min or MIN_NGRAM)
-    nodes = int(args.tree.split(",")[2])
-    report = {"traces": args.traces, "positions": args.positions, "tree": args.tree,
+    nodes = len(saved["positions"][0][0]["tree"]) - 1  # the head's tree as the positions were replayed
+    report = {"traces": args.traces, "positions": args.positions, "tree_nodes": nodes,
               "chains": chain_walks(saved["positions"], chains, saved["categories"], saved["new_tokens"], lengths, nodes)}
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,12 +39,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.heads.draft_vocab import one_feature_mismatches
-from specheads.heads.eagle3 import VERIFIER_ARCHITECTURES, Eagle3Config, speculators_section
+from specheads.heads.eagle3 import VERIFIER_ARCHITECTURES, DraftAttention, Eagle3Config, speculators_section
 from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, fuse_readout, layer_over_cache
 from specheads.heads.kind import HeadFormatError
 from specheads.kernels.draft import head_input
 from specheads.kernels.linear import linear
-from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
+from specheads.modules import GatedMLP, RMSNorm, RotaryTable, gqa_attention, rope_inv_freq
 
 TITLE = "EAGLE-1"
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle"  # sglang/srt/models/llama_eagle.py (SGLang 0.5.23)
@@ -264,13 +264,7 @@ class EagleLayer(nn.Module):
     def __init__(self, cfg: EagleConfig):
         super().__init__()
         h = cfg.hidden_size
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.self_attn = nn.Module()
-        a = self.self_attn
-        a.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
-        a.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        a.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        a.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.self_attn = DraftAttention(cfg, h)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.mlp = GatedMLP(h, cfg.intermediate_size)
 
@@ -279,10 +273,7 @@ class EagleLayer(nn.Module):
         the training unroll's mask, or a cache in drafting."""
         b, t, _ = x.shape
         a = self.self_attn
-        q = apply_rotary(a.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rotary(a.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
-        v = a.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        h = x + a.o_proj(attend(q, k, v).transpose(1, 2).reshape(b, t, -1))
+        h = x + a.o_proj(attend(*a.qkv(x, cos, sin)).transpose(1, 2).reshape(b, t, -1))
         return h + self.mlp(self.post_attention_layernorm(h))
 
 

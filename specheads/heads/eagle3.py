@@ -408,7 +408,10 @@ def card_head(cfg: Eagle3Config, dtype: str) -> list[str]:
     return rows
 
 
-class Eagle3Attention(nn.Module):
+class DraftAttention(nn.Module):
+    """A draft layer's attention projections (`self_attn.{q,k,v,o}_proj`, no biases) over inputs of
+    width d_in; every head kind with a Llama-style draft layer (EAGLE-3, EAGLE-1, MTP) uses it."""
+
     def __init__(self, cfg: Eagle3Config, d_in: int):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -433,7 +436,7 @@ class Eagle3Layer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Eagle3Attention(cfg, d_in or 2 * cfg.hidden_size)
+        self.self_attn = DraftAttention(cfg, d_in or 2 * cfg.hidden_size)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 

@@ -29,12 +29,12 @@ from torch import nn
 
 from specheads.heads.draft_vocab import DraftVocab, one_feature_mismatches, readout_from_target
 
-from specheads.heads.eagle3 import Eagle3Config
+from specheads.heads.eagle3 import DraftAttention, Eagle3Config
 from specheads.heads.fused_layer import cache_attend, draft_logits, draft_tile, fuse_layer, fuse_readout, layer_over_cache
 from specheads.kernels.draft import head_input
 from specheads.kernels.fused import rmsnorm
 from specheads.kernels.linear import linear
-from specheads.modules import GatedMLP, RMSNorm, RotaryTable, apply_rotary, gqa_attention, rope_inv_freq
+from specheads.modules import GatedMLP, RMSNorm, RotaryTable, gqa_attention, rope_inv_freq
 
 TITLE = "MTP"
 
@@ -193,17 +193,11 @@ class MTPModule(nn.Module):
     def __init__(self, cfg: MTPConfig):
         super().__init__()
         h = cfg.hidden_size
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.enorm = RMSNorm(h, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(h, cfg.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.self_attn = nn.Module()
-        a = self.self_attn
-        a.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
-        a.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        a.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        a.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.self_attn = DraftAttention(cfg, h)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.mlp = GatedMLP(h, cfg.intermediate_size)
         self.shared_head = _SharedHead(cfg)
@@ -215,11 +209,7 @@ class MTPModule(nn.Module):
         b, t, _ = embeds.shape
         x = self.eh_proj(torch.cat([self.enorm(embeds.to(hidden.dtype)), self.hnorm(hidden)], -1))
         a = self.self_attn
-        h = self.input_layernorm(x)
-        q = apply_rotary(a.q_proj(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rotary(a.k_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
-        v = a.v_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        o = attend(q, k, v)
+        o = attend(*a.qkv(self.input_layernorm(x), cos, sin))
         x = x + a.o_proj(o.transpose(1, 2).reshape(b, t, -1))
         return self.shared_head.norm(x + self.mlp(self.post_attention_layernorm(x)))
 
