@@ -87,12 +87,18 @@ def chain_steps(pos: list[dict], n: int, big: int) -> tuple[int, int]:
     return steps, chained
 
 
-def summarize(rows: list[list[dict]], cats: list[str], new: list[int], big: int) -> dict:
-    """Each split's mean acceptance, the longer of the full chain and the full tree, and the share of
-    the assist's steps that take the chain, over all prompts, the chat ones and the coding ones."""
+def _groups(cats: list[str]) -> dict[str, list[int]]:
+    """Prompt indices of all prompts, the chat ones and the coding ones."""
     groups = {"all": list(range(len(cats)))}
     for i, c in enumerate(cats):
         groups.setdefault("coding" if c == "coding" else "chat", []).append(i)
+    return groups
+
+
+def summarize(rows: list[list[dict]], cats: list[str], new: list[int], big: int) -> dict:
+    """Each split's mean acceptance, the longer of the full chain and the full tree, and the share of
+    the assist's steps that take the chain, over all prompts, the chat ones and the coding ones."""
+    groups = _groups(cats)
     splits = {split: {c: mean_length([accepted(rows[i], split, big) for i in idx], [new[i] for i in idx])
                       for c, idx in groups.items()} for split in range(big + 1)}
     oracle = {c: mean_length([[max(p["chain"], p["tree"][big]) for p in rows[i]] for i in idx],
@@ -133,18 +139,39 @@ def lookup_chains(target, prompts: list[list[int]], answers: list[list[int]], lo
     return out
 
 
+def _gated(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], c_len: int) -> list[list[dict]]:
+    """The positions with the lookup alone's chain cut at c_len in place of the assist's."""
+    for pos, ch in zip(rows, chains):
+        assert len(pos) == len(ch) and all(p["found"] == f for p, (f, _) in zip(pos, ch)), "another replay's positions"
+    return [[{**p, "chain": min(k, c_len) if f else 0} for p, (f, k) in zip(pos, ch)] for pos, ch in zip(rows, chains)]
+
+
 def chain_walks(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], cats: list[str], new: list[int],
                 lengths: list[int], nodes: int) -> dict:
     """Mean acceptance per gated chain length C (the chain up to C where the lookup matched, the head's
     tree of `nodes` nodes elsewhere), over all prompts, the chat ones and the coding ones."""
-    groups = {"all": list(range(len(cats)))}
-    for i, c in enumerate(cats):
-        groups.setdefault("coding" if c == "coding" else "chat", []).append(i)
-    for pos, ch in zip(rows, chains):
-        assert len(pos) == len(ch) and all(p["found"] == f for p, (f, _) in zip(pos, ch)), "another replay's positions"
-    return {c_len: {g: mean_length([[min(k, c_len) if f else p["tree"][nodes] for p, (f, k) in zip(rows[i], chains[i])]
-                                    for i in idx], [new[i] for i in idx]) for g, idx in groups.items()}
-            for c_len in lengths}
+    out = {}
+    for c_len in lengths:
+        gated = _gated(rows, chains, c_len)
+        out[c_len] = {g: mean_length([[p["chain"] if p["found"] else p["tree"][nodes] for p in gated[i]] for i in idx],
+                                     [new[i] for i in idx]) for g, idx in _groups(cats).items()}
+    return out
+
+
+def chain_step_shares(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], cats: list[str],
+                      new: list[int], lengths: list[int], nodes: int) -> dict:
+    """Per gated chain length C, the steps a batch-1 request takes (its walk as in chain_walks) and the
+    share of them that verify the chain (gated steps, which skip the head's tree), by group: what a
+    step's cost of each kind prices into tokens/s."""
+    out = {}
+    for c_len in lengths:
+        gated = _gated(rows, chains, c_len)
+        out[c_len] = {}
+        for g, idx in _groups(cats).items():
+            counts = [chain_steps(gated[i], new[i], nodes) for i in idx]
+            steps = sum(s for s, _ in counts)
+            out[c_len][g] = {"steps": steps, "gated_share": sum(k for _, k in counts) / steps}
+    return out
 
 
 def main(argv=None) -> int:
@@ -226,12 +253,16 @@ def replay_chains(args) -> int:
                            args.ngram_min or MIN_NGRAM)
     nodes = len(saved["positions"][0][0]["tree"]) - 1  # the head's tree as the positions were replayed
     report = {"traces": args.traces, "positions": args.positions, "tree_nodes": nodes,
-              "chains": chain_walks(saved["positions"], chains, saved["categories"], saved["new_tokens"], lengths, nodes)}
+              "chains": chain_walks(saved["positions"], chains, saved["categories"], saved["new_tokens"], lengths, nodes),
+              "steps": chain_step_shares(saved["positions"], chains, saved["categories"], saved["new_tokens"], lengths,
+                                         nodes)}
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     for c_len, acc in report["chains"].items():
-        print(f"gated chain {c_len:>3}, the head's {nodes} nodes elsewhere: " + "  ".join(f"{g} {v:.3f}" for g, v in acc.items()))
+        steps = report["steps"][c_len]
+        print(f"gated chain {c_len:>3}, the head's {nodes} nodes elsewhere: " + "  ".join(
+            f"{g} {v:.3f} ({steps[g]['steps']} steps, {steps[g]['gated_share']:.1%} gated)" for g, v in acc.items()))
     return 0
 
 

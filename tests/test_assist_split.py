@@ -90,3 +90,16 @@ def test_the_lookup_alone_finds_the_assists_chain():
     assert [p["found"] for p in pos] == [f for f, _ in chains] and any(f for f, _ in chains)
     assert [p["chain"] for p in pos] == [min(k, n) if f else 0 for f, k in chains]
     assert max(k for _, k in chains) > n
+
+
+def test_the_chain_replay_counts_the_gated_steps():
+    """--chains also reports how many steps each chain length takes and the share of them on the chain:
+    a long chain takes fewer steps, and the walk's steps are the ones mean_length divides by."""
+    split = load_script("gpu_runs/assist_split.py")
+    pos = [_pos(True, 3, [0, 0, 0, 0])] + [_pos(False, 0, [0, 1, 1, 2])] * 5
+    chains = [[(True, 5)] + [(False, 0)] * 5]
+    got = split.chain_step_shares([pos], chains, ["coding"], [7], [1, 5], nodes=3)
+    # C=5: a gated step of 5 drafts (6 tokens) ends the 7-token answer; C=1: 2 tokens, then 2 tree steps of 3
+    assert got[5]["coding"] == {"steps": 1, "gated_share": 1.0}
+    assert got[1]["coding"] == {"steps": 3, "gated_share": 1 / 3}
+    assert got[1]["all"] == got[1]["coding"] and "chat" not in got[1]
