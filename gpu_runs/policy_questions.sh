@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The speculation policy's open questions (gpu_runs/README.md, "The policy's open questions"), one
+# The speculation policy's open questions (gpu_runs/README.md, "Older open questions";
+# what ran: docs/history/gpu-runs-log.md), one
 # part a call so that each fits the device's 10 minutes; carry .dev/head (copied to /tmp/head).
 #   bash gpu_runs/policy_questions.sh wide    n-gram and adaptive at batch 32 and 64, chat then
 #                                             coding, each run's stalls in the JSON (about 4 min)
