@@ -1,0 +1,152 @@
+"""Stopping the head's draft early, replayed from teacher-forced traces (CPU is fine; nothing is built
+into the engine yet).
+
+A step of an S,K,N tree drafts all S depths. Where the best path's cumulative probability has fallen
+low after depth d, the deeper depths add nodes the answer rarely accepts; a draft that stopped there
+would save their cost. For every step root of the target's greedy answers in a policy_sim traces file
+(its prompts and answers), this records, with the head's own EAGLE-2 pool:
+- the best cumulative log-probability among the pool's nodes of each depth d = 1..S;
+- the drafts the answer accepts from the tree a draft stopped after depth d selects (the best N
+  nodes of the pool's depths <= d: the pool up to depth d is the same whether or not deeper depths
+  are drafted).
+Walking each answer as the engine does, a rule "stop after the first depth whose best path is below
+exp(t)" then gives the steps, the tokens and the depths drafted, and so tokens per unit of cost for a
+step costing `--step-ms` at full depth less `--depth-ms` per depth not drafted.
+
+    python3 gpu_runs/draft_stop.py --traces docs/results/policy-sim-cpu/validation_coding_l40_t256_traces.json.gz \
+        --draft .dev/head --tree 6,4,15 --limit 16 --out docs/results/draft-stop-cpu/coding16
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specheads.evaluation.estimate import following, prefilled_roots, scoring_drafter  # noqa: E402
+from specheads.files import read_text  # noqa: E402
+from specheads.kernels.draft import select_tree_reference  # noqa: E402
+from specheads.kernels.verify import accept, ancestors_reference  # noqa: E402
+
+
+def positions(drafter, target, sequence: list[int], start: int, rows: int = 64) -> list[dict]:
+    """Per step root: {"best": [best log-probability at depth d], "acc": [accepted drafts, stopped after d]}."""
+    import specheads.drafters.eagle as eagle_mod
+
+    pools = {}
+    original = eagle_mod.select_tree
+
+    def recording(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
+        pools.update(tok=pool_tok.clone(), score=pool_score.clone(), parent=pool_parent.clone(), depth=pool_depth.clone())
+        return original(roots, pool_tok, pool_score, pool_parent, pool_depth, n)
+
+    eagle_mod.select_tree = recording
+    out = []
+    try:
+        with torch.no_grad():
+            for chunk, seq, ctx in prefilled_roots(drafter, target, sequence, start, rows):
+                drafter.propose(ctx)
+                steps, n = drafter.steps, drafter.num_draft
+                score, depth = pools["score"], pools["depth"]
+                best = torch.stack([score.masked_fill(depth != d, -math.inf).amax(1) for d in range(1, steps + 1)], 1)
+                acc = []
+                for d in range(1, steps + 1):
+                    cut = score.masked_fill(depth > d, -math.inf)
+                    m = min(n, int((pools["depth"][0] <= d).sum()))
+                    tokens, parents, depths, _ = select_tree_reference(
+                        ctx.roots, pools["tok"], cut, pools["parent"], depth, m)
+                    valid = torch.ones_like(tokens, dtype=torch.bool)
+                    y = following(seq, chunk[:, None] + depths + 1)
+                    anc = ancestors_reference(parents, d).contiguous()
+                    _, length, _, _ = accept(tokens.contiguous(), parents.contiguous(), valid, depths.contiguous(),
+                                             anc, y, d)
+                    acc.append(length - 1)
+                acc = torch.stack(acc, 1)
+                out += [{"best": best[r].tolist(), "acc": acc[r].tolist()} for r in range(len(chunk))]
+    finally:
+        eagle_mod.select_tree = original
+    return out
+
+
+def walk(pos: list[dict], n: int, threshold: float | None) -> tuple[int, int, int]:
+    """(steps, tokens, depths drafted) serving n tokens (the first from the prefill), each step stopping
+    after the first depth whose best path is below `threshold` (None: never)."""
+    emitted, steps, depths = 1, 0, 0
+    full = len(pos[0]["acc"])
+    while emitted < n:
+        p = pos[emitted - 1]
+        d = full
+        if threshold is not None:
+            d = next((j + 1 for j, b in enumerate(p["best"]) if b < threshold), full)
+        a = min(p["acc"][d - 1], n - emitted - 1)
+        steps += 1
+        depths += d
+        emitted += a + 1
+    return steps, n - 1, depths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--traces", required=True, help="a policy_sim traces file: its prompts and the target's answers")
+    ap.add_argument("--positions", default=None, help="a _positions.json.gz this script wrote (no model run)")
+    ap.add_argument("--draft", default=None, help="the head (EAGLE-3)")
+    ap.add_argument("--tree", default="6,4,15")
+    ap.add_argument("--limit", type=int, default=None, help="the first N answers only")
+    ap.add_argument("--step-ms", type=float, default=1.013, help="a full-depth step (H200, batch 1, context 512)")
+    ap.add_argument("--depth-ms", type=float, nargs="+", default=[0.033, 0.015],
+                    help="what each depth not drafted saves (0.033: the profile's draft depth)")
+    ap.add_argument("--thresholds", type=float, nargs="+", default=[0.02, 0.05, 0.1, 0.2, 0.3],
+                    help="stop after the first depth whose best path's probability is below this")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    data = json.loads(read_text(args.traces))
+    prompts, answers = data["prompts"][: args.limit], data["answers"][: args.limit]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.positions:
+        rows = json.loads(read_text(args.positions))["positions"]
+    else:
+        from specheads.heads.format import load_head
+        from specheads.target.loader import load_target
+
+        target, _, _ = load_target(data["key"]["target"], dtype=torch.float32, device="cpu")
+        head = load_head(args.draft, device="cpu", dtype=torch.float32)
+        s, k, n = (int(x) for x in args.tree.split(","))
+        drafter = scoring_drafter(target, head, "eagle3", {"num_steps": s, "topk": k, "num_draft_tokens": n},
+                                  prompts, answers)
+        rows = []
+        for i, (p, a) in enumerate(zip(prompts, answers)):
+            rows.append(positions(drafter, target, p + a, len(p)))
+            print(f"{i + 1}/{len(prompts)}", flush=True)
+        with gzip.open(out.with_name(out.name + "_positions.json.gz"), "wt") as f:
+            json.dump({"traces": args.traces, "tree": args.tree, "positions": rows}, f)
+    new = [len(a) for a in answers]
+    full = len(rows[0][0]["acc"])
+    report = {"traces": args.traces, "tree": args.tree, "prompts": len(rows), "step_ms": args.step_ms, "rules": []}
+    base = [walk(pos, n, None) for pos, n in zip(rows, new)]
+    b_steps, b_tokens = sum(s for s, _, _ in base), sum(t for _, t, _ in base)
+    for t in [None] + args.thresholds:
+        w = [walk(pos, n, None if t is None else math.log(t)) for pos, n in zip(rows, new)]
+        steps, tokens, depths = (sum(x[i] for x in w) for i in range(3))
+        rule = {"threshold": t, "steps": steps, "accept": 1 + (tokens - steps) / steps,
+                "mean_depth": depths / steps, "vs_full": {}}
+        for c in args.depth_ms:
+            cost = steps * args.step_ms - (steps * full - depths) * c
+            rule["vs_full"][str(c)] = (tokens / cost) / (b_tokens / (b_steps * args.step_ms))
+        report["rules"].append(rule)
+        print(f"stop below {t if t is not None else '-':>5}: accept {rule['accept']:.3f}, mean depth "
+              f"{rule['mean_depth']:.2f}, tokens/ms against the full draft: "
+              + ", ".join(f"{v:.3f} (a depth {c} ms)" for c, v in rule["vs_full"].items()), flush=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
