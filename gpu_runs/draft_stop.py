@@ -130,11 +130,11 @@ def main(argv=None) -> int:
     new = [len(a) for a in answers]
     full = len(rows[0][0]["acc"])
     report = {"traces": args.traces, "tree": args.tree, "prompts": len(rows), "step_ms": args.step_ms, "rules": []}
-    base = [walk(pos, n, None) for pos, n in zip(rows, new)]
-    b_steps, b_tokens = sum(s for s, _, _ in base), sum(t for _, t, _ in base)
+    base = None  # (steps, tokens) of the full draft: the first rule
     for t in [None] + args.thresholds:
         w = [walk(pos, n, None if t is None else math.log(t)) for pos, n in zip(rows, new)]
         steps, tokens, depths = (sum(x[i] for x in w) for i in range(3))
+        b_steps, b_tokens = base = base or (steps, tokens)
         rule = {"threshold": t, "steps": steps, "accept": 1 + (tokens - steps) / steps,
                 "mean_depth": depths / steps, "vs_full": {}}
         for c in args.depth_ms:

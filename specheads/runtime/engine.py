@@ -1068,7 +1068,7 @@ class SpecEngine:
                 if self._gated is not None and b <= self._gate_rows:
                     keys.append((b, kv, False, self._gated))
                 if self._keeps_up:  # and the plain step after a drafting one
-                    keys.append((b, kv, False, 0, False, True))
+                    keys.append((b, kv, False, 0, False, 1))
                 if self._gated is not None:  # after a gated step (`_fed`): every step in the gate's batches,
                     # a plain catch-up in wider ones
                     steps = [*range(1, self._full + 1), self._gated] if b <= self._gate_rows else []
@@ -1272,7 +1272,7 @@ class SpecEngine:
         """Step rows [:b] verifying tier `tier`'s tree (0: the roots alone); the result rows (`out`)."""
         key = (b, kv, sampled, tier) + ((True,) if logprobs else ())
         if tier == 0 and self._drafted and self._keeps_up:  # (the plain graph of every bucket is the narrow one)
-            key = (b, kv, sampled, tier, logprobs, 2 if self._gated_last else True)
+            key = (b, kv, sampled, tier, logprobs, 2 if self._gated_last else 1)
         elif tier and self._gated_last:  # (the variant that feeds a gated step's paths: `_fed`)
             key = (b, kv, sampled, tier, logprobs, 2)
         if not self.use_graphs:
@@ -1326,8 +1326,8 @@ class SpecEngine:
         return Tree(self.root[:b, None], lone.parents[:b], lone.depth[:b], lone.valid[:b], 0)
 
     def _step(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False, wide: int = 0) -> None:
-        """Draft, verify, accept and commit for rows [:b] (tier 0: no drafts; `wide`: a plain step
-        after a drafting one, 2 any step after a gated one: `_fed`); fixed shapes, no host syncs."""
+        """Draft, verify, accept and commit for rows [:b] (tier 0: no drafts; `wide` 1: a plain step
+        after a drafting one, 2: any step after a gated one, `_fed`); fixed shapes, no host syncs."""
         draft = tier > 0
         # a plain step of a device drafter keeps its row state up to date (the smallest tier takes
         # in what the last step left pending; the root's one-node path is committed below), so a
