@@ -18,7 +18,9 @@ Walking each answer as the engine does gives each split's mean acceptance.
 With --chains C1,C2,... beside --traces and --positions (a replay of the same answers), the gated long
 chain of each length C is replayed without the head: the lookup alone runs at every root (chains up to
 the longest C), the head's full tree taken from the positions file, each answer walked with the chain
-where the lookup matched (as a gated batch-1 step verifies it) and the tree elsewhere.
+where the lookup matched (as a gated batch-1 step verifies it) and the tree elsewhere. With --ladder
+L1,L2,... as well, the first C is the gated chain and each L the ladder's (ngram_gate_long: a gated step
+right after a gated one that accepted every draft verifies L drafts).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specheads.evaluation.estimate import following, lookup_accepted, prefilled_roots, scoring_drafter, walk  # noqa: E402
+from specheads.evaluation.estimate import following, ladder_walk, lookup_accepted, prefilled_roots, scoring_drafter, walk  # noqa: E402
 from specheads.files import read_text  # noqa: E402
 from specheads.kernels.verify import accept, ancestors_reference  # noqa: E402
 
@@ -158,6 +160,25 @@ def chain_walks(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], ca
     return out
 
 
+def ladder_walks(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], cats: list[str], new: list[int],
+                 chain: int, ladders: list[int], nodes: int) -> dict:
+    """Per ladder length L, the mean acceptance and the steps by kind (the head's tree, the gated chain,
+    the ladder's), by group: the gated chain of `chain` drafts where the lookup matched, L drafts right
+    after a gated step that accepted all of its, the head's tree of `nodes` nodes elsewhere."""
+    out = {}
+    for long in ladders:
+        out[long] = {}
+        for g, idx in _groups(cats).items():
+            steps = drafts = 0
+            kinds = {"tree": 0, "chain": 0, "ladder": 0}
+            for i in idx:
+                acc = [p["tree"][nodes] for p in rows[i]]
+                s, d = ladder_walk(acc, [k if f else -1 for f, k in chains[i]], new[i], chain, long, kinds)
+                steps, drafts = steps + s, drafts + d
+            out[long][g] = {"accept": 1 + drafts / steps, "steps": kinds}
+    return out
+
+
 def chain_step_shares(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], cats: list[str],
                       new: list[int], lengths: list[int], nodes: int) -> dict:
     """Per gated chain length C, the steps a batch-1 request takes (its walk as in chain_walks) and the
@@ -188,6 +209,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", nargs="*", default=[], help="categories to leave out (e.g. coding, traced elsewhere)")
     ap.add_argument("--chains", default=None, help="C1,C2,...: the gated long chain's lengths, replayed with the "
                     "lookup alone (with --traces and --positions)")
+    ap.add_argument("--nodes", type=int, default=None, help="with --chains: the head's tree cut to its first N nodes "
+                    "(default: every node the positions hold)")
+    ap.add_argument("--ladder", default=None, help="L1,L2,...: with --chains C,...: the ladder's chains after C")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.chains:
@@ -252,10 +276,16 @@ def replay_chains(args) -> int:
     chains = lookup_chains(target, prompts, answers, max(lengths), args.ngram_max or MAX_NGRAM,
                            args.ngram_min or MIN_NGRAM)
     nodes = len(saved["positions"][0][0]["tree"]) - 1  # the head's tree as the positions were replayed
+    nodes = min(nodes, args.nodes or nodes)
     report = {"traces": args.traces, "positions": args.positions, "tree_nodes": nodes,
               "chains": chain_walks(saved["positions"], chains, saved["categories"], saved["new_tokens"], lengths, nodes),
               "steps": chain_step_shares(saved["positions"], chains, saved["categories"], saved["new_tokens"], lengths,
                                          nodes)}
+    if args.ladder:
+        ladders = [int(x) for x in args.ladder.split(",")]
+        assert max(ladders) <= max(lengths), "--chains must reach the longest --ladder"
+        report["ladder"] = {"chain": lengths[0], **ladder_walks(saved["positions"], chains, saved["categories"],
+                                                                 saved["new_tokens"], lengths[0], ladders, nodes)}
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
@@ -263,6 +293,10 @@ def replay_chains(args) -> int:
         steps = report["steps"][c_len]
         print(f"gated chain {c_len:>3}, the head's {nodes} nodes elsewhere: " + "  ".join(
             f"{g} {v:.3f} ({steps[g]['steps']} steps, {steps[g]['gated_share']:.1%} gated)" for g, v in acc.items()))
+    for long, by in report.get("ladder", {}).items():
+        if long != "chain":
+            print(f"gated chain {lengths[0]:>3}, ladder {long:>3}: " + "  ".join(
+                f"{g} {v['accept']:.3f} (steps {v['steps']})" for g, v in by.items()))
     return 0
 
 

@@ -24,20 +24,23 @@ import gzip
 import json
 import math
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specheads.evaluation.estimate import following, prefilled_roots, scoring_drafter  # noqa: E402
+from specheads.evaluation.estimate import following, prefilled_roots, scoring_drafter, walk_with  # noqa: E402
 from specheads.files import read_text  # noqa: E402
 from specheads.kernels.draft import select_tree_reference  # noqa: E402
 from specheads.kernels.verify import accept, ancestors_reference  # noqa: E402
 
 
-def positions(drafter, target, sequence: list[int], start: int, rows: int = 64) -> list[dict]:
-    """Per step root: {"best": [best log-probability at depth d], "acc": [accepted drafts, stopped after d]}."""
+@contextmanager
+def recorded_pools():
+    """While open, every tree the EAGLE drafter selects leaves its candidate pool (tok, score, parent,
+    depth [rows, pool]) in the yielded dict."""
     import specheads.drafters.eagle as eagle_mod
 
     pools = {}
@@ -48,47 +51,54 @@ def positions(drafter, target, sequence: list[int], start: int, rows: int = 64) 
         return original(roots, pool_tok, pool_score, pool_parent, pool_depth, n)
 
     eagle_mod.select_tree = recording
-    out = []
     try:
-        with torch.no_grad():
-            for chunk, seq, ctx in prefilled_roots(drafter, target, sequence, start, rows):
-                drafter.propose(ctx)
-                steps, n = drafter.steps, drafter.num_draft
-                score, depth = pools["score"], pools["depth"]
-                best = torch.stack([score.masked_fill(depth != d, -math.inf).amax(1) for d in range(1, steps + 1)], 1)
-                acc = []
-                for d in range(1, steps + 1):
-                    cut = score.masked_fill(depth > d, -math.inf)
-                    m = min(n, int((pools["depth"][0] <= d).sum()))
-                    tokens, parents, depths, _ = select_tree_reference(
-                        ctx.roots, pools["tok"], cut, pools["parent"], depth, m)
-                    valid = torch.ones_like(tokens, dtype=torch.bool)
-                    y = following(seq, chunk[:, None] + depths + 1)
-                    anc = ancestors_reference(parents, d).contiguous()
-                    _, length, _, _ = accept(tokens.contiguous(), parents.contiguous(), valid, depths.contiguous(),
-                                             anc, y, d)
-                    acc.append(length - 1)
-                acc = torch.stack(acc, 1)
-                out += [{"best": best[r].tolist(), "acc": acc[r].tolist()} for r in range(len(chunk))]
+        yield pools
     finally:
         eagle_mod.select_tree = original
+
+
+def accepted(ctx, pools, seq, chunk, score, n: int, steps: int) -> torch.Tensor:
+    """[rows] the drafts the answer accepts from the best n nodes of the pool (scored by `score`)."""
+    tokens, parents, depths, _ = select_tree_reference(ctx.roots, pools["tok"], score, pools["parent"],
+                                                       pools["depth"], n)
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    y = following(seq, chunk[:, None] + depths + 1)
+    anc = ancestors_reference(parents, steps).contiguous()
+    _, length, _, _ = accept(tokens.contiguous(), parents.contiguous(), valid, depths.contiguous(), anc, y, steps)
+    return length - 1
+
+
+def positions(drafter, target, sequence: list[int], start: int, rows: int = 64) -> list[dict]:
+    """Per step root: {"best": [best log-probability at depth d], "acc": [accepted drafts, stopped after d]}."""
+    out = []
+    with recorded_pools() as pools, torch.no_grad():
+        for chunk, seq, ctx in prefilled_roots(drafter, target, sequence, start, rows):
+            drafter.propose(ctx)
+            steps, n = drafter.steps, drafter.num_draft
+            score, depth = pools["score"], pools["depth"]
+            best = torch.stack([score.masked_fill(depth != d, -math.inf).amax(1) for d in range(1, steps + 1)], 1)
+            acc = torch.stack([accepted(ctx, pools, seq, chunk, score.masked_fill(depth > d, -math.inf),
+                                        min(n, int((depth[0] <= d).sum())), d) for d in range(1, steps + 1)], 1)
+            out += [{"best": best[r].tolist(), "acc": acc[r].tolist()} for r in range(len(chunk))]
     return out
 
 
-def walk(pos: list[dict], n: int, threshold: float | None) -> tuple[int, int, int]:
+def walk(pos: list[dict], n: int, threshold: float | None, first: int | None = None) -> tuple[int, int, int]:
     """(steps, tokens, depths drafted) serving n tokens (the first from the prefill), each step stopping
-    after the first depth whose best path is below `threshold` (None: never)."""
-    emitted, steps, depths = 1, 0, 0
+    after the first depth whose best path is below `threshold` (None: never); with `first` D, a step
+    whose first depth's best path is below `threshold` drafts D depths, any other all of them (a choice
+    made from the first depth alone, as a host could read it before the step's later depths)."""
     full = len(pos[0]["acc"])
-    while emitted < n:
-        p = pos[emitted - 1]
+
+    def pick(p):
         d = full
-        if threshold is not None:
+        if threshold is not None and first is None:
             d = next((j + 1 for j, b in enumerate(p["best"]) if b < threshold), full)
-        a = min(p["acc"][d - 1], n - emitted - 1)
-        steps += 1
-        depths += d
-        emitted += a + 1
+        elif threshold is not None and p["best"][0] < threshold:
+            d = first
+        return p["acc"][d - 1], d
+
+    steps, _, depths = walk_with(n, lambda i: pick(pos[i]))
     return steps, n - 1, depths
 
 
@@ -104,6 +114,8 @@ def main(argv=None) -> int:
                     help="what each depth not drafted saves (0.033: the profile's draft depth)")
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.02, 0.05, 0.1, 0.2, 0.3],
                     help="stop after the first depth whose best path's probability is below this")
+    ap.add_argument("--first-depth", type=int, default=None,
+                    help="D: the rule reads the first depth only (below the threshold: draft D depths, else all)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     data = json.loads(read_text(args.traces))
@@ -129,10 +141,11 @@ def main(argv=None) -> int:
             json.dump({"traces": args.traces, "tree": args.tree, "positions": rows}, f)
     new = [len(a) for a in answers]
     full = len(rows[0][0]["acc"])
-    report = {"traces": args.traces, "tree": args.tree, "prompts": len(rows), "step_ms": args.step_ms, "rules": []}
+    report = {"traces": args.traces, "tree": args.tree, "prompts": len(rows), "step_ms": args.step_ms,
+              "first_depth": args.first_depth, "rules": []}
     base = None  # (steps, tokens) of the full draft: the first rule
     for t in [None] + args.thresholds:
-        w = [walk(pos, n, None if t is None else math.log(t)) for pos, n in zip(rows, new)]
+        w = [walk(pos, n, None if t is None else math.log(t), args.first_depth) for pos, n in zip(rows, new)]
         steps, tokens, depths = (sum(x[i] for x in w) for i in range(3))
         b_steps, b_tokens = base = base or (steps, tokens)
         rule = {"threshold": t, "steps": steps, "accept": 1 + (tokens - steps) / steps,

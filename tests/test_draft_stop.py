@@ -19,3 +19,7 @@ def test_a_step_stops_after_the_first_depth_below_the_threshold():
     assert stop.walk(pos, 8, math.log(0.05)) == (4, 7, 8)
     # a threshold nothing falls below drafts every depth
     assert stop.walk(pos, 8, math.log(1e-9)) == stop.walk(pos, 8, None)
+    # reading the first depth alone: below the threshold at depth 1 (none here at 0.05) nothing changes;
+    # below 0.6, every doubtful root drafts 2 depths: root 0 accepts 1 (-> 3), root 2 (-> 5), 4 (-> 7), 6 (-> 8)
+    assert stop.walk(pos, 8, math.log(0.05), first=2) == stop.walk(pos, 8, None)
+    assert stop.walk(pos, 8, math.log(0.6), first=2) == (4, 7, 8)

@@ -129,7 +129,7 @@ def _assist():
 def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
     """The drafter of a method (None for plain decoding). KIND+ngram: KIND's drafter with the
     n-gram lookup beside it (drafters/assist.py; options ngram_max, ngram_min, ngram_gate,
-    ngram_gate_chain)."""
+    ngram_gate_chain, ngram_gate_long)."""
     assist = _assist()
     base, assisted = assist.split_method(method)
     if assisted:
@@ -143,7 +143,8 @@ def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
                                              setup.policy, setup.room)
             return assist.NgramAssist(inner, options.get("ngram_max", assist.MAX_NGRAM),
                                       options.get("ngram_min", assist.MIN_NGRAM), gate=options.get("ngram_gate", assist.GATE),
-                                      gate_chain=options.get("ngram_gate_chain") or 0)
+                                      gate_chain=options.get("ngram_gate_chain") or 0,
+                                      gate_long=options.get("ngram_gate_long") or assist.GATE_LONG)
         except (ValueError, NotImplementedError) as e:
             raise DrafterError(f"method {method}: {e}") from None
     if method == PLAIN:

@@ -42,6 +42,15 @@ is on: chosen on the suite's validation part among 6,4,15, 6,4,31 (both gated) a
 median of 3 runs at batch 1 coding 3.04x to 3.23x, chat 2.78x to 2.79x, and at batch 8 (the gate
 off there) within the runs' spread (-0.7%, -1.7%; docs/benchmarks.md).
 
+The ladder (option `ngram_gate_long` L, more than the gated chain; 0 = off, the default): a gated step
+right after a gated step whose rows accepted every draft it verified runs a chain of L drafts in a
+verify shape of its own (L + 1 nodes); any other gated step keeps the gated chain. An answer that copies
+a long passage (code restated with an edit, a quoted document) then takes L + 1 tokens a step once the
+copy is under way, while a step that copies a little pays no wider verify. Replayed on the suite's
+validation answers (SmolLM2-135M-Instruct, gpu_runs/README.md): L 63 served 5.26 tokens a step on 40
+coding prompts against 5.14 (39 of 1,450 steps long), 4.18 against 4.15 on 32 chat prompts; not yet
+timed on a card, hence off.
+
 Chosen on the evaluation suite's validation prompts (SmolLM2-135M-Instruct and its EAGLE-3 head,
 the tree 6,4,15, replayed from teacher-forced traces; gpu_runs/README.md): a suffix match of 3
 tokens or more (max_ngram 4) served 4.33 tokens a step against the tree's 3.53 over 8 prompts of every
@@ -61,8 +70,9 @@ SUFFIX = "+ngram"  # method KIND+ngram: KIND's drafter with the lookup beside it
 MAX_NGRAM = 4
 GATE = None  # the gate's default: unset, the engine's choice by its policy (module doc, "The gate")
 GATE_CHAIN = 31  # the gated step's chain where the gate is on and ngram_gate_chain is not given (module doc)
+GATE_LONG = 0  # the gated step's chain after a gated step that accepted all it drafted (module doc; 0: off)
 MIN_NGRAM = 3
-OPTIONS = ("ngram_max", "ngram_min", "ngram_gate", "ngram_gate_chain")  # drafter options the assist takes (the rest go to the head's drafter)
+OPTIONS = ("ngram_max", "ngram_min", "ngram_gate", "ngram_gate_chain", "ngram_gate_long")  # drafter options the assist takes (the rest go to the head's drafter)
 
 
 def default_gate(policy: str | None) -> int:
@@ -92,6 +102,10 @@ def resolve_options(options: dict, policy: str | None, room: int | None = None) 
             raise ValueError(gate_off(out["ngram_gate_chain"], policy))
     if out.get("ngram_gate_chain") is None and out["ngram_gate"]:
         out["ngram_gate_chain"] = GATE_CHAIN if room is None or room > GATE_CHAIN else 0
+    long = out.get("ngram_gate_long")
+    if long and room is not None and room <= long:
+        raise ValueError(f"ngram_gate_long={long} needs room past the longest sequence for its chain; this engine "
+                         f"has {room} (raise max_len, or give a shorter ngram_gate_long)")
     return out
 
 
@@ -109,7 +123,7 @@ class NgramAssist(Drafter):
 
     def __init__(self, inner: Drafter, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
                  chain: int | None = None, _shared: DeviceNgramDrafter | None = None, gate: int | None = GATE,
-                 gate_chain: int = 0):
+                 gate_chain: int = 0, gate_long: int = GATE_LONG):
         if not inner.abilities.on_device:
             raise ValueError(f"the n-gram assist needs a drafter that drafts on the device; {type(inner).__name__} "
                              "drafts on the host")
@@ -121,15 +135,26 @@ class NgramAssist(Drafter):
             raise ValueError(f"ngram_gate_chain must be a draft count >= 0 (0: the tree's), got {gate_chain!r}")
         if gate_chain and gate == 0:
             raise ValueError("ngram_gate_chain sets the chain of the gate's steps: it needs the gate (ngram_gate >= 1)")
+        if not isinstance(gate_long, int) or isinstance(gate_long, bool) or gate_long < 0:
+            raise ValueError(f"ngram_gate_long must be a draft count >= 0 (0: off), got {gate_long!r}")
+        if gate_long and gate == 0:
+            raise ValueError("ngram_gate_long sets the chain of a gated step after a fully accepted one: it needs the "
+                             "gate (ngram_gate >= 1)")
         # the engine's gate (module doc, "The gate"): up to this many rows, a full-tree step whose rows
         # all match runs `lookup_only()` instead (0: never), a chain of `gate_chain` drafts
         self.gate = gate
         self.inner = inner
         self.chain = inner.num_draft if chain is None else chain
         self.gate_chain = max(gate_chain, self.chain)
+        if gate_long and gate_long <= self.gate_chain:
+            raise ValueError(f"ngram_gate_long={gate_long} must be longer than the gated chain ({self.gate_chain} "
+                             f"drafts), or 0 (off)")
+        # the ladder (module doc, "The ladder"): a gated step right after a gated one whose rows accepted
+        # every draft verifies a chain of `gate_long` drafts (0: never)
+        self.gate_long = gate_long
         self.num_draft = inner.num_draft
         self.topk = inner.topk
-        self.depth = max(inner.depth, self.chain, self.gate_chain)
+        self.depth = max(inner.depth, self.chain, self.gate_chain, self.gate_long)
         self.needs = inner.needs
         self.abilities = Abilities(on_device=True, trees=True, tiers=inner.abilities.tiers)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -186,11 +211,13 @@ class NgramAssist(Drafter):
         tier._allocate_chain(self.cols.device)
         return tier
 
-    def lookup_only(self) -> "LookupChain":
+    def lookup_only(self, long: bool = False) -> "LookupChain":
         """The full tree's step without the head's tree, for a step whose rows all take the chain: a
-        chain of `gate_chain` drafts (the tree's draft count unless ngram_gate_chain says more)."""
-        twin = LookupChain(self.inner, self.max_ngram, self.min_ngram, self.gate_chain, self.lookup)
-        twin.num_draft = self.gate_chain
+        chain of `gate_chain` drafts (the tree's draft count unless ngram_gate_chain says more), or with
+        `long` of `gate_long` (the ladder's)."""
+        n = self.gate_long if long else self.gate_chain
+        twin = LookupChain(self.inner, self.max_ngram, self.min_ngram, n, self.lookup)
+        twin.num_draft = n
         twin._allocate_chain(self.cols.device)
         return twin
 

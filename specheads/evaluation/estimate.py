@@ -12,7 +12,8 @@ drafts and the bonus token (never past the continuation's end) and the next step
 where it stopped: the mean acceptance length is what the engine reports for the same prompts,
 up to where the drafter's own arithmetic would round a near-tie differently in a step than in
 its prefill. With the n-gram assist's gated long chain (`ngram_gate_chain`, drafters/assist.py), a
-root whose lookup matched is scored with that chain, as a batch-1 step would verify it.
+root whose lookup matched is scored with that chain, as a batch-1 step would verify it, and with its
+ladder (`ngram_gate_long`) a gated step right after a fully accepted gated one with the ladder's chain.
 """
 
 from __future__ import annotations
@@ -70,13 +71,19 @@ def following(seq: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
 
 
 def accepted_per_position(drafter, target, sequence: list[int], start: int, rows: int = 64,
-                          tokens: int | None = None) -> list[int]:
+                          tokens: int | None = None, chains: list[int] | None = None) -> list[int]:
     """Accepted drafts of a step rooted at each position L in [start, len(sequence) - 1): the
     length of the tree's path that spells sequence[L + 1:], minus the root. Roots are scored in
-    chunks (root_chunks: at most `rows` rows and `tokens` prefill tokens a chunk)."""
+    chunks (root_chunks: at most `rows` rows and `tokens` prefill tokens a chunk). `chains` (a list,
+    filled where the drafter has a ladder, `ladder`): per root, the drafts of the lookup's chain up to
+    the ladder's length that spell the sequence, -1 where the lookup does not match."""
     result: list[int] = []
     long = long_chain(drafter)
-    cols = torch.arange(long, device=next(target.parameters()).device) if long else None
+    gate_long = ladder(drafter)[1]
+    if gate_long and chains is None:
+        raise ValueError("a drafter with a ladder (ngram_gate_long) is scored with chains=[] (ladder_walk walks it)")
+    dev = next(target.parameters()).device
+    cols = torch.arange(max(long, gate_long), device=dev) if long else None
     with torch.no_grad():
         for chunk, seq, ctx in prefilled_roots(drafter, target, sequence, start, rows, tokens):
             tree = drafter.propose(ctx)
@@ -90,7 +97,11 @@ def accepted_per_position(drafter, target, sequence: list[int], start: int, rows
             accepted = length - 1
             if long:  # a matched root's step is gated: the lookup's chain of up to `long` drafts
                 chain, found = lookup_accepted(drafter, ctx, seq, chunk, cols)
-                accepted = torch.where(found, chain, accepted)
+                # (not a request's first step: the engine gates a step behind a drafting one)
+                gated = found & (chunk > start)
+                accepted = torch.where(gated, chain.clamp(max=long), accepted)
+                if gate_long:
+                    chains += torch.where(gated, chain, -1).tolist()
             result += accepted.tolist()
     return result
 
@@ -105,10 +116,42 @@ def lookup_accepted(drafter, ctx: DraftContext, seq: torch.Tensor, chunk: torch.
 
 
 def long_chain(drafter) -> int:
-    """The chain a gated batch-1 step verifies where it is longer than the tree's (the n-gram
-    assist's ngram_gate_chain with its gate not turned off), else 0."""
+    """The chain a gated batch-1 step verifies where it is longer than the tree's or followed by the
+    ladder's (the n-gram assist's ngram_gate_chain and ngram_gate_long, its gate not turned off), else 0."""
     chain = getattr(drafter, "gate_chain", 0)
-    return chain if chain > getattr(drafter, "num_draft", 0) and getattr(drafter, "gate", 0) != 0 else 0
+    longer = chain > getattr(drafter, "num_draft", 0) or getattr(drafter, "gate_long", 0)
+    return chain if longer and getattr(drafter, "gate", 0) != 0 else 0
+
+
+def ladder(drafter) -> tuple[int, int]:
+    """(the gated chain, the ladder's chain) where the n-gram assist's gate runs its ladder
+    (ngram_gate_long: a gated step right after a gated one that accepted every draft), else (0, 0)."""
+    long, gate_long = long_chain(drafter), getattr(drafter, "gate_long", 0)
+    return (long, gate_long) if long and gate_long else (0, 0)
+
+
+def ladder_walk(accepted: list[int], chains: list[int], new_tokens: int, chain: int, long: int,
+                kinds: dict | None = None) -> tuple[int, int]:
+    """`walk` with the ladder: a gated root (chains[i] >= 0: the lookup matched, not the first step)
+    verifies the gated chain of `chain` drafts, or of `long` right after a gated step that accepted
+    every draft it verified. `kinds` (a dict) counts the steps by kind: "tree", "chain", "ladder"."""
+    state = {"full": False}
+    kinds = {} if kinds is None else kinds
+
+    def pick(i: int) -> tuple[int, int]:
+        if chains[i] < 0:
+            state["full"] = False
+            kinds["tree"] = kinds.get("tree", 0) + 1
+            return accepted[i], 0
+        kind = "ladder" if state["full"] else "chain"
+        kinds[kind] = kinds.get(kind, 0) + 1
+        n = long if state["full"] else chain
+        a = min(chains[i], n)
+        state["full"] = a == n
+        return a, 0
+
+    steps, total, _ = walk_with(new_tokens, pick)
+    return steps, total
 
 
 def drafter_kv(drafter, n: int) -> int:
@@ -116,16 +159,25 @@ def drafter_kv(drafter, n: int) -> int:
     return n + drafter.depth + 1
 
 
-def walk(accepted: list[int], new_tokens: int) -> tuple[int, int]:
-    """(verify steps, accepted drafts) of serving `new_tokens` tokens, the first from the prefill,
-    with `accepted[i]` drafts accepted at a step rooted i tokens into the continuation. As the
-    engine counts them, the last step's drafts count up to the budget only."""
-    emitted, steps, total = 1, 0, 0
+def walk_with(new_tokens: int, pick) -> tuple[int, int, float]:
+    """(verify steps, accepted drafts, summed units) of serving `new_tokens` tokens, the first from the
+    prefill, where `pick(i)` -> (drafts accepted, units spent) for a step rooted i tokens into the
+    continuation. As the engine counts them, the last step's drafts count up to the budget only."""
+    emitted, steps, total, units = 1, 0, 0, 0
     while emitted < new_tokens:
-        a = min(accepted[emitted - 1], new_tokens - emitted - 1)
+        a, u = pick(emitted - 1)
+        a = min(a, new_tokens - emitted - 1)
         steps += 1
         total += a
+        units += u
         emitted += a + 1
+    return steps, total, units
+
+
+def walk(accepted: list[int], new_tokens: int) -> tuple[int, int]:
+    """(verify steps, accepted drafts) of serving `new_tokens` tokens with `accepted[i]` drafts accepted
+    at a step rooted i tokens into the continuation (walk_with)."""
+    steps, total, _ = walk_with(new_tokens, lambda i: (accepted[i], 0))
     return steps, total
 
 
@@ -158,7 +210,8 @@ def served_acceptance(target, head, method: str, tree: dict, prompts: list[list[
         if n < 2:
             out.append({"steps": 0, "accepted_tokens": 0, "mean_accept_length": None})
             continue
-        accepted = accepted_per_position(drafter, target, prompt + cont, len(prompt), rows)
-        steps, total = walk(accepted, n)
+        chains, (chain, long) = [], ladder(drafter)
+        accepted = accepted_per_position(drafter, target, prompt + cont, len(prompt), rows, chains=chains)
+        steps, total = ladder_walk(accepted, chains, n, chain, long) if long else walk(accepted, n)
         out.append({"steps": steps, "accepted_tokens": total, "mean_accept_length": 1 + total / steps})
     return out

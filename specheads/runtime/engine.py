@@ -184,7 +184,7 @@ class _Launch:
     host_s: float = 0.0  # host time of the launch (a host drafter's proposal included)
     offered: list | None = None  # per row: the draft tokens a host drafter proposed (None: not known)
     ahead: bool = False  # launched while the step before it was in flight
-    gated: bool = False  # the full tree's step run without the head's tree (SpecEngine._gate)
+    gated: int = 0  # the full tree's step run without the head's tree (SpecEngine._gate): its chain's drafts
 
 
 # Up to this many prompts joining at one step are prefilled one at a time, each replaying the
@@ -293,9 +293,11 @@ class SpecEngine:
         # (a plain step after a plain one or a prefill, with the one entry each row has pending)
         self._drafted = False
         # the last step launched was the gate's (`_gate`): its rows may hold the gated chain's whole path
-        # pending, which the next step feeds at the long width (`_fed`, `_run`)
-        self._gated_last = False
-        self._full, self._gated = 0, None  # the full tree's tier index; the gate's graph index (`_allocate`)
+        # pending, which the next step feeds at the long width (`_fed`, `_run`): 0 no, 2 the gated
+        # chain's, 3 the ladder's
+        self._gated_last = 0
+        # the full tree's tier index; the gate's graph index and the ladder's (`_allocate`)
+        self._full, self._gated, self._gated_long = 0, None, None
         # generate() has admitted its last prompt: no request waits for a row (the policy's `drain`
         # setting ranks tiers for the batch's slow end then; runtime/policy.py); a server's engine
         # never drains
@@ -369,8 +371,9 @@ class SpecEngine:
     @property
     def max_drafts(self) -> int:
         """The most drafts a step verifies on a row: the tree's, or the n-gram assist's gated chain
-        where ngram_gate_chain makes it longer (drafters/assist.py)."""
-        gated = getattr(self.drafter, "gate_chain", 0) if self.gate_rows else 0
+        where ngram_gate_chain or its ladder (ngram_gate_long) makes it longer (drafters/assist.py)."""
+        d = self.drafter
+        gated = max(getattr(d, "gate_chain", 0), getattr(d, "gate_long", 0)) if self.gate_rows else 0
         return max(self.num_draft_tokens, gated)
 
     @property
@@ -511,7 +514,8 @@ class SpecEngine:
         row's lookup at its new root (written by the step); where every row matches, every row would
         take the lookup's chain, so the step runs without the head's tree (`LookupChain`): the same
         drafts, verify and commit at the cost of the chain's verify. The wait gives up the run-ahead
-        of the steps it checks."""
+        of the steps it checks. With the ladder (option ngram_gate_long), a gated step behind a gated
+        one whose rows accepted every draft runs the ladder's longer chain (`_gated_long`)."""
         b, kv, sampled, tier, logprobs = plan
         rows = self.rows
         if (tier != self._full or not current.tier or len(rows) > self.gate_rows or len(current.rows) != len(rows)
@@ -519,11 +523,17 @@ class SpecEngine:
             return plan
         if current.event is not None:
             current.event.synchronize()
-        if bool((current.host[:len(current.rows), -1] == 1).all()):
-            if self.widest_nodes > self.tree_nodes:  # a longer chain than the tree (ngram_gate_chain): its own room
+        host = current.host[:len(current.rows)]
+        if bool((host[:, -1] == 1).all()):
+            run = self._gated
+            # (out columns 0 and 2: accepted with the root, drafted)
+            if self._gated_long is not None and current.gated and bool((host[:, 0] - 1 == host[:, 2]).all()):
+                run = self._gated_long
+            nodes = 1 + self._drafters[run].num_draft
+            if nodes > self.tree_nodes:  # a longer chain than the tree (ngram_gate_chain): its own room
                 before = max(r.committed for r in rows) + self._launch_depth(current) + 1
-                kv = self._step_bucket(before + self.widest_nodes + 1)
-            return b, kv, sampled, self._gated, logprobs
+                kv = self._step_bucket(before + nodes + 1)
+            return b, kv, sampled, run, logprobs
         return plan
 
     def _launch_depth(self, launch: _Launch) -> int:
@@ -532,7 +542,7 @@ class SpecEngine:
         if not launch.tier:
             return 0
         if launch.gated:
-            return self.widest_nodes - 1
+            return launch.gated
         t = self.policy.tiers[launch.tier - 1]
         return min(t.steps, t.num_draft)
 
@@ -628,7 +638,8 @@ class SpecEngine:
         its plan, where the caller made it already: the policy chooses once a step)."""
         n = len(self.rows)
         b, kv, sampled, run, logprobs = plan or self._plan(ahead)
-        tier = self._full if run == self._gated else run  # (a gated step is the full tree's, to the policy)
+        # (a gated step is the full tree's, to the policy)
+        tier = self._full if run in (self._gated, self._gated_long) else run
         proposal, self._proposal = self._proposal, None  # made with this plan, or None
         t0 = time.perf_counter()  # the host's share of the step (a bucket's first plan may time its graphs)
         offered = None
@@ -638,7 +649,8 @@ class SpecEngine:
             t0 -= proposal[1] if proposal else 0.0
         out = self._run(b, kv, sampled, run, logprobs)
         self._drafted = tier > 0
-        self._gated_last = run == self._gated
+        gated = self._drafters[run].num_draft if run in (self._gated, self._gated_long) else 0
+        self._gated_last = 0 if not gated else 3 if run == self._gated_long else 2
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
             if self.drafter is not None:
@@ -658,7 +670,7 @@ class SpecEngine:
         if any(r.speculate for r in self.rows):  # (once queued: behind the assist's gate the card waits on this launch)
             self.policy.launched(tier)
         return _Launch(list(self.rows), host, event, host_lp, tier, [r.speculate for r in self.rows], b,
-                       time.perf_counter() - t0, offered, bool(ahead), run == self._gated)
+                       time.perf_counter() - t0, offered, bool(ahead), gated)
 
     def _finish(self, launch: _Launch) -> list[StepOutput]:
         """Read a launched step's result (the one host sync of a step) and emit its tokens."""
@@ -849,10 +861,13 @@ class SpecEngine:
         self._drafters = [None] + [self.drafter.tier(t) for t in tiers[:-1]] + [self.drafter] * bool(tiers)
         # the gate (`_gate`): the full tree's step without the head's tree, where every row takes the
         # lookup's chain; run as a graph of its own, observed as the full tree's step
-        self._full, self._gated = len(tiers), None
+        self._full, self._gated, self._gated_long = len(tiers), None, None
         if tiers and self.gate_rows and not self._host_drafts:
             self._drafters.append(self.drafter.lookup_only())
             self._gated = len(self._drafters) - 1
+            if getattr(self.drafter, "gate_long", 0):  # the ladder's chain (`_gate`)
+                self._drafters.append(self.drafter.lookup_only(long=True))
+                self._gated_long = len(self._drafters) - 1
             # the batch buckets a gated step can run in (their drafting steps tell the next root's lookup)
             self._gate_rows = self._batch_bucket(self.gate_rows) if self.buckets else self.gate_rows
         if self._host_drafts:  # its trees are copied into these inputs
@@ -1065,14 +1080,15 @@ class SpecEngine:
         for b in batches:
             for kv in kvs:
                 keys = [(b, kv, False, tier) for tier in range(self._full + 1)]
-                if self._gated is not None and b <= self._gate_rows:
-                    keys.append((b, kv, False, self._gated))
+                gates = [g for g in (self._gated, self._gated_long) if g is not None]
+                if gates and b <= self._gate_rows:
+                    keys += [(b, kv, False, g) for g in gates]
                 if self._keeps_up:  # and the plain step after a drafting one
                     keys.append((b, kv, False, 0, False, 1))
-                if self._gated is not None:  # after a gated step (`_fed`): every step in the gate's batches,
-                    # a plain catch-up in wider ones
-                    steps = [*range(1, self._full + 1), self._gated] if b <= self._gate_rows else []
-                    keys += [(b, kv, False, t, False, 2) for t in [0, *steps]]
+                # after a gated step (`_fed`): every step in the gate's batches, a plain catch-up in wider ones
+                steps = [*range(1, self._full + 1), *gates] if gates and b <= self._gate_rows else []
+                for wide in (2, 3)[: len(gates)]:
+                    keys += [(b, kv, False, t, False, wide) for t in [0, *steps]]
                 for key in keys:
                     if key not in self.graphs:
                         self.graphs[key] = self._capture(*key)
@@ -1272,9 +1288,9 @@ class SpecEngine:
         """Step rows [:b] verifying tier `tier`'s tree (0: the roots alone); the result rows (`out`)."""
         key = (b, kv, sampled, tier) + ((True,) if logprobs else ())
         if tier == 0 and self._drafted and self._keeps_up:  # (the plain graph of every bucket is the narrow one)
-            key = (b, kv, sampled, tier, logprobs, 2 if self._gated_last else 1)
+            key = (b, kv, sampled, tier, logprobs, self._gated_last or 1)
         elif tier and self._gated_last:  # (the variant that feeds a gated step's paths: `_fed`)
-            key = (b, kv, sampled, tier, logprobs, 2)
+            key = (b, kv, sampled, tier, logprobs, self._gated_last)
         if not self.use_graphs:
             with torch.no_grad():
                 self._step(*key)
@@ -1299,8 +1315,10 @@ class SpecEngine:
         from 1.91 to 2.12 ms (2026-12-04), and the full tree at batch 1 from 0.92 to 0.93 ms. In the
         gate's batches every step has both variants; a wider batch, where only rows that joined
         right after a gated step can follow one, feeds that step's paths in a plain step of its own
-        (`_catch_up`)."""
-        return self.widest_nodes if wide == 2 else self.tree_nodes
+        (`_catch_up`). `wide` 3: after a gated step of the ladder's chain (ngram_gate_long)."""
+        if wide >= 2:
+            return 1 + self._drafters[self._gated_long if wide == 3 else self._gated].num_draft
+        return self.tree_nodes
 
     def _reach(self, b: int) -> int:
         """The most drafts a step of batch bucket `b` can accept: the gate's longer chain in the gate's
@@ -1327,7 +1345,8 @@ class SpecEngine:
 
     def _step(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False, wide: int = 0) -> None:
         """Draft, verify, accept and commit for rows [:b] (tier 0: no drafts; `wide` 1: a plain step
-        after a drafting one, 2: any step after a gated one, `_fed`); fixed shapes, no host syncs."""
+        after a drafting one, 2: any step after a gated one, 3: after a ladder's, `_fed`); fixed shapes,
+        no host syncs."""
         draft = tier > 0
         # a plain step of a device drafter keeps its row state up to date (the smallest tier takes
         # in what the last step left pending; the root's one-node path is committed below), so a

@@ -98,21 +98,42 @@ def test_evaluate_sets_the_estimate_beside_the_measure(tiny_target):
 
 def test_the_estimate_follows_the_assists_gated_long_chain():
     """With the n-gram assist, and with its gated steps verifying a longer chain than the tree
-    (ngram_gate_chain; by default GATE_CHAIN at batch 1 under the fixed policy), the estimate scores a matched root with that chain as the batch-1 engine
-    verifies it: the same steps and accepted drafts, prompt by prompt, and the long chain changes them."""
-    target = make_target(seed=0, vocab=VOCAB, max_positions=192, std=0.2)  # answers that repeat now and then
+    (ngram_gate_chain; by default GATE_CHAIN at batch 1 under the fixed policy), the estimate scores a matched root
+    with that chain as the batch-1 engine verifies it, and with the ladder (ngram_gate_long) the ladder's chain
+    after a fully accepted gated step: the same steps and accepted drafts, prompt by prompt, and each chain
+    changes them."""
+    target = make_target(seed=0, vocab=VOCAB, max_positions=192, std=0.1)  # answers that settle into long runs
     train = random_prompts(12, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3], seed=11)
     head = train_head(target, train, kind="eagle3")
-    prompts, new = train[:6], 60
+    prompts, new = train[:6] + [[13, 33] * 5, [8, 8, 8, 8, 8]], 60
     longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=150).generate(
         prompts, SamplingParams(max_new_tokens=new + 25))]
     seen = {}
-    for options in ({"ngram_gate_chain": 0}, {}, {"ngram_gate_chain": 20}):  # the tree's chain, the default's, 20
+    # the tree's chain, the default's, 20, and 8 with the ladder's 20 after a fully accepted gated step
+    for options in ({"ngram_gate_chain": 0}, {}, {"ngram_gate_chain": 20}, {"ngram_gate_chain": 8, "ngram_gate_long": 20}):
         engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=1, drafter_options=options,
                             **TREE)
         served = [(r.steps, r.accepted_tokens) for r in engine.generate(prompts, SamplingParams(max_new_tokens=new))]
         est = served_acceptance(target, head, "eagle3+ngram", TREE, prompts, longer, [new] * len(prompts),
                                 options=options)
         assert [(e["steps"], e["accepted_tokens"]) for e in est] == served
-        seen[options.get("ngram_gate_chain")] = served
-    assert seen[None] != seen[0] and seen[20] != seen[0]
+        seen[(options.get("ngram_gate_chain"), options.get("ngram_gate_long"))] = served
+    assert seen[None, None] != seen[0, None] and seen[20, None] != seen[0, None]
+    assert seen[8, 20] not in (seen[20, None], seen[0, None])
+
+
+def test_the_ladder_walk_takes_the_longer_chain_only_after_a_fully_accepted_gated_step():
+    """ladder_walk: a gated root verifies the gated chain (2 drafts here), or the ladder's (5) right after
+    a gated step that accepted all it verified; a tree step or a partly accepted chain resets it."""
+    from specheads.evaluation.estimate import ladder_walk
+
+    tree = [1] * 20  # the head's tree accepts one draft at every root
+    chains = [-1, 9, 9, 9, 9, 9, 9, 9, 9, 9, 1, 1, 9, 9, 9, 9, 9, 9, 9, 9]  # the lookup's chain, -1: no match
+    kinds = {}
+    # tokens emitted after each step: root 0 (the tree) 3, root 2 (the chain, all accepted) 6, root 5 (the
+    # ladder) 12, root 11 (the ladder, 1 of 5 accepted) 14, root 13 (the chain) 17, root 16 (the ladder, cut
+    # at the budget of 20) 20
+    assert ladder_walk(tree, chains, 20, 2, 5, kinds) == (6, 13)
+    assert kinds == {"tree": 1, "chain": 2, "ladder": 3}
+    # without the ladder's chain longer than the gated one, it is the gated walk
+    assert ladder_walk(tree, chains, 20, 2, 2) == walk([tree[i] if c < 0 else min(c, 2) for i, c in enumerate(chains)], 20)

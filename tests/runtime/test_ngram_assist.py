@@ -307,6 +307,83 @@ def test_start_up_captures_the_catch_up_step_of_every_batch_wider_than_the_gates
     assert narrow and wide and (narrow | wide) == {k for k in steps if len(k) > 5 and k[5] == 2}
 
 
+
+@pytest.fixture(scope="module")
+def looping():
+    """A target whose greedy answers settle into long runs (std 0.1): an answer that copies far."""
+    return make_target(seed=0, vocab=VOCAB, max_positions=192, std=0.1)
+
+
+@pytest.mark.parametrize("max_batch", [1, 4])
+def test_the_ladder_verifies_its_longer_chain_after_a_fully_accepted_gated_step(looping, head, max_batch, monkeypatch):
+    """ngram_gate_long: a gated step right after a gated one whose rows accepted every draft verifies the
+    ladder's chain (its own verify width), any other gated step the gated chain: the output stays the
+    target's (greedy, and sampled with its counter-based noise), a long copy takes fewer steps, the
+    steps after a ladder step feed its paths at its width, and start-up captures its graphs."""
+    kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
+    reference = ar_tokens(looping, PROMPTS, NEW, max_len=128)
+    runs = {}
+    for long in (0, 5 * n):
+        engine = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
+                            drafter_options={"ngram_gate": max_batch, "ngram_gate_chain": 2 * n, "ngram_gate_long": long},
+                            **TREES["tree"])
+        assert engine.max_drafts == (long or 2 * n) and engine.num_steps == (long or 2 * n)
+        gated = _gated_steps(engine)
+        steps = []
+        step = engine._step
+
+        def spy_step(b, kv, sampled, tier, logprobs=False, wide=0, step=step, steps=steps):
+            steps.append((tier, wide))
+            return step(b, kv, sampled, tier, logprobs, wide)
+        engine._step = spy_step
+        out, accepted = _run(engine, PROMPTS)
+        assert out == reference
+        runs[long] = (len(accepted), gated, steps, accepted)
+    (n0, gated0, _, acc0), (n1, gated1, steps1, acc1) = runs[0], runs[5 * n]
+    assert 5 * n not in gated0 and max(acc0) <= 2 * n + 1
+    if max_batch == 1:
+        # the ladder ran, only right behind a gated step, and accepted past the gated chain
+        assert 5 * n in gated1 and max(acc1) > 2 * n + 1
+        assert all(gated1[i - 1] for i, g in enumerate(gated1) if g == 5 * n)
+        assert n1 < n0
+        # the step after each ladder step feeds the ladder's paths (wide 3), after a gated one the chain's (2)
+        engine = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=1,
+                            drafter_options={"ngram_gate_chain": 2 * n, "ngram_gate_long": 5 * n}, **TREES["tree"])
+        after = {g: w for g, (_, w) in zip(gated1, steps1[1:]) if g}
+        assert after == {2 * n: 2, 5 * n: 3}
+        # under the adaptive policy (the ladder's steps count as the full tree's)
+        adaptive = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=1, speculation_policy="adaptive",
+                              drafter_options={"ngram_gate_chain": 2 * n, "ngram_gate_long": 5 * n}, **TREES["tree"])
+        gated = _gated_steps(adaptive)
+        assert _run(adaptive, PROMPTS)[0] == reference
+        assert 5 * n in gated
+    params = SamplingParams(max_new_tokens=30, temperature=0.8, seed=5)
+    ref = [r.token_ids for r in SpecEngine(looping, method="ar", max_len=128).generate(PROMPTS[:4], params)]
+    assert [r.token_ids for r in engine.generate(PROMPTS[:4], params)] == ref
+    # start-up captures every step's graph after a ladder step, and the ladder's own (recorded: capture needs CUDA)
+    engine.use_graphs = True
+    monkeypatch.setattr(engine, "_capture", lambda *key: ("step",) + key)
+    monkeypatch.setattr(engine, "_prefill_graph", lambda width, sampled: None)
+    engine.capture_common((1,))
+    keys = {k for k in engine.graphs if k[0] != "prefill"}
+    tiers = [0, *range(1, engine._full + 1), engine._gated, engine._gated_long]
+    kvs = engine.graph_report["context_buckets"]
+    assert {(1, kv, False, t, False, w) for kv in kvs for t in tiers for w in (2, 3)} <= keys
+    assert {(1, kv, False, engine._gated_long) for kv in kvs} <= keys
+
+
+def test_the_ladder_is_refused_without_the_gate_or_shorter_than_its_chain(target, head):
+    kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
+    with pytest.raises(EngineError, match="ngram_gate_long sets the chain of a gated step after a fully accepted one"):
+        SpecEngine(target, head, method=f"{kind}+ngram", max_len=128,
+                   drafter_options={"ngram_gate": 0, "ngram_gate_long": 40}, **TREES["tree"])
+    with pytest.raises(EngineError, match=r"ngram_gate_long=20 must be longer than the gated chain \(31 drafts\)"):
+        SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, drafter_options={"ngram_gate_long": 20},
+                   **TREES["tree"])
+    with pytest.raises(EngineError, match="ngram_gate_long=100 needs room past the longest sequence"):
+        SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, drafter_options={"ngram_gate_long": 100},
+                   **TREES["tree"])
+
 def test_a_wider_batch_weighs_and_records_the_full_tier_at_the_trees_draft_count(target, head, reference):
     """Under the adaptive policy the assist's full tier is as deep as its gated chain, which runs only
     in the gate's batches: a wider batch's choice is told depth caps of at most the tree's draft count
