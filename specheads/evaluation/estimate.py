@@ -143,9 +143,9 @@ def ladder_walk(accepted: list[int], chains: list[int], new_tokens: int, chain: 
             state["full"] = False
             kinds["tree"] = kinds.get("tree", 0) + 1
             return accepted[i], 0
-        kind = "ladder" if state["full"] else "chain"
-        kinds[kind] = kinds.get(kind, 0) + 1
         n = long if state["full"] else chain
+        kind = "ladder" if n > chain else "chain"
+        kinds[kind] = kinds.get(kind, 0) + 1
         a = min(chains[i], n)
         state["full"] = a == n
         return a, 0

@@ -349,8 +349,8 @@ def test_the_ladder_verifies_its_longer_chain_after_a_fully_accepted_gated_step(
         # the step after each ladder step feeds the ladder's paths (wide 3), after a gated one the chain's (2)
         engine = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=1,
                             drafter_options={"ngram_gate_chain": 2 * n, "ngram_gate_long": 5 * n}, **TREES["tree"])
-        after = {g: w for g, (_, w) in zip(gated1, steps1[1:]) if g}
-        assert after == {2 * n: 2, 5 * n: 3}
+        after = {(g, w) for g, (_, w) in zip(gated1, steps1[1:]) if g}
+        assert after == {(2 * n, 2), (5 * n, 3)}
         # under the adaptive policy (the ladder's steps count as the full tree's)
         adaptive = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=1, speculation_policy="adaptive",
                               drafter_options={"ngram_gate_chain": 2 * n, "ngram_gate_long": 5 * n}, **TREES["tree"])
