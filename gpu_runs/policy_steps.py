@@ -158,7 +158,7 @@ def instrument(engine, trace: bool = False) -> dict:
             n["launch-unplanned"] += 1
         tally["tiers"][out.tier] += 1
         tally["ahead"][ahead] += 1
-        n["gated"] += out.gated  # (the assist's gated steps, counted under the full tier too)
+        n["gated"] += bool(out.gated)  # (the assist's gated steps, counted under the full tier too)
         return out
 
     def _finish(l):

@@ -81,9 +81,9 @@ def default_gate(policy: str | None) -> int:
     return 1 if policy in ("fixed", "adaptive") else 0
 
 
-def gate_off(chain: int, policy: str | None) -> str:
+def gate_off(chain: int, policy: str | None, option: str = "ngram_gate_chain") -> str:
     """Why a chain longer than the tree's is refused where the gate is off by the policy's default."""
-    return (f"ngram_gate_chain={chain} lengthens the gate's chain, and the gate is off under the {policy} policy "
+    return (f"{option}={chain} lengthens the gate's chain, and the gate is off under the {policy} policy "
             f"unless asked: add ngram_gate=1")
 
 

@@ -307,9 +307,11 @@ class SpecEngine:
             self.policy = self._build_policy(speculation_policy, speculation_tiers, speculation_settings)
         except PolicyError as e:
             raise EngineError(str(e)) from None
-        if getattr(self.drafter, "gate_chain", 0) > self.num_draft_tokens and not self.gate_rows:
+        chain, long = getattr(self.drafter, "gate_chain", 0), getattr(self.drafter, "gate_long", 0)
+        if max(chain, long) > self.num_draft_tokens and not self.gate_rows:
             # (a drafter built outside the engine: as deep as the long chain, which only a gated step drafts)
-            raise EngineError(gate_off(self.drafter.gate_chain, getattr(self.policy, "name", None)))
+            raise EngineError(gate_off(max(chain, long), getattr(self.policy, "name", None),
+                                       "ngram_gate_long" if long > chain else "ngram_gate_chain"))
 
     # ------------------------------------------------------------------ policy
     @property
@@ -526,8 +528,10 @@ class SpecEngine:
         host = current.host[:len(current.rows)]
         if bool((host[:, -1] == 1).all()):
             run = self._gated
-            # (out columns 0 and 2: accepted with the root, drafted)
-            if self._gated_long is not None and current.gated and bool((host[:, 0] - 1 == host[:, 2]).all()):
+            # the ladder where every row drafted and accepted the whole chain (out columns 0 and 2: accepted
+            # with the root, drafted; a request's own draft limit cuts its chain short, and no ladder helps it)
+            if (self._gated_long is not None and current.gated and bool((host[:, 2] == current.gated).all())
+                    and bool((host[:, 0] - 1 == current.gated).all())):
                 run = self._gated_long
             nodes = 1 + self._drafters[run].num_draft
             if nodes > self.tree_nodes:  # a longer chain than the tree (ngram_gate_chain): its own room

@@ -12,7 +12,7 @@ import torch
 
 from specheads.drafters import DraftContext, DrafterError, DraftSetup, build_drafter, method_needs_head
 from specheads.drafters.assist import GATE_CHAIN, NgramAssist, split_method
-from specheads.runtime.engine import EngineError, Request, SpecEngine
+from specheads.runtime.engine import EngineError, Request, SpecControl, SpecEngine
 from specheads.runtime.policy import FixedPolicy, TreeShape
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
@@ -314,62 +314,90 @@ def looping():
     return make_target(seed=0, vocab=VOCAB, max_positions=192, std=0.1)
 
 
+def _ladder_run(engine, prompts, params, spec=None):
+    """Each request's tokens (all admitted as rows free up) and the chain's drafts of every launched step
+    that the gate ran (0 for the others)."""
+    gated = _gated_steps(engine)
+    queue, handles, tokens = list(enumerate(prompts)), {}, {}
+    while queue or engine.has_work:
+        while queue and engine.free_slots > 0:
+            i, prompt = queue.pop(0)
+            h = engine.add(Request(prompt, params, spec=spec or SpecControl()))
+            handles[h], tokens[h] = i, []
+        for out in engine.step():
+            tokens[out.handle] += out.new_tokens
+    return [tokens[h] for h in sorted(handles, key=handles.get)], gated
+
+
 @pytest.mark.parametrize("max_batch", [1, 4])
-def test_the_ladder_verifies_its_longer_chain_after_a_fully_accepted_gated_step(looping, head, max_batch, monkeypatch):
-    """ngram_gate_long: a gated step right after a gated one whose rows accepted every draft verifies the
-    ladder's chain (its own verify width), any other gated step the gated chain: the output stays the
-    target's (greedy, and sampled with its counter-based noise), a long copy takes fewer steps, the
-    steps after a ladder step feed its paths at its width, and start-up captures its graphs."""
+def test_the_ladder_verifies_its_longer_chain_after_a_fully_accepted_gated_step(looping, head, max_batch):
+    """ngram_gate_long: a gated step right after a gated one whose rows all drafted and accepted the whole
+    chain verifies the ladder's chain (its own verify width), any other gated step the gated chain: the
+    output stays the target's, greedy and sampled, a long copy takes fewer steps, the steps after a ladder
+    step feed its paths at its width, and a request whose own draft limit cuts the chain gets no ladder."""
     kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
-    reference = ar_tokens(looping, PROMPTS, NEW, max_len=128)
+    copying = [TRAIN[2], TRAIN[3]] * (max_batch // 2 or 1)  # (answers that settle into one long run)
+    prompts = PROMPTS + copying
+    reference = ar_tokens(looping, prompts, NEW, max_len=128)
+    options = {"ngram_gate": max_batch, "ngram_gate_chain": 2 * n}
     runs = {}
     for long in (0, 5 * n):
         engine = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
-                            drafter_options={"ngram_gate": max_batch, "ngram_gate_chain": 2 * n, "ngram_gate_long": long},
-                            **TREES["tree"])
+                            drafter_options={**options, "ngram_gate_long": long}, **TREES["tree"])
         assert engine.max_drafts == (long or 2 * n) and engine.num_steps == (long or 2 * n)
-        gated = _gated_steps(engine)
         steps = []
         step = engine._step
 
         def spy_step(b, kv, sampled, tier, logprobs=False, wide=0, step=step, steps=steps):
-            steps.append((tier, wide))
+            steps.append(wide)
             return step(b, kv, sampled, tier, logprobs, wide)
         engine._step = spy_step
-        out, accepted = _run(engine, PROMPTS)
+        out, gated = _ladder_run(engine, prompts, SamplingParams(max_new_tokens=NEW))
         assert out == reference
-        runs[long] = (len(accepted), gated, steps, accepted)
-    (n0, gated0, _, acc0), (n1, gated1, steps1, acc1) = runs[0], runs[5 * n]
-    assert 5 * n not in gated0 and max(acc0) <= 2 * n + 1
-    if max_batch == 1:
-        # the ladder ran, only right behind a gated step, and accepted past the gated chain
-        assert 5 * n in gated1 and max(acc1) > 2 * n + 1
-        assert all(gated1[i - 1] for i, g in enumerate(gated1) if g == 5 * n)
-        assert n1 < n0
-        # the step after each ladder step feeds the ladder's paths (wide 3), after a gated one the chain's (2)
-        engine = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=1,
-                            drafter_options={"ngram_gate_chain": 2 * n, "ngram_gate_long": 5 * n}, **TREES["tree"])
-        after = {(g, w) for g, (_, w) in zip(gated1, steps1[1:]) if g}
-        assert after == {(2 * n, 2), (5 * n, 3)}
-        # under the adaptive policy (the ladder's steps count as the full tree's)
-        adaptive = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=1, speculation_policy="adaptive",
-                              drafter_options={"ngram_gate_chain": 2 * n, "ngram_gate_long": 5 * n}, **TREES["tree"])
-        gated = _gated_steps(adaptive)
-        assert _run(adaptive, PROMPTS)[0] == reference
-        assert 5 * n in gated
-    params = SamplingParams(max_new_tokens=30, temperature=0.8, seed=5)
-    ref = [r.token_ids for r in SpecEngine(looping, method="ar", max_len=128).generate(PROMPTS[:4], params)]
-    assert [r.token_ids for r in engine.generate(PROMPTS[:4], params)] == ref
-    # start-up captures every step's graph after a ladder step, and the ladder's own (recorded: capture needs CUDA)
+        runs[long] = (len(gated), gated, steps)
+    (n0, gated0, _), (n1, gated1, steps1) = runs[0], runs[5 * n]
+    assert 5 * n not in gated0
+    # the ladder ran, only right behind a gated step, and the copies took fewer steps
+    assert 5 * n in gated1 and all(gated1[i - 1] for i, g in enumerate(gated1) if g == 5 * n)
+    assert n1 < n0
+    # the step after a gated one feeds the chain's paths (wide 2), after a ladder step the ladder's (3)
+    assert {(g, w) for g, w in zip(gated1, steps1[1:]) if g} == {(2 * n, 2), (5 * n, 3)}
+    # sampled output keeps its counter-based noise, with ladder steps among its steps (batch 1)
+    params = SamplingParams(max_new_tokens=NEW, temperature=0.2, seed=5)
+    ref = [r.token_ids for r in SpecEngine(looping, method="ar", max_len=128).generate(copying, params)]
+    gated = _gated_steps(engine)
+    assert [r.token_ids for r in engine.generate(copying, params)] == ref
+    assert 5 * n in gated or max_batch > 1  # (four sampled rows rarely all copy at once)
+    # a request that lets a step draft 3 tokens never takes the ladder (its chain is always cut to 3)
+    out, gated = _ladder_run(engine, copying, SamplingParams(max_new_tokens=NEW), SpecControl(num_draft_tokens=3))
+    assert out == reference[len(PROMPTS):] and any(gated) and 5 * n not in gated
+
+
+def test_the_ladder_under_the_adaptive_policy_and_its_graphs_at_start_up(looping, head, monkeypatch):
+    """The ladder's steps count as the full tree's under the adaptive policy, and start-up captures the
+    ladder's step and every step after one: all of them in the gate's batches, the plain catch-up in a
+    wider one (recorded: capture needs CUDA)."""
+    kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
+    copying = [TRAIN[2], TRAIN[3]]
+    options = {"ngram_gate_chain": 2 * n, "ngram_gate_long": 5 * n}
+    adaptive = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=1, speculation_policy="adaptive",
+                          drafter_options=options, **TREES["tree"])
+    out, gated = _ladder_run(adaptive, PROMPTS + copying, SamplingParams(max_new_tokens=NEW))
+    assert out == ar_tokens(looping, PROMPTS + copying, NEW, max_len=128) and 5 * n in gated
+    engine = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=4, drafter_options=options,
+                        **TREES["tree"])
     engine.use_graphs = True
     monkeypatch.setattr(engine, "_capture", lambda *key: ("step",) + key)
     monkeypatch.setattr(engine, "_prefill_graph", lambda width, sampled: None)
-    engine.capture_common((1,))
+    engine.capture_common((1, 2))
     keys = {k for k in engine.graphs if k[0] != "prefill"}
+    assert engine._gate_rows == 1
     tiers = [0, *range(1, engine._full + 1), engine._gated, engine._gated_long]
     kvs = engine.graph_report["context_buckets"]
     assert {(1, kv, False, t, False, w) for kv in kvs for t in tiers for w in (2, 3)} <= keys
     assert {(1, kv, False, engine._gated_long) for kv in kvs} <= keys
+    assert {(2, kv, False, 0, False, w) for kv in kvs for w in (2, 3)} <= keys
+    assert not any(k[0] == 2 and k[3] in (engine._gated, engine._gated_long) for k in keys)
 
 
 def test_the_ladder_is_refused_without_the_gate_or_shorter_than_its_chain(target, head):
