@@ -43,8 +43,9 @@ median of 3 runs at batch 1 coding 3.04x to 3.23x, chat 2.78x to 2.79x, and at b
 off there) within the runs' spread (-0.7%, -1.7%; docs/benchmarks.md).
 
 The ladder (option `ngram_gate_long` L, more than the gated chain; 0 = off, the default): a gated step
-right after a gated step whose rows accepted every draft it verified runs a chain of L drafts in a
-verify shape of its own (L + 1 nodes); any other gated step keeps the gated chain. An answer that copies
+right after a gated step whose rows all drafted and accepted its whole chain runs a chain of L drafts
+in a verify shape of its own (L + 1 nodes); any other gated step keeps the gated chain (a request whose
+own draft limit cuts the chain never takes the ladder). An answer that copies
 a long passage (code restated with an edit, a quoted document) then takes L + 1 tokens a step once the
 copy is under way, while a step that copies a little pays no wider verify. Replayed on the suite's
 validation answers (SmolLM2-135M-Instruct, gpu_runs/README.md): L 63 served 5.26 tokens a step on 40
