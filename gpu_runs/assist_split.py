@@ -35,7 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specheads.evaluation.estimate import following, ladder_walk, lookup_accepted, prefilled_roots, scoring_drafter, walk  # noqa: E402
+from specheads.evaluation.estimate import (following, ladder_walk, lookup_accepted, prefilled_roots,  # noqa: E402
+                                          scoring_drafter, walk, walk_with)
 from specheads.files import read_text  # noqa: E402
 from specheads.kernels.verify import accept, ancestors_reference  # noqa: E402
 
@@ -80,12 +81,8 @@ def mean_length(accepts: list[list[int]], new: list[int]) -> float:
 
 def chain_steps(pos: list[dict], n: int, big: int) -> tuple[int, int]:
     """(steps, steps whose row took the lookup's chain) serving n tokens with the assist as it is."""
-    emitted, steps, chained = 1, 0, 0
-    while emitted < n:
-        p = pos[emitted - 1]
-        steps += 1
-        chained += p["found"]
-        emitted += min(p["chain"] if p["found"] else p["tree"][big], n - emitted - 1) + 1
+    steps, _, chained = walk_with(n, lambda i: (pos[i]["chain"] if pos[i]["found"] else pos[i]["tree"][big],
+                                                int(pos[i]["found"])))
     return steps, chained
 
 
@@ -141,42 +138,36 @@ def lookup_chains(target, prompts: list[list[int]], answers: list[list[int]], lo
     return out
 
 
-def _gated(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], c_len: int) -> list[list[dict]]:
-    """The positions with the lookup alone's chain cut at c_len in place of the assist's."""
+def gated_walks(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], cats: list[str], new: list[int],
+                chain: int, long: int, nodes: int) -> dict:
+    """By group, the mean acceptance and the steps by kind ("tree", "chain", "ladder") of each answer walked
+    with the lookup alone's chain of `chain` drafts where it matched (`long` right after a gated step that
+    accepted all of its: the ladder, none where long == chain) and the head's tree of `nodes` nodes elsewhere."""
     for pos, ch in zip(rows, chains):
         assert len(pos) == len(ch) and all(p["found"] == f for p, (f, _) in zip(pos, ch)), "another replay's positions"
-    return [[{**p, "chain": min(k, c_len) if f else 0} for p, (f, k) in zip(pos, ch)] for pos, ch in zip(rows, chains)]
+    out = {}
+    for g, idx in _groups(cats).items():
+        steps = drafts = 0
+        kinds = {"tree": 0, "chain": 0, "ladder": 0}
+        for i in idx:
+            s, d = ladder_walk([p["tree"][nodes] for p in rows[i]], [k if f else -1 for f, k in chains[i]], new[i],
+                               chain, long, kinds)
+            steps, drafts = steps + s, drafts + d
+        out[g] = {"accept": 1 + drafts / steps, "steps": kinds}
+    return out
 
 
 def chain_walks(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], cats: list[str], new: list[int],
                 lengths: list[int], nodes: int) -> dict:
     """Mean acceptance per gated chain length C (the chain up to C where the lookup matched, the head's
     tree of `nodes` nodes elsewhere), over all prompts, the chat ones and the coding ones."""
-    out = {}
-    for c_len in lengths:
-        gated = _gated(rows, chains, c_len)
-        out[c_len] = {g: mean_length([[p["chain"] if p["found"] else p["tree"][nodes] for p in gated[i]] for i in idx],
-                                     [new[i] for i in idx]) for g, idx in _groups(cats).items()}
-    return out
+    return {c: {g: v["accept"] for g, v in gated_walks(rows, chains, cats, new, c, c, nodes).items()} for c in lengths}
 
 
 def ladder_walks(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], cats: list[str], new: list[int],
                  chain: int, ladders: list[int], nodes: int) -> dict:
-    """Per ladder length L, the mean acceptance and the steps by kind (the head's tree, the gated chain,
-    the ladder's), by group: the gated chain of `chain` drafts where the lookup matched, L drafts right
-    after a gated step that accepted all of its, the head's tree of `nodes` nodes elsewhere."""
-    out = {}
-    for long in ladders:
-        out[long] = {}
-        for g, idx in _groups(cats).items():
-            steps = drafts = 0
-            kinds = {"tree": 0, "chain": 0, "ladder": 0}
-            for i in idx:
-                acc = [p["tree"][nodes] for p in rows[i]]
-                s, d = ladder_walk(acc, [k if f else -1 for f, k in chains[i]], new[i], chain, long, kinds)
-                steps, drafts = steps + s, drafts + d
-            out[long][g] = {"accept": 1 + drafts / steps, "steps": kinds}
-    return out
+    """Per ladder length L, by group, the mean acceptance and the steps by kind (gated_walks)."""
+    return {long: gated_walks(rows, chains, cats, new, chain, long, nodes) for long in ladders}
 
 
 def chain_step_shares(rows: list[list[dict]], chains: list[list[tuple[bool, int]]], cats: list[str],
@@ -185,13 +176,11 @@ def chain_step_shares(rows: list[list[dict]], chains: list[list[tuple[bool, int]
     share of them that verify the chain (gated steps, which skip the head's tree), by group: what a
     step's cost of each kind prices into tokens/s."""
     out = {}
-    for c_len in lengths:
-        gated = _gated(rows, chains, c_len)
-        out[c_len] = {}
-        for g, idx in _groups(cats).items():
-            counts = [chain_steps(gated[i], new[i], nodes) for i in idx]
-            steps = sum(s for s, _ in counts)
-            out[c_len][g] = {"steps": steps, "gated_share": sum(k for _, k in counts) / steps}
+    for c in lengths:
+        out[c] = {}
+        for g, v in gated_walks(rows, chains, cats, new, c, c, nodes).items():
+            steps = sum(v["steps"].values())
+            out[c][g] = {"steps": steps, "gated_share": v["steps"]["chain"] / steps}
     return out
 
 

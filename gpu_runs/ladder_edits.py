@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specheads.data.sources import CODE_PROMPTS_FILE  # noqa: E402
-from specheads.evaluation.estimate import accepted_per_position, ladder, ladder_walk, scoring_drafter, walk  # noqa: E402
+from specheads.evaluation.estimate import accepted_per_position, ladder, ladder_walk, scoring_drafter  # noqa: E402
 
 EDITS = ("Rewrite the following Python function with type hints on its parameters and return value. Reply with "
          "the whole function.",
@@ -86,8 +86,6 @@ def main(argv=None) -> int:
         walks["none"].append(ladder_walk(acc, chains, new, chain, chain, kinds["none"]))
         for L in ladders:
             walks[str(L)].append(ladder_walk(acc, chains, new, chain, L, kinds[str(L)]))
-        tree_only = walk(acc, new)  # (the gated chain's walk, for the record: the same steps as "none")
-        assert tree_only == walks["none"][-1], (tree_only, walks["none"][-1])
         print(f"{i + 1}/{len(ctx)}", flush=True)
     report = {"target": args.target, "draft": args.draft, "tree": args.tree, "gated_chain": chain,
               "prompts": len(walks["none"]), "max_new_tokens": args.max_new_tokens, "ladders": {}}

@@ -642,8 +642,9 @@ class SpecEngine:
         its plan, where the caller made it already: the policy chooses once a step)."""
         n = len(self.rows)
         b, kv, sampled, run, logprobs = plan or self._plan(ahead)
-        # (a gated step is the full tree's, to the policy)
-        tier = self._full if run in (self._gated, self._gated_long) else run
+        # a gated step (the chain's drafts; 0 for any other) is the full tree's, to the policy
+        gated = self._drafters[run].num_draft if run in (self._gated, self._gated_long) else 0
+        tier = self._full if gated else run
         proposal, self._proposal = self._proposal, None  # made with this plan, or None
         t0 = time.perf_counter()  # the host's share of the step (a bucket's first plan may time its graphs)
         offered = None
@@ -653,7 +654,6 @@ class SpecEngine:
             t0 -= proposal[1] if proposal else 0.0
         out = self._run(b, kv, sampled, run, logprobs)
         self._drafted = tier > 0
-        gated = self._drafters[run].num_draft if run in (self._gated, self._gated_long) else 0
         self._gated_last = 0 if not gated else 3 if run == self._gated_long else 2
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
