@@ -144,7 +144,7 @@ def build_drafter(method: str, setup: DraftSetup) -> Drafter | None:
             return assist.NgramAssist(inner, options.get("ngram_max", assist.MAX_NGRAM),
                                       options.get("ngram_min", assist.MIN_NGRAM), gate=options.get("ngram_gate", assist.GATE),
                                       gate_chain=options.get("ngram_gate_chain") or 0,
-                                      gate_long=options.get("ngram_gate_long") or assist.GATE_LONG)
+                                      gate_long=options.get("ngram_gate_long"))
         except (ValueError, NotImplementedError) as e:
             raise DrafterError(f"method {method}: {e}") from None
     if method == PLAIN:

@@ -42,15 +42,16 @@ is on: chosen on the suite's validation part among 6,4,15, 6,4,31 (both gated) a
 median of 3 runs at batch 1 coding 3.04x to 3.23x, chat 2.78x to 2.79x, and at batch 8 (the gate
 off there) within the runs' spread (-0.7%, -1.7%; docs/benchmarks.md).
 
-The ladder (option `ngram_gate_long` L, more than the gated chain; 0 = off, the default): a gated step
-right after a gated step whose rows all drafted and accepted its whole chain runs a chain of L drafts
-in a verify shape of its own (L + 1 nodes); any other gated step keeps the gated chain (a request whose
-own draft limit cuts the chain never takes the ladder). An answer that copies
-a long passage (code restated with an edit, a quoted document) then takes L + 1 tokens a step once the
-copy is under way, while a step that copies a little pays no wider verify. Replayed on the suite's
-validation answers (SmolLM2-135M-Instruct, gpu_runs/README.md): L 63 served 5.26 tokens a step on 40
-coding prompts against 5.14 (39 of 1,450 steps long), 4.18 against 4.15 on 32 chat prompts; not yet
-timed on a card, hence off.
+The ladder (option `ngram_gate_long` L, more than the gated chain; 0 = off): a gated step right after
+a gated step whose rows all drafted and accepted its whole chain runs a chain of L drafts in a verify
+shape of its own (L + 1 nodes); any other gated step keeps the gated chain (a request whose own draft
+limit cuts the chain never takes the ladder). An answer that copies a long passage (code restated
+with an edit, a quoted document) then takes L + 1 tokens a step once the copy is under way, while a
+step that copies a little pays no wider verify. Unset, L is GATE_LONG (63) wherever the gate is on,
+the gated chain is shorter and the sequence leaves room for it: chosen on the suite's validation part
+among no ladder, 63 and 127 (one H200, 2026-12-05, batch 1: chat 2.79x / 2.81x / 2.77x `ar`, coding
+3.29x / 3.36x / 3.30x), then on the test part chat 3.05x to 3.12x and coding 3.16x to 3.30x against
+no ladder (docs/benchmarks.md).
 
 Chosen on the evaluation suite's validation prompts (SmolLM2-135M-Instruct and its EAGLE-3 head,
 the tree 6,4,15, replayed from teacher-forced traces; gpu_runs/README.md): a suffix match of 3
@@ -71,7 +72,7 @@ SUFFIX = "+ngram"  # method KIND+ngram: KIND's drafter with the lookup beside it
 MAX_NGRAM = 4
 GATE = None  # the gate's default: unset, the engine's choice by its policy (module doc, "The gate")
 GATE_CHAIN = 31  # the gated step's chain where the gate is on and ngram_gate_chain is not given (module doc)
-GATE_LONG = 0  # the gated step's chain after a gated step that accepted all it drafted (module doc; 0: off)
+GATE_LONG = 63  # the ladder's chain where the gate is on and ngram_gate_long is not given (module doc)
 MIN_NGRAM = 3
 OPTIONS = ("ngram_max", "ngram_min", "ngram_gate", "ngram_gate_chain", "ngram_gate_long")  # drafter options the assist takes (the rest go to the head's drafter)
 
@@ -104,6 +105,8 @@ def resolve_options(options: dict, policy: str | None, room: int | None = None) 
     if out.get("ngram_gate_chain") is None and out["ngram_gate"]:
         out["ngram_gate_chain"] = GATE_CHAIN if room is None or room > GATE_CHAIN else 0
     long = out.get("ngram_gate_long")
+    if long is None and out["ngram_gate"] and room is not None and room <= GATE_LONG:
+        out["ngram_gate_long"] = 0  # the default ladder where the engine leaves room for it
     if long and room is not None and room <= long:
         raise ValueError(f"ngram_gate_long={long} needs room past the longest sequence for its chain; this engine "
                          f"has {room} (raise max_len, or give a shorter ngram_gate_long)")
@@ -124,7 +127,7 @@ class NgramAssist(Drafter):
 
     def __init__(self, inner: Drafter, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM,
                  chain: int | None = None, _shared: DeviceNgramDrafter | None = None, gate: int | None = GATE,
-                 gate_chain: int = 0, gate_long: int = GATE_LONG):
+                 gate_chain: int = 0, gate_long: int | None = None):
         if not inner.abilities.on_device:
             raise ValueError(f"the n-gram assist needs a drafter that drafts on the device; {type(inner).__name__} "
                              "drafts on the host")
@@ -136,6 +139,8 @@ class NgramAssist(Drafter):
             raise ValueError(f"ngram_gate_chain must be a draft count >= 0 (0: the tree's), got {gate_chain!r}")
         if gate_chain and gate == 0:
             raise ValueError("ngram_gate_chain sets the chain of the gate's steps: it needs the gate (ngram_gate >= 1)")
+        if gate_long is None:  # the default: GATE_LONG where the gate is on and its chain shorter
+            gate_long = GATE_LONG if gate and GATE_LONG > max(gate_chain, inner.num_draft if chain is None else chain) else 0
         if not isinstance(gate_long, int) or isinstance(gate_long, bool) or gate_long < 0:
             raise ValueError(f"ngram_gate_long must be a draft count >= 0 (0: off), got {gate_long!r}")
         if gate_long and gate == 0:
@@ -207,7 +212,8 @@ class NgramAssist(Drafter):
         steps = min(shape.steps, self.inner.depth)
         inner = self.inner.tier(TreeShape(steps, 1, steps) if shape.topk == 1 else
                                 TreeShape(steps, shape.topk, shape.num_draft))
-        tier = NgramAssist(inner, self.max_ngram, self.min_ngram, min(shape.steps, shape.num_draft), self.lookup)
+        tier = NgramAssist(inner, self.max_ngram, self.min_ngram, min(shape.steps, shape.num_draft), self.lookup,
+                           gate_long=0)
         tier.num_draft = shape.num_draft
         tier._allocate_chain(self.cols.device)
         return tier
@@ -217,7 +223,7 @@ class NgramAssist(Drafter):
         chain of `gate_chain` drafts (the tree's draft count unless ngram_gate_chain says more), or with
         `long` of `gate_long` (the ladder's)."""
         n = self.gate_long if long else self.gate_chain
-        twin = LookupChain(self.inner, self.max_ngram, self.min_ngram, n, self.lookup)
+        twin = LookupChain(self.inner, self.max_ngram, self.min_ngram, n, self.lookup, gate_long=0)
         twin.num_draft = n
         twin._allocate_chain(self.cols.device)
         return twin

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specheads.drafters import DraftContext, DrafterError, DraftSetup, build_drafter, method_needs_head
-from specheads.drafters.assist import GATE_CHAIN, NgramAssist, split_method
+from specheads.drafters.assist import GATE_CHAIN, GATE_LONG, NgramAssist, split_method
 from specheads.runtime.engine import EngineError, Request, SpecControl, SpecEngine
 from specheads.runtime.policy import FixedPolicy, TreeShape
 from specheads.runtime.sampling import SamplingParams
@@ -82,7 +82,7 @@ def test_adaptive_policy_switches_tiers_and_keeps_output(target, reference):
     engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=4, speculation_policy="adaptive",
                         speculation_settings="explore_every=4", **TREES["tree"])
     tiers = [str(t) for t in engine.policy.tiers]
-    assert tiers[-1] == f"{GATE_CHAIN},3,8" and "1,1,1" in tiers  # the full tier reaches the gated chain's depth
+    assert tiers[-1] == f"{GATE_LONG},3,8" and "1,1,1" in tiers  # the full tier reaches the ladder's depth
     results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
     assert [r.token_ids for r in results] == reference
     used = set()
@@ -205,7 +205,8 @@ def test_a_gated_chain_longer_than_the_tree_keeps_the_output(target, head, refer
     counter-based noise."""
     kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
     engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
-                        drafter_options={"ngram_gate": max_batch, "ngram_gate_chain": 3 * n}, **TREES["tree"])
+                        drafter_options={"ngram_gate": max_batch, "ngram_gate_chain": 3 * n, "ngram_gate_long": 0},
+                        **TREES["tree"])
     assert engine.max_drafts == 3 * n and engine.num_draft_tokens == n and engine.num_steps == 3 * n
     gated = _gated_steps(engine)
     out, accepted = _run(engine, PROMPTS)
@@ -291,7 +292,8 @@ def test_start_up_captures_the_catch_up_step_of_every_batch_wider_than_the_gates
     start: in the gate's batches every step's variant, in wider ones the plain catch-up after rows
     joined, for every context bucket, so no request waits on a capture (capture needs CUDA: recorded
     here)."""
-    engine = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=120, max_batch=4, **TREES["tree"])
+    engine = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=120, max_batch=4,
+                        drafter_options={"ngram_gate_long": 0}, **TREES["tree"])
     engine.use_graphs = True
     monkeypatch.setattr(engine, "_capture", lambda *key: ("step",) + key)
     monkeypatch.setattr(engine, "_prefill_graph", lambda width, sampled: None)
@@ -420,7 +422,8 @@ def test_a_wider_batch_weighs_and_records_the_full_tier_at_the_trees_draft_count
     the gated chain's depth."""
     kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
     engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=4, speculation_policy="adaptive",
-                        drafter_options={"ngram_gate": 1, "ngram_gate_chain": 3 * n}, **TREES["tree"])
+                        drafter_options={"ngram_gate": 1, "ngram_gate_chain": 3 * n, "ngram_gate_long": 0},
+                        **TREES["tree"])
     told, offered = [], []
     choose, observe = engine.policy.choose, engine.policy.observe
 
@@ -441,37 +444,41 @@ def test_a_wider_batch_weighs_and_records_the_full_tier_at_the_trees_draft_count
     assert len(deep) == sum(gated) and set(deep) <= {3 * n}  # only gated steps offered past the tree
 
 
-def test_the_gate_and_its_long_chain_are_on_at_batch_1_by_default(target, head):
+def test_the_gate_its_long_chain_and_the_ladder_are_on_at_batch_1_by_default(target, head):
     """Measured to pay at batch 1 on an H200 under the fixed and the adaptive policy
     (drafters/assist.py): unset, the engine gates batches of one row under either, its gated steps
-    verifying the lookup's chain up to GATE_CHAIN drafts; set, as it says. A drafter built outside an
-    engine leaves the gate for the engine to settle."""
+    verifying the lookup's chain up to GATE_CHAIN drafts and, right after a gated step that accepted
+    all it drafted, up to GATE_LONG (the ladder), each where the sequence leaves room for it; set, as
+    it says. A drafter built outside an engine leaves the gate for the engine to settle."""
     n = TREES["tree"]["num_draft_tokens"]
 
-    def engine(**kw):
-        e = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1, **TREES["tree"], **kw)
+    def engine(max_len=128, **kw):  # the target holds 192 positions
+        e = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=max_len, max_batch=1, **TREES["tree"], **kw)
         e._allocate()
         return e
     fixed = engine()
     assert fixed.drafter.gate == 1 and fixed.gate_rows == 1 and fixed._gated is not None
-    assert fixed.drafter.gate_chain == GATE_CHAIN and fixed.max_drafts == GATE_CHAIN and fixed.num_draft_tokens == n
+    assert fixed.drafter.gate_chain == GATE_CHAIN and fixed.drafter.gate_long == GATE_LONG > GATE_CHAIN
+    assert fixed.max_drafts == GATE_LONG and fixed.num_draft_tokens == n and fixed._gated_long is not None
     adaptive = engine(speculation_policy="adaptive")
-    assert adaptive.gate_rows == 1 and adaptive._gated is not None and adaptive.max_drafts == GATE_CHAIN
+    assert adaptive.gate_rows == 1 and adaptive._gated is not None and adaptive.max_drafts == GATE_LONG
     unasked = engine(speculation_policy="adaptive", drafter_options={"ngram_gate": 0})
     assert unasked.gate_rows == 0 and unasked._gated is None and unasked.max_drafts == n
+    assert unasked.drafter.gate_long == 0
     off = engine(drafter_options={"ngram_gate": 0})
     assert off.gate_rows == 0 and off._gated is None and off.max_drafts == n == off.num_steps
+    no_ladder = engine(drafter_options={"ngram_gate_long": 0})
+    assert no_ladder.drafter.gate_long == 0 and no_ladder.max_drafts == GATE_CHAIN
     tree_chain = engine(drafter_options={"ngram_gate_chain": 0})  # 0: the tree's draft count
-    assert tree_chain.gate_rows == 1 and tree_chain.max_drafts == n
-    # a sequence too long for the default chain to reach past it (192 positions): the tree's chain
-    tight = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=192 - GATE_CHAIN, max_batch=1,
-                       **TREES["tree"])
-    assert tight.gate_rows == 1 and tight.max_drafts == n
-    roomy = SpecEngine(target, head, method=f"{head.kind}+ngram", max_len=192 - GATE_CHAIN - 1, max_batch=1,
-                       **TREES["tree"])
-    assert roomy.max_drafts == GATE_CHAIN
+    assert tree_chain.gate_rows == 1 and tree_chain.drafter.gate_chain == n and tree_chain.max_drafts == GATE_LONG
+    # past the longest sequence a chain needs room: the ladder where 64 positions are left, the gated
+    # chain where 32 are, else the tree's chain
+    assert engine(max_len=192 - GATE_LONG - 1).max_drafts == GATE_LONG
+    assert engine(max_len=192 - GATE_LONG).max_drafts == GATE_CHAIN == engine(max_len=192 - GATE_CHAIN - 1).max_drafts
+    tight = engine(max_len=192 - GATE_CHAIN)
+    assert tight.gate_rows == 1 and tight.max_drafts == n and tight.drafter.gate_long == 0
     built = build_drafter(f"{head.kind}+ngram", DraftSetup(target, head, options={}, **TREES["tree"]))
-    assert built.gate is None and built.gate_chain == n
+    assert built.gate is None and built.gate_chain == n and built.gate_long == 0
 
 
 def test_the_gate_keeps_sampled_output_and_the_adaptive_policy(target, reference):
