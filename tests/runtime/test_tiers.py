@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from specheads.drafters.assist import GATE_CHAIN
+from specheads.drafters.assist import GATE_CHAIN, GATE_LONG
 from specheads.drafters.draft_model import DraftLM
 from specheads.runtime.engine import EngineError, Request, SpecEngine
 from specheads.runtime.policy import SpeculationProfile, TreeShape, context_hint, default_tiers
@@ -323,11 +323,15 @@ def test_default_tiers_and_no_policy_without_a_drafter(target):
     engine = SpecEngine(target, random_head(target), method="eagle3", max_len=64, speculation_policy="adaptive",
                         num_steps=6, topk=4, num_draft_tokens=15)
     assert engine.policy.tiers == default_tiers(TreeShape(6, 4, 15))
-    # the n-gram assist (an EAGLE-3 head's default): the full tier reaches its gated chain's depth
+    # the n-gram assist (an EAGLE-3 head's default): the full tier reaches its ladder's depth, or its
+    # gated chain's without the ladder
     assisted = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive",
                           num_steps=6, topk=4, num_draft_tokens=15)
     assert assisted.method == "eagle3+ngram"
-    assert assisted.policy.tiers == default_tiers(TreeShape(GATE_CHAIN, 4, 15))
+    assert assisted.policy.tiers == default_tiers(TreeShape(GATE_LONG, 4, 15))
+    no_ladder = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive",
+                           num_steps=6, topk=4, num_draft_tokens=15, drafter_options={"ngram_gate_long": 0})
+    assert no_ladder.policy.tiers == default_tiers(TreeShape(GATE_CHAIN, 4, 15))
     ungated = SpecEngine(target, random_head(target), max_len=64, speculation_policy="adaptive", num_steps=6,
                          topk=4, num_draft_tokens=15, drafter_options={"ngram_gate": 0})
     assert ungated.policy.tiers == default_tiers(TreeShape(15, 4, 15))  # the lookup's chain, the tree's 15
