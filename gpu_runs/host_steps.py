@@ -38,7 +38,12 @@ METHODS = {"ar": {}, "chain1": dict(num_steps=1, topk=1, num_draft_tokens=1),
            "tree-adaptive-full": dict(num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive",
                                       speculation_tiers="6,4,15"),
            "tree-adaptive-hold": dict(num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive",
-                                      speculation_settings="hold=0.1")}
+                                      speculation_settings="hold=0.1"),
+           # the n-gram assist (method eagle3+ngram, the EAGLE-3 head's default), fixed and adaptive: at batch 1
+           # its gate and ladder make the policy's depth 63 (the stub accepts at most the tree's 15 a step)
+           "assist": dict(num_steps=6, topk=4, num_draft_tokens=15, method="eagle3+ngram"),
+           "assist-adaptive": dict(num_steps=6, topk=4, num_draft_tokens=15, method="eagle3+ngram",
+                                   speculation_policy="adaptive")}
 
 
 def build(vocab: int = 512):
@@ -53,11 +58,13 @@ def build(vocab: int = 512):
 
 
 def stub(engine, seed: int = 3) -> None:
-    """The step's result without the device's work: row r accepts a uniform 0..depth drafts."""
+    """The step's result without the device's work: row r accepts a uniform 0..depth drafts (the
+    tier's depth, at most its draft count)."""
     gen = torch.Generator().manual_seed(seed)
 
     def run(b, kv, sampled, tier, logprobs=False):
-        depth = engine.policy.tiers[tier - 1].steps if tier else 0
+        shape = engine.policy.tiers[tier - 1] if tier else None
+        depth = min(shape.steps, shape.num_draft) if tier else 0
         n = torch.randint(0, depth + 1, (b,), generator=gen) + 1
         out = engine.out
         out[:b, 0] = n
@@ -122,9 +129,10 @@ def main() -> None:
     engines = {}
     for name in args.methods:
         kw = dict(METHODS[name])
+        method = kw.pop("method", "eagle3")
         if args.settings and kw.get("speculation_policy") == "adaptive":
             kw["speculation_settings"] = ",".join(x for x in (kw.get("speculation_settings"), args.settings) if x)
-        engine = SpecEngine(target, head if name != "ar" else None, method="ar" if name == "ar" else "eagle3",
+        engine = SpecEngine(target, head if name != "ar" else None, method="ar" if name == "ar" else method,
                             max_batch=args.batch, max_len=args.max_new_tokens + 128, **kw)
         engine.buckets = True  # the card's batch and context buckets (the policy's choices are kept between them)
         stub(engine)

@@ -51,7 +51,7 @@ step that copies a little pays no wider verify. Unset, L is GATE_LONG (63) where
 the gated chain is shorter and the sequence leaves room for it: chosen on the suite's validation part
 among no ladder, 63 and 127 (one H200, 2026-12-05, batch 1: chat 2.79x / 2.81x / 2.77x `ar`, coding
 3.29x / 3.36x / 3.30x), then on the test part chat 3.05x to 3.12x and coding 3.16x to 3.30x against
-no ladder (docs/benchmarks.md).
+no ladder in one run, coding 3.17x and 3.16x in a median of 3 (docs/benchmarks.md).
 
 Chosen on the evaluation suite's validation prompts (SmolLM2-135M-Instruct and its EAGLE-3 head,
 the tree 6,4,15, replayed from teacher-forced traces; gpu_runs/README.md): a suffix match of 3
