@@ -39,8 +39,9 @@ METHODS = {"ar": {}, "chain1": dict(num_steps=1, topk=1, num_draft_tokens=1),
                                       speculation_tiers="6,4,15"),
            "tree-adaptive-hold": dict(num_steps=6, topk=4, num_draft_tokens=15, speculation_policy="adaptive",
                                       speculation_settings="hold=0.1"),
-           # the n-gram assist (method eagle3+ngram, the EAGLE-3 head's default), fixed and adaptive: at batch 1
-           # its gate and ladder make the policy's depth 63 (the stub accepts at most the tree's 15 a step)
+           # the n-gram assist (method eagle3+ngram, the EAGLE-3 head's default), fixed and adaptive: its gate
+           # and ladder make the policy's records 63 deep (the stub accepts at most the tree's 15 a step, and
+           # runs no gated step: the gate reads the lookup's match from the device's step)
            "assist": dict(num_steps=6, topk=4, num_draft_tokens=15, method="eagle3+ngram"),
            "assist-adaptive": dict(num_steps=6, topk=4, num_draft_tokens=15, method="eagle3+ngram",
                                    speculation_policy="adaptive")}

@@ -93,8 +93,10 @@ def resolve_options(options: dict, policy: str | None, room: int | None = None) 
     """The assist's options as an engine under `policy` runs it (module doc, "The gate"): the gate
     unset is 1 under the fixed and the adaptive policy (`default_gate`); the gated chain unset is
     GATE_CHAIN where the gate is on and a step may reach that far past the engine's longest
-    sequence (`room` positions; None: no limit), else the tree's. Without a policy (a drafter built
-    outside an engine) the gate stays unset, for the engine to settle, and the chain is the tree's."""
+    sequence (`room` positions; None: no limit), else the tree's; the ladder unset is off where the
+    room does not reach GATE_LONG past it (elsewhere `NgramAssist` settles it). Without a policy (a
+    drafter built outside an engine) the gate stays unset, for the engine to settle, the chain is the
+    tree's and there is no ladder."""
     out = dict(options)
     if policy is None:
         return out

@@ -76,7 +76,9 @@ def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list
     """traces[tier][i][j]: drafts accepted by a step of that tree rooted j tokens into
     continuation i (after its (j + 1)-th token), for every j but the last. A method with the n-gram
     assist (KIND+ngram) drafts the tiers of one drafter over the head's own tree `head_tree` (its
-    tiers are the assisted engine's: the largest as deep as the lookup's chain)."""
+    tiers are the assisted engine's: the largest as deep as the lookup's gated chain, or deeper; it
+    is traced with the gated chain, without the ladder: a ladder step depends on the step before it,
+    which a trace of each root alone does not know)."""
     from specheads.drafters.assist import split_method
 
     out = {}
@@ -84,11 +86,13 @@ def tier_traces(target, head, method: str, tiers: list[TreeShape], prompts: list
     if split_method(method)[1]:
         steps, topk, n = head_tree
         parent = scoring_drafter(target, head, method, {"num_steps": steps, "topk": topk, "num_draft_tokens": n},
-                                 prompts, continuations, rows)
+                                 prompts, continuations, rows, options={"ngram_gate_long": 0})
         full = TreeShape(parent.depth, parent.topk, parent.num_draft)
     for tier in tiers:
         if parent is not None:
-            drafter = parent if tier == full else parent.tier(tier)
+            # (the engine's full tier, as deep as its ladder, or the gated chain's)
+            top = tier.steps >= full.steps and (tier.topk, tier.num_draft) == (full.topk, full.num_draft)
+            drafter = parent if top else parent.tier(tier)
         else:
             drafter = scoring_drafter(target, head, method, {"num_steps": tier.steps, "topk": tier.topk,
                                                              "num_draft_tokens": tier.num_draft}, prompts,

@@ -109,8 +109,10 @@ def test_the_estimate_follows_the_assists_gated_long_chain():
     longer = [r.token_ids for r in SpecEngine(target, method="ar", max_len=150).generate(
         prompts, SamplingParams(max_new_tokens=new + 25))]
     seen = {}
-    # the tree's chain, the default's, 20, and 8 with the ladder's 20 after a fully accepted gated step
-    for options in ({"ngram_gate_chain": 0}, {}, {"ngram_gate_chain": 20}, {"ngram_gate_chain": 8, "ngram_gate_long": 20}):
+    # the tree's chain, the default's (with its ladder where the positions leave room), the default's
+    # without a ladder, 20, and 8 with the ladder's 20 after a fully accepted gated step
+    for options in ({"ngram_gate_chain": 0}, {}, {"ngram_gate_long": 0}, {"ngram_gate_chain": 20},
+                    {"ngram_gate_chain": 8, "ngram_gate_long": 20}):
         engine = SpecEngine(target, head, method="eagle3+ngram", max_len=128, max_batch=1, drafter_options=options,
                             **TREE)
         served = [(r.steps, r.accepted_tokens) for r in engine.generate(prompts, SamplingParams(max_new_tokens=new))]

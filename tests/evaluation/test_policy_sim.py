@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from specheads.drafters.assist import GATE_CHAIN
+from specheads.drafters.assist import GATE_CHAIN, GATE_LONG
 from specheads.evaluation.policy_sim import (
     compare,
     grid,
@@ -22,6 +22,7 @@ from specheads.runtime.policy import (
     AdaptivePolicy,
     FixedPolicy,
     StaticCost,
+    TreeShape,
     parse_tiers,
 )
 from specheads.runtime.sampling import SamplingParams
@@ -285,3 +286,10 @@ def test_assisted_traces_replay_the_engine():
         by_tree = {("8,3,8" if k == f"{GATE_CHAIN},3,8" else k): v for k, v in by_tree.items()}
         res = simulate(AdaptivePolicy(list(tiers), StaticCost(), explore_every=8), traces, lens, new, batch)
         assert sim_by_tree(res, tiers) == by_tree and res.accepted == accepted
+    # the full tier written as the engine names it (as deep as its ladder) or as its gated chain: the same
+    # trace, the gated chain's (a trace of each root alone cannot carry the ladder, which follows the step
+    # before), never a shallower tier's
+    full = [TreeShape(GATE_LONG, 3, 8), TreeShape(GATE_CHAIN, 3, 8)]
+    deep = tier_traces(target, head, "eagle3+ngram", full, PROMPTS, longer, head_tree=(3, 3, 8))
+    assert deep[full[0]] == deep[full[1]]
+    assert all(a >= b for d, t in zip(deep[full[0]], traces[tiers[-1]]) for a, b in zip(d, t))

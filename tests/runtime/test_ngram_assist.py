@@ -186,7 +186,8 @@ def test_the_gate_changes_a_steps_cost_not_its_drafts(target, head, reference, m
     runs = {}
     for gate in (0, max_batch):
         engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
-                            drafter_options={"ngram_gate": gate, "ngram_gate_chain": 0}, **TREES["tree"])
+                            drafter_options={"ngram_gate": gate, "ngram_gate_chain": 0, "ngram_gate_long": 0},
+                            **TREES["tree"])
         gated = _gated_steps(engine)
         runs[gate] = _run(engine, PROMPTS) + (gated,)
     (out0, acc0, gated0), (out1, acc1, gated1) = runs[0], runs[max_batch]
@@ -235,7 +236,8 @@ def test_only_a_gated_batch_feeds_the_long_chains_width_and_a_join_after_a_gated
     first. No step feeds fewer entries than a row holds, and the output stays the target's."""
     kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
     engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=4,
-                        drafter_options={"ngram_gate": 1, "ngram_gate_chain": 3 * n}, **TREES["tree"])
+                        drafter_options={"ngram_gate": 1, "ngram_gate_chain": 3 * n, "ngram_gate_long": 0},
+                        **TREES["tree"])
     feeds, steps = [], []  # (rows stepped, width fed, the most entries a row held); (rows, tier, wide)
     inner = type(engine.drafter.inner)
     if hasattr(inner, "_feed"):
