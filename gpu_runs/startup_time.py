@@ -2,13 +2,18 @@
 `specheads serve` builds (SmolLM2-135M's shapes, random weights: a capture depends on shapes, not
 weights), for each speculation policy and maximum batch, timed as `load_engine` times it
 (`SpecEngine.capture_common` over batch sizes 1..max_batch; with the adaptive policy, the step
-costs of every batch and context bucket are timed there too). The target's load from its GGUF
+costs of every batch and context bucket are timed there too), drafting with the kind's default
+method as the server does (an EAGLE-3 head: eagle3+ngram, with its gate's graphs) unless --method
+says otherwise. The target's load from its GGUF
 (dequantization on the host) comes before this and is not included: time it with
 `specheads generate` or the server's log.
 
     python3 gpu_runs/startup_time.py --out $OUT/startup [--kind eagle3] [--max-batch 8 32 64]
         [--policies fixed adaptive] [--max-len 2048] [--tiers "1,1,1;2,1,2;4,1,4"] [--tree 6,4,15]
-        [--profile-dir $OUT/profiles]
+        [--profile-dir $OUT/profiles] [--method eagle3] [--draft-option ngram_gate_long=0] [--count]
+
+--count (no GPU needed): count the graphs a start-up would capture, by batch bucket, without
+capturing any (what a change to the engine's graph keys adds to a start-up, on the CPU).
 
 With --profile-dir the adaptive policy's measured step costs (every tier, batch and context
 bucket) are saved there as speculation profiles (profile_b<max batch>.json), the costs
@@ -33,22 +38,33 @@ from draft_step_times import build  # noqa: E402
 
 
 def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, tree=(6, 4, 15), tiers=None,
-            profile=None) -> dict:
+            profile=None, method: str | None = None, options: dict | None = None, count: bool = False) -> dict:
+    from specheads.drafters import default_method
     from specheads.runtime.engine import SpecEngine
 
-    target, head = build(kind, torch.device("cuda" if torch.cuda.is_available() else "cpu"),
-                         torch.bfloat16 if torch.cuda.is_available() else torch.float32, layers)
+    cuda = torch.cuda.is_available() and not count
+    target, head = build(kind, torch.device("cuda" if cuda else "cpu"), torch.bfloat16 if cuda else torch.float32,
+                         layers)
+    method = method or default_method(head)
     t0 = time.perf_counter()
     adaptive = dict(speculation_tiers=tiers, speculation_profile=profile) if policy == "adaptive" else {}
-    engine = SpecEngine(target, head, method=kind, max_batch=max_batch, max_len=max_len, speculation_policy=policy,
-                        num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2], **adaptive)
+    engine = SpecEngine(target, head, method=method, max_batch=max_batch, max_len=max_len, speculation_policy=policy,
+                        num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2], drafter_options=options or {},
+                        **adaptive)
     built = time.perf_counter() - t0
+    if count:  # the keys only: no graph captured, no step timed
+        engine.use_graphs, engine._measuring = True, False
+        engine._capture = lambda *key: key
+        engine._prefill_graph = lambda width, sampled: engine.graphs.setdefault(("prefill", width, sampled), None)
     t1 = time.perf_counter()
     engine.capture_common(range(1, max_batch + 1))
     seconds = time.perf_counter() - t1
     report = dict(engine.graph_report)
-    row = {"kind": kind, "policy": policy, "max_batch": max_batch, "max_len": max_len, "engine_s": round(built, 2),
-           "capture_s": round(seconds, 2), **report, "summary": engine.graph_summary()}
+    steps = [k for k in engine.graphs if k[0] != "prefill"]
+    by_batch = {b: sum(k[0] == b for k in steps) for b in report.get("batch_buckets", [])}
+    row = {"kind": kind, "method": method, "options": options or {}, "policy": policy, "max_batch": max_batch,
+           "max_len": max_len, "engine_s": round(built, 2), "capture_s": round(seconds, 2), **report,
+           "step_graphs_by_batch": by_batch, "summary": engine.graph_summary()}
     del engine, target, head
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -66,7 +82,14 @@ def main():
     ap.add_argument("--tree", default="6,4,15", help="the engine's tree (the adaptive policy's largest tier)")
     ap.add_argument("--tiers", default=None, help="the adaptive policy's smaller tiers, S,K,N;... (default: chains)")
     ap.add_argument("--profile-dir", default=None, help="save each adaptive engine's measured step costs here")
+    ap.add_argument("--method", default=None, help="the drafting method (default: the kind's, as `serve` drafts)")
+    ap.add_argument("--draft-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a drafter option (repeatable), as `serve --draft-option`")
+    ap.add_argument("--count", action="store_true", help="count the graphs only (no GPU needed)")
     args = ap.parse_args()
+    from specheads.drafters import parse_options
+
+    options = parse_options(",".join(args.draft_option))
     tree = tuple(int(x) for x in args.tree.split(","))
     if args.profile_dir:
         Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
@@ -75,14 +98,18 @@ def main():
         for mb in args.max_batch:
             profile = str(Path(args.profile_dir) / f"profile_b{mb}.json") if args.profile_dir and policy == "adaptive" \
                 else None
-            r = capture(args.kind, policy, mb, args.max_len, args.layers, tree, args.tiers, profile)
+            r = capture(args.kind, policy, mb, args.max_len, args.layers, tree, args.tiers, profile, args.method,
+                        options, args.count)
             rows.append(r)
-            print(f"{policy:>8} max batch {mb:>3}: {r['summary']}; engine built in {r['engine_s']:.1f} s", flush=True)
+            what = f"step graphs by batch bucket {r['step_graphs_by_batch']}" if args.count else r["summary"]
+            print(f"{policy:>8} max batch {mb:>3}, {r['method']}: {what}; engine built in {r['engine_s']:.1f} s",
+                  flush=True)
     print(f"{'policy':>8} {'max b':>5} {'graphs':>6} {'capture s':>9} {'timing s':>8} {'graph MiB':>9}")
     for r in rows:
         print(f"{r['policy']:>8} {r['max_batch']:>5} {r.get('graphs', 0):>6} {r['capture_s']:>9.1f} "
               f"{r.get('measure_seconds', 0):>8.1f} {r.get('graph_memory_mib', 0):>9.0f}")
-    card = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.count else \
+        platform.processor() or "cpu"
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"card": card, "date": time.strftime("%Y-%m-%d"), "kind": args.kind,
