@@ -377,6 +377,32 @@ def test_the_ladder_verifies_its_longer_chain_after_a_fully_accepted_gated_step(
     assert out == reference[len(PROMPTS):] and any(gated) and 5 * n not in gated
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.2])
+def test_logprobs_through_gated_and_ladder_steps_are_the_targets_own(looping, head, temperature):
+    """With the default drafting at batch 1 (the gate, its chain and the ladder, unset), a request that asks
+    for log-probabilities gets the target's own at every token, the gated and ladder steps' among them."""
+    copying = [TRAIN[2], TRAIN[3]]
+    engine = SpecEngine(looping, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1, **TREES["tree"])
+    assert engine.drafter.gate_long == GATE_LONG
+    gated = _gated_steps(engine)
+    for i, prompt in enumerate(copying):
+        h = engine.add(Request(prompt, SamplingParams(max_new_tokens=NEW, temperature=temperature, seed=3 + i),
+                               top_logprobs=2))
+        tokens, lps = [], []
+        while engine.has_work:
+            for out in engine.step():
+                assert out.handle == h and len(out.logprobs) == len(out.new_tokens)
+                tokens += out.new_tokens
+                lps += out.logprobs
+        with torch.no_grad():
+            ref = torch.log_softmax(looping(torch.tensor([prompt + tokens])).logits[0].float(), -1)
+        for j, (tok, (lp, top)) in enumerate(zip(tokens, lps)):
+            pos = len(prompt) - 1 + j  # the position whose logits drew token j
+            assert lp == pytest.approx(ref[pos, tok].item(), abs=1e-4)
+            assert [t for t, _ in top] == ref[pos].topk(2).indices.tolist()
+    assert GATE_LONG in gated  # (the answers copy: the ladder ran)
+
+
 def test_the_ladder_under_the_adaptive_policy_and_its_graphs_at_start_up(looping, head, monkeypatch):
     """The ladder's steps count as the full tree's under the adaptive policy, and start-up captures the
     ladder's step and every step after one: all of them in the gate's batches, the plain catch-up in a
