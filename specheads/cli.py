@@ -489,8 +489,9 @@ def _add_kernel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-option", action="append", default=[], metavar="NAME=VALUE",
                    help="a drafter option (repeatable), e.g. ngram_gate=0: with the n-gram assist, a step whose rows "
                         "all take the lookup's chain skips the head's tree in batches up to ngram_gate rows "
-                        "(default 1 under the fixed and the adaptive policy; 0: never); ngram_gate_chain, ngram_gate_long "
-                        "(the gated steps' chains: 31 and, after a fully accepted one, 63); ngram_min=2; "
+                        "(default 1 under the fixed and the adaptive policy; 0: never); ngram_gate_chain, "
+                        "ngram_gate_long (the gated steps' chains: 31 and, after a fully accepted one, 63); "
+                        "ngram_min=2; "
                         "changes a step's cost or drafts, never the output")
     p.add_argument("--kernel-tuning", default=None, metavar="JSON_OR_FILE",
                    help="kernel settings over the card's defaults, as JSON or a JSON file, e.g. "

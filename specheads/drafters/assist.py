@@ -108,7 +108,7 @@ def resolve_options(options: dict, policy: str | None, room: int | None = None) 
         out["ngram_gate_chain"] = GATE_CHAIN if room is None or room > GATE_CHAIN else 0
     long = out.get("ngram_gate_long")
     if long is None and out["ngram_gate"] and room is not None and room <= GATE_LONG:
-        out["ngram_gate_long"] = 0  # the default ladder where the engine leaves room for it
+        out["ngram_gate_long"] = 0  # (no default ladder where the engine leaves it no room)
     if long and room is not None and room <= long:
         raise ValueError(f"ngram_gate_long={long} needs room past the longest sequence for its chain; this engine "
                          f"has {room} (raise max_len, or give a shorter ngram_gate_long)")
@@ -142,7 +142,8 @@ class NgramAssist(Drafter):
         if gate_chain and gate == 0:
             raise ValueError("ngram_gate_chain sets the chain of the gate's steps: it needs the gate (ngram_gate >= 1)")
         if gate_long is None:  # the default: GATE_LONG where the gate is on and its chain shorter
-            gate_long = GATE_LONG if gate and GATE_LONG > max(gate_chain, inner.num_draft if chain is None else chain) else 0
+            gated = max(gate_chain, inner.num_draft if chain is None else chain)
+            gate_long = GATE_LONG if gate and GATE_LONG > gated else 0
         if not isinstance(gate_long, int) or isinstance(gate_long, bool) or gate_long < 0:
             raise ValueError(f"ngram_gate_long must be a draft count >= 0 (0: off), got {gate_long!r}")
         if gate_long and gate == 0:
