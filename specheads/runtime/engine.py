@@ -525,13 +525,13 @@ class SpecEngine:
             return plan
         if current.event is not None:
             current.event.synchronize()
-        host = current.host[:len(current.rows)]
-        if bool((host[:, -1] == 1).all()):
+        host = current.host[:len(current.rows)].tolist()  # (Python ints: the card idles until the launch)
+        if all(r[-1] == 1 for r in host):
             run = self._gated
             # the ladder where every row drafted and accepted the whole chain (out columns 0 and 2: accepted
             # with the root, drafted; a request's own draft limit cuts its chain short, and no ladder helps it)
-            if (self._gated_long is not None and current.gated and bool((host[:, 2] == current.gated).all())
-                    and bool((host[:, 0] - 1 == current.gated).all())):
+            n = current.gated
+            if self._gated_long is not None and n and all(r[2] == n and r[0] - 1 == n for r in host):
                 run = self._gated_long
             nodes = 1 + self._drafters[run].num_draft
             if nodes > self.tree_nodes:  # a longer chain than the tree (ngram_gate_chain): its own room

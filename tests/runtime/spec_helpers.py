@@ -119,6 +119,22 @@ def ar_tokens(target, prompts: list[list[int]], new_tokens: int, max_len: int = 
         prompts, SamplingParams(max_new_tokens=new_tokens))]
 
 
+def assert_targets_logprobs(target, prompt: list[int], tokens: list[int], logprobs: list, top: int) -> None:
+    """Each emitted token's log-probability and its `top` alternatives (as the engine reports them:
+    (logprob, [(token, logprob), ...]) a token) are the target's own raw distribution at that position,
+    as a plain forward over the prompt and the tokens computes it."""
+    import pytest
+
+    with torch.no_grad():
+        ref = torch.log_softmax(target(torch.tensor([prompt + tokens])).logits[0].float(), -1)
+    for j, (tok, (lp, alts)) in enumerate(zip(tokens, logprobs)):
+        pos = len(prompt) - 1 + j  # the position whose logits drew token j
+        assert lp == pytest.approx(ref[pos, tok].item(), abs=1e-4)
+        want = ref[pos].topk(top)
+        assert [t for t, _ in alts] == want.indices.tolist()
+        assert [v for _, v in alts] == pytest.approx(want.values.tolist(), abs=1e-4)
+
+
 def run_joining(engine, prompts: list[list[int]], budgets: list[int]) -> list[list[int]]:
     """Greedy requests added while rows are free and stepped until all finish (rows leave at
     different steps and the last row moves into the freed one); each request's tokens, in order."""

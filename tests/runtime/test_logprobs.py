@@ -5,11 +5,10 @@ sampled requests; rows that do not ask get none."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specheads.runtime.engine import InvalidRequest, Request, SpecEngine
 from specheads.runtime.sampling import SamplingParams
-from tests.runtime.spec_helpers import make_target, random_head, random_prompts
+from tests.runtime.spec_helpers import assert_targets_logprobs, make_target, random_head, random_prompts
 
 VOCAB = 64
 PROMPTS = random_prompts(3, VOCAB, [5, 9, 3], seed=4)
@@ -53,16 +52,7 @@ def run(target, config, temperature, top=3, new=12, buckets=False):
 def test_logprobs_are_the_targets_own(target, method, temperature):
     tokens, lps = run(target, CONFIGS[method], temperature)
     for i in (0, 2):
-        seq = PROMPTS[i] + tokens[i]
-        with torch.no_grad():
-            logits = target(torch.tensor([seq])).logits[0].float()
-        ref = torch.log_softmax(logits, -1)
-        for j, (tok, (lp, top)) in enumerate(zip(tokens[i], lps[i])):
-            pos = len(PROMPTS[i]) - 1 + j  # the position whose logits drew token j
-            assert lp == pytest.approx(ref[pos, tok].item(), abs=1e-4)
-            want = ref[pos].topk(3)
-            assert [t for t, _ in top] == want.indices.tolist()
-            assert [v for _, v in top] == pytest.approx(want.values.tolist(), abs=1e-4)
+        assert_targets_logprobs(target, PROMPTS[i], tokens[i], lps[i], 3)
 
 
 @pytest.mark.parametrize("buckets", [False, True])

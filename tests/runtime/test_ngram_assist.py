@@ -16,7 +16,7 @@ from specheads.runtime.engine import EngineError, Request, SpecControl, SpecEngi
 from specheads.runtime.policy import FixedPolicy, TreeShape
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
-from tests.runtime.spec_helpers import ar_tokens, make_target, random_prompts, train_head
+from tests.runtime.spec_helpers import ar_tokens, assert_targets_logprobs, make_target, random_prompts, train_head
 
 VOCAB = 64
 NEW = 60
@@ -394,12 +394,7 @@ def test_logprobs_through_gated_and_ladder_steps_are_the_targets_own(looping, he
                 assert out.handle == h and len(out.logprobs) == len(out.new_tokens)
                 tokens += out.new_tokens
                 lps += out.logprobs
-        with torch.no_grad():
-            ref = torch.log_softmax(looping(torch.tensor([prompt + tokens])).logits[0].float(), -1)
-        for j, (tok, (lp, top)) in enumerate(zip(tokens, lps)):
-            pos = len(prompt) - 1 + j  # the position whose logits drew token j
-            assert lp == pytest.approx(ref[pos, tok].item(), abs=1e-4)
-            assert [t for t, _ in top] == ref[pos].topk(2).indices.tolist()
+        assert_targets_logprobs(looping, prompt, tokens, lps, 2)
     assert GATE_LONG in gated  # (the answers copy: the ladder ran)
 
 
