@@ -6,10 +6,16 @@ it. A tiny random target (its prefills are real, and small). Old and new code si
 it from each checkout (PYTHONPATH) on the same machine.
 
     python3 gpu_runs/host_steps.py [--methods ar chain1 chain2 adaptive] [--batch 64] [--prompts 320]
-        [--max-new-tokens 200] [--repeats 5] [--launches] [--out FILE.json]
+        [--max-new-tokens 200] [--repeats 5] [--launches] [--card-ms 2.3 [--prefill-ms 0.8]] [--out FILE.json]
 
 Prints, per method, the best and median wall time of `generate()` over the repeats without its
-prefills, and ms a step (the steps the results count)."""
+prefills, and ms a step (the steps the results count).
+
+--card-ms: a stand-in card (`StandInCard`) instead: each step takes that many ms and each prefill
+call --prefill-ms, queued in launch order, and the engine's reads wait on it as on a card (its
+prefills are not computed). The wall then includes the waits, and the card's idle ms (nothing
+queued while the host read, planned and launched) tell how much host work the run-ahead failed to
+hide, e.g. at the steps after requests join."""
 from __future__ import annotations
 
 import argparse
@@ -93,8 +99,61 @@ def time_prefills(engine) -> list:
     """Wrap the engine's prefill with a timer (the real forward of the tiny target, not the host's
     share a step): returns the list its seconds are added to."""
     spent = [0.0]
-    engine._prefill = timed(engine._prefill, spent)
+    engine._queue_prefill = timed(engine._queue_prefill, spent)
     return spent
+
+
+class StandInCard:
+    """A card that runs each launched step in `step_ms` and each prefill call in `prefill_ms`, in
+    launch order (a step starts when it is launched or when the card is done with the one before):
+    `attach` gives the engine's launches its events, whose `synchronize` waits (spinning) for the
+    step, and replaces the prefill's forward (first token 7); the read of a prefill's first tokens
+    waits for the prefills queued so far (not for a step queued behind them). `idle_s`: the time
+    the card had nothing queued, from its first launch on."""
+
+    class Event:
+        def __init__(self, at: float):
+            self.at = at
+
+        def query(self) -> bool:
+            return time.perf_counter() >= self.at
+
+        def synchronize(self) -> None:
+            while time.perf_counter() < self.at:
+                pass
+
+    def __init__(self, step_ms: float, prefill_ms: float):
+        self.step_s, self.prefill_s = step_ms / 1e3, prefill_ms / 1e3
+        self.reset()
+
+    def reset(self) -> None:
+        self.free, self.prefilled, self.idle_s, self.busy_s = None, 0.0, 0.0, 0.0
+
+    def queue(self, seconds: float) -> float:
+        now = time.perf_counter()
+        if self.free is not None and now > self.free:
+            self.idle_s += now - self.free
+        self.free = max(now, self.free or now) + seconds
+        self.busy_s += seconds
+        return self.free
+
+    def attach(self, engine) -> None:
+        launch, read = engine._launch, engine._read_prefill
+
+        def launched(*a, **k):
+            out = launch(*a, **k)
+            out.event = self.Event(self.queue(self.step_s))
+            return out
+
+        def prefill(start, ids, lens, sampled, logprobs=False):
+            self.prefilled = self.queue(self.prefill_s)
+            return torch.full((ids.shape[0],), 7, dtype=torch.long)
+
+        def read_prefill(*a, **k):  # (whatever the checkout's signature)
+            self.Event(self.prefilled).synchronize()
+            return read(*a, **k)
+
+        engine._launch, engine._prefill_forward, engine._read_prefill = launched, prefill, read_prefill
 
 
 def time_launches(engine) -> dict:
@@ -120,6 +179,8 @@ def main() -> None:
     ap.add_argument("--settings", default=None, help="the adaptive methods' --speculation-settings (NAME=VALUE,...)")
     ap.add_argument("--launches", action="store_true",
                     help="also the launch's host time, us a call: planned, unplanned (after a prefill), the policy's part")
+    ap.add_argument("--card-ms", type=float, default=None, help="a stand-in card: ms a step (module docstring)")
+    ap.add_argument("--prefill-ms", type=float, default=0.8, help="the stand-in card's ms a prefill call")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     target, head = build()
@@ -137,34 +198,49 @@ def main() -> None:
                             max_batch=args.batch, max_len=args.max_new_tokens + 128, **kw)
         engine.buckets = True  # the card's batch and context buckets (the policy's choices are kept between them)
         stub(engine)
+        card = StandInCard(args.card_ms, args.prefill_ms) if args.card_ms else None
+        if card is not None:
+            card.attach(engine)
         if name == "adaptive":
             choose = engine.policy.choose
             engine.policy.choose = lambda *a, _c=choose, **k: (_c(*a, **k), 2)[1]
         engine.generate(prompts[: args.batch], params)  # warm-up
-        engines[name] = (engine, time_prefills(engine), time_launches(engine) if args.launches else None)
+        engines[name] = (engine, time_prefills(engine), time_launches(engine) if args.launches else None, card)
     walls = {name: [] for name in args.methods}
-    steps, parts = {}, {}
+    steps, parts, idle, busy = {}, {}, {name: [] for name in args.methods}, {}
     for _ in range(args.repeats):  # the methods in turn, so that the machine's drift falls on each alike
-        for name, (engine, spent, launches) in engines.items():
+        for name, (engine, spent, launches, card) in engines.items():
             spent[0] = 0.0
             for tally in (launches or {}).values():
                 tally[:] = [0.0, 0]
+            if card is not None:
+                card.reset()
             t0 = time.perf_counter()
             results = engine.generate(prompts, params)
-            walls[name].append(time.perf_counter() - t0 - spent[0])
+            # (with the stand-in card the wall is the whole run: its prefills are the card's, not computed)
+            walls[name].append(time.perf_counter() - t0 - (spent[0] if card is None else 0.0))
+            if card is not None:
+                idle[name].append(card.idle_s)
+                busy[name] = card.busy_s
             steps[name] = max(1, sum(r.steps for r in results) // args.batch)
             if launches:  # (the last repeat's)
                 parts[name] = {k: round(1e6 * t / max(n, 1), 2) for k, (t, n) in launches.items()}
     report = {"machine": platform.processor() or platform.machine(), "batch": args.batch, "prompts": args.prompts,
               "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": []}
-    print(f"{'method':>9} {'best ms':>8} {'median':>8} {'steps':>6} {'ms a step':>9}")
+    if args.card_ms:
+        report |= {"card_ms": args.card_ms, "prefill_ms": args.prefill_ms}
+    print(f"{'method':>9} {'best ms':>8} {'median':>8} {'steps':>6} {'ms a step':>9}"
+          + (f" {'card busy ms':>12} {'idle ms (median)':>16}" if args.card_ms else ""))
     for name in args.methods:
         best, med = min(walls[name]) * 1e3, statistics.median(walls[name]) * 1e3
-        report["rows"].append({"method": name, "best_ms": round(best, 2), "median_ms": round(med, 2),
-                               "steps": steps[name], "ms_per_step": round(best / steps[name], 4)}
-                              | ({"launch_us": parts[name]} if name in parts else {}))
-        print(f"{name:>9} {best:8.1f} {med:8.1f} {steps[name]:6d} {best / steps[name]:9.4f}"
-              + (f"  launch us: {parts[name]}" if name in parts else ""))
+        row = {"method": name, "best_ms": round(best, 2), "median_ms": round(med, 2), "steps": steps[name],
+               "ms_per_step": round(best / steps[name], 4)} | ({"launch_us": parts[name]} if name in parts else {})
+        line = f"{name:>9} {best:8.1f} {med:8.1f} {steps[name]:6d} {best / steps[name]:9.4f}"
+        if idle[name]:
+            row |= {"card_busy_ms": round(1e3 * busy[name], 2), "card_idle_ms": [round(1e3 * t, 2) for t in idle[name]]}
+            line += f" {1e3 * busy[name]:12.1f} {1e3 * statistics.median(idle[name]):16.1f}"
+        report["rows"].append(row)
+        print(line + (f"  launch us: {parts[name]}" if name in parts else ""))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

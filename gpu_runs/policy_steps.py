@@ -177,7 +177,10 @@ def instrument(engine, trace: bool = False) -> dict:
 
     engine._launch = timed("launch", _launch)
     engine._finish = timed("finish", _finish)
-    engine._prefill = timed("prefill", engine._prefill)
+    # a prefill's host work and its first tokens' read (requests that join behind a step in flight
+    # are queued in the step's call and read after the step behind them is launched)
+    engine._queue_prefill = timed("prefill", engine._queue_prefill)
+    engine._read_prefill = timed("prefill", engine._read_prefill)
     engine._gate = timed("gate", engine._gate)  # the assist's gate: its wait for the step in flight
     engine._run = timed("run", engine._run)  # a launch's graph replay (the launch's rest: its host work around it)
     engine._measure_costs = timed("measure_costs", engine._measure_costs)
@@ -250,7 +253,7 @@ def main() -> None:
                 wall = 1000 * (time.perf_counter() - t0)
                 if prof:
                     prof.disable()
-                for attr in ("_launch", "_finish", "_prefill", "_measure_costs", "_gate", "_run"):
+                for attr in ("_launch", "_finish", "_queue_prefill", "_read_prefill", "_measure_costs", "_gate", "_run"):
                     delattr(engine, attr)  # back to the class's methods
                 if engine.policy is not None:  # back to the policy's own (a plain-* engine keeps its wrapper)
                     for attr in ("choose", "observe"):

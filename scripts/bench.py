@@ -83,10 +83,15 @@ def sync():
 
 class Stalls:
     """What may stall a timed run besides its steps: the garbage collector's passes (their ms, by
-    generation) and step costs the adaptive policy timed mid-run (the engine's _measure_costs)."""
+    generation), step costs the adaptive policy timed mid-run (the engine's _measure_costs), and
+    whether the host kept the card fed: of the steps planned behind a step in flight, how many found
+    that step already done (the card idled while the host read, planned and launched: a host-bound
+    run), and how many steps were launched with none in flight (after a prefill, a join, a wait).
+    On the CPU there is no event to ask, so the counts stay 0."""
 
     def __init__(self, engine):
         self.engine, self.gc_ms, self.timed_ms, self._t = engine, {}, [], 0.0
+        self.launches, self.behind, self.card_idle = 0, 0, 0
 
     def _gc(self, phase, info):
         if phase == "start":
@@ -105,18 +110,33 @@ class Stalls:
                 self.timed_ms.append(1000 * (time.perf_counter() - t))
 
         self.engine._measure_costs = timed
+        plan_ahead, launch = self.engine._plan_ahead, self.engine._launch
+
+        def planned(current):
+            if current.event is not None:
+                self.behind += 1
+                self.card_idle += bool(current.event.query())  # (asked before the assist's gate may wait on it)
+            return plan_ahead(current)
+
+        def launched(*a, **k):
+            self.launches += 1
+            return launch(*a, **k)
+
+        self.engine._plan_ahead, self.engine._launch = planned, launched
         gc.callbacks.append(self._gc)
         return self
 
     def __exit__(self, *exc):
         gc.callbacks.remove(self._gc)
-        del self.engine._measure_costs  # back to the class's method
+        for name in ("_measure_costs", "_plan_ahead", "_launch"):
+            delattr(self.engine, name)  # back to the class's methods
 
     def report(self) -> dict:
         return {"gc_passes": {str(g): len(ms) for g, ms in sorted(self.gc_ms.items())},
                 "gc_ms": round(sum(sum(ms) for ms in self.gc_ms.values()), 2),
                 "gc_max_ms": round(max((max(ms) for ms in self.gc_ms.values()), default=0.0), 2),
-                "costs_timed_ms": round(sum(self.timed_ms), 2), "costs_timed": len(self.timed_ms)}
+                "costs_timed_ms": round(sum(self.timed_ms), 2), "costs_timed": len(self.timed_ms),
+                "launches": self.launches, "planned_behind": self.behind, "card_idle_behind": self.card_idle}
 
 
 def run_ours(engine, prompt_ids, params, stops):

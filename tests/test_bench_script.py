@@ -57,3 +57,38 @@ def test_a_methods_profile_is_named_by_its_drafter_options_too():
     assert plain == "eagle3_ngram-tree_6-4-15.json"
     assert chained == "eagle3_ngram-tree_6-4-15_ngram_gate-1_ngram_gate_chain-31.json" != plain
     assert all(c.isalnum() or c in "._-" for c in chained)
+
+
+def test_a_run_counts_the_steps_the_card_waited_for_the_host():
+    """Of the steps planned behind one in flight, those whose step in flight was already done (the
+    host fell behind the card) are counted; the engine gets its own methods back. CPU steps have no
+    event: a stand-in answers `query` done at every other ask."""
+    bench = load_script("scripts/bench.py")
+    target = make_target(seed=0, vocab=64)
+    prompts = random_prompts(3, 64, [5, 3, 7], seed=3)
+    engine = SpecEngine(target, method="ar", max_len=64, max_batch=2)
+    asked = []
+
+    class Event:
+        def query(self):
+            asked.append(len(asked) % 2 == 1)
+            return asked[-1]
+
+        def synchronize(self):
+            pass
+
+    launch = engine._launch
+
+    def with_event(*a, **k):
+        out = launch(*a, **k)
+        out.event = Event()
+        return out
+
+    engine._launch = with_event
+    res, outs = bench.run_ours(engine, prompts, SamplingParams(max_new_tokens=6), ())
+    stalls = res["stalls"]
+    assert stalls["planned_behind"] == len(asked) > 0 and stalls["card_idle_behind"] == sum(asked) > 0
+    assert stalls["launches"] >= stalls["planned_behind"]
+    assert not {"_plan_ahead", "_launch", "_measure_costs"} & set(vars(engine))
+    engine2 = SpecEngine(target, method="ar", max_len=64, max_batch=2)
+    assert outs == [r.token_ids for r in engine2.generate(prompts, SamplingParams(max_new_tokens=6))]

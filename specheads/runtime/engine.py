@@ -42,7 +42,10 @@ policy chooses, where the tokens are known: rows it has nothing for do not draft
 where no row has anything decodes plainly (the proposal serves the step it plans).
 A row that finished in the step being read (a stop, or its token budget) has run one step
 too many; that step's output is dropped, and the row's cleanup is queued behind it. A step
-is not run ahead where a row's cache could not hold it after the step in flight.
+is not run ahead where a row's cache could not hold it after the step in flight. Requests
+that join while a step is in flight are prefilled behind it, and the next step, their rows
+included, is launched behind the prefill before the host reads either (a request that ends
+at its first token has run one step too many, as above).
 """
 
 from __future__ import annotations
@@ -185,11 +188,23 @@ class _Launch:
     offered: list | None = None  # per row: the draft tokens a host drafter proposed (None: not known)
     ahead: bool = False  # launched while the step before it was in flight
     gated: int = 0  # the full tree's step run without the head's tree (SpecEngine._gate): its chain's drafts
+    joined: bool = False  # launched behind joining prompts' prefill (the card ran both before its read)
+
+
+@dataclass
+class _Joined:
+    """Prompts whose prefills are queued (SpecEngine._queue_joins): their rows, their first tokens'
+    host copy (ready once `event` is), and per prompt its first token's logprobs or None."""
+
+    rows: list[_Row]
+    host: torch.Tensor
+    event: object = None
+    lps: list = field(default_factory=list)
 
 
 # Up to this many prompts joining at one step are prefilled one at a time, each replaying the
 # captured prefill graph of its width, rather than in one eager forward, whose kernel launches alone
-# cost the host about 12 ms for SmolLM2's 30 layers (see _prefill_group). On an H200 at chat batch
+# cost the host about 12 ms for SmolLM2's 30 layers (`_queue_joins`). On an H200 at chat batch
 # 64 fed 256 prompts, drafting engines (whose requests end at scattered steps, so two or three join
 # at once) spent 6-9 ms a prefill call against `ar`'s 4.2, up to half of their run; with this, 3.3-3.7
 # ms for every method (docs/benchmarks.md, "Speculation policy").
@@ -447,16 +462,17 @@ class SpecEngine:
 
     def step(self) -> list[StepOutput]:
         """Prefill the requests added since the last step, then one speculative step (with
-        overlap: read the step in flight and launch the next one first)."""
+        overlap: read the step in flight and launch the next one first). Requests that join while
+        a step is in flight are prefilled behind it, and the next step (their rows included) is
+        launched behind their prefill before either is read: the card goes from the step to the
+        prefill to the next step while the host reads."""
         outputs = []
+        joined = None
         if self.waiting:
-            stepped = self._inflight is not None
-            outputs += self._drain()
-            outputs += self._prefill()
-            if stepped:  # this call has read its step; the next one (new rows included) goes in flight
-                if self.rows:
-                    self._inflight = self._launch(ahead=0)
-                return outputs
+            if self._inflight is None:  # nothing in flight: prefilled and read first
+                outputs += self._prefill()
+            else:
+                joined = self._queue_joins()
         if not self.rows:  # the last rows finished behind a step run ahead: read it
             outputs += self._drain()
         else:
@@ -465,7 +481,13 @@ class SpecEngine:
             if plan is not None and self._gated is not None:
                 plan = self._gate(current, plan)
             self._inflight = self._launch(ahead=1, plan=plan) if plan is not None else None
+            if joined is not None and self._inflight is not None:
+                self._inflight.joined = True
             outputs += self._finish(current)
+            if joined is not None:
+                outputs += self._read_prefill(joined)
+                if self._inflight is None and self.rows:  # (not run ahead: a host drafter's tokens, the cache's end)
+                    self._inflight = self._launch(ahead=0)
             if not self.rows and not self.waiting:  # every row left: the step behind holds none, read it
                 outputs += self._drain()
         if self._untimed and not self.rows and not self.waiting and self._inflight is None:
@@ -683,8 +705,9 @@ class SpecEngine:
         t0 = time.perf_counter()
         if launch.event is not None and self.policy is not None:
             # the time since the step before was read, where both ran ahead with the same tier and
-            # bucket: the pace the card or the host (whichever is slower) keeps (AdaptivePolicy.paced)
-            key = (launch.tier, launch.batch) if launch.ahead and not launch.gated else None
+            # bucket (no prefill between): the pace the card or the host (whichever is slower) keeps
+            # (AdaptivePolicy.paced)
+            key = (launch.tier, launch.batch) if launch.ahead and not (launch.gated or launch.joined) else None
             if key is not None and key == self._read_key:
                 self.policy.paced(launch.tier, launch.batch, 1000.0 * (t0 - self._read_at))
             self._read_at, self._read_key = t0, key
@@ -851,6 +874,7 @@ class SpecEngine:
         self.out = torch.zeros(mb, 4 + self.depth + 1 + 1, dtype=torch.long, device=dev)
         pinned = dev.type == "cuda"
         self._host_out = [torch.zeros(mb, self.out.shape[1], dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._host_first = torch.zeros(mb, dtype=torch.long, pin_memory=pinned)  # joining prompts' first tokens
         # log-probabilities at each path position of a step (filled by steps of requests that ask)
         d, k = self.depth + 1, MAX_TOP_LOGPROBS
         self.step_lp = (torch.zeros(mb, d, device=dev), torch.zeros(mb, d, k, device=dev),
@@ -936,35 +960,38 @@ class SpecEngine:
         return [self.committed, self.root, self.depth_limit, self.draft_limit] + self.row_params.tensors()
 
     def _prefill(self) -> list[StepOutput]:
-        """The waiting prompts, in groups of at most `prefill_tokens` padded tokens (one forward
-        each): 512 joining prompts of 2,000 tokens would otherwise make one forward of a million
-        tokens, with attention tensors past what int32 indexing and the card's memory hold."""
+        """The waiting prompts prefilled, their first tokens read (one sync)."""
+        return self._read_prefill(self._queue_joins())
+
+    def _queue_joins(self) -> _Joined:
+        """Queue the waiting prompts' prefills (they join `self.rows`), in groups of at most
+        `prefill_tokens` padded tokens (one forward each: 512 joining prompts of 2,000 tokens would
+        otherwise make one forward of a million tokens, with attention tensors past what int32
+        indexing and the card's memory hold), and their first tokens' copy to the host behind
+        them, read by `_read_prefill`. A group of at most STAGED_PREFILL_PROMPTS prompts goes one
+        prompt at a time through the captured prefill of its width in the staging row: the host's
+        work for the next prompt (its row's settings and inputs, the launch, the row's move)
+        overlaps the card's prefill of the one before."""
         new, self.waiting = self.waiting, []
-        outputs = []
+        firsts, lps = [], []
         for group in prefill_groups([len(r.request.prompt) for r in new], self.prefill_tokens):
-            if self.buckets and len(group) <= STAGED_PREFILL_PROMPTS:
-                outputs += self._prefill_staged([new[i] for i in group])
-            else:
-                outputs += self._prefill_group([new[i] for i in group])
-        return outputs
-
-    def _prefill_staged(self, new: list[_Row]) -> list[StepOutput]:
-        """Each prompt alone, through the captured prefill of its width, all queued before their
-        first tokens are read in one sync: the host's work for the next prompt (its row's settings
-        and inputs, the launch, the row's move) overlaps the card's prefill of the one before,
-        where reading each first token at once had the host wait on the card once a prompt."""
-        start, firsts, lps = len(self.rows), [], []
-        for r in new:
-            first, lp = self._queue_prefill([r])
-            firsts.append(first.clone())  # (the graph's output: the next prompt's replay writes it again)
-            lps += lp
-        return self._read_prefill(new, start, torch.cat(firsts), lps)
-
-    def _prefill_group(self, new: list[_Row]) -> list[StepOutput]:
-        """These prompts in one forward, in their own rows."""
-        start = len(self.rows)
-        first, lps = self._queue_prefill(new)
-        return self._read_prefill(new, start, first, lps)
+            part = [new[i] for i in group]
+            if self.buckets and len(part) <= STAGED_PREFILL_PROMPTS:
+                for r in part:
+                    first, lp = self._queue_prefill([r])
+                    firsts.append(first.clone())  # (the graph's output: the next prompt's replay writes it again)
+                    lps += lp
+            else:  # these prompts in one forward, in their own rows
+                first, lp = self._queue_prefill(part)
+                firsts.append(first)
+                lps += lp
+        host = self._host_first[: len(new)]
+        host.copy_(torch.cat(firsts), non_blocking=True)
+        event = None
+        if self.device.type == "cuda":  # (a step launched behind the prefill is not waited for)
+            event = torch.cuda.Event()
+            event.record()
+        return _Joined(new, host, event, lps)
 
     def _queue_prefill(self, new: list[_Row]) -> tuple[torch.Tensor, list]:
         """Queue the prefill of these prompts into the next rows (they join `self.rows`): their
@@ -1017,18 +1044,21 @@ class SpecEngine:
         self.rows += new
         return first, lps
 
-    def _read_prefill(self, new: list[_Row], start: int, first: torch.Tensor, lps: list) -> list[StepOutput]:
-        """The joined rows' first tokens (one sync), emitted; rows that finish at once leave."""
+    def _read_prefill(self, joined: _Joined) -> list[StepOutput]:
+        """The joined rows' first tokens (a sync on their prefill alone), emitted; rows that finish
+        at once leave (a step launched behind the prefill has run them one step too many)."""
+        if joined.event is not None:
+            joined.event.synchronize()
         outputs, done = [], []
-        for i, (r, tok) in enumerate(zip(new, first.tolist())):
+        for r, tok, lp in zip(joined.rows, joined.host.tolist(), joined.lps):
             toks, reason = self._emit(r, [tok])
             out = StepOutput(r.handle, toks, reason, accept_length=1, prefill=True)
-            if lps[i] is not None and r.request.top_logprobs is not None:
-                out.logprobs = self._logprobs(r, *lps[i], len(toks))
+            if lp is not None and r.request.top_logprobs is not None:
+                out.logprobs = self._logprobs(r, *lp, len(toks))
             outputs.append(out)
             if reason is not None:
-                done.append(start + i)
-        self._remove(done)
+                done.append(r)
+        self._remove([self.rows.index(r) for r in done])
         return outputs
 
     def _prefill_graph(self, width: int, sampled: bool, logprobs: bool = False):

@@ -311,7 +311,7 @@ def test_staged_joins_queue_their_prefills_and_read_them_together(target, head, 
     staged.buckets = True
     reads = []
     real = staged._read_prefill
-    monkeypatch.setattr(staged, "_read_prefill", lambda new, *a: reads.append(len(new)) or real(new, *a))
+    monkeypatch.setattr(staged, "_read_prefill", lambda joined: reads.append(len(joined.rows)) or real(joined))
     got = _run_requests(staged, requests)
     want = _run_requests(SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100,
                                     max_batch=4), requests)
@@ -496,3 +496,40 @@ def test_capture_common_covers_every_bucket_a_lone_request_reaches(target, head,
         assert {(1, kv, False, 1), (1, kv, False, 0), (1, kv, False, 0, False, True)} <= steps
     for length in range(1, engine.max_len):  # the width bucket _prefill picks for any prompt
         assert (min(max(16, next_pow2(length)), engine.max_len), False) in widths
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ar", "ngram-host"])
+def test_requests_joining_behind_a_step_in_flight_launch_the_next_step_before_their_read(target, head, method):
+    """A request that joins while a step is in flight is prefilled behind that step, and the next
+    step (its row included) is launched before the host reads the step or the prefill (device
+    drafters; a host drafter waits for the tokens); requests that end at their first token (a
+    budget of 1, a stop) or at their second, and joins into rows freed by that very step, all equal
+    plain decoding, in buckets and without."""
+    stop = _ar(target, [PROMPTS[5]], SamplingParams(max_new_tokens=1))[0][0]  # PROMPTS[5]'s first token
+    budgets = [9, 6, 12, 1, 2, 7]  # (the first three join at once, the rest behind steps in flight)
+    want = [_ar(target, [p], SamplingParams(max_new_tokens=n))[0] for p, n in zip(PROMPTS, budgets)]
+    want[5] = []  # its first token is its stop
+    for buckets in (False, True):
+        engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                            num_draft_tokens=8, max_len=100, max_batch=3)
+        engine.buckets = buckets
+        order = []
+        launch, read = engine._launch, engine._read_prefill
+        engine._launch = lambda *a, **k: order.append("launch") or launch(*a, **k)
+        engine._read_prefill = lambda joined: order.append("read") or read(joined)
+        tokens, handle_of, joins_behind = {}, {}, 0
+        while len(handle_of) < 6 or engine.has_work:
+            behind = engine._inflight is not None
+            for i in range(6):
+                if i not in handle_of.values() and engine.free_slots > 0:
+                    handle_of[engine.add(Request(PROMPTS[i], SamplingParams(max_new_tokens=budgets[i]),
+                                                 frozenset([stop]) if i == 5 else frozenset()))] = i
+                    joins_behind += behind
+            order.clear()
+            for o in engine.step():
+                tokens.setdefault(handle_of[o.handle], []).extend(o.new_tokens)
+            if behind and "read" in order and method != "ngram-host":
+                assert order.index("launch") < order.index("read")  # the next step went first
+        assert joins_behind >= 2 or method == "ngram-host"  # (its drafting steps are read before the next call)
+        assert [tokens.get(i, []) for i in range(6)] == want, (method, buckets)
+        assert not engine.rows and engine._inflight is None
