@@ -107,7 +107,8 @@ class StandInCard:
     """A card that runs each launched step in `step_ms` and each prefill call in `prefill_ms`, in
     launch order (a step starts when it is launched or when the card is done with the one before):
     `attach` gives the engine's launches its events, whose `synchronize` waits (spinning) for the
-    step, and replaces the prefill's forward (first token 7); the read of a prefill's first tokens
+    step (queued where the step's graph would be replayed), and replaces the prefill's forward
+    (first token 7); the read of a prefill's first tokens
     waits for the prefills queued so far (not for a step queued behind them). `idle_s`: the time
     the card had nothing queued, from its first launch on."""
 
@@ -138,11 +139,17 @@ class StandInCard:
         return self.free
 
     def attach(self, engine) -> None:
-        launch, read = engine._launch, engine._read_prefill
+        """(After `stub`: a step is queued where its graph would be replayed, in `_run`.)"""
+        launch, run, read = engine._launch, engine._run, engine._read_prefill
+        queued = [0.0]
+
+        def replayed(*a, **k):
+            queued[0] = self.queue(self.step_s)
+            return run(*a, **k)
 
         def launched(*a, **k):
             out = launch(*a, **k)
-            out.event = self.Event(self.queue(self.step_s))
+            out.event = self.Event(queued[0])
             return out
 
         def prefill(start, ids, lens, sampled, logprobs=False):
@@ -153,7 +160,8 @@ class StandInCard:
             self.Event(self.prefilled).synchronize()
             return read(*a, **k)
 
-        engine._launch, engine._prefill_forward, engine._read_prefill = launched, prefill, read_prefill
+        engine._run, engine._launch = replayed, launched
+        engine._prefill_forward, engine._read_prefill = prefill, read_prefill
 
 
 def time_launches(engine) -> dict:

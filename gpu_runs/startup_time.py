@@ -19,8 +19,8 @@ With --profile-dir the adaptive policy's measured step costs (every tier, batch 
 bucket) are saved there as speculation profiles (profile_b<max batch>.json), the costs
 `python -m specheads.evaluation.policy_sim --profile` replays.
 
-Prints a table (policy, max batch, graphs, capture s, of which cost timing s, graph MiB) and
-writes the JSON.
+Prints a table (policy, max batch, graphs, capture s, of which cost timing s, graph MiB, Triton
+kernel variants compiled during the capture: `triton_cache_entries`) and writes the JSON.
 """
 from __future__ import annotations
 
@@ -35,6 +35,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draft_step_times import build  # noqa: E402
+
+
+def triton_cache_entries() -> int:
+    """Entries of the Triton cache (TRITON_CACHE_DIR, else ~/.triton/cache): one a compiled kernel
+    variant, so a capture's growth of it counts the kernels that capture compiled (a first start
+    compiles; a start with the cache warm compiles none)."""
+    import os
+
+    root = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    return sum(1 for _ in root.iterdir()) if root.is_dir() else 0
 
 
 def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, tree=(6, 4, 15), tiers=None,
@@ -56,15 +66,16 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
         engine.use_graphs, engine._measuring = True, False
         engine._capture = lambda *key: key
         engine._prefill_graph = lambda width, sampled: engine.graphs.setdefault(("prefill", width, sampled), None)
-    t1 = time.perf_counter()
+    t1, cached = time.perf_counter(), triton_cache_entries()
     engine.capture_common(range(1, max_batch + 1))
     seconds = time.perf_counter() - t1
+    compiled = triton_cache_entries() - cached
     report = dict(engine.graph_report)
     steps = [k for k in engine.graphs if k[0] != "prefill"]
     by_batch = {b: sum(k[0] == b for k in steps) for b in report.get("batch_buckets", [])}
     row = {"kind": kind, "method": method, "options": options or {}, "policy": policy, "max_batch": max_batch,
            "max_len": max_len, "engine_s": round(built, 2), "capture_s": round(seconds, 2), **report,
-           "step_graphs_by_batch": by_batch, "summary": engine.graph_summary()}
+           "step_graphs_by_batch": by_batch, "triton_compiled": compiled, "summary": engine.graph_summary()}
     del engine, target, head
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -104,10 +115,10 @@ def main():
             what = f"step graphs by batch bucket {r['step_graphs_by_batch']}" if args.count else r["summary"]
             print(f"{policy:>8} max batch {mb:>3}, {r['method']}: {what}; engine built in {r['engine_s']:.1f} s",
                   flush=True)
-    print(f"{'policy':>8} {'max b':>5} {'graphs':>6} {'capture s':>9} {'timing s':>8} {'graph MiB':>9}")
+    print(f"{'policy':>8} {'max b':>5} {'graphs':>6} {'capture s':>9} {'timing s':>8} {'graph MiB':>9} {'compiled':>8}")
     for r in rows:
         print(f"{r['policy']:>8} {r['max_batch']:>5} {r.get('graphs', 0):>6} {r['capture_s']:>9.1f} "
-              f"{r.get('measure_seconds', 0):>8.1f} {r.get('graph_memory_mib', 0):>9.0f}")
+              f"{r.get('measure_seconds', 0):>8.1f} {r.get('graph_memory_mib', 0):>9.0f} {r['triton_compiled']:>8}")
     card = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.count else \
         platform.processor() or "cpu"
     out = Path(args.out).with_suffix(".json")
