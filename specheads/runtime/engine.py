@@ -41,8 +41,10 @@ which run ahead too. Under the adaptive policy a host drafter of chains proposes
 policy chooses, where the tokens are known: rows it has nothing for do not draft, and a step
 where no row has anything decodes plainly (the proposal serves the step it plans).
 A row that finished in the step being read (a stop, or its token budget) has run one step
-too many; that step's output is dropped, and the row's cleanup is queued behind it. A step
-is not run ahead where a row's cache could not hold it after the step in flight. Requests
+too many; that step's output is dropped, and the row's cleanup is queued behind it. No step
+runs behind one that ends every row where the host knows it first: every row's last token
+of budget is in flight, or the assist's gate has read the step (`_gate`). A step is not run
+ahead where a row's cache could not hold it after the step in flight. Requests
 that join while a step is in flight are prefilled behind it, and the next step, their rows
 included, is launched behind the prefill before the host reads either (a request that ends
 at its first token has run one step too many, as above).
@@ -528,18 +530,39 @@ class SpecEngine:
         if not self.overlap or self.waiting or (
                 max(r.committed for r in self.rows) + depth + 1 + self.widest_nodes + 1 > self.cap):
             return None
+        if self._all_end(current, depth):
+            return None
         plan = self._plan(ahead=1, inflight=depth)
         # a host drafter proposes from the tokens of the step in flight: only a plain step runs ahead
         return None if self._host_drafts and plan[3] != 0 else plan
 
-    def _gate(self, current: _Launch, plan: tuple) -> tuple:
+    def _all_end(self, current: _Launch, depth: int) -> bool:
+        """Every row ends in the step in flight (or, having just joined, at its first token), so no
+        step should run behind it: certain where each row has at most one token of budget left (a
+        step gives every row one at least, as a prefill does); where each has at most the step's
+        depth + 1 left and the batch is the step's, the step is waited for and read (a few steps at
+        the end of a request alone: one launch's overlap lost against a whole step run for none)."""
+        left = max(r.budget - r.emitted for r in self.rows)
+        if left <= 1:
+            return True
+        if left > depth + 1 or len(current.rows) != len(self.rows) or any(
+                a is not r for a, r in zip(current.rows, self.rows)):
+            return False
+        if current.event is not None:
+            current.event.synchronize()
+        host = current.host[:len(current.rows)].tolist()
+        return all(self._ends(row, self._tokens(r)) for row, r in zip(self.rows, host))
+
+    def _gate(self, current: _Launch, plan: tuple) -> tuple | None:
         """The n-gram assist's gate (drafters/assist.py, option ngram_gate): a full-tree step planned
         behind a drafting step, in a batch of at most `gate` rows, waits for that step and reads each
         row's lookup at its new root (written by the step); where every row matches, every row would
         take the lookup's chain, so the step runs without the head's tree (`LookupChain`): the same
         drafts, verify and commit at the cost of the chain's verify. The wait gives up the run-ahead
         of the steps it checks. With the ladder (option ngram_gate_long), a gated step behind a gated
-        one whose rows accepted every draft runs the ladder's longer chain (`_gated_long`)."""
+        one whose rows accepted every draft runs the ladder's longer chain (`_gated_long`). Where every
+        row ends in the step read (its budget, a stop), no step goes behind it (None): it would run for
+        no row, and the next request's prefill would wait for it."""
         b, kv, sampled, tier, logprobs = plan
         rows = self.rows
         if (tier != self._full or not current.tier or len(rows) > self.gate_rows or len(current.rows) != len(rows)
@@ -548,6 +571,8 @@ class SpecEngine:
         if current.event is not None:
             current.event.synchronize()
         host = current.host[:len(current.rows)].tolist()  # (Python ints: the card idles until the launch)
+        if all(self._ends(row, self._tokens(r)) for row, r in zip(rows, host)):
+            return None
         if all(r[-1] == 1 for r in host):
             run = self._gated
             # the ladder where every row drafted and accepted the whole chain (out columns 0 and 2: accepted
@@ -722,9 +747,9 @@ class SpecEngine:
         for i, (row, res) in enumerate(zip(launch.rows, launch.host[:len(launch.rows)].tolist())):
             if row.finished:  # it left after this step was launched
                 continue
-            n_acc, bonus, drafted = res[0], res[1], res[2]
+            n_acc, drafted = res[0], res[2]
             row.committed += n_acc
-            new, reason = self._emit(row, res[5: 4 + n_acc] + [bonus])
+            new, reason = self._emit(row, self._tokens(res))
             out = StepOutput(row.handle, new, reason, drafted, n_acc - 1, n_acc, res[3])
             if not row.speculate:
                 out.no_draft_reason = "auto" if row.request.spec.enabled == "auto" else "request"
@@ -1247,9 +1272,20 @@ class SpecEngine:
             self.drafter.prefill(PrefillBatch(start, ids, lens, first, out.aux_hidden, out.hidden))
         return first
 
+    @staticmethod
+    def _tokens(res: list[int]) -> list[int]:
+        """A row's new tokens from its step result (a row of `out`): the accepted drafts, then the bonus."""
+        return res[5: 4 + res[0]] + [res[1]]
+
+    @staticmethod
+    def _ends(row: _Row, tokens: list[int]) -> bool:
+        """These tokens of a step would end the row (`_emit`): they reach its budget or hold a stop."""
+        stops = row.request.stop_ids
+        return len(tokens) >= row.budget - row.emitted or bool(stops) and not stops.isdisjoint(tokens)
+
     def _emit(self, row: _Row, tokens: list[int]) -> tuple[list[int], str | None]:
         stops = row.request.stop_ids
-        if len(tokens) < row.budget - row.emitted and (not stops or stops.isdisjoint(tokens)):
+        if not self._ends(row, tokens):
             row.history += tokens  # (most steps: every token, no stop, the budget not reached)
             row.emitted += len(tokens)
             return tokens, None

@@ -20,6 +20,9 @@ from tests.runtime.spec_helpers import ar_tokens, assert_targets_logprobs, make_
 
 VOCAB = 64
 NEW = 60
+# the ladder's tests: answers long enough that a ladder step runs before a request's last step (a step
+# launched behind one where every row ends is not run)
+LONG, LONG_LEN = 120, 160
 TRAIN = random_prompts(12, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3], seed=11)
 # std 0.2: a target whose greedy answers fall into short loops now and then (as small real ones do)
 PROMPTS = TRAIN[:6] + [[13, 33] * 5, [8, 8, 8, 8, 8]]
@@ -315,7 +318,7 @@ def test_start_up_captures_the_catch_up_step_of_every_batch_wider_than_the_gates
 @pytest.fixture(scope="module")
 def looping():
     """A target whose greedy answers settle into long runs (std 0.1): an answer that copies far."""
-    return make_target(seed=0, vocab=VOCAB, max_positions=192, std=0.1)
+    return make_target(seed=0, vocab=VOCAB, max_positions=256, std=0.1)  # (room for LONG_LEN and the ladder)
 
 
 def _ladder_run(engine, prompts, params, spec=None):
@@ -342,11 +345,11 @@ def test_the_ladder_verifies_its_longer_chain_after_a_fully_accepted_gated_step(
     kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
     copying = [TRAIN[2], TRAIN[3]] * (max_batch // 2 or 1)  # (answers that settle into one long run)
     prompts = PROMPTS + copying
-    reference = ar_tokens(looping, prompts, NEW, max_len=128)
+    reference = ar_tokens(looping, prompts, LONG, max_len=LONG_LEN)
     options = {"ngram_gate": max_batch, "ngram_gate_chain": 2 * n}
     runs = {}
     for long in (0, 5 * n):
-        engine = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=max_batch,
+        engine = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=LONG_LEN, max_batch=max_batch,
                             drafter_options={**options, "ngram_gate_long": long}, **TREES["tree"])
         assert engine.max_drafts == (long or 2 * n) and engine.num_steps == (long or 2 * n)
         steps = []
@@ -356,7 +359,7 @@ def test_the_ladder_verifies_its_longer_chain_after_a_fully_accepted_gated_step(
             steps.append(wide)
             return step(b, kv, sampled, tier, logprobs, wide)
         engine._step = spy_step
-        out, gated = _ladder_run(engine, prompts, SamplingParams(max_new_tokens=NEW))
+        out, gated = _ladder_run(engine, prompts, SamplingParams(max_new_tokens=LONG))
         assert out == reference
         runs[long] = (len(gated), gated, steps)
     (n0, gated0, _), (n1, gated1, steps1) = runs[0], runs[5 * n]
@@ -365,15 +368,17 @@ def test_the_ladder_verifies_its_longer_chain_after_a_fully_accepted_gated_step(
     assert 5 * n in gated1 and all(gated1[i - 1] for i, g in enumerate(gated1) if g == 5 * n)
     assert n1 < n0
     # the step after a gated one feeds the chain's paths (wide 2), after a ladder step the ladder's (3)
-    assert {(g, w) for g, w in zip(gated1, steps1[1:]) if g} == {(2 * n, 2), (5 * n, 3)}
+    # (at batch 4 a ladder step may be the rows' last: no step runs behind one where every row ends)
+    fed = {(g, w) for g, w in zip(gated1, steps1[1:]) if g}
+    assert fed <= {(2 * n, 2), (5 * n, 3)} and (2 * n, 2) in fed and ((5 * n, 3) in fed or max_batch > 1)
     # sampled output keeps its counter-based noise, with ladder steps among its steps (batch 1)
-    params = SamplingParams(max_new_tokens=NEW, temperature=0.2, seed=5)
-    ref = [r.token_ids for r in SpecEngine(looping, method="ar", max_len=128).generate(copying, params)]
+    params = SamplingParams(max_new_tokens=LONG, temperature=0.2, seed=5)
+    ref = [r.token_ids for r in SpecEngine(looping, method="ar", max_len=LONG_LEN).generate(copying, params)]
     gated = _gated_steps(engine)
     assert [r.token_ids for r in engine.generate(copying, params)] == ref
     assert 5 * n in gated or max_batch > 1  # (four sampled rows rarely all copy at once)
     # a request that lets a step draft 3 tokens never takes the ladder (its chain is always cut to 3)
-    out, gated = _ladder_run(engine, copying, SamplingParams(max_new_tokens=NEW), SpecControl(num_draft_tokens=3))
+    out, gated = _ladder_run(engine, copying, SamplingParams(max_new_tokens=LONG), SpecControl(num_draft_tokens=3))
     assert out == reference[len(PROMPTS):] and any(gated) and 5 * n not in gated
 
 
@@ -382,11 +387,11 @@ def test_logprobs_through_gated_and_ladder_steps_are_the_targets_own(looping, he
     """With the default drafting at batch 1 (the gate, its chain and the ladder, unset), a request that asks
     for log-probabilities gets the target's own at every token, the gated and ladder steps' among them."""
     copying = [TRAIN[2], TRAIN[3]]
-    engine = SpecEngine(looping, head, method=f"{head.kind}+ngram", max_len=128, max_batch=1, **TREES["tree"])
+    engine = SpecEngine(looping, head, method=f"{head.kind}+ngram", max_len=LONG_LEN, max_batch=1, **TREES["tree"])
     assert engine.drafter.gate_long == GATE_LONG
     gated = _gated_steps(engine)
     for i, prompt in enumerate(copying):
-        h = engine.add(Request(prompt, SamplingParams(max_new_tokens=NEW, temperature=temperature, seed=3 + i),
+        h = engine.add(Request(prompt, SamplingParams(max_new_tokens=LONG, temperature=temperature, seed=3 + i),
                                top_logprobs=2))
         tokens, lps = [], []
         while engine.has_work:
@@ -562,3 +567,30 @@ def test_drafter_options_in_a_method_spec():
     assert m.options == (("ngram_gate_chain", 47), ("ngram_max", 6))
     with pytest.raises(DrafterError, match="separate options with ','"):
         parse_options("ngram_gate_chain=47:ngram_max=6")
+
+
+def test_no_step_runs_behind_one_where_every_row_ends(target, head, reference):
+    """Where every row ends in the step in flight, nothing is launched behind it: the assist's gate reads
+    that step first (a budget or a stop); without the gate a step that may reach every row's budget is
+    read first (`SpecEngine._all_end`), one that holds every row's last token of budget is not launched
+    behind, and a stop long before the budget still has a step run behind it (dropped). Every other
+    launched step is one a request counts; outputs stay plain decoding's."""
+    budgets = [NEW, 9, 1, 17, NEW, 5, 30, 2]
+    stop = reference[4][6]  # (a stop token in one answer: it ends at the stop, before its budget)
+    for method in (f"{head.kind}+ngram", head.kind, "ar"):
+        engine = SpecEngine(target, head if method != "ar" else None, method=method, max_len=128, max_batch=1,
+                            **(TREES["tree"] if method != "ar" else {}))
+        launched = []
+        launch = engine._launch
+        engine._launch = lambda *a, **k: launched.append(1) or launch(*a, **k)
+        tokens, steps = [], 0
+        for i, (prompt, n) in enumerate(zip(PROMPTS, budgets)):
+            r = engine.generate([prompt], SamplingParams(max_new_tokens=n), stop_ids=[stop] if i == 4 else ())[0]
+            tokens.append(r.token_ids)
+            steps += r.steps
+        want = [ref[:n] for ref, n in zip(reference, budgets)]
+        want[4] = reference[4][:reference[4].index(stop)]
+        assert tokens == want
+        # (without the gate one step runs behind the answer that ends at its stop, long before its budget:
+        # a budget's end is seen coming, the step in flight read where it may end the request)
+        assert len(launched) == steps + (not method.endswith("+ngram"))
