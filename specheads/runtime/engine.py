@@ -190,7 +190,7 @@ class _Launch:
     offered: list | None = None  # per row: the draft tokens a host drafter proposed (None: not known)
     ahead: bool = False  # launched while the step before it was in flight
     gated: int = 0  # the full tree's step run without the head's tree (SpecEngine._gate): its chain's drafts
-    joined: bool = False  # launched behind joining prompts' prefill (the card ran both before its read)
+    unpaced: bool = False  # its read is no step's pace: a prefill's work (host or card) came between (step)
 
 
 @dataclass
@@ -483,8 +483,10 @@ class SpecEngine:
             if plan is not None and self._gated is not None:
                 plan = self._gate(current, plan)
             self._inflight = self._launch(ahead=1, plan=plan) if plan is not None else None
-            if joined is not None and self._inflight is not None:
-                self._inflight.joined = True
+            if joined is not None:  # (the prefill's queueing came before this read; the card ran it before the next)
+                current.unpaced = True
+                if self._inflight is not None:
+                    self._inflight.unpaced = True
             outputs += self._finish(current)
             if joined is not None:
                 outputs += self._read_prefill(joined)
@@ -732,7 +734,7 @@ class SpecEngine:
             # the time since the step before was read, where both ran ahead with the same tier and
             # bucket (no prefill between): the pace the card or the host (whichever is slower) keeps
             # (AdaptivePolicy.paced)
-            key = (launch.tier, launch.batch) if launch.ahead and not (launch.gated or launch.joined) else None
+            key = (launch.tier, launch.batch) if launch.ahead and not (launch.gated or launch.unpaced) else None
             if key is not None and key == self._read_key:
                 self.policy.paced(launch.tier, launch.batch, 1000.0 * (t0 - self._read_at))
             self._read_at, self._read_key = t0, key
@@ -999,17 +1001,22 @@ class SpecEngine:
         overlaps the card's prefill of the one before."""
         new, self.waiting = self.waiting, []
         firsts, lps = [], []
-        for group in prefill_groups([len(r.request.prompt) for r in new], self.prefill_tokens):
-            part = [new[i] for i in group]
-            if self.buckets and len(part) <= STAGED_PREFILL_PROMPTS:
-                for r in part:
-                    first, lp = self._queue_prefill([r])
-                    firsts.append(first.clone())  # (the graph's output: the next prompt's replay writes it again)
+        try:
+            for group in prefill_groups([len(r.request.prompt) for r in new], self.prefill_tokens):
+                part = [new[i] for i in group]
+                if self.buckets and len(part) <= STAGED_PREFILL_PROMPTS:
+                    for r in part:
+                        first, lp = self._queue_prefill([r])
+                        firsts.append(first.clone())  # (the graph's output: the next prompt's replay writes it again)
+                        lps += lp
+                else:  # these prompts in one forward, in their own rows
+                    first, lp = self._queue_prefill(part)
+                    firsts.append(first)
                     lps += lp
-            else:  # these prompts in one forward, in their own rows
-                first, lp = self._queue_prefill(part)
-                firsts.append(first)
-                lps += lp
+        except BaseException:  # (a failed capture or allocation: what did not join waits again, so an abort finds it)
+            joined = {id(r) for r in self.rows}
+            self.waiting = [r for r in new if id(r) not in joined] + self.waiting
+            raise
         host = self._host_first[: len(new)]
         host.copy_(torch.cat(firsts), non_blocking=True)
         event = None
@@ -1036,10 +1043,12 @@ class SpecEngine:
             # are written again.
             width = self._width_bucket(width)
         row0 = self.staging if staged else start
-        ids = torch.zeros(k, width, dtype=torch.long)
+        # (pinned on CUDA: their copies to the card wait for nothing, not for a step in flight)
+        pinned = dev.type == "cuda"
+        ids = torch.zeros(k, width, dtype=torch.long, pin_memory=pinned)
         for i, r in enumerate(new):
             ids[i, : lengths[i]] = torch.as_tensor(r.request.prompt)
-        lens = torch.tensor(lengths)
+        lens = torch.tensor(lengths).pin_memory() if pinned else torch.tensor(lengths)
         for i, r in enumerate(new):
             p = r.request.params
             seed = p.seed if p.seed is not None else random.getrandbits(32)
@@ -1054,7 +1063,8 @@ class SpecEngine:
             graph.replay()
         else:
             with torch.no_grad():
-                first = self._prefill_forward(row0, ids.to(dev), lens.to(dev), sampled, logprobs)
+                first = self._prefill_forward(row0, ids.to(dev, non_blocking=True), lens.to(dev, non_blocking=True),
+                                              sampled, logprobs)
         if staged:
             self._move_row(self.staging, start, width)
         if hasattr(self.policy, "prime"):  # while the card prefills (its first tokens are read next)
@@ -1063,8 +1073,9 @@ class SpecEngine:
             reach = self._reach(self._batch_bucket(n) if self.buckets else n)
             self.policy.prime([r.acceptance for r in joining], [min(r.depth_cap, reach) for r in joining])
         lps = [None] * k
-        if logprobs:  # the prefill wrote them at path position 0 (of the staging row: read before the next)
-            lp = [t[row0: row0 + k, :1].tolist() for t in self.step_lp]
+        if logprobs:  # the prefill wrote them at path position 0 (of the staging row: copied before the next
+            # prefill writes it; read with the first tokens, `_read_prefill`)
+            lp = [t[row0: row0 + k, :1].to("cpu", non_blocking=True, copy=True) for t in self.step_lp]
             lps = [(lp[0][i], lp[1][i], lp[2][i]) for i in range(k)]
         self.rows += new
         return first, lps
@@ -1079,7 +1090,7 @@ class SpecEngine:
             toks, reason = self._emit(r, [tok])
             out = StepOutput(r.handle, toks, reason, accept_length=1, prefill=True)
             if lp is not None and r.request.top_logprobs is not None:
-                out.logprobs = self._logprobs(r, *lp, len(toks))
+                out.logprobs = self._logprobs(r, *(t.tolist() for t in lp), len(toks))
             outputs.append(out)
             if reason is not None:
                 done.append(r)

@@ -533,3 +533,29 @@ def test_requests_joining_behind_a_step_in_flight_launch_the_next_step_before_th
         assert joins_behind >= 2 or method == "ngram-host"  # (its drafting steps are read before the next call)
         assert [tokens.get(i, []) for i in range(6)] == want, (method, buckets)
         assert not engine.rows and engine._inflight is None
+
+
+def test_a_prefill_that_fails_leaves_its_requests_abortable(target, head, monkeypatch):
+    """A prefill that raises (a failed capture, memory) leaves the requests not yet joined waiting, so
+    the server's abort of the step's requests finds every one and the engine serves the next."""
+    engine = SpecEngine(target, head, num_steps=4, topk=3, num_draft_tokens=8, max_len=100, max_batch=4)
+    engine.buckets = True
+    handles = [engine.add(Request(p, SamplingParams(max_new_tokens=5))) for p in PROMPTS[:3]]
+    real, calls = engine._queue_prefill, []
+
+    def failing(new):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory (a stand-in)")
+        return real(new)
+
+    monkeypatch.setattr(engine, "_queue_prefill", failing)
+    with pytest.raises(RuntimeError, match="stand-in"):
+        engine.step()
+    assert len(engine.rows) == 1 and [r.handle for r in engine.waiting] == handles[1:]
+    for h in handles:
+        engine.abort(h)
+    assert not engine.has_work
+    monkeypatch.setattr(engine, "_queue_prefill", real)
+    got = engine.generate([PROMPTS[3]], SamplingParams(max_new_tokens=6))[0].token_ids
+    assert got == _ar(target, [PROMPTS[3]], SamplingParams(max_new_tokens=6))[0]
