@@ -471,10 +471,12 @@ class SpecEngine:
         outputs = []
         joined = None
         if self.waiting:
-            if self._inflight is None:  # nothing in flight: prefilled and read first
-                outputs += self._prefill()
-            else:
+            if self._inflight is not None:
                 joined = self._queue_joins()
+            elif not self.overlap or self._host_drafts or self.rows:  # (a host drafter drafts from the first tokens)
+                outputs += self._prefill()
+            else:  # nothing in flight, no rows: the first step goes behind the prefill, before its read
+                return self._start_behind(self._queue_joins())
         if not self.rows:  # the last rows finished behind a step run ahead: read it
             outputs += self._drain()
         else:
@@ -496,6 +498,18 @@ class SpecEngine:
                 outputs += self._drain()
         if self._untimed and not self.rows and not self.waiting and self._inflight is None:
             self._time_untimed()  # idle now: no request waits on the timing
+        return outputs
+
+    def _start_behind(self, joined: _Joined) -> list[StepOutput]:
+        """The first step of requests joining an idle engine, launched behind their prefill before
+        their first tokens are read (the card goes from the prefill to the step); none where every
+        one ends at its first token (a budget of 1), and read at once where they all do (a stop)."""
+        if max(r.budget - r.emitted for r in self.rows) > 1:
+            self._inflight = self._launch(ahead=0)
+            self._inflight.unpaced = True
+        outputs = self._read_prefill(joined)
+        if not self.rows:
+            outputs += self._drain()
         return outputs
 
     def _cost_bucket(self, b: int, kv: int) -> None:

@@ -559,3 +559,45 @@ def test_a_prefill_that_fails_leaves_its_requests_abortable(target, head, monkey
     monkeypatch.setattr(engine, "_queue_prefill", real)
     got = engine.generate([PROMPTS[3]], SamplingParams(max_new_tokens=6))[0].token_ids
     assert got == _ar(target, [PROMPTS[3]], SamplingParams(max_new_tokens=6))[0]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "ar"])
+def test_requests_joining_an_idle_engine_start_behind_their_prefill(target, head, method):
+    """On an idle engine the first step is launched behind the joining prompts' prefill, before their
+    first tokens are read; none is launched where every request ends at its first token (a budget of
+    1), and one whose every request stops at its first token is read at once. Outputs stay plain."""
+    def engine_with_spy():
+        engine = SpecEngine(target, head if method == "eagle3" else None, method=method, num_steps=4, topk=3,
+                            num_draft_tokens=8, max_len=100, max_batch=3)
+        order = []
+        launch, read = engine._launch, engine._read_prefill
+        engine._launch = lambda *a, **k: order.append("launch") or launch(*a, **k)
+        engine._read_prefill = lambda joined: order.append("read") or read(joined)
+        return engine, order
+
+    def run(engine, requests):
+        handles = [engine.add(r) for r in requests]
+        got = {h: [] for h in handles}
+        first = engine.step()
+        for o in first:
+            got[o.handle] += o.new_tokens
+        while engine.has_work:
+            for o in engine.step():
+                got[o.handle] += o.new_tokens
+        assert engine._inflight is None or not engine.rows
+        return [got[h] for h in handles]
+
+    engine, order = engine_with_spy()
+    out = run(engine, [Request(PROMPTS[0], SamplingParams(max_new_tokens=9)),
+                       Request(PROMPTS[1], SamplingParams(max_new_tokens=1))])
+    assert order[:2] == ["launch", "read"]
+    assert out == [_ar(target, [PROMPTS[0]], SamplingParams(max_new_tokens=9))[0],
+                   _ar(target, [PROMPTS[1]], SamplingParams(max_new_tokens=1))[0]]
+    engine, order = engine_with_spy()
+    assert run(engine, [Request(PROMPTS[2], SamplingParams(max_new_tokens=1))]) == \
+        _ar(target, [PROMPTS[2]], SamplingParams(max_new_tokens=1))
+    assert order == ["read"]  # (its one token is the prefill's: no step)
+    stop = _ar(target, [PROMPTS[3]], SamplingParams(max_new_tokens=1))[0][0]
+    engine, order = engine_with_spy()
+    assert run(engine, [Request(PROMPTS[3], SamplingParams(max_new_tokens=9), frozenset([stop]))]) == [[]]
+    assert order == ["launch", "read"] and engine._inflight is None  # (the step behind it, read and dropped)
