@@ -47,7 +47,8 @@ of budget is in flight, or the assist's gate has read the step (`_gate`). A step
 ahead where a row's cache could not hold it after the step in flight. Requests
 that join while a step is in flight are prefilled behind it, and the next step, their rows
 included, is launched behind the prefill before the host reads either (a request that ends
-at its first token has run one step too many, as above).
+at its first token has run one step too many, as above); on an idle engine the first step
+goes behind the prefill the same way.
 """
 
 from __future__ import annotations
@@ -467,7 +468,7 @@ class SpecEngine:
         overlap: read the step in flight and launch the next one first). Requests that join while
         a step is in flight are prefilled behind it, and the next step (their rows included) is
         launched behind their prefill before either is read: the card goes from the step to the
-        prefill to the next step while the host reads."""
+        prefill to the next step while the host reads (on an idle engine: `_start_behind`)."""
         outputs = []
         joined = None
         if self.waiting:
