@@ -24,7 +24,7 @@ params = SamplingParams(max_new_tokens=64)
 engine = SpecEngine(target, head, max_batch=1)
 engine.generate(prompts, params)
 parts = {}
-for name in ("_prefill", "_launch", "_finish"):
+for name in ("_queue_joins", "_read_prefill", "_launch", "_finish"):  # (a join: queued, read)
     real = getattr(engine, name)
 
     def timed(*a, _real=real, _name=name, **k):
