@@ -86,8 +86,8 @@ class Stalls:
     generation), step costs the adaptive policy timed mid-run (the engine's _measure_costs), and
     whether the host kept the card fed: of the steps planned behind a step in flight, how many found
     that step already done (the card idled while the host read, planned and launched: a host-bound
-    run), and how many steps were launched with none in flight (after a prefill, a join, a wait).
-    On the CPU there is no event to ask, so the counts stay 0."""
+    run), beside every step launched. On the CPU there is no event to ask: nothing is planned behind
+    a step counted, only the launches."""
 
     def __init__(self, engine):
         self.engine, self.gc_ms, self.timed_ms, self._t = engine, {}, [], 0.0

@@ -192,6 +192,7 @@ class _Launch:
     ahead: bool = False  # launched while the step before it was in flight
     gated: int = 0  # the full tree's step run without the head's tree (SpecEngine._gate): its chain's drafts
     unpaced: bool = False  # its read is no step's pace: a prefill's work (host or card) came between (step)
+    read: list | None = None  # its result rows as Python ints, once read (`SpecEngine._read_now`)
 
 
 @dataclass
@@ -505,7 +506,7 @@ class SpecEngine:
         """The first step of requests joining an idle engine, launched behind their prefill before
         their first tokens are read (the card goes from the prefill to the step); none where every
         one ends at its first token (a budget of 1), and read at once where they all do (a stop)."""
-        if max(r.budget - r.emitted for r in self.rows) > 1:
+        if self._budget_left() > 1:
             self._inflight = self._launch(ahead=0)
             self._inflight.unpaced = True
         outputs = self._read_prefill(joined)
@@ -559,16 +560,31 @@ class SpecEngine:
         step gives every row one at least, as a prefill does); where each has at most the step's
         depth + 1 left and the batch is the step's, the step is waited for and read (a few steps at
         the end of a request alone: one launch's overlap lost against a whole step run for none)."""
-        left = max(r.budget - r.emitted for r in self.rows)
+        left = self._budget_left()
         if left <= 1:
             return True
-        if left > depth + 1 or len(current.rows) != len(self.rows) or any(
-                a is not r for a, r in zip(current.rows, self.rows)):
-            return False
-        if current.event is not None:
-            current.event.synchronize()
-        host = current.host[:len(current.rows)].tolist()
-        return all(self._ends(row, self._tokens(r)) for row, r in zip(self.rows, host))
+        return left <= depth + 1 and self._same_batch(current) and self._every_row_ends(current)
+
+    def _budget_left(self) -> int:
+        """The most tokens any active row may still emit."""
+        return max(r.budget - r.emitted for r in self.rows)
+
+    def _same_batch(self, current: _Launch) -> bool:
+        """The active rows are the step in flight's, in its order (none left or joined since)."""
+        return len(current.rows) == len(self.rows) and all(a is r for a, r in zip(current.rows, self.rows))
+
+    def _read_now(self, launch: _Launch) -> list:
+        """A launched step's result rows as Python ints, waiting for it where it is in flight (then
+        the card idles until the next launch); read once, for `_all_end`, `_gate` and `_finish`."""
+        if launch.read is None:
+            if launch.event is not None:
+                launch.event.synchronize()
+            launch.read = launch.host[:len(launch.rows)].tolist()
+        return launch.read
+
+    def _every_row_ends(self, current: _Launch) -> bool:
+        """Every row of the step in flight ends on its tokens (its budget, a stop): it is read first."""
+        return all(self._ends(row, self._tokens(r)) for row, r in zip(current.rows, self._read_now(current)))
 
     def _gate(self, current: _Launch, plan: tuple) -> tuple | None:
         """The n-gram assist's gate (drafters/assist.py, option ngram_gate): a full-tree step planned
@@ -582,14 +598,12 @@ class SpecEngine:
         no row, and the next request's prefill would wait for it."""
         b, kv, sampled, tier, logprobs = plan
         rows = self.rows
-        if (tier != self._full or not current.tier or len(rows) > self.gate_rows or len(current.rows) != len(rows)
-                or any(a is not r or not r.speculate for a, r in zip(current.rows, rows)) or not all(current.drafting)):
+        if (tier != self._full or not current.tier or len(rows) > self.gate_rows or not self._same_batch(current)
+                or not all(r.speculate for r in rows) or not all(current.drafting)):
             return plan
-        if current.event is not None:
-            current.event.synchronize()
-        host = current.host[:len(current.rows)].tolist()  # (Python ints: the card idles until the launch)
-        if all(self._ends(row, self._tokens(r)) for row, r in zip(rows, host)):
+        if self._every_row_ends(current):  # (read now: the card idles until the launch)
             return None
+        host = current.read
         if all(r[-1] == 1 for r in host):
             run = self._gated
             # the ladder where every row drafted and accepted the whole chain (out columns 0 and 2: accepted
@@ -761,7 +775,7 @@ class SpecEngine:
                               and hasattr(self.policy, "observe_first")) else None
         outputs, done = [], []
         lp = [t.tolist() for t in launch.host_logprobs] if launch.host_logprobs is not None else None
-        for i, (row, res) in enumerate(zip(launch.rows, launch.host[:len(launch.rows)].tolist())):
+        for i, (row, res) in enumerate(zip(launch.rows, self._read_now(launch))):
             if row.finished:  # it left after this step was launched
                 continue
             n_acc, drafted = res[0], res[2]
@@ -1063,7 +1077,7 @@ class SpecEngine:
         ids = torch.zeros(k, width, dtype=torch.long, pin_memory=pinned)
         for i, r in enumerate(new):
             ids[i, : lengths[i]] = torch.as_tensor(r.request.prompt)
-        lens = torch.tensor(lengths).pin_memory() if pinned else torch.tensor(lengths)
+        lens = torch.tensor(lengths, pin_memory=pinned)
         for i, r in enumerate(new):
             p = r.request.params
             seed = p.seed if p.seed is not None else random.getrandbits(32)
