@@ -10,17 +10,26 @@ says otherwise. The target's load from its GGUF
 
     python3 gpu_runs/startup_time.py --out $OUT/startup [--kind eagle3] [--max-batch 8 32 64]
         [--policies fixed adaptive] [--max-len 2048] [--tiers "1,1,1;2,1,2;4,1,4"] [--tree 6,4,15]
-        [--profile-dir $OUT/profiles] [--method eagle3] [--draft-option ngram_gate_long=0] [--count]
+        [--profile-dir $OUT/profiles] [--method eagle3] [--draft-option ngram_gate_long=0]
+        [--compile-ahead on off] [--cold] [--count]
+
+--compile-ahead on off: each row with the kernels compiled ahead in parallel (kernels/ahead.py, the
+default) and without (each variant compiled where the capture first launches it). --cold: each row
+starts from an empty Triton cache (a fresh cache directory, kernels jitted afresh), as on a fresh
+machine; without it a row finds what earlier rows and starts compiled.
 
 --count (no GPU needed): count the graphs a start-up would capture, by batch bucket, without
-capturing any (what a change to the engine's graph keys adds to a start-up, on the CPU).
+capturing any, and the kernel variants it would compile (a dry run for a stand-in sm_90 card,
+compiling nothing): what a change to the engine's graph keys adds to a start-up, on the CPU. The
+variants do not depend on the number of layers (--layers 1 is quick).
 
 With --profile-dir the adaptive policy's measured step costs (every tier, batch and context
 bucket) are saved there as speculation profiles (profile_b<max batch>.json), the costs
 `python -m specheads.evaluation.policy_sim --profile` replays.
 
-Prints a table (policy, max batch, graphs, capture s, of which cost timing s, graph MiB, Triton
-kernel variants compiled during the capture: `triton_cache_entries`) and writes the JSON.
+Prints a table (policy, max batch, compile ahead, graphs, capture s, of which cost timing s, graph
+MiB, kernel variants compiled ahead, Triton cache entries added during the capture: the kernel
+variants compiled, ahead or not) and writes the JSON.
 """
 from __future__ import annotations
 
@@ -48,11 +57,19 @@ def triton_cache_entries() -> int:
 
 
 def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, tree=(6, 4, 15), tiers=None,
-            profile=None, method: str | None = None, options: dict | None = None, count: bool = False) -> dict:
+            profile=None, method: str | None = None, options: dict | None = None, count: bool = False,
+            ahead_on: bool = True, cold: bool = False) -> dict:
+    import os
+    import tempfile
+
     from specheads.drafters import default_method
+    from specheads.kernels import ahead, fused
     from specheads.runtime.engine import SpecEngine
 
     cuda = torch.cuda.is_available() and not count
+    if cold:  # an empty Triton cache, on disk and in memory
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
+        fused._jitted.clear()
     target, head = build(kind, torch.device("cuda" if cuda else "cpu"), torch.bfloat16 if cuda else torch.float32,
                          layers)
     method = method or default_method(head)
@@ -61,11 +78,25 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     engine = SpecEngine(target, head, method=method, max_batch=max_batch, max_len=max_len, speculation_policy=policy,
                         num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2], drafter_options=options or {},
                         **adaptive)
+    engine.compile_ahead = ahead_on
     built = time.perf_counter() - t0
-    if count:  # the keys only: no graph captured, no step timed
+    variants = None
+    if count:  # the keys only: no graph captured, no step timed; the kernels counted by a dry run
         engine.use_graphs, engine._measuring = True, False
         engine._capture = lambda *key: key
         engine._prefill_graph = lambda width, sampled: engine.graphs.setdefault(("prefill", width, sampled), None)
+        engine._allocate()
+        kvs = sorted({engine._context_bucket(n) for n in range(1, engine.cap + 1)})
+        buckets = [(b, kv, engine._bucket_keys(b, kv)) for b in sorted({engine._batch_bucket(n) for n in
+                                                                       range(1, max_batch + 1)}) for kv in kvs]
+        widths = sorted({engine._width_bucket(n) for n in range(1, engine.max_len + 1)})
+        if fused.triton is not None:
+            available, ahead.available = ahead.available, lambda: True
+            try:
+                with ahead.stand_in_card(90, compile=False):
+                    variants = (engine._compile_ahead(buckets, widths) or {}).get("variants")
+            finally:
+                ahead.available = available
     t1, cached = time.perf_counter(), triton_cache_entries()
     engine.capture_common(range(1, max_batch + 1))
     seconds = time.perf_counter() - t1
@@ -73,9 +104,12 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     report = dict(engine.graph_report)
     steps = [k for k in engine.graphs if k[0] != "prefill"]
     by_batch = {b: sum(k[0] == b for k in steps) for b in report.get("batch_buckets", [])}
+    if count:
+        report["compile_ahead"] = {"variants": variants}
     row = {"kind": kind, "method": method, "options": options or {}, "policy": policy, "max_batch": max_batch,
-           "max_len": max_len, "engine_s": round(built, 2), "capture_s": round(seconds, 2), **report,
-           "step_graphs_by_batch": by_batch, "triton_compiled": compiled, "summary": engine.graph_summary()}
+           "max_len": max_len, "ahead": ahead_on, "cold": cold, "engine_s": round(built, 2),
+           "capture_s": round(seconds, 2), **report, "step_graphs_by_batch": by_batch, "triton_compiled": compiled,
+           "summary": engine.graph_summary()}
     del engine, target, head
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -96,7 +130,11 @@ def main():
     ap.add_argument("--method", default=None, help="the drafting method (default: the kind's, as `serve` drafts)")
     ap.add_argument("--draft-option", action="append", default=[], metavar="NAME=VALUE",
                     help="a drafter option (repeatable), as `serve --draft-option`")
-    ap.add_argument("--count", action="store_true", help="count the graphs only (no GPU needed)")
+    ap.add_argument("--compile-ahead", nargs="+", choices=["on", "off"], default=["on"],
+                    help="compile the kernels ahead in parallel (on), or where the capture launches them (off)")
+    ap.add_argument("--cold", action="store_true", help="every row from an empty Triton cache")
+    ap.add_argument("--count", action="store_true",
+                    help="count the graphs and kernel variants only (no GPU needed)")
     args = ap.parse_args()
     from specheads.drafters import parse_options
 
@@ -107,24 +145,30 @@ def main():
     rows = []
     for policy in args.policies:
         for mb in args.max_batch:
-            profile = str(Path(args.profile_dir) / f"profile_b{mb}.json") if args.profile_dir and policy == "adaptive" \
-                else None
-            r = capture(args.kind, policy, mb, args.max_len, args.layers, tree, args.tiers, profile, args.method,
-                        options, args.count)
-            rows.append(r)
-            what = f"step graphs by batch bucket {r['step_graphs_by_batch']}" if args.count else r["summary"]
-            print(f"{policy:>8} max batch {mb:>3}, {r['method']}: {what}; engine built in {r['engine_s']:.1f} s",
-                  flush=True)
-    print(f"{'policy':>8} {'max b':>5} {'graphs':>6} {'capture s':>9} {'timing s':>8} {'graph MiB':>9} {'compiled':>8}")
+            for on in args.compile_ahead:
+                profile = str(Path(args.profile_dir) / f"profile_b{mb}.json") if args.profile_dir and \
+                    policy == "adaptive" else None
+                r = capture(args.kind, policy, mb, args.max_len, args.layers, tree, args.tiers, profile, args.method,
+                            options, args.count, on == "on", args.cold)
+                rows.append(r)
+                variants = (r.get("compile_ahead") or {}).get("variants")
+                what = f"step graphs by batch bucket {r['step_graphs_by_batch']}, {variants} kernel variants" \
+                    if args.count else r["summary"]
+                print(f"{policy:>8} max batch {mb:>3}, {r['method']}, compile ahead {on}: {what}; engine built in "
+                      f"{r['engine_s']:.1f} s", flush=True)
+    print(f"{'policy':>8} {'max b':>5} {'ahead':>5} {'graphs':>6} {'capture s':>9} {'timing s':>8} {'graph MiB':>9} "
+          f"{'variants':>8} {'compiled':>8}")
     for r in rows:
-        print(f"{r['policy']:>8} {r['max_batch']:>5} {r.get('graphs', 0):>6} {r['capture_s']:>9.1f} "
-              f"{r.get('measure_seconds', 0):>8.1f} {r.get('graph_memory_mib', 0):>9.0f} {r['triton_compiled']:>8}")
+        variants = (r.get("compile_ahead") or {}).get("variants")
+        print(f"{r['policy']:>8} {r['max_batch']:>5} {'on' if r['ahead'] else 'off':>5} {r.get('graphs', 0):>6} "
+              f"{r['capture_s']:>9.1f} {r.get('measure_seconds', 0):>8.1f} {r.get('graph_memory_mib', 0):>9.0f} "
+              f"{'-' if variants is None else variants:>8} {r['triton_compiled']:>8}")
     card = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.count else \
         platform.processor() or "cpu"
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"card": card, "date": time.strftime("%Y-%m-%d"), "kind": args.kind,
-                               "layers": args.layers, "rows": rows}, indent=1))
+                               "layers": args.layers, "cold": args.cold, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from specheads.kernels.attention import split_counters
+from specheads.kernels import ahead
 from specheads.kernels.fused import _kernel, triton, use_triton
 
 if triton is not None:
@@ -51,6 +52,7 @@ if triton is not None:
             tl.store(cnt_ptr + row, 0)  # ready for the next launch (or graph replay)
 
 
+@ahead.op
 def argmax_last(logits: torch.Tensor) -> torch.Tensor:
     """logits [..., V] -> the index of each row's largest value [...] (int64), the lowest index
     among equals; the Triton kernel on GPU (or under TRITON_INTERPRET=1), torch's elsewhere."""

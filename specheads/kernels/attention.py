@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from specheads.kernels import ahead
 from specheads.kernels.fused import triton, use_triton
 from specheads.kernels.tuning import active
 from specheads.modules import gqa_attention
@@ -166,6 +167,7 @@ if triton is not None:
                 tl.store(cnt, 0)  # every chunk has counted: ready for the next launch (or graph replay)
 
 
+@ahead.op
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                    chunk: int | None = None) -> torch.Tensor:
     """Softmax attention of q over k, v under a boolean mask (see the module docstring);
@@ -300,6 +302,7 @@ def tree_plan_reference(base, anc, depth) -> TreePlan:
     return TreePlan(base, anc, depth, order.int(), leaf_of.gather(1, order).int(), path.int())
 
 
+@ahead.op
 def tree_plan(base: torch.Tensor, anc: torch.Tensor, depth: torch.Tensor) -> TreePlan:
     """The TreePlan of a tree: one Triton program a row on GPU (or under TRITON_INTERPRET=1),
     else its torch reference (the same numbers)."""
@@ -373,6 +376,7 @@ def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1, tokens: in
     return dot_m, fill, max(1, touch)
 
 
+@ahead.op
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                      window: int | None = None, tree=None, split: bool | None = None) -> torch.Tensor:
     """q [B, H, T, D] at positions [B, T] over the cache k, v [B, KV, S, D] (see the section's

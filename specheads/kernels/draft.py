@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from specheads.kernels.attention import split_counters
+from specheads.kernels import ahead
 from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
 from specheads.kernels.tuning import active
 from specheads.modules import rms_norm
@@ -355,6 +356,7 @@ if triton is not None:
         tl.store(out_depth_ptr + b * s_ob, 0)
         tl.store(out_rank_ptr + b * s_ob, 0)
 
+@ahead.op
 def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden, eps_hidden):
     if not use_triton(hidden):
         return head_input_reference(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden, eps_hidden)
@@ -372,6 +374,7 @@ def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden,
     return x, hid
 
 
+@ahead.op
 def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score, pool_parent, pool_base,
                 mask_src=None, mask_dst=None, ctx=0, width=0, next_input=None, node_rows=None, tok_out=None,
                 parent_out=None, parent_base=0, shared: bool = False):
@@ -470,6 +473,7 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     return tok, score, parent, pool, x, hid
 
 
+@ahead.op
 def feed_inputs(committed, count, width: int, kv: int, masks=None, steps: int = 1):
     """See feed_inputs_reference; one launch on GPU (or under TRITON_INTERPRET=1)."""
     if not use_triton(committed):
@@ -495,6 +499,7 @@ def feed_inputs(committed, count, width: int, kv: int, masks=None, steps: int = 
     return positions, mask, last, dpos
 
 
+@ahead.op
 def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
     """See select_tree_reference; Triton on GPU (or under TRITON_INTERPRET=1)."""
     if not use_triton(pool_score):

@@ -17,6 +17,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from specheads.kernels import ahead
 from specheads.kernels.tuning import active
 from specheads.modules import apply_rotary, rms_norm
 
@@ -67,8 +68,13 @@ def pdl_options(t: torch.Tensor, kernel: str, programs: int | None = None) -> di
 
 
 def use_triton(t: torch.Tensor) -> bool:
+    """Whether a kernel op takes its Triton path for tensor t: on GPU or under TRITON_INTERPRET=1;
+    inside ahead.compile_ahead, in the dry pass (whose launches compile only) and not in the
+    reference pass."""
     if triton is None:
         return False
+    if ahead.mode():
+        return ahead.mode() == ahead.DISCOVER
     return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -214,9 +220,10 @@ if triton is not None:
         key = (fn.__name__, os.environ.get("TRITON_INTERPRET") == "1")
         if key not in _jitted:
             _jitted[key] = triton.jit(fn)
-        return _jitted[key]
+        return ahead.launcher(_jitted[key])  # (inside compile_ahead's dry pass: compile only)
 
 
+@ahead.op
 def rmsnorm(x, weight, eps, residual=None):
     if not use_triton(x):
         return rmsnorm_reference(x, weight, eps, residual)
@@ -232,6 +239,7 @@ def rmsnorm(x, weight, eps, residual=None):
     return out.view(x.shape), total.view(x.shape)
 
 
+@ahead.op
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """weight[ids] ([..., H]): a program per token on GPU (or under TRITON_INTERPRET=1), where
     torch's index_select took 9.3 us for a 16-token tree against 2.2 us for one token (H200)."""
@@ -246,6 +254,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out.view(*ids.shape, n)
 
 
+@ahead.op
 def rope_cache(qkv, cos_table, sin_table, positions, k_cache, v_cache, slots, n_heads, n_kv, head_dim):
     if not use_triton(qkv):
         return rope_cache_reference(qkv, cos_table, sin_table, positions, k_cache, v_cache, slots, n_heads, n_kv,
@@ -262,6 +271,7 @@ def rope_cache(qkv, cos_table, sin_table, positions, k_cache, v_cache, slots, n_
     return q
 
 
+@ahead.op
 def silu_mul(gate_up):
     if not use_triton(gate_up):
         return silu_mul_reference(gate_up)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from specheads.kernels import ahead
 from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
 
 if triton is not None:
@@ -77,6 +78,7 @@ def commit_kv_triton(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor,
     )
 
 
+@ahead.op
 def commit_kv(cache: torch.Tensor, base: torch.Tensor, src: torch.Tensor, n_accept: torch.Tensor) -> None:
     """In place on `cache`; Triton on GPU (or under TRITON_INTERPRET=1), torch elsewhere."""
     if use_triton(cache):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specheads.kernels import ahead
 from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, rmsnorm, silu_mul, triton, use_triton
 from specheads.kernels.tuning import active
 
@@ -254,6 +255,7 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale.contiguous()
 
 
+@ahead.op
 def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, silu=False,
            tile: tuple[int, int, int, int] | None = None, weight_scale=None, out=None) -> torch.Tensor:
     """x [..., K], weight [N, K] -> [..., N] ([..., N / 2] with silu); see the module docstring.

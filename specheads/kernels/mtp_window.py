@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from specheads.kernels import ahead
 from specheads.kernels.fused import _kernel, triton, use_triton
 
 if triton is not None:
@@ -87,6 +88,7 @@ if triton is not None:
                      mask=on[:, None] & (cols[None, :] < width))
 
 
+@ahead.op
 def mtp_window(length, ring_tokens, window: int, ring: int, modules: int, kv: int, width: int, k: int):
     """See the module docstring; one launch on GPU (or under TRITON_INTERPRET=1)."""
     if not use_triton(length):

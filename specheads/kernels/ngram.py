@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from specheads.kernels import ahead
 from specheads.kernels.fused import _kernel, triton, use_triton
 
 
@@ -83,6 +84,7 @@ if triton is not None:
 KERNEL_MAX_NGRAM = 8  # the longest suffix the kernel is tested for; a larger max_ngram takes the reference
 
 
+@ahead.op
 def ngram_lookup(h: torch.Tensor, length: torch.Tensor, roots: torch.Tensor, draft_cols: torch.Tensor,
                  max_ngram: int, min_ngram: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(drafts [B, N], found [B]): the kernel on GPU (or under TRITON_INTERPRET=1), else the reference."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from specheads.kernels import ahead
 from specheads.kernels.fused import _kernel, triton, use_triton
 
 if triton is not None:
@@ -82,6 +83,7 @@ if triton is not None:
         tl.store(len_ptr + b, base + n)
 
 
+@ahead.op
 def take_path(path, count, feats, tokens, feats_out, tokens_out, count_out, ring: int | None = None) -> None:
     """See the module docstring; one launch on GPU (or under TRITON_INTERPRET=1)."""
     b, cols = path.shape

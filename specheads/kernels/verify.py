@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from specheads.kernels import ahead
 from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
 
 def accept_reference(tokens, parents, valid, depth, anc, y, max_depth: int):
@@ -196,6 +197,7 @@ def _launch_masks(parents, committed, kv: int | None, max_depth: int, prep=None)
     return (anc,) + ((mask,) if kv is not None else ()) + out
 
 
+@ahead.op
 def tree_masks(parents: torch.Tensor, committed: torch.Tensor, kv: int, max_depth: int):
     if not use_triton(parents):
         return tree_masks_reference(parents, committed, kv, max_depth)
@@ -215,6 +217,7 @@ def step_inputs_reference(tree, committed, depth_limit, draft_limit):
     return valid, ancestors_reference(tree.parents, tree.max_depth), positions, slots
 
 
+@ahead.op
 def step_inputs(tree, committed, depth_limit, draft_limit):
     """See step_inputs_reference: one launch (the mask kernel without its cache mask), where torch
     takes a dozen."""
@@ -248,6 +251,7 @@ def _launch_accept(tokens, parents, valid, depth, anc, y, max_depth: int, finish
     return path, n_acc, last, bonus
 
 
+@ahead.op
 def accept(tokens, parents, valid, depth, anc, y, max_depth: int):
     """See accept_reference; Triton on GPU (or under TRITON_INTERPRET=1)."""
     if not use_triton(y):
@@ -274,6 +278,7 @@ def finish_step_reference(tokens, parents, valid, depth, anc, y, max_depth: int,
     return path, n_acc
 
 
+@ahead.op
 def finish_step(tokens, parents, valid, depth, anc, y, max_depth: int, committed, base, root, out):
     """See finish_step_reference; one launch (the accept kernel) on GPU or under TRITON_INTERPRET=1."""
     if not use_triton(y):

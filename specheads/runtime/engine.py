@@ -54,6 +54,7 @@ goes behind the prefill the same way.
 from __future__ import annotations
 
 import gc
+import os
 import random
 import statistics
 import time
@@ -66,6 +67,7 @@ import torch
 from specheads.drafters import PLAIN, DraftContext, Drafter, DrafterError, DraftSetup, PrefillBatch, StepResult, \
     build_drafter, default_method
 from specheads.drafters.assist import default_gate, gate_off
+from specheads.kernels import ahead
 from specheads.kernels.kv_commit import commit_kv
 from specheads.kernels.tuning import active as active_tuning
 from specheads.kernels.tuning import use as use_tuning
@@ -290,6 +292,8 @@ class SpecEngine:
         self.device = target.model.embed_tokens.weight.device
         self.dtype = target.model.embed_tokens.weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        # capture_common compiles its kernels ahead, in parallel (kernels/ahead.py)
+        self.compile_ahead = os.environ.get("SPECHEADS_COMPILE_AHEAD", "1") != "0"
         self.buckets = self.use_graphs  # tests set it to run the graphs' shapes eagerly
         # launch step t+1 before reading step t (device drafters only: a host drafter needs t's tokens)
         self.overlap = overlap
@@ -1175,27 +1179,22 @@ class SpecEngine:
         before = len(self.graphs)
         kvs = sorted({self._context_bucket(need) for need in range(1, self.cap + 1)})
         batches = sorted({self._batch_bucket(n) for n in batch_sizes})
-        measure_s = 0.0
-        for b in batches:
-            for kv in kvs:
-                keys = [(b, kv, False, tier) for tier in range(self._full + 1)]
-                gates = [g for g in (self._gated, self._gated_long) if g is not None]
-                if gates and b <= self._gate_rows:
-                    keys += [(b, kv, False, g) for g in gates]
-                if self._keeps_up:  # and the plain step after a drafting one
-                    keys.append((b, kv, False, 0, False, 1))
-                # after a gated step (`_fed`): every step in the gate's batches, a plain catch-up in wider ones
-                steps = [*range(1, self._full + 1), *gates] if gates and b <= self._gate_rows else []
-                for wide in (2, 3)[: len(gates)]:
-                    keys += [(b, kv, False, t, False, wide) for t in [0, *steps]]
-                for key in keys:
-                    if key not in self.graphs:
-                        self.graphs[key] = self._capture(*key)
-                if self._measuring and not self.policy.cost.has(b, kv, self.policy.tiers):
-                    t1 = time.perf_counter()
-                    self._measure_costs(b, kv)
-                    measure_s += time.perf_counter() - t1
+        buckets = [(b, kv, self._bucket_keys(b, kv)) for b in batches for kv in kvs]
         widths = sorted({self._width_bucket(n) for n in range(1, self.max_len + 1)})
+        compiled = self._compile_ahead(buckets, widths) if cuda else None
+        if compiled is not None and "variants" in compiled:  # (the dry run's memory is not the graphs')
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            reserved = torch.cuda.memory_reserved(self.device)
+        measure_s = 0.0
+        for b, kv, keys in buckets:
+            for key in keys:
+                if key not in self.graphs:
+                    self.graphs[key] = self._capture(*key)
+            if self._measuring and not self.policy.cost.has(b, kv, self.policy.tiers):
+                t1 = time.perf_counter()
+                self._measure_costs(b, kv)
+                measure_s += time.perf_counter() - t1
         for width in widths:
             self._prefill_graph(width, False)
         n = len(self.graphs) - before
@@ -1204,13 +1203,84 @@ class SpecEngine:
             "graphs": n, "policy": self.policy.name if self.policy is not None else None, "tiers": tiers,
             "batch_buckets": batches, "context_buckets": kvs, "prefill_widths": widths,
             "graph_memory_mib": round((torch.cuda.memory_reserved(self.device) - reserved) / 2**20, 1) if cuda else 0.0,
-            "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(measure_s, 2)}
+            "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(measure_s, 2),
+            "compile_ahead": compiled}
+        if cuda and self.compile_ahead and ahead.available() and not (compiled or {}).get("skipped"):
+            ahead.mark_compiled(self._kernel_fingerprint(buckets, widths))  # (a later start skips the dry run)
         # what start-up made (the modules, the graphs' state, the tokenizer's) lives on: keep it out
         # of the collector's later passes, so that no step waits on a pass over it (one took 0.19 s
         # over the 410k objects of SmolLM2 and its head, on a 2-core CPU host)
         gc.collect()
         gc.freeze()
         return n
+
+    def _bucket_keys(self, b: int, kv: int) -> list[tuple]:
+        """The greedy step graphs capture_common captures for batch bucket b and context bucket kv:
+        every tier (0: plain), the gate's chains in the gate's batches, the plain step after a
+        drafting one, and the variants after a gated step."""
+        keys = [(b, kv, False, tier) for tier in range(self._full + 1)]
+        gates = [g for g in (self._gated, self._gated_long) if g is not None]
+        if gates and b <= self._gate_rows:
+            keys += [(b, kv, False, g) for g in gates]
+        if self._keeps_up:  # and the plain step after a drafting one
+            keys.append((b, kv, False, 0, False, 1))
+        # after a gated step (`_fed`): every step in the gate's batches, a plain catch-up in wider ones
+        steps = [*range(1, self._full + 1), *gates] if gates and b <= self._gate_rows else []
+        for wide in (2, 3)[: len(gates)]:
+            keys += [(b, kv, False, t, False, wide) for t in [0, *steps]]
+        return keys
+
+    def _kernel_fingerprint(self, buckets, widths) -> dict:
+        """What decides the kernel variants a capture_common launches: the graphs and tree shapes,
+        the shapes and dtypes of the target's and the drafters' weights, and the kernel tuning."""
+        def modules(obj, depth=0):
+            for v in vars(obj).values():
+                if isinstance(v, torch.nn.Module):
+                    yield v
+                elif depth < 2 and type(v).__module__.startswith("specheads.drafters"):
+                    yield from modules(v, depth + 1)
+        mods = {id(self.target): self.target}
+        for d in self._drafters:
+            if d is not None:
+                mods.update((id(m), m) for m in modules(d))
+        weights = [[name, list(t.shape), str(t.dtype)] for m in mods.values() for name, t in m.state_dict().items()]
+        trees = [[type(d).__name__, getattr(d, "num_draft", 0), getattr(d, "depth", 0)] for d in self._drafters
+                 if d is not None]
+        return {"method": self.method, "trees": trees, "graphs": [list(map(str, k)) for _, _, keys in buckets
+                                                                 for k in keys],
+                "widths": widths, "max_len": self.max_len, "weights": weights, "tuning": repr(active_tuning())}
+
+    def _compile_ahead(self, buckets, widths) -> dict | None:
+        """Before capture_common captures, compile the kernel variants its graphs will launch, in
+        parallel (kernels/ahead.py): a dry run of every step and prefill graph to be captured, its
+        kernel ops computed by their torch references while their Triton launches only compile.
+        Skipped where this machine's Triton cache already holds this engine's kernels (a marker
+        there, left by the last start that compiled them), under SPECHEADS_COMPILE_AHEAD=0, and
+        without a Triton that compiles in threads. A dry run that fails costs its time only: the
+        capture compiles what it did not. Returns its report (None where it did not run)."""
+        if not self.compile_ahead or not ahead.available():
+            return None
+        todo = [key for _, _, keys in buckets for key in keys if key not in self.graphs]
+        prefills = [w for w in widths if ("prefill", w, False) not in self.graphs]
+        if not todo and not prefills:
+            return None
+        if ahead.compiled_before(self._kernel_fingerprint(buckets, widths)):
+            return {"skipped": "this machine's Triton cache holds these kernels (compiled at an earlier start)"}
+        restore = self._restorer()
+        try:
+            with ahead.compile_ahead() as report, torch.no_grad():
+                for key in todo:
+                    self._step(*key)
+                    restore()
+                for width in prefills:
+                    ids = torch.zeros(1, width, dtype=torch.long, device=self.device)
+                    self._prefill_forward(self.staging, ids, torch.ones(1, dtype=torch.long, device=self.device),
+                                          False, False)
+                    restore()
+        except Exception as e:  # only the start-up's speed is at stake
+            restore()
+            return {"error": f"{type(e).__name__}: {e}"[:500]}
+        return report.to_dict()
 
     def graph_summary(self) -> str:
         """One line on what `capture_common` captured (for a server's start-up log)."""
@@ -1219,6 +1289,15 @@ class SpecEngine:
             return "no CUDA graphs captured"
         tiers = f" x {1 + len(r['tiers'])} trees (plain, {', '.join(r['tiers'])})" if r["tiers"] else ""
         measured = f", step costs timed in {r['measure_seconds']:.1f} s" if r["measure_seconds"] else ""
+        a = r.get("compile_ahead") or {}
+        if "variants" in a:
+            failed = f", {a['failed_ops']} kernel ops left to the capture" if a["failed_ops"] else ""
+            measured += (f"; {a['variants']} kernel variants compiled ahead on {a['workers']} threads in "
+                         f"{a['seconds']:.1f} s{failed}")
+        elif "error" in a:
+            measured += f"; kernels compiled one by one (the dry run failed: {a['error']})"
+        elif "skipped" in a:
+            measured += "; kernels from the Triton cache"
         return (f"captured {r['graphs']} CUDA graphs ({len(r['batch_buckets'])} batch x {len(r['context_buckets'])} "
                 f"context buckets{tiers}, {len(r['prefill_widths'])} prompt widths) in {r['seconds']:.1f} s"
                 f"{measured}; graph memory {r['graph_memory_mib']:.0f} MiB")

@@ -1,0 +1,278 @@
+"""Compiling a start-up's Triton kernels ahead, on every host core at once.
+
+A server's start-up captures a CUDA graph for every batch bucket, context bucket and tree
+shape, and the first capture of each kernel variant (its constexprs, argument types and
+alignments) compiles it: on a fresh machine one variant after another, 0.2-0.6 s each on one
+host core, for a few hundred variants. Triton's compiler releases the GIL for most of its
+work, so variants compile side by side in threads (Triton's `AsyncCompileMode`).
+
+`compile_ahead()` finds the variants without running them: inside it, every kernel op (a
+function of this package decorated with `op`) runs twice. First its Triton path, whose
+launches only compile (`run(..., warmup=True)`: the binding and specialization of a real
+launch, the compile handed to the pool, nothing launched); then, for the numbers its caller
+goes on with, its torch reference (`use_triton` is false for that pass). Nothing downstream
+sees an unwritten buffer, so a dry run of every captured step (the engine's `capture_common`)
+meets every variant its capture will launch, while the pool compiles them. When the block
+ends the compiles are waited for and every kernel is in Triton's in-memory cache: the capture
+that follows compiles nothing it was shown.
+
+Failures cost speed, never output: a Triton path that raises in the dry run is counted and
+skipped (its reference still runs), a variant the dry run did not meet compiles at its
+capture as before, and a compile that fails here fails again, with its own error, where the
+capture launches it."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+OFF, DISCOVER, REFERENCE = 0, 1, 2
+_mode = OFF
+_report: "AheadReport | None" = None
+
+
+def mode() -> int:
+    """OFF (kernels launch as usual), DISCOVER (a Triton path's launches compile only) or
+    REFERENCE (an op's reference pass inside compile_ahead: torch everywhere)."""
+    return _mode
+
+
+@dataclass
+class AheadReport:
+    """What a compile_ahead block did: ops run twice, compile-only launches, distinct variants
+    handed to the pool (kernels already compiled are not), Triton paths that raised in the dry
+    run (the first error kept), the threads, and the seconds spent waiting for the pool at the
+    end (the rest of the compiling overlapped the dry run)."""
+    workers: int = 0
+    ops: int = 0
+    launches: int = 0
+    variants: int = 0
+    failed_ops: int = 0
+    first_error: str = ""
+    wait_seconds: float = 0.0
+    seconds: float = 0.0
+    _futures: set = field(default_factory=set, repr=False)
+
+    def to_dict(self) -> dict:
+        return {"workers": self.workers, "ops": self.ops, "launches": self.launches, "variants": self.variants,
+                "failed_ops": self.failed_ops, "first_error": self.first_error,
+                "wait_seconds": round(self.wait_seconds, 2), "seconds": round(self.seconds, 2)}
+
+
+def op(fn):
+    """A kernel op: a function that takes its Triton path where `use_triton` says so and its
+    torch reference elsewhere, each giving the same results (outputs and in-place writes).
+    Inside compile_ahead it runs both, Triton first (see the module docstring); elsewhere it
+    is `fn` itself."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if _mode != DISCOVER:
+            return fn(*args, **kwargs)
+        report = _report
+        report.ops += 1
+        laid_out = None
+        try:
+            laid_out = fn(*args, **kwargs)
+        except Exception as e:  # only speed is at stake: the capture compiles what this missed
+            report.failed_ops += 1
+            if not report.first_error:
+                report.first_error = f"{fn.__name__}: {type(e).__name__}: {e}"[:500]
+        with _set_mode(REFERENCE):
+            return _adopt(laid_out, fn(*args, **kwargs))
+    return run
+
+
+def _adopt(laid_out, numbers):
+    """The reference's results (numbers) in the Triton path's output tensors (laid_out, unwritten),
+    where their shapes agree: the ops downstream then see the layouts the real path gives them
+    (strides, alignment), which decide their kernels' variants too."""
+    import torch
+
+    if isinstance(numbers, torch.Tensor):
+        if isinstance(laid_out, torch.Tensor) and laid_out is not numbers and laid_out.shape == numbers.shape:
+            try:
+                return laid_out.copy_(numbers)
+            except RuntimeError:  # (an output whose elements overlap)
+                return numbers
+        return numbers
+    if isinstance(numbers, tuple) and isinstance(laid_out, tuple) and len(numbers) == len(laid_out):
+        parts = [_adopt(a, b) for a, b in zip(laid_out, numbers)]
+        return type(numbers)(*parts) if hasattr(numbers, "_fields") else type(numbers)(parts)
+    return numbers
+
+
+class _CompileOnly:
+    """A jitted kernel whose launches compile (in the pool) and run nothing."""
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            kernel = self.jitted.run(*args, grid=grid, warmup=True, **kwargs)
+            report = _report
+            report.launches += 1
+            if kernel is not None and hasattr(kernel, "result") and id(kernel) not in report._futures:
+                report._futures.add(id(kernel))
+                report.variants += 1
+            return kernel
+        return launch
+
+
+def launcher(jitted):
+    """The jitted kernel as `fused._kernel` hands it out: compile-only while discovering."""
+    return _CompileOnly(jitted) if _mode == DISCOVER else jitted
+
+
+@contextmanager
+def _set_mode(m: int):
+    global _mode
+    before, _mode = _mode, m
+    try:
+        yield
+    finally:
+        _mode = before
+
+
+def available() -> bool:
+    """Triton with threaded compiles (AsyncCompileMode, Triton >= 3.4) and a GPU to compile for."""
+    try:
+        import torch
+        from triton.runtime._async_compile import AsyncCompileMode  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def default_workers() -> int:
+    """Threads to compile in: SPECHEADS_COMPILE_THREADS, else the host's cores (up to 32)."""
+    given = os.environ.get("SPECHEADS_COMPILE_THREADS")
+    if given:
+        try:
+            n = int(given)
+        except ValueError:
+            raise ValueError(f"SPECHEADS_COMPILE_THREADS={given!r}: expected a whole number of threads") from None
+        if n < 1:
+            raise ValueError(f"SPECHEADS_COMPILE_THREADS={given!r}: expected at least 1 thread")
+        return n
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(32, cores))
+
+
+@contextmanager
+def compile_ahead(workers: int | None = None):
+    """Run the block as a dry run whose kernel variants compile in `workers` threads (see the
+    module docstring); yields an AheadReport, complete when the block ends, by which time every
+    variant met has compiled. Not reentrant."""
+    global _report
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime import _async_compile
+
+    if _mode != OFF:
+        raise RuntimeError("compile_ahead() is already active")
+    report = AheadReport(workers=workers or default_workers())
+    t0 = time.perf_counter()
+    pool = ThreadPoolExecutor(max_workers=report.workers, thread_name_prefix="specheads-compile")
+    _report = report
+    try:
+        # ignore_errors: a compile that fails stays in the kernel's cache as a failed future,
+        # and the launch that needs it (the capture's) raises its error there, as it would have
+        async_mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+        t1 = None
+        try:
+            with async_mode:
+                with _set_mode(DISCOVER):
+                    yield report
+                t1 = time.perf_counter()
+        finally:
+            _async_compile.active_mode.set(None)  # (Triton 3.6 leaves it set if a result raises)
+        report.wait_seconds = time.perf_counter() - t1
+    finally:
+        _report = None
+        pool.shutdown(wait=True)
+        report.seconds = time.perf_counter() - t0
+
+
+def _marker(fingerprint: dict):
+    """Where a start that compiled an engine's kernels leaves its mark: inside Triton's own cache
+    (so a cleared cache clears it too), named by a hash of the engine's fingerprint, the versions
+    of torch and Triton, the card and this package's kernel sources."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    import torch
+    import triton
+    from triton import knobs
+
+    sources = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        sources.update(path.read_bytes())
+    card = [torch.cuda.get_device_name(), list(torch.cuda.get_device_capability())] if torch.cuda.is_available() \
+        else ["cpu"]
+    key = json.dumps({"engine": fingerprint, "torch": torch.__version__, "triton": triton.__version__, "card": card,
+                      "kernels": sources.hexdigest()}, sort_keys=True, default=str)
+    return Path(knobs.cache.dir) / "specheads-compiled" / hashlib.sha256(key.encode()).hexdigest()
+
+
+def compiled_before(fingerprint: dict) -> bool:
+    """Whether a start on this machine compiled the kernels of an engine of this fingerprint
+    into the Triton cache (mark_compiled)."""
+    try:
+        return _marker(fingerprint).exists()
+    except Exception:  # no cache directory to look in: compile ahead
+        return False
+
+
+def mark_compiled(fingerprint: dict) -> None:
+    """Note that this machine's Triton cache holds the kernels of an engine of this fingerprint."""
+    try:
+        path = _marker(fingerprint)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:  # a read-only cache: the next start compiles ahead again
+        pass
+
+
+class _StandInDriver:
+    """What Triton's launcher asks a driver for before it compiles (device, stream, target): a
+    stand-in for a card this machine lacks."""
+
+    def __init__(self, capability: int):
+        self.capability = capability
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", self.capability, 32)
+
+
+@contextmanager
+def stand_in_card(capability: int = 90, compile: bool = True):
+    """Kernels launched for a CUDA card of this capability on a machine without one (Triton
+    compiles without a GPU): inside, compile_ahead compiles the variants it meets for that card,
+    or, with compile=False, only counts them (planning a start-up on a CPU). The kernels are
+    jitted afresh inside and forgotten after."""
+    import triton.compiler
+    from triton.runtime import driver
+
+    from specheads.kernels import fused
+
+    saved = (driver._active, fused._jitted, triton.compiler.compile)
+    driver._active, fused._jitted = _StandInDriver(capability), {}
+    if not compile:
+        triton.compiler.compile = lambda src, target=None, options=None, **kw: object()
+    try:
+        yield
+    finally:
+        driver._active, fused._jitted, triton.compiler.compile = saved

@@ -1,0 +1,264 @@
+"""Compiling a start-up's kernels ahead (kernels/ahead.py), on CPU: Triton compiles for an H100/H200
+(sm_90) without a GPU, and a stand-in driver tells its launcher which card to compile for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.compile_sm90 import record_launches, tiny_target
+from tests.kernels.interpret import interpret_triton, needs_triton
+
+
+@pytest.fixture
+def sm90(monkeypatch, tmp_path):
+    """Kernels jitted afresh for an sm_90 card this machine lacks (no interpreter), compiled into
+    an empty cache."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    from specheads.kernels import ahead, fused
+
+    if fused.triton is None:
+        pytest.skip("triton did not import")
+    with ahead.stand_in_card(90):
+        yield fused
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Compiles that return at once (what is asked for is still counted)."""
+    import triton.compiler
+
+    asked = []
+
+    def compile(src, target=None, options=None, **kw):
+        asked.append(src.fn.__name__)
+        return object()
+    monkeypatch.setattr(triton.compiler, "compile", compile)
+    return asked
+
+
+_COMPILE_TWO = """
+import torch
+from specheads.kernels import ahead, fused
+from specheads.kernels.fused import rmsnorm, rmsnorm_reference
+
+x, w, res = torch.randn(3, 64), torch.rand(64) + 0.5, torch.randn(3, 64)
+with ahead.stand_in_card(90):
+    with ahead.compile_ahead(2) as report:
+        out, total = rmsnorm(x, w, 1e-5, res)
+        rmsnorm(x, w, 1e-5, res)  # the same variant: one compile
+        rmsnorm(torch.randn(2, 200), torch.rand(200), 1e-5)  # another BLOCK, no residual: another
+        assert ahead.mode() == ahead.DISCOVER
+    kernels = list(fused._jitted[("_rmsnorm_kernel", False)].device_caches[0][0].values())
+ref_out, ref_total = rmsnorm_reference(x, w, 1e-5, res)
+assert torch.equal(out, ref_out) and torch.equal(total, ref_total)
+assert ahead.mode() == ahead.OFF
+assert (report.ops, report.launches, report.variants, report.failed_ops) == (3, 3, 2, 0), report
+assert len(kernels) == 2 and all(k.asm["cubin"] for k in kernels)  # compiled, in the launcher's cache
+print("ok")
+"""
+
+
+@needs_triton
+def test_an_op_compiles_its_kernel_and_gives_the_references_numbers(tmp_path):
+    """In a fresh process: a process that has run the interpreter (other tests) compiles no more."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    run = subprocess.run([sys.executable, "-c", _COMPILE_TWO], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+@needs_triton
+def test_a_failing_triton_path_costs_its_compile_only(sm90, no_compile, monkeypatch):
+    from specheads.kernels import ahead
+    from specheads.kernels import fused
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(fused, "_kernel", lambda fn: type("G", (), {"__getitem__": lambda self, g: broken})())
+    x, w = torch.randn(2, 32), torch.rand(32)
+    with ahead.compile_ahead(1) as report:
+        out, _ = fused.rmsnorm(x, w, 1e-6)
+    assert torch.equal(out, fused.rmsnorm_reference(x, w, 1e-6)[0])
+    assert report.failed_ops == 1 and "rmsnorm: RuntimeError: boom" in report.first_error
+
+
+@needs_triton
+def test_the_block_leaves_no_mode_behind(sm90, no_compile):
+    from triton.runtime import _async_compile
+
+    from specheads.kernels import ahead
+
+    with pytest.raises(ValueError):
+        with ahead.compile_ahead(1):
+            raise ValueError("in the block")
+    assert ahead.mode() == ahead.OFF and _async_compile.active_mode.get() is None
+    with ahead.compile_ahead(1):
+        with pytest.raises(RuntimeError, match="already active"):
+            with ahead.compile_ahead(1):
+                pass
+    assert ahead.mode() == ahead.OFF
+
+
+def test_compile_threads_from_the_environment(monkeypatch):
+    from specheads.kernels import ahead
+
+    monkeypatch.setenv("SPECHEADS_COMPILE_THREADS", "3")
+    assert ahead.default_workers() == 3
+    for bad in ("x", "0"):
+        monkeypatch.setenv("SPECHEADS_COMPILE_THREADS", bad)
+        with pytest.raises(ValueError, match="SPECHEADS_COMPILE_THREADS"):
+            ahead.default_workers()
+    monkeypatch.delenv("SPECHEADS_COMPILE_THREADS")
+    assert 1 <= ahead.default_workers() <= 32
+
+
+@needs_triton
+def test_a_start_marks_what_it_compiled(monkeypatch, tmp_path):
+    from specheads.kernels import ahead
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    one, other = {"graphs": [["1", "128"]]}, {"graphs": [["2", "128"]]}
+    assert not ahead.compiled_before(one)
+    ahead.mark_compiled(one)
+    assert ahead.compiled_before(one) and not ahead.compiled_before(other)
+
+
+def _tiny_engine():
+    from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
+    from specheads.runtime.engine import SpecEngine
+
+    _, target = tiny_target()
+    torch.manual_seed(1)
+    head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval().requires_grad_(False)
+    head.fuse_for_inference()
+    engine = SpecEngine(target, head, method="eagle3+ngram", num_steps=3, topk=2, num_draft_tokens=5, max_batch=2,
+                        max_len=128, speculation_policy="adaptive")
+    engine._allocate()
+    return engine
+
+
+def _dry_run_keys(engine, batches=(1, 2), contexts=None):
+    """capture_common's buckets and prompt widths, as it would capture them for these batches (and
+    the first `contexts` context buckets and prompt widths: all by default)."""
+    kvs = sorted({engine._context_bucket(n) for n in range(1, engine.cap + 1)})[:contexts]
+    buckets = [(b, kv, engine._bucket_keys(b, kv)) for b in batches for kv in kvs]
+    widths = sorted({engine._width_bucket(n) for n in range(1, engine.max_len + 1)})[:contexts and 2 * contexts]
+    return buckets, widths
+
+
+def _variants(launches) -> set:
+    """The kernel variants of recorded launches as Triton's launcher tells them apart for an sm_90
+    card: argument types, the alignment and divisibility of pointers and integers, constexprs,
+    options."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binders, found = {}, set()
+    for fn, args, kwargs in launches:
+        if fn not in binders:
+            jf = JITFunction(fn)
+            binders[fn] = create_function_from_signature(jf.signature, jf.params, backend)
+        _, spec, options = binders[fn](*args, **kwargs)
+        found.add((fn.__name__, repr(spec), repr(options)))
+    return found
+
+
+@needs_triton
+def test_the_dry_run_meets_every_variant_the_capture_launches(sm90, no_compile, monkeypatch):
+    """Every kernel variant (argument types, alignments, constexprs, options) that the capture's
+    warm-ups launch (the kernels interpreted, the real path) is compiled by the dry run, and the
+    dry run leaves the engine's state as it found it: its generations equal plain decoding's.
+    Batch 1 and the first context bucket (every tier, gate and variant after a gated step):
+    the interpreter takes minutes for the rest."""
+    from specheads.kernels import ahead
+    from specheads.runtime.engine import SpecEngine
+    from specheads.runtime.sampling import SamplingParams
+
+    monkeypatch.setattr(ahead, "available", lambda: True)
+    engine = _tiny_engine()
+    buckets, widths = _dry_run_keys(engine, batches=(1,), contexts=1)
+    dry = record_launches(monkeypatch)
+    before = [t.clone() for t in engine._state()]
+    report = engine._compile_ahead(buckets, widths)
+    assert report["failed_ops"] == 0 and report["variants"] > 20, report
+    assert all(torch.equal(a, b) for a, b in zip(before, engine._state()))
+    assert len(no_compile) == report["variants"]
+    found = _variants(dry)
+    assert len(found) == report["variants"]
+
+    real = pytest.MonkeyPatch()
+    try:  # the same steps and prefills with the kernels run (interpreted)
+        interpret_triton(real)
+        launched = record_launches(real)
+        restore = engine._restorer()
+        with torch.no_grad():
+            for _, _, keys in buckets:
+                for key in keys:
+                    engine._step(*key)
+                    restore()
+            for width in widths:
+                ids = torch.zeros(1, width, dtype=torch.long)
+                engine._prefill_forward(engine.staging, ids, torch.ones(1, dtype=torch.long), False, False)
+                restore()
+        launched = _variants(launched)
+        assert launched == found, (launched - found, found - launched)
+    finally:
+        real.undo()
+    prompts = [list(range(3, 20)), [7, 8, 9, 7, 8, 9, 7, 8]]
+    params = SamplingParams(max_new_tokens=12)
+    out = engine.generate(prompts, params)
+    plain = SpecEngine(engine.target, method="ar", max_batch=2, max_len=128).generate(prompts, params)
+    assert [r.token_ids for r in out] == [r.token_ids for r in plain]
+
+
+def test_a_dry_run_that_fails_leaves_the_engine_as_it_was(monkeypatch):
+    from specheads.kernels import ahead
+
+    monkeypatch.setattr(ahead, "available", lambda: True)
+    engine = _tiny_engine()
+    buckets, widths = _dry_run_keys(engine)
+
+    class Fails:
+        def __enter__(self):
+            return ahead.AheadReport()
+
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(ahead, "compile_ahead", lambda: Fails())
+    real_step = engine._step
+    calls = []
+
+    def step(*key):
+        calls.append(key)
+        real_step(*key)
+        if len(calls) == 2:
+            raise RuntimeError("mid dry run")
+    monkeypatch.setattr(engine, "_step", step)
+    before = [t.clone() for t in engine._state()]
+    report = engine._compile_ahead(buckets, widths)
+    assert report == {"error": "RuntimeError: mid dry run"}
+    assert all(torch.equal(a, b) for a, b in zip(before, engine._state()))
+    monkeypatch.setattr(engine, "compile_ahead", False)
+    assert engine._compile_ahead(buckets, widths) is None
+
+
+def test_the_summary_names_the_compiles():
+    from specheads.runtime.engine import SpecEngine
+
+    base = {"graphs": 10, "tiers": [], "batch_buckets": [1], "context_buckets": [128], "prefill_widths": [16],
+            "seconds": 12.0, "measure_seconds": 0, "graph_memory_mib": 5}
+    engine = SpecEngine.__new__(SpecEngine)
+    engine.graph_report = {**base, "compile_ahead": {"variants": 200, "workers": 16, "seconds": 9.5, "failed_ops": 0}}
+    assert "200 kernel variants compiled ahead on 16 threads" in engine.graph_summary()
+    engine.graph_report = {**base, "compile_ahead": {"skipped": "..."}}
+    assert "from the Triton cache" in engine.graph_summary()
+    engine.graph_report = {**base, "compile_ahead": {"error": "RuntimeError: x"}}
+    assert "one by one" in engine.graph_summary()
