@@ -11,12 +11,14 @@ says otherwise. The target's load from its GGUF
     python3 gpu_runs/startup_time.py --out $OUT/startup [--kind eagle3] [--max-batch 8 32 64]
         [--policies fixed adaptive] [--max-len 2048] [--tiers "1,1,1;2,1,2;4,1,4"] [--tree 6,4,15]
         [--profile-dir $OUT/profiles] [--method eagle3] [--draft-option ngram_gate_long=0]
-        [--compile-ahead on off] [--cold] [--count]
+        [--compile-ahead on off] [--cold [--then-warm]] [--count]
 
 --compile-ahead on off: each row with the kernels compiled ahead in parallel (kernels/ahead.py, the
 default) and without (each variant compiled where the capture first launches it). --cold: each row
 starts from an empty Triton cache (a fresh cache directory, kernels jitted afresh), as on a fresh
-machine; without it a row finds what earlier rows and starts compiled.
+machine; without it a row finds what earlier rows and starts compiled. --then-warm: after each cold
+row, the same start again on its cache (kernels jitted afresh, as in a restarted server): a start on
+a machine that has compiled them, which skips the dry run.
 
 --count (no GPU needed): count the graphs a start-up would capture, by batch bucket, without
 capturing any, and the kernel variants it would compile (a dry run for a stand-in sm_90 card,
@@ -27,9 +29,9 @@ With --profile-dir the adaptive policy's measured step costs (every tier, batch 
 bucket) are saved there as speculation profiles (profile_b<max batch>.json), the costs
 `python -m specheads.evaluation.policy_sim --profile` replays.
 
-Prints a table (policy, max batch, compile ahead, graphs, capture s, of which cost timing s, graph
-MiB, kernel variants compiled ahead, Triton cache entries added during the capture: the kernel
-variants compiled, ahead or not) and writes the JSON.
+Prints a table (policy, max batch, compile ahead, cold or warm start, graphs, capture s, of which
+cost timing s, graph MiB, kernel variants compiled ahead, Triton cache entries added during the
+capture: compiled kernels, their launchers, the start's marker) and writes the JSON (after each row).
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def triton_cache_entries() -> int:
 
 def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, tree=(6, 4, 15), tiers=None,
             profile=None, method: str | None = None, options: dict | None = None, count: bool = False,
-            ahead_on: bool = True, cold: bool = False) -> dict:
+            ahead_on: bool = True, cold: bool = False, warm: bool = False) -> dict:
     import os
     import tempfile
 
@@ -69,6 +71,7 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     cuda = torch.cuda.is_available() and not count
     if cold:  # an empty Triton cache, on disk and in memory
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
+    if cold or warm:  # (warm: the cache on disk as the last row left it)
         fused._jitted.clear()
     target, head = build(kind, torch.device("cuda" if cuda else "cpu"), torch.bfloat16 if cuda else torch.float32,
                          layers)
@@ -107,7 +110,7 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     if count:
         report["compile_ahead"] = {"variants": variants}
     row = {"kind": kind, "method": method, "options": options or {}, "policy": policy, "max_batch": max_batch,
-           "max_len": max_len, "ahead": ahead_on, "cold": cold, "engine_s": round(built, 2),
+           "max_len": max_len, "ahead": ahead_on, "cold": cold, "warm_restart": warm, "engine_s": round(built, 2),
            "capture_s": round(seconds, 2), **report, "step_graphs_by_batch": by_batch, "triton_compiled": compiled,
            "summary": engine.graph_summary()}
     del engine, target, head
@@ -133,6 +136,7 @@ def main():
     ap.add_argument("--compile-ahead", nargs="+", choices=["on", "off"], default=["on"],
                     help="compile the kernels ahead in parallel (on), or where the capture launches them (off)")
     ap.add_argument("--cold", action="store_true", help="every row from an empty Triton cache")
+    ap.add_argument("--then-warm", action="store_true", help="with --cold: each row again, on the cache it filled")
     ap.add_argument("--count", action="store_true",
                     help="count the graphs and kernel variants only (no GPU needed)")
     args = ap.parse_args()
@@ -142,33 +146,38 @@ def main():
     tree = tuple(int(x) for x in args.tree.split(","))
     if args.profile_dir:
         Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
-    rows = []
-    for policy in args.policies:
-        for mb in args.max_batch:
-            for on in args.compile_ahead:
-                profile = str(Path(args.profile_dir) / f"profile_b{mb}.json") if args.profile_dir and \
-                    policy == "adaptive" else None
-                r = capture(args.kind, policy, mb, args.max_len, args.layers, tree, args.tiers, profile, args.method,
-                            options, args.count, on == "on", args.cold)
-                rows.append(r)
-                variants = (r.get("compile_ahead") or {}).get("variants")
-                what = f"step graphs by batch bucket {r['step_graphs_by_batch']}, {variants} kernel variants" \
-                    if args.count else r["summary"]
-                print(f"{policy:>8} max batch {mb:>3}, {r['method']}, compile ahead {on}: {what}; engine built in "
-                      f"{r['engine_s']:.1f} s", flush=True)
-    print(f"{'policy':>8} {'max b':>5} {'ahead':>5} {'graphs':>6} {'capture s':>9} {'timing s':>8} {'graph MiB':>9} "
-          f"{'variants':>8} {'compiled':>8}")
-    for r in rows:
-        variants = (r.get("compile_ahead") or {}).get("variants")
-        print(f"{r['policy']:>8} {r['max_batch']:>5} {'on' if r['ahead'] else 'off':>5} {r.get('graphs', 0):>6} "
-              f"{r['capture_s']:>9.1f} {r.get('measure_seconds', 0):>8.1f} {r.get('graph_memory_mib', 0):>9.0f} "
-              f"{'-' if variants is None else variants:>8} {r['triton_compiled']:>8}")
     card = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.count else \
         platform.processor() or "cpu"
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"card": card, "date": time.strftime("%Y-%m-%d"), "kind": args.kind,
-                               "layers": args.layers, "cold": args.cold, "rows": rows}, indent=1))
+    rows = []
+    for policy in args.policies:
+        for mb in args.max_batch:
+            for on in args.compile_ahead:
+                for warm in (False, True)[: 1 + (args.cold and args.then_warm)]:
+                    profile = str(Path(args.profile_dir) / f"profile_b{mb}.json") if args.profile_dir and \
+                        policy == "adaptive" else None
+                    r = capture(args.kind, policy, mb, args.max_len, args.layers, tree, args.tiers, profile,
+                                args.method, options, args.count, on == "on", args.cold and not warm, warm)
+                    rows.append(r)
+                    variants = (r.get("compile_ahead") or {}).get("variants")
+                    what = f"step graphs by batch bucket {r['step_graphs_by_batch']}, {variants} kernel variants" \
+                        if args.count else r["summary"]
+                    print(f"{policy:>8} max batch {mb:>3}, {r['method']}, compile ahead {on}"
+                          f"{', restarted warm' if warm else ''}: {what}; engine built in {r['engine_s']:.1f} s",
+                          flush=True)
+                    # (after every row: a call that runs out of time keeps what it measured)
+                    out.write_text(json.dumps({"card": card, "date": time.strftime("%Y-%m-%d"), "kind": args.kind,
+                                               "layers": args.layers, "cold": args.cold, "rows": rows}, indent=1))
+    print(f"{'policy':>8} {'max b':>5} {'ahead':>5} {'start':>5} {'graphs':>6} {'capture s':>9} {'timing s':>8} "
+          f"{'graph MiB':>9} {'variants':>8} {'entries':>8}")
+    for r in rows:
+        variants = (r.get("compile_ahead") or {}).get("variants")
+        start = "warm" if r["warm_restart"] else "cold" if r["cold"] else "-"
+        print(f"{r['policy']:>8} {r['max_batch']:>5} {'on' if r['ahead'] else 'off':>5} {start:>5} "
+              f"{r.get('graphs', 0):>6} {r['capture_s']:>9.1f} {r.get('measure_seconds', 0):>8.1f} "
+              f"{r.get('graph_memory_mib', 0):>9.0f} {'-' if variants is None else variants:>8} "
+              f"{r['triton_compiled']:>8}")
 
 
 if __name__ == "__main__":

@@ -12,14 +12,20 @@ launches only compile (`run(..., warmup=True)`: the binding and specialization o
 launch, the compile handed to the pool, nothing launched); then, for the numbers its caller
 goes on with, its torch reference (`use_triton` is false for that pass). Nothing downstream
 sees an unwritten buffer, so a dry run of every captured step (the engine's `capture_common`)
-meets every variant its capture will launch, while the pool compiles them. When the block
-ends the compiles are waited for and every kernel is in Triton's in-memory cache: the capture
-that follows compiles nothing it was shown.
+meets every variant its capture will launch, while the pool compiles them, each with its
+launcher (a small C module built with the host's compiler, one per argument signature, which
+Triton would otherwise build at the kernel's first real launch). When the block ends the
+compiles are waited for and every kernel is in Triton's in-memory cache: the capture that
+follows compiles nothing it was shown.
+
+A repeated launch (the same kernel, argument types, alignments and values: a layer's ops in
+every layer) is let through once; Triton would hash its source again for each (68 us a
+launch on this project's CPU with Triton 3.6, tens of thousands of launches a start).
 
 Failures cost speed, never output: a Triton path that raises in the dry run is counted and
 skipped (its reference still runs), a variant the dry run did not meet compiles at its
-capture as before, and a compile that fails here fails again, with its own error, where the
-capture launches it."""
+capture as before, and a compile that fails here is compiled again where the capture
+launches it, and raises its error there."""
 
 from __future__ import annotations
 
@@ -55,6 +61,7 @@ class AheadReport:
     wait_seconds: float = 0.0
     seconds: float = 0.0
     _futures: set = field(default_factory=set, repr=False)
+    _seen: set = field(default_factory=set, repr=False)
 
     def to_dict(self) -> dict:
         return {"workers": self.workers, "ops": self.ops, "launches": self.launches, "variants": self.variants,
@@ -112,14 +119,57 @@ class _CompileOnly:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            kernel = self.jitted.run(*args, grid=grid, warmup=True, **kwargs)
             report = _report
             report.launches += 1
+            seen = (id(self.jitted), _launch_key(args, kwargs))
+            if seen in report._seen:  # met before: nothing new to compile
+                return None
+            report._seen.add(seen)
+            kernel = self.jitted.run(*args, grid=grid, warmup=True, **kwargs)
             if kernel is not None and hasattr(kernel, "result") and id(kernel) not in report._futures:
                 report._futures.add(id(kernel))
                 report.variants += 1
             return kernel
         return launch
+
+
+def _launch_key(args, kwargs) -> tuple:
+    """What tells two launches of a kernel apart, at least as finely as Triton's specialization:
+    a tensor's dtype and 16-byte alignment, a float's type, every other value itself."""
+    import torch
+
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return a.dtype, a.data_ptr() % 16 == 0
+        if isinstance(a, float):
+            return float
+        return a
+    return tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items()))
+
+
+def _build_launcher(kernel) -> None:
+    """Build a compiled kernel's launcher now (it lands in Triton's cache, where the kernel's first
+    launch finds it); best effort: what fails here is built, or fails, at that launch."""
+    try:
+        from triton.runtime import driver
+
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:
+        pass
+
+
+def _pool_mode(executor):
+    """Triton's AsyncCompileMode, each compile followed by its launcher's build in the same task."""
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    class CompileAndLink(AsyncCompileMode):
+        def submit(self, key, compile_fn, *rest):
+            def compile_and_link():
+                kernel = compile_fn()
+                _build_launcher(kernel)
+                return kernel
+            return super().submit(key, compile_and_link, *rest)
+    return CompileAndLink(executor, ignore_errors=True)
 
 
 def launcher(jitted):
@@ -145,6 +195,11 @@ def available() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def enabled() -> bool:
+    """SPECHEADS_COMPILE_AHEAD: on unless 0, false, off or no."""
+    return os.environ.get("SPECHEADS_COMPILE_AHEAD", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def default_workers() -> int:
@@ -179,9 +234,9 @@ def compile_ahead(workers: int | None = None):
     pool = ThreadPoolExecutor(max_workers=report.workers, thread_name_prefix="specheads-compile")
     _report = report
     try:
-        # ignore_errors: a compile that fails stays in the kernel's cache as a failed future,
-        # and the launch that needs it (the capture's) raises its error there, as it would have
-        async_mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+        # ignore_errors: a compile that fails is dropped here and compiled again where the capture
+        # launches it, which raises its error
+        async_mode = _pool_mode(pool)
         t1 = None
         try:
             with async_mode:
@@ -189,7 +244,8 @@ def compile_ahead(workers: int | None = None):
                     yield report
                 t1 = time.perf_counter()
         finally:
-            _async_compile.active_mode.set(None)  # (Triton 3.6 leaves it set if a result raises)
+            if _async_compile.active_mode.get() is async_mode:  # (Triton 3.6 leaves it set if a result raises)
+                _async_compile.active_mode.set(None)
         report.wait_seconds = time.perf_counter() - t1
     finally:
         _report = None
@@ -219,22 +275,23 @@ def _marker(fingerprint: dict):
     return Path(knobs.cache.dir) / "specheads-compiled" / hashlib.sha256(key.encode()).hexdigest()
 
 
-def compiled_before(fingerprint: dict) -> bool:
-    """Whether a start on this machine compiled the kernels of an engine of this fingerprint
-    into the Triton cache (mark_compiled)."""
+def compiled_before(fingerprint, *args) -> bool:
+    """Whether a start on this machine compiled the kernels of an engine of this fingerprint (a
+    dict, or a function of args giving it) into the Triton cache (mark_compiled)."""
     try:
-        return _marker(fingerprint).exists()
-    except Exception:  # no cache directory to look in: compile ahead
+        return _marker(fingerprint(*args) if callable(fingerprint) else fingerprint).exists()
+    except Exception:  # no fingerprint, no cache directory to look in: compile ahead
         return False
 
 
-def mark_compiled(fingerprint: dict) -> None:
-    """Note that this machine's Triton cache holds the kernels of an engine of this fingerprint."""
+def mark_compiled(fingerprint, *args) -> None:
+    """Note that this machine's Triton cache holds the kernels of an engine of this fingerprint
+    (as compiled_before takes it); best effort: without the mark the next start dry-runs again."""
     try:
-        path = _marker(fingerprint)
+        path = _marker(fingerprint(*args) if callable(fingerprint) else fingerprint)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
-    except OSError:  # a read-only cache: the next start compiles ahead again
+    except Exception:
         pass
 
 

@@ -54,7 +54,6 @@ goes behind the prefill the same way.
 from __future__ import annotations
 
 import gc
-import os
 import random
 import statistics
 import time
@@ -293,7 +292,7 @@ class SpecEngine:
         self.dtype = target.model.embed_tokens.weight.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         # capture_common compiles its kernels ahead, in parallel (kernels/ahead.py)
-        self.compile_ahead = os.environ.get("SPECHEADS_COMPILE_AHEAD", "1") != "0"
+        self.compile_ahead = ahead.enabled()
         self.buckets = self.use_graphs  # tests set it to run the graphs' shapes eagerly
         # launch step t+1 before reading step t (device drafters only: a host drafter needs t's tokens)
         self.overlap = overlap
@@ -1181,8 +1180,8 @@ class SpecEngine:
         batches = sorted({self._batch_bucket(n) for n in batch_sizes})
         buckets = [(b, kv, self._bucket_keys(b, kv)) for b in batches for kv in kvs]
         widths = sorted({self._width_bucket(n) for n in range(1, self.max_len + 1)})
-        compiled = self._compile_ahead(buckets, widths) if cuda else None
-        if compiled is not None and "variants" in compiled:  # (the dry run's memory is not the graphs')
+        compiled = self._compile_ahead(buckets, widths)
+        if cuda and compiled is not None and "skipped" not in compiled:  # (the dry run's memory is not the graphs')
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             reserved = torch.cuda.memory_reserved(self.device)
@@ -1205,8 +1204,8 @@ class SpecEngine:
             "graph_memory_mib": round((torch.cuda.memory_reserved(self.device) - reserved) / 2**20, 1) if cuda else 0.0,
             "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(measure_s, 2),
             "compile_ahead": compiled}
-        if cuda and self.compile_ahead and ahead.available() and not (compiled or {}).get("skipped"):
-            ahead.mark_compiled(self._kernel_fingerprint(buckets, widths))  # (a later start skips the dry run)
+        if self.compile_ahead and ahead.available() and not (compiled or {}).get("skipped"):
+            ahead.mark_compiled(self._kernel_fingerprint, buckets, widths)  # (a later start skips the dry run)
         # what start-up made (the modules, the graphs' state, the tokenizer's) lives on: keep it out
         # of the collector's later passes, so that no step waits on a pass over it (one took 0.19 s
         # over the 410k objects of SmolLM2 and its head, on a 2-core CPU host)
@@ -1248,7 +1247,7 @@ class SpecEngine:
                  if d is not None]
         return {"method": self.method, "trees": trees, "graphs": [list(map(str, k)) for _, _, keys in buckets
                                                                  for k in keys],
-                "widths": widths, "max_len": self.max_len, "weights": weights, "tuning": repr(active_tuning())}
+                "widths": widths, "max_len": self.max_len, "weights": weights, "tuning": active_tuning().to_dict()}
 
     def _compile_ahead(self, buckets, widths) -> dict | None:
         """Before capture_common captures, compile the kernel variants its graphs will launch, in
@@ -1264,7 +1263,7 @@ class SpecEngine:
         prefills = [w for w in widths if ("prefill", w, False) not in self.graphs]
         if not todo and not prefills:
             return None
-        if ahead.compiled_before(self._kernel_fingerprint(buckets, widths)):
+        if ahead.compiled_before(self._kernel_fingerprint, buckets, widths):
             return {"skipped": "this machine's Triton cache holds these kernels (compiled at an earlier start)"}
         restore = self._restorer()
         try:

@@ -74,7 +74,7 @@ def test_an_op_compiles_its_kernel_and_gives_the_references_numbers(tmp_path):
 
 
 @needs_triton
-def test_a_failing_triton_path_costs_its_compile_only(sm90, no_compile, monkeypatch):
+def test_a_failing_triton_path_still_gives_the_references_numbers(sm90, no_compile, monkeypatch):
     from specheads.kernels import ahead
     from specheads.kernels import fused
 
@@ -105,8 +105,14 @@ def test_the_block_leaves_no_mode_behind(sm90, no_compile):
     assert ahead.mode() == ahead.OFF
 
 
-def test_compile_threads_from_the_environment(monkeypatch):
+def test_compile_threads_and_the_switch_from_the_environment(monkeypatch):
     from specheads.kernels import ahead
+
+    for off in ("0", "false", "OFF", " no"):
+        monkeypatch.setenv("SPECHEADS_COMPILE_AHEAD", off)
+        assert not ahead.enabled()
+    monkeypatch.setenv("SPECHEADS_COMPILE_AHEAD", "1")
+    assert ahead.enabled()
 
     monkeypatch.setenv("SPECHEADS_COMPILE_THREADS", "3")
     assert ahead.default_workers() == 3
@@ -262,3 +268,75 @@ def test_the_summary_names_the_compiles():
     assert "from the Triton cache" in engine.graph_summary()
     engine.graph_report = {**base, "compile_ahead": {"error": "RuntimeError: x"}}
     assert "one by one" in engine.graph_summary()
+
+
+def test_repeated_launches_reach_triton_once(sm90, no_compile):
+    """A layer's launches in every layer: let through once (Triton would hash the source again)."""
+    from specheads.kernels import ahead
+    from specheads.kernels.fused import rmsnorm
+
+    x, w = torch.randn(3, 64), torch.rand(64) + 0.5
+    with ahead.compile_ahead(1) as report:
+        for _ in range(5):
+            rmsnorm(x, w, 1e-5)
+        rmsnorm(x, w, 1e-3)  # (a float's value does not make another variant)
+        rmsnorm(x[:, :32].contiguous(), w[:32], 1e-5)  # another BLOCK: another
+    assert (report.launches, len(report._seen), report.variants, len(no_compile)) == (7, 2, 2, 2)
+
+
+_MARKER = """
+import sys, torch
+sys.path.insert(0, ".")
+from tests.kernels.test_ahead import _tiny_engine, _dry_run_keys
+from specheads.kernels import ahead
+engine = _tiny_engine()
+print(ahead._marker(engine._kernel_fingerprint(*_dry_run_keys(engine))).name)
+"""
+
+
+@needs_triton
+def test_the_starts_marker_is_the_same_in_every_process(tmp_path):
+    """The marker's name must not depend on the process (hash seeds order sets and dicts)."""
+    import os
+    import subprocess
+    import sys
+
+    names = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "TRITON_CACHE_DIR": str(tmp_path)}
+        env.pop("TRITON_INTERPRET", None)
+        run = subprocess.run([sys.executable, "-c", _MARKER], capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        names.add(run.stdout.strip().splitlines()[-1])
+    assert len(names) == 1
+
+
+@needs_triton
+def test_capture_common_dry_runs_marks_and_skips_at_the_next_start(monkeypatch, tmp_path):
+    """capture_common's wiring, on the CPU: the dry run before the captures (for a stand-in card, no
+    compiles), the mark after them; a second engine of the same shapes skips the dry run, one of
+    other shapes does not; SPECHEADS_COMPILE_AHEAD=0 skips it all."""
+    from specheads.kernels import ahead
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ahead, "available", lambda: True)
+
+    def start(max_batch=2, compile_ahead=True):
+        engine = _tiny_engine()
+        engine.max_batch, engine.compile_ahead = max_batch, compile_ahead
+        captured = []
+        engine.use_graphs = True
+        engine._capture = lambda *key: captured.append(key) or key
+        engine._prefill_graph = lambda width, sampled: engine.graphs.setdefault(("prefill", width, sampled), None)
+        with ahead.stand_in_card(90, compile=False):
+            engine.capture_common([1, 2][:max_batch])
+        return engine.graph_report["compile_ahead"], captured
+
+    first, captured = start()
+    assert first["variants"] > 20 and first["failed_ops"] == 0 and captured
+    assert list((tmp_path / "specheads-compiled").iterdir())
+    again, captured_again = start()
+    assert "skipped" in again and captured_again == captured
+    assert "variants" in start(max_batch=1)[0]  # other graphs: another fingerprint
+    assert start(compile_ahead=False)[0] is None
