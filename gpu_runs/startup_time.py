@@ -65,7 +65,7 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     import tempfile
 
     from specheads.drafters import default_method
-    from specheads.kernels import ahead, fused
+    from specheads.kernels import ahead, fused, offline
     from specheads.runtime.engine import SpecEngine
 
     cuda = torch.cuda.is_available() and not count
@@ -96,7 +96,7 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
         if fused.triton is not None:
             available, ahead.available = ahead.available, lambda: True
             try:
-                with ahead.stand_in_card(90, compile=False):
+                with offline.for_card(90, compile=False):
                     variants = (engine._compile_ahead(buckets, widths) or {}).get("variants")
             finally:
                 ahead.available = available

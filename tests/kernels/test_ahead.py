@@ -16,11 +16,11 @@ def sm90(monkeypatch, tmp_path):
     an empty cache."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    from specheads.kernels import ahead, fused
+    from specheads.kernels import fused, offline
 
     if fused.triton is None:
         pytest.skip("triton did not import")
-    with ahead.stand_in_card(90):
+    with offline.for_card(90):
         yield fused
 
 
@@ -40,11 +40,11 @@ def no_compile(monkeypatch):
 
 _COMPILE_TWO = """
 import torch
-from specheads.kernels import ahead, fused
+from specheads.kernels import ahead, fused, offline
 from specheads.kernels.fused import rmsnorm, rmsnorm_reference
 
 x, w, res = torch.randn(3, 64), torch.rand(64) + 0.5, torch.randn(3, 64)
-with ahead.stand_in_card(90):
+with offline.for_card(90):
     with ahead.compile_ahead(2) as report:
         out, total = rmsnorm(x, w, 1e-5, res)
         rmsnorm(x, w, 1e-5, res)  # the same variant: one compile
@@ -313,10 +313,10 @@ def test_the_starts_marker_is_the_same_in_every_process(tmp_path):
 
 @needs_triton
 def test_capture_common_dry_runs_marks_and_skips_at_the_next_start(monkeypatch, tmp_path):
-    """capture_common's wiring, on the CPU: the dry run before the captures (for a stand-in card, no
+    """capture_common's wiring, on the CPU: the dry run before the captures (for an absent sm_90 card, no
     compiles), the mark after them; a second engine of the same shapes skips the dry run, one of
     other shapes does not; SPECHEADS_COMPILE_AHEAD=0 skips it all."""
-    from specheads.kernels import ahead
+    from specheads.kernels import ahead, offline
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
@@ -329,7 +329,7 @@ def test_capture_common_dry_runs_marks_and_skips_at_the_next_start(monkeypatch, 
         engine.use_graphs = True
         engine._capture = lambda *key: captured.append(key) or key
         engine._prefill_graph = lambda width, sampled: engine.graphs.setdefault(("prefill", width, sampled), None)
-        with ahead.stand_in_card(90, compile=False):
+        with offline.for_card(90, compile=False):
             engine.capture_common([1, 2][:max_batch])
         return engine.graph_report["compile_ahead"], captured
 
