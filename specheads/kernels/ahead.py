@@ -9,10 +9,12 @@ work, so variants compile side by side in threads (Triton's `AsyncCompileMode`).
 `compile_ahead()` finds the variants without running them: inside it, every kernel op (a
 function of this package decorated with `op`) runs twice. First its Triton path, whose
 launches only compile (`run(..., warmup=True)`: the binding and specialization of a real
-launch, the compile handed to the pool, nothing launched); then, for the numbers its caller
-goes on with, its torch reference (`use_triton` is false for that pass). Nothing downstream
-sees an unwritten buffer, so a dry run of every captured step (the engine's `capture_common`)
-meets every variant its capture will launch, while the pool compiles them, each with its
+launch, the compile handed to the pool, nothing launched); then its torch reference
+(`use_triton` is false for that pass), whose numbers are written into the Triton path's
+outputs (`_adopt`). So the ops downstream read real numbers, never an unwritten buffer, in the
+layouts the real path gives them (strides and alignments decide their variants too), and a
+dry run of every captured step (the engine's `capture_common`) meets every variant its
+capture will launch, while the pool compiles them, each with its
 launcher (a small C module built with the host's compiler, one per argument signature, which
 Triton would otherwise build at the kernel's first real launch). When the block ends the
 compiles are waited for and every kernel is in Triton's in-memory cache: the capture that
