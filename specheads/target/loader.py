@@ -107,8 +107,8 @@ def gguf_to_hf(gguf: Path) -> Path:
 @contextmanager
 def _gguf_read_once():
     """Within a conversion, each GGUF file is parsed once and gguf's tensor-name map built once per
-    architecture and depth. transformers parses the file for the tokenizer, the config and twice
-    for the weights, and builds the name map for every module (397 times for SmolLM2): 11 of the
+    architecture and depth. transformers parses the file three times (the tokenizer, the config, the
+    weights) and builds the name map for every module (397 times for SmolLM2): 11 of the
     22 s SmolLM2's conversion took on a 2-core CPU. Both are read-only there, so sharing them
     changes nothing converted (tests/target/test_loader.py compares with transformers' own)."""
     try:
