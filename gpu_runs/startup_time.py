@@ -89,14 +89,11 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
         engine._capture = lambda *key: key
         engine._prefill_graph = lambda width, sampled: engine.graphs.setdefault(("prefill", width, sampled), None)
         engine._allocate()
-        kvs = sorted({engine._context_bucket(n) for n in range(1, engine.cap + 1)})
-        buckets = [(b, kv, engine._bucket_keys(b, kv)) for b in sorted({engine._batch_bucket(n) for n in
-                                                                       range(1, max_batch + 1)}) for kv in kvs]
-        widths = sorted({engine._width_bucket(n) for n in range(1, engine.max_len + 1)})
+        _, _, buckets, widths = engine._capture_plan(range(1, max_batch + 1))
         if fused.triton is not None:
             available, ahead.available = ahead.available, lambda: True
             try:
-                with offline.for_card(90, compile=False):
+                with offline.for_card(90, compile=False):  # (the dry run alone: no mark left to skip the next)
                     variants = (engine._compile_ahead(buckets, widths) or {}).get("variants")
             finally:
                 ahead.available = available

@@ -1176,14 +1176,9 @@ class SpecEngine:
             torch.cuda.empty_cache()  # (a freed graph's pool goes back to the card here, not mid-capture)
         reserved = torch.cuda.memory_reserved(self.device) if cuda else 0
         before = len(self.graphs)
-        kvs = sorted({self._context_bucket(need) for need in range(1, self.cap + 1)})
-        batches = sorted({self._batch_bucket(n) for n in batch_sizes})
-        buckets = [(b, kv, self._bucket_keys(b, kv)) for b in batches for kv in kvs]
-        widths = sorted({self._width_bucket(n) for n in range(1, self.max_len + 1)})
-        compiled = self._compile_ahead(buckets, widths)
+        batches, kvs, buckets, widths = self._capture_plan(batch_sizes)
+        compiled = self.compile_kernels(batch_sizes)
         if cuda and compiled is not None and "skipped" not in compiled:  # (the dry run's memory is not the graphs')
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
             reserved = torch.cuda.memory_reserved(self.device)
         measure_s = 0.0
         for b, kv, keys in buckets:
@@ -1204,14 +1199,44 @@ class SpecEngine:
             "graph_memory_mib": round((torch.cuda.memory_reserved(self.device) - reserved) / 2**20, 1) if cuda else 0.0,
             "seconds": round(time.perf_counter() - t0, 2), "measure_seconds": round(measure_s, 2),
             "compile_ahead": compiled}
-        if self.compile_ahead and ahead.available() and not (compiled or {}).get("skipped"):
-            ahead.mark_compiled(self._kernel_fingerprint, buckets, widths)  # (a later start skips the dry run)
         # what start-up made (the modules, the graphs' state, the tokenizer's) lives on: keep it out
         # of the collector's later passes, so that no step waits on a pass over it (one took 0.19 s
         # over the 410k objects of SmolLM2 and its head, on a 2-core CPU host)
         gc.collect()
         gc.freeze()
         return n
+
+    def compile_kernels(self, batch_sizes=(1,)) -> dict | None:
+        """Compile now, in parallel, the Triton kernels of the greedy graphs that requests of these
+        batch sizes replay (what capture_common captures), without capturing any: a dry run of
+        each (`_compile_ahead`, kernels/ahead.py), then a mark in Triton's cache so that a later
+        start of the same engine skips it. capture_common calls it first; an engine whose graphs
+        are captured on first use (a benchmark's, `generate`'s) calls it before its first request
+        to compile in parallel what that request would compile one kernel after another. Returns
+        the dry run's report: None on a CPU, without a Triton that compiles in threads or under
+        SPECHEADS_COMPILE_AHEAD=0; {"skipped": ...} where this machine compiled them before."""
+        if self.rows or self.waiting:
+            raise EngineError("compile_kernels() needs an idle engine")
+        if not self.use_graphs or not self.compile_ahead or not ahead.available():
+            return None
+        self._allocate()
+        _, _, buckets, widths = self._capture_plan(batch_sizes)
+        report = self._compile_ahead(buckets, widths)
+        if report is not None and "skipped" not in report:
+            if self.device.type == "cuda":  # (what the dry run held goes back to the card)
+                torch.cuda.synchronize(self.device)
+                torch.cuda.empty_cache()
+            ahead.mark_compiled(self._kernel_fingerprint, buckets, widths)  # (a later start skips the dry run)
+        return report
+
+    def _capture_plan(self, batch_sizes):
+        """(batch buckets, context buckets, [(batch, context, step graph keys)], prompt widths) of
+        the greedy graphs capture_common captures for these batch sizes."""
+        kvs = sorted({self._context_bucket(need) for need in range(1, self.cap + 1)})
+        batches = sorted({self._batch_bucket(n) for n in batch_sizes})
+        buckets = [(b, kv, self._bucket_keys(b, kv)) for b in batches for kv in kvs]
+        widths = sorted({self._width_bucket(n) for n in range(1, self.max_len + 1)})
+        return batches, kvs, buckets, widths
 
     def _bucket_keys(self, b: int, kv: int) -> list[tuple]:
         """The greedy step graphs capture_common captures for batch bucket b and context bucket kv:
@@ -1254,11 +1279,9 @@ class SpecEngine:
         parallel (kernels/ahead.py): a dry run of every step and prefill graph to be captured, its
         kernel ops computed by their torch references while their Triton launches only compile.
         Skipped where this machine's Triton cache already holds this engine's kernels (a marker
-        there, left by the last start that compiled them), under SPECHEADS_COMPILE_AHEAD=0, and
-        without a Triton that compiles in threads. A dry run that fails costs its time only: the
-        capture compiles what it did not. Returns its report (None where it did not run)."""
-        if not self.compile_ahead or not ahead.available():
-            return None
+        there, left by the last start that compiled them). A dry run that fails costs its time
+        only: the capture compiles what it did not. Returns its report (None where there was
+        nothing to do). `compile_kernels` decides whether it runs."""
         todo = [key for _, _, keys in buckets for key in keys if key not in self.graphs]
         prefills = [w for w in widths if ("prefill", w, False) not in self.graphs]
         if not todo and not prefills:

@@ -252,8 +252,9 @@ def test_a_dry_run_that_fails_leaves_the_engine_as_it_was(monkeypatch):
     report = engine._compile_ahead(buckets, widths)
     assert report == {"error": "RuntimeError: mid dry run"}
     assert all(torch.equal(a, b) for a, b in zip(before, engine._state()))
+    engine.use_graphs = True  # (compile_kernels works for an engine that captures graphs)
     monkeypatch.setattr(engine, "compile_ahead", False)
-    assert engine._compile_ahead(buckets, widths) is None
+    assert engine.compile_kernels([1, 2]) is None
 
 
 def test_the_summary_names_the_compiles():
@@ -340,3 +341,29 @@ def test_capture_common_dry_runs_marks_and_skips_at_the_next_start(monkeypatch, 
     assert "skipped" in again and captured_again == captured
     assert "variants" in start(max_batch=1)[0]  # other graphs: another fingerprint
     assert start(compile_ahead=False)[0] is None
+
+
+@needs_triton
+def test_compile_kernels_alone_compiles_marks_and_skips(monkeypatch, tmp_path):
+    """An engine whose graphs are captured on first use (a benchmark's) compiles them ahead with
+    compile_kernels: a dry run, then the mark; the same engine again skips it; none for a busy
+    engine or one that captures no graphs."""
+    from specheads.kernels import ahead, offline
+    from specheads.runtime.engine import EngineError, Request
+    from specheads.runtime.sampling import SamplingParams
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ahead, "available", lambda: True)
+    engine = _tiny_engine()
+    assert engine.compile_kernels([1]) is None  # (a CPU engine captures no graphs)
+    engine.use_graphs = True
+    with offline.for_card(90, compile=False):
+        first = engine.compile_kernels([1])
+        assert first["variants"] > 20 and not engine.graphs  # nothing captured
+        assert "skipped" in engine.compile_kernels([1])
+    engine.use_graphs = False
+    engine.add(Request([1, 2, 3], SamplingParams(max_new_tokens=4)))
+    engine.use_graphs = True
+    with pytest.raises(EngineError, match="idle engine"):
+        engine.compile_kernels([1])
