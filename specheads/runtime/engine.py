@@ -1211,8 +1211,8 @@ class SpecEngine:
         batch sizes replay (what capture_common captures), without capturing any: a dry run of
         each (`_compile_ahead`, kernels/ahead.py), then a mark in Triton's cache so that a later
         start of the same engine skips it. capture_common calls it first; an engine whose graphs
-        are captured on first use (a benchmark's, `generate`'s) calls it before its first request
-        to compile in parallel what that request would compile one kernel after another. Returns
+        are captured on first use (scripts/bench.py's) may call it before its first request, to
+        compile in parallel what that request would compile one kernel after another. Returns
         the dry run's report: None on a CPU, without a Triton that compiles in threads or under
         SPECHEADS_COMPILE_AHEAD=0; {"skipped": ...} where this machine compiled them before."""
         if self.rows or self.waiting:
