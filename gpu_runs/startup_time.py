@@ -65,7 +65,7 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     import tempfile
 
     from specheads.drafters import default_method
-    from specheads.kernels import ahead, fused, offline
+    from specheads.kernels import fused, offline
     from specheads.runtime.engine import SpecEngine
 
     cuda = torch.cuda.is_available() and not count
@@ -91,12 +91,8 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
         engine._allocate()
         _, _, buckets, widths = engine._capture_plan(range(1, max_batch + 1))
         if fused.triton is not None:
-            available, ahead.available = ahead.available, lambda: True
-            try:
-                with offline.for_card(90, compile=False):  # (the dry run alone: no mark left to skip the next)
-                    variants = (engine._compile_ahead(buckets, widths) or {}).get("variants")
-            finally:
-                ahead.available = available
+            with offline.for_card(90, compile=False):  # (the dry run alone: no mark left to skip the next)
+                variants = (engine._compile_ahead(buckets, widths) or {}).get("variants")
     t1, cached = time.perf_counter(), triton_cache_entries()
     engine.capture_common(range(1, max_batch + 1))
     seconds = time.perf_counter() - t1

@@ -37,6 +37,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
+
 OFF, DISCOVER, REFERENCE = 0, 1, 2
 _mode = OFF
 _report: "AheadReport | None" = None
@@ -98,8 +100,6 @@ def _adopt(laid_out, numbers):
     """The reference's results (numbers) in the Triton path's output tensors (laid_out, unwritten),
     where their shapes agree: the ops downstream then see the layouts the real path gives them
     (strides, alignment), which decide their kernels' variants too."""
-    import torch
-
     if isinstance(numbers, torch.Tensor):
         if isinstance(laid_out, torch.Tensor) and laid_out is not numbers and laid_out.shape == numbers.shape:
             try:
@@ -138,8 +138,6 @@ class _CompileOnly:
 def _launch_key(args, kwargs) -> tuple:
     """What tells two launches of a kernel apart, at least as finely as Triton's specialization:
     a tensor's dtype and 16-byte alignment, a float's type, every other value itself."""
-    import torch
-
     def one(a):
         if isinstance(a, torch.Tensor):
             return a.dtype, a.data_ptr() % 16 == 0
@@ -192,7 +190,6 @@ def _set_mode(m: int):
 def available() -> bool:
     """Triton with threaded compiles (AsyncCompileMode, Triton >= 3.4) and a GPU to compile for."""
     try:
-        import torch
         from triton.runtime._async_compile import AsyncCompileMode  # noqa: F401
     except ImportError:
         return False
@@ -263,7 +260,6 @@ def _marker(fingerprint: dict):
     import json
     from pathlib import Path
 
-    import torch
     import triton
     from triton import knobs
 

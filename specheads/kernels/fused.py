@@ -73,8 +73,9 @@ def use_triton(t: torch.Tensor) -> bool:
     reference pass."""
     if triton is None:
         return False
-    if ahead.mode():
-        return ahead.mode() == ahead.DISCOVER
+    mode = ahead.mode()
+    if mode:
+        return mode == ahead.DISCOVER
     return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 

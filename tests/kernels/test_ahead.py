@@ -152,10 +152,9 @@ def _tiny_engine():
 def _dry_run_keys(engine, batches=(1, 2), contexts=None):
     """capture_common's buckets and prompt widths, as it would capture them for these batches (and
     the first `contexts` context buckets and prompt widths: all by default)."""
-    kvs = sorted({engine._context_bucket(n) for n in range(1, engine.cap + 1)})[:contexts]
-    buckets = [(b, kv, engine._bucket_keys(b, kv)) for b in batches for kv in kvs]
-    widths = sorted({engine._width_bucket(n) for n in range(1, engine.max_len + 1)})[:contexts and 2 * contexts]
-    return buckets, widths
+    _, kvs, buckets, widths = engine._capture_plan(batches)
+    first = set(kvs[:contexts])
+    return [bucket for bucket in buckets if bucket[1] in first], widths[:contexts and 2 * contexts]
 
 
 def _variants(launches) -> set:
@@ -184,11 +183,9 @@ def test_the_dry_run_meets_every_variant_the_capture_launches(sm90, no_compile, 
     dry run leaves the engine's state as it found it: its generations equal plain decoding's.
     Batch 1 and the first context bucket (every tier, gate and variant after a gated step):
     the interpreter takes minutes for the rest."""
-    from specheads.kernels import ahead
     from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
 
-    monkeypatch.setattr(ahead, "available", lambda: True)
     engine = _tiny_engine()
     buckets, widths = _dry_run_keys(engine, batches=(1,), contexts=1)
     dry = record_launches(monkeypatch)
@@ -228,7 +225,6 @@ def test_the_dry_run_meets_every_variant_the_capture_launches(sm90, no_compile, 
 def test_a_dry_run_that_fails_leaves_the_engine_as_it_was(monkeypatch):
     from specheads.kernels import ahead
 
-    monkeypatch.setattr(ahead, "available", lambda: True)
     engine = _tiny_engine()
     buckets, widths = _dry_run_keys(engine)
 
