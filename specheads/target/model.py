@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from specheads.kernels import ahead
 from specheads.kernels.attention import TreePlan, causal_attention, tree_attention, tree_plan
 from specheads.kernels.fused import embedding, rmsnorm, rope_cache
 from specheads.kernels.linear import linear
@@ -253,8 +254,18 @@ class TargetModel(nn.Module):
         where = {layer: aux[..., j * width: (j + 1) * width] for layer, j in first.items()}
         if tree is not None and not isinstance(tree, TreePlan):
             tree = tree_plan(*tree)  # how every layer's attention deals the tree's tokens
+        # a start-up's dry run (kernels/ahead.py) runs a layer only where its kernels' variants may be
+        # new: the first layer of each structure meeting its input in each layout; a layer skipped
+        # leaves its output in the layout the layer gives it (a captured one's: its features' slice)
+        met = set() if ahead.mode() == ahead.DISCOVER else None
         for i, layer in enumerate(self.model.layers):
             a, m = layer.self_attn, layer.mlp
+            if met is not None:
+                shape = (i in where, a.window, a.q_norm is not None, x.stride(), x.data_ptr() % 16)
+                if shape in met:
+                    x = where[i].copy_(x) if i in where else x.contiguous()
+                    continue
+                met.add(shape)
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             qkv = linear(x, *self._fused(i, "qkv"), norm_weight=n1.weight, eps=n1.eps)
             if a.q_norm is not None:  # Qwen3: each head's q and k normed before rotary

@@ -74,13 +74,13 @@ def describe(launch) -> dict:
             "options": {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}}
 
 
-def tiny_target():
+def tiny_target(layers: int = 2):
     """(config, fused model) of the tiny Llama target the sm_90 compile tests step (seeded)."""
     from transformers import LlamaConfig
 
     from specheads.target.model import TargetModel
 
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
     torch.manual_seed(0)
     return cfg, TargetModel(cfg).eval().requires_grad_(False).fuse_for_inference()

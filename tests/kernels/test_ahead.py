@@ -135,11 +135,11 @@ def test_a_start_marks_what_it_compiled(monkeypatch, tmp_path):
     assert ahead.compiled_before(one) and not ahead.compiled_before(other)
 
 
-def _tiny_engine():
+def _tiny_engine(layers: int = 2):
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
     from specheads.runtime.engine import SpecEngine
 
-    _, target = tiny_target()
+    _, target = tiny_target(layers)
     torch.manual_seed(1)
     head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval().requires_grad_(False)
     head.fuse_for_inference()
@@ -220,6 +220,34 @@ def test_the_dry_run_meets_every_variant_the_capture_launches(sm90, no_compile, 
     out = engine.generate(prompts, params)
     plain = SpecEngine(engine.target, method="ar", max_batch=2, max_len=128).generate(prompts, params)
     assert [r.token_ids for r in out] == [r.token_ids for r in plain]
+
+
+@needs_triton
+def test_the_dry_run_skips_layers_that_would_meet_no_new_variant(sm90, no_compile, monkeypatch):
+    """A deeper target's dry run runs a layer only where its structure (captured or not) and its
+    input's layout are new: it meets the same variants as running every layer, in fewer ops (the
+    EAGLE-3 features of layers 1, 3 and 4 of 8: layer 4 reads layer 3's slice, as layer 2 reads
+    layer 1's, and layers 5 to 7 are layer 0's kind)."""
+    import types
+
+    from specheads.kernels import ahead
+    from specheads.target import model
+
+    engine = _tiny_engine(layers=8)
+    assert engine.layer_ids == (1, 3, 4)
+    buckets, widths = _dry_run_keys(engine, batches=(1, 2), contexts=1)
+    runs = {}
+    for skip in (True, False):
+        if not skip:  # every layer, as before the skip
+            monkeypatch.setattr(model, "ahead", types.SimpleNamespace(mode=lambda: ahead.OFF, DISCOVER=ahead.DISCOVER))
+        for jitted in list(sm90._jitted.values()):
+            jitted.device_caches.clear()  # (each run compiles, and so counts, what it meets)
+        launches = record_launches(monkeypatch)
+        report = engine._compile_ahead(buckets, widths)
+        assert report["failed_ops"] == 0, report
+        runs[skip] = (_variants(launches), report["ops"])
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1] < 0.8 * runs[False][1], (runs[True][1], runs[False][1])
 
 
 def test_a_dry_run_that_fails_leaves_the_engine_as_it_was(monkeypatch):
