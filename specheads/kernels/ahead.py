@@ -3,8 +3,11 @@
 A server's start-up captures a CUDA graph for every batch bucket, context bucket and tree
 shape, and the first capture of each kernel variant (its constexprs, argument types and
 alignments) compiles it: on a fresh machine one variant after another, 0.2-0.6 s each on one
-host core, for a few hundred variants. Triton's compiler releases the GIL for most of its
-work, so variants compile side by side in threads (Triton's `AsyncCompileMode`).
+host core, for a few hundred variants. Much of Triton's compiling holds the GIL (on an H100's
+16-core host a pool of 16 threads compiled no faster than 4), so the variants compile in a pool
+of processes, each compiling for the card into Triton's cache on disk (`kernels/offline.py`
+tells it the card), and then in threads in this process, which find them there and build their
+launchers (Triton's `AsyncCompileMode`).
 
 `compile_ahead()` finds the variants without running them: inside it, every kernel op (a
 function of this package decorated with `op`) runs twice. First its Triton path, whose
@@ -14,11 +17,12 @@ launch, the compile handed to the pool, nothing launched); then its torch refere
 outputs (`_adopt`). So the ops downstream read real numbers, never an unwritten buffer, in the
 layouts the real path gives them (strides and alignments decide their variants too), and a
 dry run of every captured step (the engine's `capture_common`) meets every variant its
-capture will launch, while the pool compiles them, each with its
-launcher (a small C module built with the host's compiler, one per argument signature, which
-Triton would otherwise build at the kernel's first real launch). When the block ends the
-compiles are waited for and every kernel is in Triton's in-memory cache: the capture that
-follows compiles nothing it was shown.
+capture will launch, while the processes compile them. When the block ends each variant is
+loaded here, with its launcher (a small C module built with the host's compiler, one per
+argument signature, which Triton would otherwise build at the kernel's first real launch), and
+every kernel is in Triton's in-memory cache: the capture that follows compiles nothing it was
+shown. Without processes (SPECHEADS_COMPILE_PROCESSES=0, or a host of fewer than 4 cores) the
+threads compile too, during the dry run.
 
 A repeated launch (the same kernel, argument types, alignments and values: a layer's ops in
 every layer) is let through once; Triton would hash its source again for each (68 us a
@@ -26,8 +30,9 @@ launch on this project's CPU with Triton 3.6, tens of thousands of launches a st
 
 Failures cost speed, never output: a Triton path that raises in the dry run is counted and
 skipped (its reference still runs), a variant the dry run did not meet compiles at its
-capture as before, and a compile that fails here is compiled again where the capture
-launches it, and raises its error there."""
+capture as before, a variant a process failed to compile compiles in the threads, and a
+compile that fails there is compiled again where the capture launches it, and raises its
+error there."""
 
 from __future__ import annotations
 
@@ -57,20 +62,25 @@ class AheadReport:
     run (the first error kept), the threads, and the seconds spent waiting for the pool at the
     end (the rest of the compiling overlapped the dry run)."""
     workers: int = 0
+    processes: int = 0
     ops: int = 0
     launches: int = 0
     variants: int = 0
     failed_ops: int = 0
     first_error: str = ""
+    process_failures: int = 0
     wait_seconds: float = 0.0
     seconds: float = 0.0
     _futures: set = field(default_factory=set, repr=False)
     _seen: set = field(default_factory=set, repr=False)
+    _pool: object = field(default=None, repr=False)  # the compile processes' pool, while it works
+    _sent: list = field(default_factory=list, repr=False)  # (jitted, args, kwargs, grid, future) sent to it
 
     def to_dict(self) -> dict:
-        return {"workers": self.workers, "ops": self.ops, "launches": self.launches, "variants": self.variants,
-                "failed_ops": self.failed_ops, "first_error": self.first_error,
-                "wait_seconds": round(self.wait_seconds, 2), "seconds": round(self.seconds, 2)}
+        return {"workers": self.workers, "processes": self.processes, "ops": self.ops, "launches": self.launches,
+                "variants": self.variants, "failed_ops": self.failed_ops, "first_error": self.first_error,
+                "process_failures": self.process_failures, "wait_seconds": round(self.wait_seconds, 2),
+                "seconds": round(self.seconds, 2)}
 
 
 def op(fn):
@@ -127,12 +137,122 @@ class _CompileOnly:
             if seen in report._seen:  # met before: nothing new to compile
                 return None
             report._seen.add(seen)
-            kernel = self.jitted.run(*args, grid=grid, warmup=True, **kwargs)
-            if kernel is not None and hasattr(kernel, "result") and id(kernel) not in report._futures:
-                report._futures.add(id(kernel))
-                report.variants += 1
-            return kernel
+            if report._pool is not None:  # compiled in a process now, loaded here when the block ends
+                job = _job(self.jitted, args, kwargs)
+                if job is not None:
+                    try:
+                        future = report._pool.submit(_compile_in_process, job)
+                    except Exception:  # a broken pool: the rest compile in the threads
+                        report._pool = None
+                    else:
+                        report._sent.append((self.jitted, job[2], job[3], grid, future))
+                        return None
+            return _warm(self.jitted, args, kwargs, grid)
         return launch
+
+
+def _warm(jitted, args, kwargs, grid):
+    """A compile-only launch: its variant handed to the threads (or found compiled), counted once."""
+    report = _report
+    kernel = jitted.run(*args, grid=grid, warmup=True, **kwargs)
+    if kernel is not None and hasattr(kernel, "result") and id(kernel) not in report._futures:
+        report._futures.add(id(kernel))
+        report.variants += 1
+    return kernel
+
+
+class _Mock:
+    """A tensor argument as Triton specializes a launch on it (its dtype and whether its address
+    is a multiple of 16), which pickles: what a compile process gets in place of the tensor."""
+
+    def __init__(self, dtype, aligned: bool):
+        self.dtype, self.aligned = dtype, aligned
+
+    def data_ptr(self) -> int:
+        return 0 if self.aligned else 8
+
+
+def _job(jitted, args, kwargs):
+    """(module, function name, args, kwargs) for a compile process, tensors as `_Mock`s; None where
+    it would not pickle (that launch compiles in the threads)."""
+    import pickle
+
+    def one(a):
+        return _Mock(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
+    fn = jitted.fn
+    job = (fn.__module__, fn.__name__, tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()})
+    try:
+        pickle.dumps(job)
+    except Exception:
+        return None
+    return job
+
+
+_card = None  # a compile process's stand-in for the card (offline.for_card, entered for its life)
+
+
+def _start_process(target: tuple, cache_dir: str | None) -> None:
+    """A compile process: Triton compiles for the card `target` (backend, arch, warp size) into the
+    cache directory of the process that started it."""
+    global _card
+    if cache_dir:
+        os.environ["TRITON_CACHE_DIR"] = cache_dir
+    os.environ.pop("TRITON_INTERPRET", None)
+    from specheads.kernels import offline
+
+    _card = offline.for_card(target[1], backend=target[0], warp_size=target[2])
+    _card.__enter__()
+
+
+def _compile_in_process(job) -> bool:
+    """Compile one variant into Triton's cache on disk (in a compile process)."""
+    from importlib import import_module
+
+    from specheads.kernels import fused
+
+    module, name, args, kwargs = job
+    fused._kernel(getattr(import_module(module), name)).run(*args, grid=(1,), warmup=True, **kwargs)
+    return True
+
+
+def _process_pool(processes: int):
+    """A pool of compile processes for the card this process compiles for, or None where none can start."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    import triton.compiler
+    from triton import knobs
+    from triton.compiler import compiler
+    from triton.runtime import driver
+
+    if triton.compiler.compile is not compiler.compile:  # compiles stood in for (a count, a test): none here
+        return None
+    try:
+        t = driver.active.get_current_target()
+        return ProcessPoolExecutor(max_workers=processes, mp_context=get_context("spawn"), initializer=_start_process,
+                                   initargs=((t.backend, t.arch, t.warp_size), knobs.cache.dir))
+    except Exception:
+        return None
+
+
+def _load_sent(report: AheadReport) -> None:
+    """Each variant sent to the processes, once compiled there, launched compile-only here: it
+    comes from the cache on disk (its launcher built in the threads), or, where the process failed,
+    compiles in the threads."""
+    for jitted, args, kwargs, grid, future in report._sent:
+        try:
+            future.result()
+        except Exception as e:
+            report.process_failures += 1
+            if not report.first_error:
+                report.first_error = f"compile process: {type(e).__name__}: {e}"[:500]
+        try:
+            _warm(jitted, args, kwargs, grid)
+        except Exception as e:
+            report.failed_ops += 1
+            if not report.first_error:
+                report.first_error = f"{jitted.fn.__name__}: {type(e).__name__}: {e}"[:500]
+    report._sent = []
 
 
 def _launch_key(args, kwargs) -> tuple:
@@ -201,6 +321,25 @@ def enabled() -> bool:
     return os.environ.get("SPECHEADS_COMPILE_AHEAD", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+def default_processes(workers: int) -> int:
+    """Compile processes: SPECHEADS_COMPILE_PROCESSES, else as many as the threads (at most 16, each
+    holds its own torch and Triton) on a host of at least 4 cores (on fewer, they take the cores the
+    dry run needs, and cost more than they save: on this project's 2-core CPU a dry run of 215
+    variants took 91 s with two processes against 77 s with two threads)."""
+    given = os.environ.get("SPECHEADS_COMPILE_PROCESSES")
+    if given:
+        try:
+            n = int(given)
+        except ValueError:
+            raise ValueError(f"SPECHEADS_COMPILE_PROCESSES={given!r}: expected a whole number of processes "
+                             "(0: compile in threads only)") from None
+        if n < 0:
+            raise ValueError(f"SPECHEADS_COMPILE_PROCESSES={given!r}: expected 0 or more processes")
+        return n
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(workers, 16) if cores >= 4 else 0
+
+
 def default_workers() -> int:
     """Threads to compile in: SPECHEADS_COMPILE_THREADS, else the host's cores (up to 32)."""
     given = os.environ.get("SPECHEADS_COMPILE_THREADS")
@@ -217,10 +356,11 @@ def default_workers() -> int:
 
 
 @contextmanager
-def compile_ahead(workers: int | None = None):
-    """Run the block as a dry run whose kernel variants compile in `workers` threads (see the
-    module docstring); yields an AheadReport, complete when the block ends, by which time every
-    variant met has compiled. Not reentrant."""
+def compile_ahead(workers: int | None = None, processes: int | None = None):
+    """Run the block as a dry run whose kernel variants compile in `processes` processes (default:
+    `default_processes`), then load in `workers` threads (see the module docstring); yields an
+    AheadReport, complete when the block ends, by which time every variant met has compiled. Not
+    reentrant."""
     global _report
     from concurrent.futures import ThreadPoolExecutor
 
@@ -230,6 +370,11 @@ def compile_ahead(workers: int | None = None):
         raise RuntimeError("compile_ahead() is already active")
     report = AheadReport(workers=workers or default_workers())
     t0 = time.perf_counter()
+    report.processes = default_processes(report.workers) if processes is None else processes
+    report._pool = _process_pool(report.processes) if report.processes else None
+    if report._pool is None:
+        report.processes = 0
+    processes_pool = report._pool
     pool = ThreadPoolExecutor(max_workers=report.workers, thread_name_prefix="specheads-compile")
     _report = report
     try:
@@ -241,7 +386,8 @@ def compile_ahead(workers: int | None = None):
             with async_mode:
                 with _set_mode(DISCOVER):
                     yield report
-                t1 = time.perf_counter()
+                    t1 = time.perf_counter()
+                    _load_sent(report)
         finally:
             if _async_compile.active_mode.get() is async_mode:  # (Triton 3.6 leaves it set if a result raises)
                 _async_compile.active_mode.set(None)
@@ -249,6 +395,8 @@ def compile_ahead(workers: int | None = None):
     finally:
         _report = None
         pool.shutdown(wait=True)
+        if processes_pool is not None:
+            processes_pool.shutdown(wait=False, cancel_futures=True)
         report.seconds = time.perf_counter() - t0
 
 

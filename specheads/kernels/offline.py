@@ -11,8 +11,8 @@ class _AbsentCardDriver:
     """What Triton's launcher asks a driver for before it compiles (device, stream, target), for a
     card this machine lacks."""
 
-    def __init__(self, capability: int):
-        self.capability = capability
+    def __init__(self, capability: int, backend: str = "cuda", warp_size: int = 32):
+        self.capability, self.backend, self.warp_size = capability, backend, warp_size
 
     def get_current_device(self):
         return 0
@@ -23,11 +23,11 @@ class _AbsentCardDriver:
     def get_current_target(self):
         from triton.backends.compiler import GPUTarget
 
-        return GPUTarget("cuda", self.capability, 32)
+        return GPUTarget(self.backend, self.capability, self.warp_size)
 
 
 @contextmanager
-def for_card(capability: int = 90, compile: bool = True):
+def for_card(capability: int | str = 90, compile: bool = True, backend: str = "cuda", warp_size: int = 32):
     """Kernels launched for a CUDA card of this capability on a machine without one (Triton
     compiles without a GPU): inside, compile_ahead compiles the variants it meets for that card,
     or, with compile=False, only counts them (planning a start-up on a CPU). The kernels are
@@ -38,7 +38,7 @@ def for_card(capability: int = 90, compile: bool = True):
     from specheads.kernels import fused
 
     saved = (driver._active, fused._jitted, triton.compiler.compile)
-    driver._active, fused._jitted = _AbsentCardDriver(capability), {}
+    driver._active, fused._jitted = _AbsentCardDriver(capability, backend, warp_size), {}
     if not compile:
         triton.compiler.compile = lambda src, target=None, options=None, **kw: object()
     try:

@@ -1314,8 +1314,8 @@ class SpecEngine:
         a = r.get("compile_ahead") or {}
         if "variants" in a:
             failed = f", {a['failed_ops']} kernel ops left to the capture" if a["failed_ops"] else ""
-            measured += (f"; {a['variants']} kernel variants compiled ahead on {a['workers']} threads in "
-                         f"{a['seconds']:.1f} s{failed}")
+            where = (f"{a['processes']} processes" if a.get("processes") else f"{a['workers']} threads")
+            measured += f"; {a['variants']} kernel variants compiled ahead in {where} in {a['seconds']:.1f} s{failed}"
         elif "error" in a:
             measured += f"; kernels compiled one by one (the dry run failed: {a['error']})"
         elif "skipped" in a:

@@ -123,6 +123,20 @@ def test_compile_threads_and_the_switch_from_the_environment(monkeypatch):
     monkeypatch.delenv("SPECHEADS_COMPILE_THREADS")
     assert 1 <= ahead.default_workers() <= 32
 
+    monkeypatch.setenv("SPECHEADS_COMPILE_PROCESSES", "0")
+    assert ahead.default_processes(8) == 0
+    monkeypatch.setenv("SPECHEADS_COMPILE_PROCESSES", "5")
+    assert ahead.default_processes(8) == 5
+    for bad in ("x", "-1"):
+        monkeypatch.setenv("SPECHEADS_COMPILE_PROCESSES", bad)
+        with pytest.raises(ValueError, match="SPECHEADS_COMPILE_PROCESSES"):
+            ahead.default_processes(8)
+    monkeypatch.delenv("SPECHEADS_COMPILE_PROCESSES")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert ahead.default_processes(16) == 16  # (a host of 16 cores: as many as the threads)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert ahead.default_processes(2) == 0  # (two cores: threads only)
+
 
 @needs_triton
 def test_a_start_marks_what_it_compiled(monkeypatch, tmp_path):
@@ -288,7 +302,9 @@ def test_the_summary_names_the_compiles():
             "seconds": 12.0, "measure_seconds": 0, "graph_memory_mib": 5}
     engine = SpecEngine.__new__(SpecEngine)
     engine.graph_report = {**base, "compile_ahead": {"variants": 200, "workers": 16, "seconds": 9.5, "failed_ops": 0}}
-    assert "200 kernel variants compiled ahead on 16 threads" in engine.graph_summary()
+    assert "200 kernel variants compiled ahead in 16 threads in 9.5 s" in engine.graph_summary()
+    engine.graph_report["compile_ahead"]["processes"] = 16
+    assert "200 kernel variants compiled ahead in 16 processes in 9.5 s" in engine.graph_summary()
     engine.graph_report = {**base, "compile_ahead": {"skipped": "..."}}
     assert "from the Triton cache" in engine.graph_summary()
     engine.graph_report = {**base, "compile_ahead": {"error": "RuntimeError: x"}}
@@ -391,3 +407,74 @@ def test_compile_kernels_alone_compiles_marks_and_skips(monkeypatch, tmp_path):
     engine.use_graphs = True
     with pytest.raises(EngineError, match="idle engine"):
         engine.compile_kernels([1])
+
+
+@needs_triton
+def test_a_compile_process_is_shown_each_variant_as_the_launch_specializes_it(sm90, no_compile, monkeypatch):
+    """A compile process gets each tensor as a `_Mock` (dtype, 16-byte alignment): Triton specializes
+    a launch on the mocks as on the tensors (the same variant, so the capture finds it compiled),
+    over every launch of a tiny engine's dry run, an unaligned tensor among them."""
+    import types
+
+    from specheads.kernels import ahead
+
+    engine = _tiny_engine()
+    buckets, widths = _dry_run_keys(engine, batches=(1, 2), contexts=1)
+    launches = record_launches(monkeypatch)
+    engine._compile_ahead(buckets, widths)
+    x = torch.zeros(9)[1:]
+    launches.append((launches[0][0], (x,) + launches[0][1][1:], launches[0][2]))  # (its first argument unaligned)
+    mocked = []
+    for fn, args, kwargs in launches:
+        job = ahead._job(types.SimpleNamespace(fn=fn), args, kwargs)
+        assert job is not None and job[:2] == (fn.__module__, fn.__name__)
+        mocked.append((fn, job[2], job[3]))
+    real = [_variants([launch]) for launch in launches]
+    assert real == [_variants([launch]) for launch in mocked]
+    assert real[-1] != real[0]  # (the alignment tells them apart)
+
+
+_COMPILE_IN_PROCESSES = """
+import os
+import torch
+from triton.compiler import compiler
+from specheads.kernels import ahead, fused, offline
+from specheads.kernels.fused import rmsnorm, rmsnorm_reference
+
+made = []  # variants compiled in this process (a cache hit makes no IR)
+make_ir = compiler.ASTSource.make_ir
+compiler.ASTSource.make_ir = lambda self, *a, **k: made.append(self.fn.__name__) or make_ir(self, *a, **k)
+
+if __name__ == "__main__":
+    x, w, res = torch.randn(3, 64), torch.rand(64) + 0.5, torch.randn(3, 64)
+    with offline.for_card(90):
+        with ahead.compile_ahead(2, processes=2) as report:
+            out, total = rmsnorm(x, w, 1e-5, res)
+            rmsnorm(x, w, 1e-5, res)
+            rmsnorm(torch.randn(2, 200), torch.rand(200), 1e-5)
+        kernels = list(fused._jitted[("_rmsnorm_kernel", False)].device_caches[0][0].values())
+    ref_out, ref_total = rmsnorm_reference(x, w, 1e-5, res)
+    assert torch.equal(out, ref_out) and torch.equal(total, ref_total)
+    assert (report.processes, report.variants, report.process_failures, report.failed_ops) == (2, 2, 0, 0), report
+    assert made == [], made  # both compiled in the processes, loaded here from the cache on disk
+    assert len(kernels) == 2 and all(k.asm["cubin"] for k in kernels)
+    print("ok")
+"""
+
+
+@needs_triton
+def test_variants_compile_in_processes_and_load_from_the_cache(tmp_path):
+    """With compile processes the variants compile there, for the card this process compiles for,
+    into its Triton cache; this process finds them there (it compiles none) with their numbers
+    the references'. (A script of its own: the processes start by spawning.)"""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "compile_in_processes.py"
+    script.write_text(_COMPILE_IN_PROCESSES)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    env.pop("TRITON_INTERPRET", None)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=os.getcwd())
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
