@@ -4,10 +4,10 @@ A server's start-up captures a CUDA graph for every batch bucket, context bucket
 shape, and the first capture of each kernel variant (its constexprs, argument types and
 alignments) compiles it: on a fresh machine one variant after another, 0.2-0.6 s each on one
 host core, for a few hundred variants. Much of Triton's compiling holds the GIL (on an H100's
-16-core host a pool of 16 threads compiled no faster than 4), so the variants compile in a pool
-of processes, each compiling for the card into Triton's cache on disk (`kernels/offline.py`
-tells it the card), and then in threads in this process, which find them there and build their
-launchers (Triton's `AsyncCompileMode`).
+16-core host a pool of 16 threads compiled no faster than 4), so the variants compile in
+processes (`kernels/compile_worker.py`), each compiling for the card into Triton's cache on disk,
+and then in threads in this process, which find them there and build their launchers (Triton's
+`AsyncCompileMode`).
 
 `compile_ahead()` finds the variants without running them: inside it, every kernel op (a
 function of this package decorated with `op`) runs twice. First its Triton path, whose
@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 OFF, DISCOVER, REFERENCE = 0, 1, 2
+PROCESS_WAIT_S = 600.0  # after the dry run, at most this long for the processes (the rest compile in threads)
 _mode = OFF
 _report: "AheadReport | None" = None
 
@@ -73,7 +74,7 @@ class AheadReport:
     seconds: float = 0.0
     _futures: set = field(default_factory=set, repr=False)
     _seen: set = field(default_factory=set, repr=False)
-    _pool: object = field(default=None, repr=False)  # the compile processes' pool, while it works
+    _pool: object = field(default=None, repr=False)  # the compile processes (`_Processes`), while they work
     _sent: list = field(default_factory=list, repr=False)  # (jitted, args, kwargs, grid, future) sent to it
 
     def to_dict(self) -> dict:
@@ -141,7 +142,7 @@ class _CompileOnly:
                 job = _job(self.jitted, args, kwargs)
                 if job is not None:
                     try:
-                        future = report._pool.submit(_compile_in_process, job)
+                        future = report._pool.submit(job)
                     except Exception:  # a broken pool: the rest compile in the threads
                         report._pool = None
                     else:
@@ -188,38 +189,78 @@ def _job(jitted, args, kwargs):
     return job
 
 
-_card = None  # a compile process's stand-in for the card (offline.for_card, entered for its life)
+class _Processes:
+    """Compile processes (`kernels/compile_worker.py`, each compiling for the card `target`: backend,
+    arch, warp size, into the Triton cache `cache_dir`), each fed by a thread of this process from
+    one queue: `submit(job)` gives a Future, done when the variant is in the cache (its exception: the
+    process's error, or its end)."""
 
+    def __init__(self, n: int, target: tuple, cache_dir: str):
+        import queue
+        import subprocess
+        import sys
+        import threading
+        from pathlib import Path
 
-def _start_process(target: tuple, cache_dir: str | None) -> None:
-    """A compile process: Triton compiles for the card `target` (backend, arch, warp size) into the
-    cache directory of the process that started it."""
-    global _card
-    if cache_dir:
-        os.environ["TRITON_CACHE_DIR"] = cache_dir
-    os.environ.pop("TRITON_INTERPRET", None)
-    from specheads.kernels import offline
+        from specheads.kernels import compile_worker
 
-    _card = offline.for_card(target[1], backend=target[0], warp_size=target[2])
-    _card.__enter__()
+        self._io = compile_worker
+        env = dict(os.environ, TRITON_CACHE_DIR=str(cache_dir))
+        env.pop("TRITON_INTERPRET", None)
+        root = str(Path(__file__).resolve().parents[2])  # (where this package is imported from)
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.jobs: queue.Queue = queue.Queue()
+        self.procs = []
+        for _ in range(n):
+            proc = subprocess.Popen([sys.executable, "-m", "specheads.kernels.compile_worker"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+            self.procs.append(proc)
+            compile_worker.write(proc.stdin, tuple(target))
+            threading.Thread(target=self._feed, args=(proc,), daemon=True, name="specheads-compile-feed").start()
 
+    def _feed(self, proc) -> None:
+        while (item := self.jobs.get()) is not None:
+            job, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                self._io.write(proc.stdin, job)
+                answer = self._io.read(proc.stdout)
+            except Exception as e:  # (its pipe broke: the process ended)
+                answer = e
+            if answer is True:
+                future.set_result(True)
+            else:
+                future.set_exception(answer if isinstance(answer, Exception) else
+                                     RuntimeError(answer or "the compile process ended"))
 
-def _compile_in_process(job) -> bool:
-    """Compile one variant into Triton's cache on disk (in a compile process)."""
-    from importlib import import_module
+    def submit(self, job):
+        from concurrent.futures import Future
 
-    from specheads.kernels import fused
+        future = Future()
+        self.jobs.put((job, future))
+        return future
 
-    module, name, args, kwargs = job
-    fused._kernel(getattr(import_module(module), name)).run(*args, grid=(1,), warmup=True, **kwargs)
-    return True
+    def shutdown(self) -> None:
+        """Cancel what is not started; each process ends after the variant in hand (not waited for)."""
+        import queue
+
+        while True:
+            try:
+                _, future = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            future.cancel()
+        for proc in self.procs:
+            self.jobs.put(None)
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
 
 
 def _process_pool(processes: int):
-    """A pool of compile processes for the card this process compiles for, or None where none can start."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
+    """Compile processes for the card this process compiles for, or None where none can start."""
     import triton.compiler
     from triton import knobs
     from triton.compiler import compiler
@@ -229,8 +270,7 @@ def _process_pool(processes: int):
         return None
     try:
         t = driver.active.get_current_target()
-        return ProcessPoolExecutor(max_workers=processes, mp_context=get_context("spawn"), initializer=_start_process,
-                                   initargs=((t.backend, t.arch, t.warp_size), knobs.cache.dir))
+        return _Processes(processes, (t.backend, t.arch, t.warp_size), knobs.cache.dir)
     except Exception:
         return None
 
@@ -239,10 +279,11 @@ def _load_sent(report: AheadReport) -> None:
     """Each variant sent to the processes, once compiled there, launched compile-only here: it
     comes from the cache on disk (its launcher built in the threads), or, where the process failed,
     compiles in the threads."""
+    deadline = time.perf_counter() + PROCESS_WAIT_S
     for jitted, args, kwargs, grid, future in report._sent:
         try:
-            future.result()
-        except Exception as e:
+            future.result(timeout=max(0.0, deadline - time.perf_counter()))
+        except Exception as e:  # (its error, its process's end, or out of time: compiled in the threads)
             report.process_failures += 1
             if not report.first_error:
                 report.first_error = f"compile process: {type(e).__name__}: {e}"[:500]
@@ -396,7 +437,7 @@ def compile_ahead(workers: int | None = None, processes: int | None = None):
         _report = None
         pool.shutdown(wait=True)
         if processes_pool is not None:
-            processes_pool.shutdown(wait=False, cancel_futures=True)
+            processes_pool.shutdown()
         report.seconds = time.perf_counter() - t0
 
 

@@ -435,30 +435,39 @@ def test_a_compile_process_is_shown_each_variant_as_the_launch_specializes_it(sm
 
 
 _COMPILE_IN_PROCESSES = """
-import os
+import sys
 import torch
 from triton.compiler import compiler
 from specheads.kernels import ahead, fused, offline
 from specheads.kernels.fused import rmsnorm, rmsnorm_reference
 
+with open(sys.argv[1], "a") as runs:  # (no main guard: a compile process must not run this script again)
+    runs.write("ran\\n")
 made = []  # variants compiled in this process (a cache hit makes no IR)
 make_ir = compiler.ASTSource.make_ir
 compiler.ASTSource.make_ir = lambda self, *a, **k: made.append(self.fn.__name__) or make_ir(self, *a, **k)
 
-if __name__ == "__main__":
-    x, w, res = torch.randn(3, 64), torch.rand(64) + 0.5, torch.randn(3, 64)
-    with offline.for_card(90):
-        with ahead.compile_ahead(2, processes=2) as report:
-            out, total = rmsnorm(x, w, 1e-5, res)
-            rmsnorm(x, w, 1e-5, res)
-            rmsnorm(torch.randn(2, 200), torch.rand(200), 1e-5)
-        kernels = list(fused._jitted[("_rmsnorm_kernel", False)].device_caches[0][0].values())
-    ref_out, ref_total = rmsnorm_reference(x, w, 1e-5, res)
-    assert torch.equal(out, ref_out) and torch.equal(total, ref_total)
-    assert (report.processes, report.variants, report.process_failures, report.failed_ops) == (2, 2, 0, 0), report
-    assert made == [], made  # both compiled in the processes, loaded here from the cache on disk
-    assert len(kernels) == 2 and all(k.asm["cubin"] for k in kernels)
-    print("ok")
+x, w, res = torch.randn(3, 64), torch.rand(64) + 0.5, torch.randn(3, 64)
+with offline.for_card(90):
+    with ahead.compile_ahead(2, processes=2) as report:
+        out, total = rmsnorm(x, w, 1e-5, res)
+        rmsnorm(x, w, 1e-5, res)
+        rmsnorm(torch.randn(2, 200), torch.rand(200), 1e-5)
+    kernels = list(fused._jitted[("_rmsnorm_kernel", False)].device_caches[0][0].values())
+ref_out, ref_total = rmsnorm_reference(x, w, 1e-5, res)
+assert torch.equal(out, ref_out) and torch.equal(total, ref_total)
+assert (report.processes, report.variants, report.process_failures, report.failed_ops) == (2, 2, 0, 0), report
+assert made == [], made  # both compiled in the processes, loaded here from the cache on disk
+assert len(kernels) == 2 and all(k.asm["cubin"] for k in kernels)
+
+job = ahead._job  # a variant a process fails on (its kernel's module cannot be found there) compiles here
+ahead._job = lambda jitted, args, kwargs: ("no_such_module",) + job(jitted, args, kwargs)[1:]
+with offline.for_card(90):
+    with ahead.compile_ahead(1, processes=1) as report:
+        rmsnorm(torch.randn(5, 32), torch.rand(32), 1e-5)
+assert (report.variants, report.process_failures, report.failed_ops) == (1, 1, 0), report
+assert "no_such_module" in report.first_error and made == ["_rmsnorm_kernel"], (report, made)
+print("ok")
 """
 
 
@@ -466,7 +475,8 @@ if __name__ == "__main__":
 def test_variants_compile_in_processes_and_load_from_the_cache(tmp_path):
     """With compile processes the variants compile there, for the card this process compiles for,
     into its Triton cache; this process finds them there (it compiles none) with their numbers
-    the references'. (A script of its own: the processes start by spawning.)"""
+    the references', and compiles itself a variant a process failed on. The processes do not run
+    the starting script again (it has no main guard)."""
     import os
     import subprocess
     import sys
@@ -475,6 +485,8 @@ def test_variants_compile_in_processes_and_load_from_the_cache(tmp_path):
     script.write_text(_COMPILE_IN_PROCESSES)
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
     env.pop("TRITON_INTERPRET", None)
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600,
-                         cwd=os.getcwd())
+    runs = tmp_path / "runs.txt"
+    run = subprocess.run([sys.executable, str(script), str(runs)], capture_output=True, text=True, env=env,
+                         timeout=600, cwd=os.getcwd())
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
+    assert runs.read_text() == "ran\n"
