@@ -366,7 +366,7 @@ def default_processes(workers: int) -> int:
     """Compile processes: SPECHEADS_COMPILE_PROCESSES, else as many as the threads (at most 16, each
     holds its own torch and Triton) on a host of at least 4 cores (on fewer, they take the cores the
     dry run needs, and cost more than they save: on this project's 2-core CPU a dry run of 215
-    variants took 91 s with two processes against 77 s with two threads)."""
+    variants took 79-91 s with two processes against 62-77 s with two threads)."""
     given = os.environ.get("SPECHEADS_COMPILE_PROCESSES")
     if given:
         try:
