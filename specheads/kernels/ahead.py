@@ -189,6 +189,28 @@ def _job(jitted, args, kwargs):
     return job
 
 
+def read_message(stream):
+    """One message of a compile process's pipes (a pickle after its length, 8 bytes little-endian),
+    or None at the stream's end."""
+    import pickle
+    import struct
+
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    (size,) = struct.unpack("<Q", head)
+    return pickle.loads(stream.read(size))
+
+
+def write_message(stream, message) -> None:
+    import pickle
+    import struct
+
+    data = pickle.dumps(message)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
 class _Processes:
     """Compile processes (`kernels/compile_worker.py`, each compiling for the card `target`: backend,
     arch, warp size, into the Triton cache `cache_dir`), each fed by a thread of this process from
@@ -202,9 +224,6 @@ class _Processes:
         import threading
         from pathlib import Path
 
-        from specheads.kernels import compile_worker
-
-        self._io = compile_worker
         env = dict(os.environ, TRITON_CACHE_DIR=str(cache_dir))
         env.pop("TRITON_INTERPRET", None)
         root = str(Path(__file__).resolve().parents[2])  # (where this package is imported from)
@@ -215,7 +234,7 @@ class _Processes:
             proc = subprocess.Popen([sys.executable, "-m", "specheads.kernels.compile_worker"], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
             self.procs.append(proc)
-            compile_worker.write(proc.stdin, tuple(target))
+            write_message(proc.stdin, tuple(target))
             threading.Thread(target=self._feed, args=(proc,), daemon=True, name="specheads-compile-feed").start()
 
     def _feed(self, proc) -> None:
@@ -224,8 +243,8 @@ class _Processes:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                self._io.write(proc.stdin, job)
-                answer = self._io.read(proc.stdout)
+                write_message(proc.stdin, job)
+                answer = read_message(proc.stdout)
             except Exception as e:  # (its pipe broke: the process ended)
                 answer = e
             if answer is True:

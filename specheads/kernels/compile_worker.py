@@ -12,31 +12,16 @@ run again in it)."""
 from __future__ import annotations
 
 import os
-import pickle
-import struct
 import sys
 
-
-def read(stream):
-    """One message from a binary stream, or None at its end."""
-    head = stream.read(8)
-    if len(head) < 8:
-        return None
-    (size,) = struct.unpack("<Q", head)
-    return pickle.loads(stream.read(size))
-
-
-def write(stream, message) -> None:
-    data = pickle.dumps(message)
-    stream.write(struct.pack("<Q", len(data)) + data)
-    stream.flush()
+from specheads.kernels.ahead import read_message, write_message
 
 
 def main() -> None:
     answers = os.fdopen(os.dup(1), "wb")  # the answers' own channel; the library's prints go to stderr
     os.dup2(2, 1)
     requests = sys.stdin.buffer
-    target = read(requests)
+    target = read_message(requests)
     if target is None:
         return
     from importlib import import_module
@@ -44,13 +29,13 @@ def main() -> None:
     from specheads.kernels import fused, offline
 
     with offline.for_card(target[1], backend=target[0], warp_size=target[2]):
-        while (job := read(requests)) is not None:
+        while (job := read_message(requests)) is not None:
             module, name, args, kwargs = job
             try:
                 fused._kernel(getattr(import_module(module), name)).run(*args, grid=(1,), warmup=True, **kwargs)
-                write(answers, True)
+                write_message(answers, True)
             except Exception as e:  # answered: the starting process compiles this one itself
-                write(answers, f"{name}: {type(e).__name__}: {e}"[:500])
+                write_message(answers, f"{name}: {type(e).__name__}: {e}"[:500])
 
 
 if __name__ == "__main__":
