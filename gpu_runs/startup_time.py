@@ -11,7 +11,7 @@ says otherwise. The target's load from its GGUF
     python3 gpu_runs/startup_time.py --out $OUT/startup [--kind eagle3] [--max-batch 8 32 64]
         [--policies fixed adaptive] [--max-len 2048] [--tiers "1,1,1;2,1,2;4,1,4"] [--tree 6,4,15]
         [--profile-dir $OUT/profiles] [--method eagle3] [--draft-option ngram_gate_long=0]
-        [--compile-ahead on off] [--cold [--then-warm]] [--count]
+        [--compile-ahead on off] [--cold [--then-warm]] [--capture-warmups 2] [--count]
 
 --compile-ahead on off: each row with the kernels compiled ahead in parallel (kernels/ahead.py, the
 default) and without (each variant compiled where the capture first launches it). --cold: each row
@@ -60,7 +60,7 @@ def triton_cache_entries() -> int:
 
 def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, tree=(6, 4, 15), tiers=None,
             profile=None, method: str | None = None, options: dict | None = None, count: bool = False,
-            ahead_on: bool = True, cold: bool = False, warm: bool = False) -> dict:
+            ahead_on: bool = True, cold: bool = False, warm: bool = False, warmups: int = 2) -> dict:
     import os
     import tempfile
 
@@ -82,6 +82,7 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
                         num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2], drafter_options=options or {},
                         **adaptive)
     engine.compile_ahead = ahead_on
+    engine.capture_warmups = warmups
     built = time.perf_counter() - t0
     variants = None
     if count:  # the keys only: no graph captured, no step timed; the kernels counted by a dry run
@@ -103,7 +104,8 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     if count:
         report["compile_ahead"] = {"variants": variants}
     row = {"kind": kind, "method": method, "options": options or {}, "policy": policy, "max_batch": max_batch,
-           "max_len": max_len, "ahead": ahead_on, "cold": cold, "warm_restart": warm, "engine_s": round(built, 2),
+           "max_len": max_len, "ahead": ahead_on, "cold": cold, "warm_restart": warm, "capture_warmups": warmups,
+           "engine_s": round(built, 2),
            "capture_s": round(seconds, 2), **report, "step_graphs_by_batch": by_batch, "triton_compiled": compiled,
            "summary": engine.graph_summary()}
     del engine, target, head
@@ -130,6 +132,8 @@ def main():
                     help="compile the kernels ahead in parallel (on), or where the capture launches them (off)")
     ap.add_argument("--cold", action="store_true", help="every row from an empty Triton cache")
     ap.add_argument("--then-warm", action="store_true", help="with --cold: each row again, on the cache it filled")
+    ap.add_argument("--capture-warmups", type=int, default=2,
+                    help="runs of each graph's work before its capture (the engine's default: 2)")
     ap.add_argument("--count", action="store_true",
                     help="count the graphs and kernel variants only (no GPU needed)")
     args = ap.parse_args()
@@ -151,7 +155,8 @@ def main():
                     profile = str(Path(args.profile_dir) / f"profile_b{mb}.json") if args.profile_dir and \
                         policy == "adaptive" else None
                     r = capture(args.kind, policy, mb, args.max_len, args.layers, tree, args.tiers, profile,
-                                args.method, options, args.count, on == "on", args.cold and not warm, warm)
+                                args.method, options, args.count, on == "on", args.cold and not warm, warm,
+                                args.capture_warmups)
                     rows.append(r)
                     variants = (r.get("compile_ahead") or {}).get("variants")
                     what = f"step graphs by batch bucket {r['step_graphs_by_batch']}, {variants} kernel variants" \

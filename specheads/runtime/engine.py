@@ -293,6 +293,9 @@ class SpecEngine:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         # capture_common compiles its kernels ahead, in parallel (kernels/ahead.py)
         self.compile_ahead = ahead.enabled()
+        # runs of each graph's work before its capture (runtime/graphs.py capture_graph); a start-up's
+        # capture runs each graph this many times plus one (gpu_runs/startup_time.py --capture-warmups)
+        self.capture_warmups = 2
         self.buckets = self.use_graphs  # tests set it to run the graphs' shapes eagerly
         # launch step t+1 before reading step t (device drafters only: a host drafter needs t's tokens)
         self.overlap = overlap
@@ -1137,7 +1140,7 @@ class SpecEngine:
             inputs = (torch.zeros(1, width, dtype=torch.long, device=self.device),
                       torch.ones(1, dtype=torch.long, device=self.device))
             graph, first = capture_graph(lambda: self._prefill_forward(self.staging, *inputs, sampled, logprobs),
-                                         self._pool, self._restorer())
+                                         self._pool, self._restorer(), self.capture_warmups)
             self._pool = graph.pool()
             self.graphs[key] = (graph, inputs, first)
         return self.graphs[key]
@@ -1514,7 +1517,7 @@ class SpecEngine:
     def _capture(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False,
                  wide: int = 0) -> torch.cuda.CUDAGraph:
         graph, _ = capture_graph(lambda: self._step(b, kv, sampled, tier, logprobs, wide), self._pool,
-                                 self._restorer())
+                                 self._restorer(), self.capture_warmups)
         self._pool = graph.pool()
         return graph
 

@@ -17,14 +17,17 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def capture_graph(fn, pool=None, after_warmup=None):
-    """Run `fn` twice on a side stream (kernel selection, Triton compilation; `after_warmup`
-    runs after each, e.g. to undo state the warm-up changed), then capture it in a CUDA graph
-    that shares memory `pool`. Returns (graph, fn's output inside the graph)."""
+def capture_graph(fn, pool=None, after_warmup=None, warmups: int = 2):
+    """Run `fn` `warmups` times (at least once) on a side stream (kernel selection, Triton
+    compilation; `after_warmup` runs after each, e.g. to undo state the warm-up changed), then
+    capture it in a CUDA graph that shares memory `pool`. Returns (graph, fn's output inside the
+    graph)."""
+    if warmups < 1:
+        raise ValueError(f"warmups={warmups}: a capture needs at least one warm-up run before it")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.no_grad():
-        for _ in range(2):
+        for _ in range(warmups):
             fn()
             if after_warmup is not None:
                 after_warmup()

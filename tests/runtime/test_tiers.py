@@ -376,16 +376,65 @@ class _EagerGraph:
         return None
 
 
-def _eager_capture(fn, pool=None, after_warmup=None):
+def _eager_capture(fn, pool=None, after_warmup=None, warmups=2):
     """capture_graph's warm-ups, then a 'capture' that (as a real one) leaves no trace in the state."""
     import torch
 
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(warmups + 1):
             out = fn()
             if after_warmup is not None:
                 after_warmup()
     return _EagerGraph(fn, out), out
+
+
+def test_a_capture_runs_its_warm_ups_then_captures_once(monkeypatch):
+    """capture_graph runs the work `warmups` times on a side stream (each followed by after_warmup),
+    then once inside the capture; the engine passes its `capture_warmups`; none is refused."""
+    import contextlib
+
+    import torch
+
+    from specheads.runtime import graphs
+
+    events = []
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class Graph:
+        def pool(self):
+            return None
+
+    @contextlib.contextmanager
+    def capturing(graph, pool=None):
+        events.append("capture")
+        yield
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", capturing)
+    for warmups in (1, 2, 3):
+        events.clear()
+        _, out = graphs.capture_graph(lambda: events.append("run") or len(events), None,
+                                      lambda: events.append("undo"), warmups)
+        assert events == ["run", "undo"] * warmups + ["capture", "run"] and out == 2 * warmups + 2
+    with pytest.raises(ValueError, match="warm-up"):
+        graphs.capture_graph(lambda: None, warmups=0)
+
+    import specheads.runtime.engine as engine_mod
+
+    seen = []
+    monkeypatch.setattr(engine_mod, "capture_graph", lambda fn, pool, undo, warmups: seen.append(warmups) or
+                        (Graph(), None))
+    engine = SpecEngine.__new__(SpecEngine)
+    engine._pool, engine.capture_warmups = None, 1
+    engine._restorer = lambda: None
+    engine._capture(1, 128, False, 0)
+    assert seen == [1]
 
 
 def test_costs_are_timed_on_the_step_graphs_and_saved(target, heads, reference, tmp_path, monkeypatch):
