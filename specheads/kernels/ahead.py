@@ -261,8 +261,10 @@ class _Processes:
         return future
 
     def shutdown(self) -> None:
-        """Cancel what is not started; each process ends after the variant in hand (not waited for)."""
+        """Cancel what is not started; each process ends after the variant in hand (not waited for
+        here: a thread reaps them)."""
         import queue
+        import threading
 
         while True:
             try:
@@ -276,6 +278,8 @@ class _Processes:
                 proc.stdin.close()
             except OSError:
                 pass
+        threading.Thread(target=lambda: [proc.wait() for proc in self.procs], daemon=True,
+                         name="specheads-compile-reap").start()
 
 
 def _process_pool(processes: int):
