@@ -385,38 +385,40 @@ def enabled() -> bool:
     return os.environ.get("SPECHEADS_COMPILE_AHEAD", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+def _env_count(name: str, least: int, what: str) -> int | None:
+    """The whole number in environment variable `name` (at least `least`), None where it is unset."""
+    given = os.environ.get(name)
+    if not given:
+        return None
+    try:
+        n = int(given)
+    except ValueError:
+        raise ValueError(f"{name}={given!r}: expected a whole number of {what}") from None
+    if n < least:
+        raise ValueError(f"{name}={given!r}: expected {least} or more {what}")
+    return n
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_processes(workers: int) -> int:
-    """Compile processes: SPECHEADS_COMPILE_PROCESSES, else as many as the threads (at most 16, each
-    holds its own torch and Triton) on a host of at least 4 cores (on fewer, they take the cores the
-    dry run needs, and cost more than they save: on this project's 2-core CPU a dry run of 215
-    variants took 79-91 s with two processes against 62-77 s with two threads)."""
-    given = os.environ.get("SPECHEADS_COMPILE_PROCESSES")
-    if given:
-        try:
-            n = int(given)
-        except ValueError:
-            raise ValueError(f"SPECHEADS_COMPILE_PROCESSES={given!r}: expected a whole number of processes "
-                             "(0: compile in threads only)") from None
-        if n < 0:
-            raise ValueError(f"SPECHEADS_COMPILE_PROCESSES={given!r}: expected 0 or more processes")
-        return n
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(workers, 16) if cores >= 4 else 0
+    """Compile processes: SPECHEADS_COMPILE_PROCESSES (0: compile in threads only), else as many as
+    the threads (at most 16, each holds its own torch and Triton) on a host of at least 4 cores (on
+    fewer, they take the cores the dry run needs, and cost more than they save: on this project's
+    2-core CPU a dry run of 215 variants took 79-91 s with two processes against 62-77 s with two
+    threads)."""
+    given = _env_count("SPECHEADS_COMPILE_PROCESSES", 0, "processes (0: compile in threads only)")
+    if given is not None:
+        return given
+    return min(workers, 16) if _cores() >= 4 else 0
 
 
 def default_workers() -> int:
     """Threads to compile in: SPECHEADS_COMPILE_THREADS, else the host's cores (up to 32)."""
-    given = os.environ.get("SPECHEADS_COMPILE_THREADS")
-    if given:
-        try:
-            n = int(given)
-        except ValueError:
-            raise ValueError(f"SPECHEADS_COMPILE_THREADS={given!r}: expected a whole number of threads") from None
-        if n < 1:
-            raise ValueError(f"SPECHEADS_COMPILE_THREADS={given!r}: expected at least 1 thread")
-        return n
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(32, cores))
+    given = _env_count("SPECHEADS_COMPILE_THREADS", 1, "threads")
+    return given if given is not None else max(1, min(32, _cores()))
 
 
 @contextmanager
