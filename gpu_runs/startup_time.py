@@ -11,7 +11,7 @@ says otherwise. The target's load from its GGUF
     python3 gpu_runs/startup_time.py --out $OUT/startup [--kind eagle3] [--max-batch 8 32 64]
         [--policies fixed adaptive] [--max-len 2048] [--tiers "1,1,1;2,1,2;4,1,4"] [--tree 6,4,15]
         [--profile-dir $OUT/profiles] [--method eagle3] [--draft-option ngram_gate_long=0]
-        [--compile-ahead on off] [--cold [--then-warm]] [--capture-warmups 2] [--count]
+        [--compile-ahead on off] [--cold [--then-warm]] [--capture-warmups N] [--count]
 
 --compile-ahead on off: each row with the kernels compiled ahead in parallel (kernels/ahead.py, the
 default) and without (each variant compiled where the capture first launches it). --cold: each row
@@ -60,7 +60,7 @@ def triton_cache_entries() -> int:
 
 def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, tree=(6, 4, 15), tiers=None,
             profile=None, method: str | None = None, options: dict | None = None, count: bool = False,
-            ahead_on: bool = True, cold: bool = False, warm: bool = False, warmups: int = 2) -> dict:
+            ahead_on: bool = True, cold: bool = False, warm: bool = False, warmups: int | None = None) -> dict:
     import os
     import tempfile
 
@@ -82,7 +82,8 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
                         num_steps=tree[0], topk=tree[1], num_draft_tokens=tree[2], drafter_options=options or {},
                         **adaptive)
     engine.compile_ahead = ahead_on
-    engine.capture_warmups = warmups
+    if warmups is not None:
+        engine.capture_warmups = warmups
     built = time.perf_counter() - t0
     variants = None
     if count:  # the keys only: no graph captured, no step timed; the kernels counted by a dry run
@@ -104,7 +105,7 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     if count:
         report["compile_ahead"] = {"variants": variants}
     row = {"kind": kind, "method": method, "options": options or {}, "policy": policy, "max_batch": max_batch,
-           "max_len": max_len, "ahead": ahead_on, "cold": cold, "warm_restart": warm, "capture_warmups": warmups,
+           "max_len": max_len, "ahead": ahead_on, "cold": cold, "warm_restart": warm, "capture_warmups": engine.capture_warmups,
            "engine_s": round(built, 2),
            "capture_s": round(seconds, 2), **report, "step_graphs_by_batch": by_batch, "triton_compiled": compiled,
            "summary": engine.graph_summary()}
@@ -132,8 +133,8 @@ def main():
                     help="compile the kernels ahead in parallel (on), or where the capture launches them (off)")
     ap.add_argument("--cold", action="store_true", help="every row from an empty Triton cache")
     ap.add_argument("--then-warm", action="store_true", help="with --cold: each row again, on the cache it filled")
-    ap.add_argument("--capture-warmups", type=int, default=2,
-                    help="runs of each graph's work before its capture (the engine's default: 2)")
+    ap.add_argument("--capture-warmups", type=int, default=None,
+                    help="runs of each graph's work before its capture (default: the engine's, 1)")
     ap.add_argument("--count", action="store_true",
                     help="count the graphs and kernel variants only (no GPU needed)")
     args = ap.parse_args()

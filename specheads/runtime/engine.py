@@ -294,8 +294,11 @@ class SpecEngine:
         # capture_common compiles its kernels ahead, in parallel (kernels/ahead.py)
         self.compile_ahead = ahead.enabled()
         # runs of each graph's work before its capture (runtime/graphs.py capture_graph); a start-up's
-        # capture runs each graph this many times plus one (gpu_runs/startup_time.py --capture-warmups)
-        self.capture_warmups = 2
+        # capture runs each graph this many times plus one. One is enough: the kernels are compiled
+        # ahead and the first run initialises the libraries; on an H100 at max batch 64 a restart's
+        # capture took 18 s with one against 39 s with two (docs/benchmarks.md, start-up;
+        # gpu_runs/startup_time.py --capture-warmups)
+        self.capture_warmups = 1
         self.buckets = self.use_graphs  # tests set it to run the graphs' shapes eagerly
         # launch step t+1 before reading step t (device drafters only: a host drafter needs t's tokens)
         self.overlap = overlap

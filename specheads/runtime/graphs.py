@@ -17,7 +17,7 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def capture_graph(fn, pool=None, after_warmup=None, warmups: int = 2):
+def capture_graph(fn, pool=None, after_warmup=None, warmups: int = 1):
     """Run `fn` `warmups` times (at least once) on a side stream (kernel selection, Triton
     compilation; `after_warmup` runs after each, e.g. to undo state the warm-up changed), then
     capture it in a CUDA graph that shares memory `pool`. Returns (graph, fn's output inside the
