@@ -81,9 +81,10 @@ METHODS = {  # name -> SpecEngine keywords
     # the assisted chain 2, fixed: the best fixed shape at chat batch 64 in a stream (H200, 2026-12-04)
     "assist-chain2": dict(method="eagle3+ngram", num_steps=2, topk=1, num_draft_tokens=2),
     "assist-chain4": dict(method="eagle3+ngram", num_steps=4, topk=1, num_draft_tokens=4),
-    # adaptive with full_share's refresh for the full tree alone (share_all 0, the default) and for every
-    # tier dearer than the chosen one (share_all 1): at chat batch 64 on an H200 +12%, at coding batch 32
-    # -4 to -9% (2026-12-04, late; one order of the prompts each)
+    # adaptive with full_share's refresh for the full tree alone (share_all 0) and for every tier dearer
+    # than the chosen one (share_all 1, the default since 2026-12-05 on the validation replay): at chat
+    # batch 64 on an H200 +12%, at coding batch 32 -4 to -9% (2026-12-04, late, older policy code; one
+    # order of the prompts each)
     "assist-adaptive-share0": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,
                                    speculation_policy="adaptive", speculation_settings="share_all=0"),
     "assist-adaptive-share1": dict(method="eagle3+ngram", num_steps=6, topk=4, num_draft_tokens=15,

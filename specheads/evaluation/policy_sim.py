@@ -505,8 +505,40 @@ def main(argv=None) -> int:
                                "warmup": args.warmup, "tiers": [str(t) for t in tiers],
                                "profile": args.profile, "static": args.static, "rows": rows, "ranking": ranking},
                               indent=1))
-    print(f"wrote {out}")
+    png = out.with_suffix(".png")
+    cats = args.categories or ["every category"]
+    plot_ranking(ranking, png, f"{args.split}, {cats[0] if len(cats) == 1 else f'{len(cats)} categories'}, "
+                               f"{len(prompt_lens)} prompts x {args.stream}")
+    print(f"wrote {out} and {png.name}")
     return 0
+
+
+def plot_ranking(ranking: list[dict], png: Path, title: str) -> None:
+    """Each adaptive setting's ratio to the best fixed tree by batch size: the mean over the orders
+    (solid) and the worst order (dashed), beside the 0.97 bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not ranking:
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for r in ranking[:8]:
+        label = " ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults"
+        batches = list(r["by_batch"])
+        xs = range(len(batches))  # (one step a batch size: 1, 8, 16, 32, 64 evenly)
+        line, = ax.plot(xs, [r["by_batch"][b] for b in batches], marker="o", label=label)
+        ax.plot(xs, [r["by_batch_worst"][b] for b in batches], ls="--", color=line.get_color())
+        ax.set_xticks(list(xs), [str(b) for b in batches])
+    ax.axhline(0.97, color="grey", lw=0.8)
+    ax.set_xlabel("batch")
+    ax.set_ylabel("adaptive / best fixed tree")
+    ax.set_title(f"replay: {title}\n(solid: the mean over the orders, dashed: the worst order)", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -37,9 +37,10 @@ steps. Hence:
   token at each depth whatever its length).
 - `full_share` s: where a smaller tier is chosen, the full tree runs once its drafting steps since
   it last ran, times s, reach what its step costs over the chosen tier's (at most about that share
-  of the time goes to it). `share_all` 1 applies the rule to every tier dearer than the chosen one;
-  `share_all` 2, in a batch of more than SHARE_ALL_ROWS rows, to every other tier, priced by the
-  tokens/s its step would give up (narrower batches keep rule 1).
+  of the time goes to it). `share_all` 1 (the default) applies the rule to every tier dearer than
+  the chosen one, so a middle tier judged on a stream's first steps is seen again (0: the full tree
+  alone); `share_all` 2, in a batch of more than SHARE_ALL_ROWS rows, to every other tier, priced by
+  the tokens/s its step would give up (narrower batches keep rule 1).
 - `explore_every` n > 0: a tier idle for n drafting steps runs instead of the best one.
 - `bound_trees` 1: a tree tier's estimate at each depth is at least the chains' (its top-k holds
   their top-1 token).
@@ -443,7 +444,7 @@ class AdaptivePolicy:
                  prior_weight: float = 8.0, pooled_window: int = 64, probe_every: int = 32, explore_every: int = 0,
                  switch_margin: float = 0.08, probe_backoff: int = 8, share_chains: int = 1,
                  bound_trees: int = 0, refresh: int = 4, drain: int = 0, drain_quantile: float = 0.05,
-                 pace: int = 0, full_share: float = 0.01, hold: float = 0.05, share_all: int = 0):
+                 pace: int = 0, full_share: float = 0.01, hold: float = 0.05, share_all: int = 1):
         if not tiers:
             raise PolicyError("an adaptive policy needs at least one tier")
         self.tiers = list(tiers)

@@ -225,6 +225,21 @@ def test_settings_ranked_by_their_worst_batch(setup):
         static_cost(["depth=3"])
 
 
+def test_the_ranking_is_plotted(setup, tmp_path):
+    """The replay writes a PNG of each setting's ratio by batch size beside its JSON."""
+    from specheads.evaluation.policy_sim import plot_ranking, rank_settings, static_cost
+
+    _, _, traces = setup
+    rows = compare(TIERS, traces, [len(p) for p in PROMPTS], [NEW] * len(PROMPTS), [1, 4],
+                   static_cost(["saturation_tokens=64"]), settings_grid=grid(["prior_weight=2,8"]),
+                   fixed_trees=list(TIERS), orders=2)
+    png = tmp_path / "replay.png"
+    plot_ranking(rank_settings(rows), png, "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plot_ranking([], tmp_path / "none.png", "test")  # nothing to plot: no file
+    assert not (tmp_path / "none.png").exists()
+
+
 @pytest.mark.parametrize("method", ["ngram", "ngram-host"])
 def test_ngram_traces_replay_the_engine(setup, method):
     """A headless drafter (the prompt lookup, `--draft ngram`) is traced without a head, and a

@@ -449,9 +449,10 @@ def test_a_wider_batch_weighs_and_records_the_full_tier_at_the_trees_draft_count
     step that was not gated records what it offered, at most that many; the gate's batches are told
     the gated chain's depth."""
     kind, n = head.kind, TREES["tree"]["num_draft_tokens"]
+    # (share_all 0: these prompts' steps then reach a batch of one drafting row, the gate's batch)
     engine = SpecEngine(target, head, method=f"{kind}+ngram", max_len=128, max_batch=4, speculation_policy="adaptive",
                         drafter_options={"ngram_gate": 1, "ngram_gate_chain": 3 * n, "ngram_gate_long": 0},
-                        **TREES["tree"])
+                        speculation_settings="share_all=0", **TREES["tree"])
     told, offered = [], []
     choose, observe = engine.policy.choose, engine.policy.observe
 

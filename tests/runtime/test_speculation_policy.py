@@ -504,7 +504,7 @@ def test_share_all_refreshes_every_dearer_tier_and_never_a_cheaper_one():
     """share_all 1: full_share's rule for every tier dearer than the chosen one, the most overdue first,
     so a middle tier judged on an early stretch is seen again (at chat batch 64 on an H200 chain 4 ran
     16 steps at the start, then never, where it beat the chosen chain 2 by 5%); a cheaper tier is never
-    forced. share_all 0 (the default): the full tree alone."""
+    forced (the default). share_all 0: the full tree alone."""
     price = {TIERS[0]: 1.0, TIERS[1]: 1.1, TIERS[2]: 1.3, FULL: 2.0}
 
     def run(share_all, steps=400):
@@ -526,7 +526,7 @@ def test_share_all_refreshes_every_dearer_tier_and_never_a_cheaper_one():
     # each dearer tier about once its idle steps x 0.05 pay its extra cost over chain 1's
     counts = {t: new.count(t) for t in (2, 3, 4)}
     assert counts[2] > counts[3] > counts[4] >= 1
-    assert not AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9)).share_all
+    assert AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9)).share_all == 1
     policy = AdaptivePolicy(TIERS, TableCost(lambda b, t: price[t] if t else 0.9), window=16, prior_weight=2.0,
                             full_share=0.05, share_all=1, share_chains=0)
     row = policy.new_row()
