@@ -49,6 +49,7 @@ METHODS = {"ar": {}, "chain1": dict(num_steps=1, topk=1, num_draft_tokens=1),
            # and ladder make the policy's records 63 deep (the stub accepts at most the tree's 15 a step, and
            # runs no gated step: the gate reads the lookup's match from the device's step)
            "assist": dict(num_steps=6, topk=4, num_draft_tokens=15, method="eagle3+ngram"),
+           "assist-chain4": dict(num_steps=4, topk=1, num_draft_tokens=4, method="eagle3+ngram"),
            "assist-adaptive": dict(num_steps=6, topk=4, num_draft_tokens=15, method="eagle3+ngram",
                                    speculation_policy="adaptive")}
 
