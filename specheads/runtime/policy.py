@@ -883,10 +883,14 @@ class AdaptivePolicy:
             cost[best - 1] = np.inf
         elif best == full:
             return 0
-        else:
-            costs = self.costs(batch, kv, context)
-            cost = costs[1:] / costs[best] - 1.0  # the share of time its step takes over the chosen one's
-            cost[costs[1:] <= costs[best]] = np.inf  # (a cheaper tier is never forced by this rule)
+        else:  # every dearer tier by the share of time its step takes over the chosen one's (Python scalars:
+            # this runs at every choice of a smaller tier, a handful of tiers; the most overdue, the first of a tie)
+            costs = self.costs(batch, kv, context).tolist()
+            chosen, share, pick, most = costs[best], self.full_share, 0, 0.0
+            for t, (c, idle) in enumerate(zip(costs[1:], self.idle.tolist()), 1):
+                if c > chosen and (due := idle * share - (c / chosen - 1.0)) >= most and (pick == 0 or due > most):
+                    pick, most = t, due
+            return pick
         due = self.idle * self.full_share - cost
         t = int(np.argmax(due))
         return t + 1 if due[t] >= 0.0 else 0
