@@ -7,7 +7,8 @@ more often than it earns.
 
     python3 gpu_runs/choice_audit.py POLICY_STEPS.json[.gz] [--method adaptive] [--out AUDIT.json]
 
-Prints one table a traced cell (method, batch) and writes them all as JSON."""
+Prints one table a traced cell (method, batch), then its steps by tier and batch bucket, and writes them
+all as JSON."""
 from __future__ import annotations
 
 import argparse
@@ -48,6 +49,15 @@ def audit(cell: dict) -> list[dict]:
     return out
 
 
+def by_bucket(cell: dict) -> dict:
+    """Steps by tier (0: plain) and batch bucket, every step of the traced run: where a stream's
+    steps went (its tail, where the batch shrinks, is where a dearer tier pays)."""
+    counts = defaultdict(lambda: defaultdict(int))
+    for s in cell.get("steps", []):
+        counts[s["tier"]][s["b"]] += 1
+    return {t: dict(sorted(b.items())) for t, b in sorted(counts.items())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
@@ -63,13 +73,17 @@ def main() -> None:
         rows = audit(cell)
         for r in rows:
             r["tree"] = names[r["tier"]] if names else str(r["tier"])
-        report.append({"method": cell["method"], "batch": cell["batch"], "run": cell["run"], "tiers": rows})
+        buckets = by_bucket(cell)
+        report.append({"method": cell["method"], "batch": cell["batch"], "run": cell["run"], "tiers": rows,
+                       "steps_by_bucket": {(names[t] if names else str(t)): b for t, b in buckets.items()}})
         print(f"{cell['method']} batch {cell['batch']} (run {cell['run']})")
         print(f"{'tier':>8} {'steps':>6} {'expected':>9} {'emitted':>8} {'ratio':>6} {'priced ms':>10} {'gap ms':>7}")
         for r in rows:
             gap = f"{r['gap_ms']:.3f}" if r["gap_ms"] is not None else "-"
             print(f"{r['tree']:>8} {r['steps']:>6} {r['expected_tokens']:>9.2f} {r['emitted_tokens']:>8.2f} "
                   f"{r['emitted_over_expected']:>6.2f} {r['priced_ms']:>10.3f} {gap:>7}")
+        print("steps by batch bucket: " + "; ".join(
+            f"{names[t] if names else t}: " + ", ".join(f"b{b} {n}" for b, n in per.items()) for t, per in buckets.items()))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -66,6 +66,9 @@ def test_the_choice_audit_sets_expected_tokens_against_emitted():
     assert rows[2]["steps"] == 2 and rows[2]["expected_tokens"] == 10.0 and rows[2]["emitted_tokens"] == 6.0
     assert rows[2]["emitted_over_expected"] == 0.6 and rows[2]["gap_ms"] == 2.0
     assert rows[1]["expected_tokens"] == 3.0 and rows[1]["gap_ms"] is None and rows[1]["priced_ms"] == 1.5
+    buckets = load_script("gpu_runs/choice_audit.py").by_bucket(
+        {"steps": [{"tier": 2, "b": 64}, {"tier": 2, "b": 64}, {"tier": 1, "b": 8}, {"tier": 2, "b": 4}]})
+    assert buckets == {1: {8: 1}, 2: {4: 1, 64: 2}}
 
 
 def test_shuffled_orders_are_permutations_seeded_by_the_run():
