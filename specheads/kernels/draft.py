@@ -473,6 +473,11 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     return tok, score, parent, pool, x, hid
 
 
+# columns of the masks a program writes at a time: one size for every context bucket, so that the buckets
+# share the kernel's variants (a start-up compiles each variant once; the stores are the same)
+FEED_BLOCK = 256
+
+
 @ahead.op
 def feed_inputs(committed, count, width: int, kv: int, masks=None, steps: int = 1):
     """See feed_inputs_reference; one launch on GPU (or under TRITON_INTERPRET=1)."""
@@ -494,7 +499,7 @@ def feed_inputs(committed, count, width: int, kv: int, masks=None, steps: int = 
         k, w, fm, strides = 1, 0, mask, (0, 0, 0)
     _kernel(_feed_kernel)[(b,)](committed, count, positions, mask, last, dpos, fm, width, kv, n_dpos, w, k, *strides,
                                 FP=triton.next_power_of_2(width), DP=triton.next_power_of_2(n_dpos),
-                                K2=2 * triton.next_power_of_2(k), BLOCK=min(1024, triton.next_power_of_2(max(kv, w))),
+                                K2=2 * triton.next_power_of_2(k), BLOCK=FEED_BLOCK,
                                 HAS_MASKS=masks is not None, **pdl_options(committed, "feed_inputs"))
     return positions, mask, last, dpos
 

@@ -981,8 +981,11 @@ class SpecEngine:
         self._allocated = True
 
     def _cache_len(self) -> int:
-        """Slots per cache row: the context, room to verify a full tree at its end, a spare slot."""
-        return self.max_len + 1 + self.max_drafts + 2
+        """Slots per cache row: the context, room to verify a full tree at its end, a spare slot,
+        rounded up to a multiple of 16 (the longest context bucket: a kernel's integer arguments then
+        divide by 16 in every bucket, as Triton specializes them, so that bucket compiles no variants
+        of its own)."""
+        return -(-(self.max_len + 1 + self.max_drafts + 2) // 16) * 16
 
     def memory_plan(self, rows: int | None = None) -> dict[str, int]:
         """Bytes the engine allocates for `rows` cache rows (default: max_batch + the staging

@@ -237,6 +237,29 @@ def test_the_dry_run_meets_every_variant_the_capture_launches(sm90, no_compile, 
 
 
 @needs_triton
+def test_every_context_bucket_shares_the_feeds_variants(sm90, no_compile, monkeypatch):
+    """The cache's length is a multiple of 16 (its longest context bucket too), and the head's feed
+    writes its masks in one block size at every context: the buckets launch the feed kernel in the
+    same variants (a start-up compiles each once; before, each bucket and the last one's odd length
+    had their own: 71 of the 250 variants of an adaptive server at max batch 64)."""
+    from specheads.kernels.draft import _feed_kernel
+
+    engine = _tiny_engine()
+    assert engine.cap % 16 == 0 and engine.cap >= engine.max_len + 1 + engine.max_drafts + 2
+    _, kvs, _, _ = engine._capture_plan((1,))
+    assert len(kvs) >= 2 and all(kv % 16 == 0 for kv in kvs)
+    feeds = {}
+    for contexts in (1, None):
+        for jitted in list(sm90._jitted.values()):
+            jitted.device_caches.clear()
+        launches = record_launches(monkeypatch)
+        buckets, widths = _dry_run_keys(engine, batches=(1,), contexts=contexts)
+        assert engine._compile_ahead(buckets, widths)["failed_ops"] == 0
+        feeds[contexts] = {v for v in _variants(launches) if v[0] == _feed_kernel.__name__}
+    assert feeds[1] and feeds[None] == feeds[1]
+
+
+@needs_triton
 def test_the_dry_run_skips_layers_that_would_meet_no_new_variant(sm90, no_compile, monkeypatch):
     """A deeper target's dry run runs a layer only where its structure (captured or not) and its
     input's layout are new: it meets the same variants as running every layer, in fewer ops (the
