@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from specheads.kernels import ahead
-from specheads.kernels.fused import triton, use_triton
+from specheads.kernels.fused import triton, unspecialized, use_triton
 from specheads.kernels.tuning import active
 from specheads.modules import gqa_attention
 
@@ -87,6 +87,7 @@ def split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 if triton is not None:
 
+    @unspecialized("n_tok", "n_rows", "n_keys", "n_splits")  # (bounds and counts: every graph its own)
     def _split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, part_ptr, stat_ptr, cnt_ptr,
                       n_kv, n_tok, n_rows, n_keys, n_splits, scale,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mt, s_ob, s_oh, s_ot,
@@ -447,6 +448,7 @@ if triton is not None:
         tl.store(stat_ptr + at * 2 + 1, l_i, mask=ok)
         return tl.where(turn, float("-inf"), m_i), tl.where(turn, 0.0, l_i), tl.where(turn, 0.0, acc)
 
+    @unspecialized("n_tok", "n_tiles", "n_chunks", "per")  # (loop bounds and counts: every graph its own)
     def _causal_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, base_ptr, order_ptr, leaf_ptr, path_ptr, o_ptr, part_ptr,
                        stat_ptr, cnt_ptr, n_kv, n_tok, n_tiles, n_chunks, per, scale, window,
                        s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_pb, s_ob, s_oh, s_ot,

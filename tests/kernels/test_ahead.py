@@ -183,7 +183,7 @@ def _variants(launches) -> set:
     binders, found = {}, set()
     for fn, args, kwargs in launches:
         if fn not in binders:
-            jf = JITFunction(fn)
+            jf = JITFunction(fn, do_not_specialize=getattr(fn, "do_not_specialize", None))
             binders[fn] = create_function_from_signature(jf.signature, jf.params, backend)
         _, spec, options = binders[fn](*args, **kwargs)
         found.add((fn.__name__, repr(spec), repr(options)))
@@ -257,6 +257,22 @@ def test_every_context_bucket_shares_the_feeds_variants(sm90, no_compile, monkey
         assert engine._compile_ahead(buckets, widths)["failed_ops"] == 0
         feeds[contexts] = {v for v in _variants(launches) if v[0] == _feed_kernel.__name__}
     assert feeds[1] and feeds[None] == feeds[1]
+
+
+@needs_triton
+def test_the_attention_kernels_counts_are_not_specialized(sm90):
+    """The attention kernels' token, tile, chunk and split counts differ from one graph to the next;
+    Triton is told not to specialize them (`fused.unspecialized`), so they make no variants of their
+    own: launches that differ only there share one compiled kernel."""
+    from specheads.kernels import fused
+    from specheads.kernels.attention import _causal_kernel, _split_kernel
+
+    for fn, names in ((_causal_kernel, {"n_tok", "n_tiles", "n_chunks", "per"}),
+                      (_split_kernel, {"n_tok", "n_rows", "n_keys", "n_splits"})):
+        fused._kernel(fn)
+        jitted = fused._jitted[(fn.__name__, False)]
+        assert {p.name for p in jitted.params if p.do_not_specialize} == names
+    assert getattr(fused.rmsnorm, "do_not_specialize", None) is None  # (the others as before)
 
 
 @needs_triton
