@@ -44,8 +44,9 @@ def main() -> None:
             "ar graphs": dict(method="ar"),
             "eagle3+ngram fixed graphs": dict(method="eagle3+ngram", speculation_policy="fixed"),
             "eagle3+ngram adaptive graphs": dict(method="eagle3+ngram", speculation_policy="adaptive")}
-    outs, report = {}, {"card": torch.cuda.get_device_name() if cuda else "cpu", "max_batch": args.max_batch, "prompts": len(prompts),
-                        "tokens": args.tokens, "rows": []}
+    outs = {}
+    report = {"card": torch.cuda.get_device_name() if cuda else "cpu", "max_batch": args.max_batch,
+              "prompts": len(prompts), "tokens": args.tokens, "rows": []}
     for name, kw in runs.items():
         t0 = time.perf_counter()
         engine = SpecEngine(target, None if kw["method"] == "ar" else head, max_batch=args.max_batch, max_len=1024,
@@ -62,7 +63,8 @@ def main() -> None:
         print(f"{name:30s} warm-ups {engine.capture_warmups}  {same}/{len(prompts)} equal to ar eager  "
               f"({row['seconds']} s)", flush=True)
         del engine
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
     report["all_equal"] = all(r["same_as_ar_eager"] == len(prompts) for r in report["rows"])
     print("all equal" if report["all_equal"] else "SOME OUTPUTS DIFFER")
     if args.out:
