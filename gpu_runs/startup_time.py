@@ -21,7 +21,7 @@ row, the same start again on its cache (kernels jitted afresh, as in a restarted
 a machine that has compiled them, which skips the dry run.
 
 --count (no GPU needed): count the graphs a start-up would capture, by batch bucket, without
-capturing any, and the kernel variants it would compile (a dry run for a stand-in sm_90 card,
+capturing any, and the kernel variants it would compile, by kernel (a dry run for a stand-in sm_90 card,
 compiling nothing): what a change to the engine's graph keys adds to a start-up, on the CPU. The
 variants do not depend on the number of layers (--layers 1 is quick).
 
@@ -85,7 +85,7 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     if warmups is not None:
         engine.capture_warmups = warmups
     built = time.perf_counter() - t0
-    variants = None
+    variants, by_kernel = None, {}
     if count:  # the keys only: no graph captured, no step timed; the kernels counted by a dry run
         engine.use_graphs, engine._measuring = True, False
         engine._capture = lambda *key: key
@@ -94,7 +94,8 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
         _, _, buckets, widths = engine._capture_plan(range(1, max_batch + 1))
         if fused.triton is not None:
             with offline.for_card(90, compile=False):  # (the dry run alone: no mark left to skip the next)
-                variants = (engine._compile_ahead(buckets, widths) or {}).get("variants")
+                dry = engine._compile_ahead(buckets, widths) or {}
+            variants, by_kernel = dry.get("variants"), dry.get("by_kernel", {})
     t1, cached = time.perf_counter(), triton_cache_entries()
     engine.capture_common(range(1, max_batch + 1))
     seconds = time.perf_counter() - t1
@@ -103,7 +104,7 @@ def capture(kind: str, policy: str, max_batch: int, max_len: int, layers: int, t
     steps = [k for k in engine.graphs if k[0] != "prefill"]
     by_batch = {b: sum(k[0] == b for k in steps) for b in report.get("batch_buckets", [])}
     if count:
-        report["compile_ahead"] = {"variants": variants}
+        report["compile_ahead"] = {"variants": variants, "by_kernel": by_kernel}
     row = {"kind": kind, "method": method, "options": options or {}, "policy": policy, "max_batch": max_batch,
            "max_len": max_len, "ahead": ahead_on, "cold": cold, "warm_restart": warm, "capture_warmups": engine.capture_warmups,
            "engine_s": round(built, 2),
@@ -159,9 +160,10 @@ def main():
                                 args.method, options, args.count, on == "on", args.cold and not warm, warm,
                                 args.capture_warmups)
                     rows.append(r)
-                    variants = (r.get("compile_ahead") or {}).get("variants")
-                    what = f"step graphs by batch bucket {r['step_graphs_by_batch']}, {variants} kernel variants" \
-                        if args.count else r["summary"]
+                    ahead_report = r.get("compile_ahead") or {}
+                    top = ", ".join(f"{n} {c}" for n, c in list(ahead_report.get("by_kernel", {}).items())[:6])
+                    what = (f"step graphs by batch bucket {r['step_graphs_by_batch']}, {ahead_report.get('variants')} "
+                            f"kernel variants (most: {top})") if args.count else r["summary"]
                     print(f"{policy:>8} max batch {mb:>3}, {r['method']}, compile ahead {on}"
                           f"{', restarted warm' if warm else ''}: {what}; engine built in {r['engine_s']:.1f} s",
                           flush=True)

@@ -72,6 +72,7 @@ class AheadReport:
     process_failures: int = 0
     wait_seconds: float = 0.0
     seconds: float = 0.0
+    by_kernel: dict = field(default_factory=dict)  # variants a kernel (its function's name)
     _futures: set = field(default_factory=set, repr=False)
     _seen: set = field(default_factory=set, repr=False)
     _pool: object = field(default=None, repr=False)  # the compile processes (`_Processes`), while they work
@@ -81,7 +82,8 @@ class AheadReport:
         return {"workers": self.workers, "processes": self.processes, "ops": self.ops, "launches": self.launches,
                 "variants": self.variants, "failed_ops": self.failed_ops, "first_error": self.first_error,
                 "process_failures": self.process_failures, "wait_seconds": round(self.wait_seconds, 2),
-                "seconds": round(self.seconds, 2)}
+                "seconds": round(self.seconds, 2),
+                "by_kernel": dict(sorted(self.by_kernel.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
 def op(fn):
@@ -159,6 +161,8 @@ def _warm(jitted, args, kwargs, grid):
     if kernel is not None and hasattr(kernel, "result") and id(kernel) not in report._futures:
         report._futures.add(id(kernel))
         report.variants += 1
+        name = jitted.fn.__name__
+        report.by_kernel[name] = report.by_kernel.get(name, 0) + 1
     return kernel
 
 

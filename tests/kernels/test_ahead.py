@@ -209,6 +209,10 @@ def test_the_dry_run_meets_every_variant_the_capture_launches(sm90, no_compile, 
     assert all(torch.equal(a, b) for a, b in zip(before, engine._state()))
     assert len(no_compile) == report["variants"]
     found = _variants(dry)
+    by_kernel = {}
+    for name, _, _ in found:
+        by_kernel[name] = by_kernel.get(name, 0) + 1
+    assert report["by_kernel"] == dict(sorted(by_kernel.items(), key=lambda kv: (-kv[1], kv[0])))
     assert len(found) == report["variants"]
 
     real = pytest.MonkeyPatch()
