@@ -886,11 +886,11 @@ class AdaptivePolicy:
         else:  # every dearer tier by the share of time its step takes over the chosen one's (Python scalars:
             # this runs at every choice of a smaller tier, a handful of tiers; the most overdue, the first of a tie)
             costs = self.costs(batch, kv, context).tolist()
-            chosen, share, pick, most = costs[best], self.full_share, 0, 0.0
+            chosen, pick, most = costs[best], 0, -math.inf
             for t, (c, idle) in enumerate(zip(costs[1:], self.idle.tolist()), 1):
-                if c > chosen and (due := idle * share - (c / chosen - 1.0)) >= most and (pick == 0 or due > most):
+                if c > chosen and (due := idle * self.full_share - (c / chosen - 1.0)) > most:
                     pick, most = t, due
-            return pick
+            return pick if most >= 0.0 else 0
         due = self.idle * self.full_share - cost
         t = int(np.argmax(due))
         return t + 1 if due[t] >= 0.0 else 0
