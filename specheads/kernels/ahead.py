@@ -61,7 +61,10 @@ class AheadReport:
     """What a compile_ahead block did: ops run twice, compile-only launches, distinct variants
     handed to the pool (kernels already compiled are not), Triton paths that raised in the dry
     run (the first error kept), the threads, and the seconds spent waiting for the pool at the
-    end (the rest of the compiling overlapped the dry run)."""
+    end (the rest of the compiling overlapped the dry run). With compile processes, where the
+    seconds went: the dry run's (`dry_seconds`, from the block's start), and the processes' first
+    and last answers (`first_compiled_seconds`: their start-up and one compile; `compiled_seconds`:
+    the compiling done), each from the block's start; None without processes."""
     workers: int = 0
     processes: int = 0
     ops: int = 0
@@ -72,6 +75,9 @@ class AheadReport:
     process_failures: int = 0
     wait_seconds: float = 0.0
     seconds: float = 0.0
+    dry_seconds: float = 0.0
+    first_compiled_seconds: float | None = None
+    compiled_seconds: float | None = None
     by_kernel: dict = field(default_factory=dict)  # variants a kernel (its function's name)
     _futures: set = field(default_factory=set, repr=False)
     _seen: set = field(default_factory=set, repr=False)
@@ -82,8 +88,14 @@ class AheadReport:
         return {"workers": self.workers, "processes": self.processes, "ops": self.ops, "launches": self.launches,
                 "variants": self.variants, "failed_ops": self.failed_ops, "first_error": self.first_error,
                 "process_failures": self.process_failures, "wait_seconds": round(self.wait_seconds, 2),
-                "seconds": round(self.seconds, 2),
+                "seconds": round(self.seconds, 2), "dry_seconds": round(self.dry_seconds, 2),
+                "first_compiled_seconds": _rounded(self.first_compiled_seconds),
+                "compiled_seconds": _rounded(self.compiled_seconds),
                 "by_kernel": dict(sorted(self.by_kernel.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 2)
 
 
 def op(fn):
@@ -233,6 +245,7 @@ class _Processes:
         root = str(Path(__file__).resolve().parents[2])  # (where this package is imported from)
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self.jobs: queue.Queue = queue.Queue()
+        self.answered: list[float] = []  # when each answer came (time.perf_counter)
         self.procs = []
         for _ in range(n):
             proc = subprocess.Popen([sys.executable, "-m", "specheads.kernels.compile_worker"], stdin=subprocess.PIPE,
@@ -251,6 +264,7 @@ class _Processes:
                 answer = read_message(proc.stdout)
             except Exception as e:  # (its pipe broke: the process ended)
                 answer = e
+            self.answered.append(time.perf_counter())
             if answer is True:
                 future.set_result(True)
             else:
@@ -457,6 +471,7 @@ def compile_ahead(workers: int | None = None, processes: int | None = None):
                 with _set_mode(DISCOVER):
                     yield report
                     t1 = time.perf_counter()
+                    report.dry_seconds = t1 - t0
                     _load_sent(report)
         finally:
             if _async_compile.active_mode.get() is async_mode:  # (Triton 3.6 leaves it set if a result raises)
@@ -466,6 +481,10 @@ def compile_ahead(workers: int | None = None, processes: int | None = None):
         _report = None
         pool.shutdown(wait=True)
         if processes_pool is not None:
+            answered = list(processes_pool.answered)
+            if answered:
+                report.first_compiled_seconds = min(answered) - t0
+                report.compiled_seconds = max(answered) - t0
             processes_pool.shutdown()
         report.seconds = time.perf_counter() - t0
 

@@ -1324,7 +1324,11 @@ class SpecEngine:
         if "variants" in a:
             failed = f", {a['failed_ops']} kernel ops left to the capture" if a["failed_ops"] else ""
             where = (f"{a['processes']} processes" if a.get("processes") else f"{a['workers']} threads")
-            measured += f"; {a['variants']} kernel variants compiled ahead in {where} in {a['seconds']:.1f} s{failed}"
+            split = (f" (dry run {a['dry_seconds']:.1f} s; the processes' first answer at "
+                     f"{a['first_compiled_seconds']:.1f} s, last at {a['compiled_seconds']:.1f} s)"
+                     if a.get("compiled_seconds") is not None else "")
+            measured += (f"; {a['variants']} kernel variants compiled ahead in {where} in {a['seconds']:.1f} s"
+                         f"{split}{failed}")
         elif "error" in a:
             measured += f"; kernels compiled one by one (the dry run failed: {a['error']})"
         elif "skipped" in a:

@@ -47,7 +47,7 @@ from specheads.kernels.fused import rmsnorm, rmsnorm_reference
 
 x, w, res = torch.randn(3, 64), torch.rand(64) + 0.5, torch.randn(3, 64)
 with offline.for_card(90):
-    with ahead.compile_ahead(2) as report:
+    with ahead.compile_ahead(2, processes=0) as report:  # (in threads: compile processes have their own test)
         out, total = rmsnorm(x, w, 1e-5, res)
         rmsnorm(x, w, 1e-5, res)  # the same variant: one compile
         rmsnorm(torch.randn(2, 200), torch.rand(200), 1e-5)  # another BLOCK, no residual: another
@@ -57,6 +57,8 @@ ref_out, ref_total = rmsnorm_reference(x, w, 1e-5, res)
 assert torch.equal(out, ref_out) and torch.equal(total, ref_total)
 assert ahead.mode() == ahead.OFF
 assert (report.ops, report.launches, report.variants, report.failed_ops) == (3, 3, 2, 0), report
+assert report.first_compiled_seconds is None and report.compiled_seconds is None, report  # (no processes)
+assert report.to_dict()["compiled_seconds"] is None and 0 < report.dry_seconds <= report.seconds, report
 assert len(kernels) == 2 and all(k.asm["cubin"] for k in kernels)  # compiled, in the launcher's cache
 print("ok")
 """
@@ -350,6 +352,9 @@ def test_the_summary_names_the_compiles():
     assert "200 kernel variants compiled ahead in 16 threads in 9.5 s" in engine.graph_summary()
     engine.graph_report["compile_ahead"]["processes"] = 16
     assert "200 kernel variants compiled ahead in 16 processes in 9.5 s" in engine.graph_summary()
+    engine.graph_report["compile_ahead"].update(dry_seconds=3.3, first_compiled_seconds=2.5, compiled_seconds=8.7)
+    assert ("in 16 processes in 9.5 s (dry run 3.3 s; the processes' first answer at 2.5 s, last at 8.7 s)"
+            in engine.graph_summary())
     engine.graph_report = {**base, "compile_ahead": {"skipped": "..."}}
     assert "from the Triton cache" in engine.graph_summary()
     engine.graph_report = {**base, "compile_ahead": {"error": "RuntimeError: x"}}
@@ -502,6 +507,11 @@ with offline.for_card(90):
 ref_out, ref_total = rmsnorm_reference(x, w, 1e-5, res)
 assert torch.equal(out, ref_out) and torch.equal(total, ref_total)
 assert (report.processes, report.variants, report.process_failures, report.failed_ops) == (2, 2, 0, 0), report
+# where the block's time went: its dry run, the processes' first and last answers (each from its start)
+assert 0 < report.dry_seconds <= report.seconds, report
+assert 0 < report.first_compiled_seconds <= report.compiled_seconds <= report.seconds, report
+d = report.to_dict()
+assert d["compiled_seconds"] == round(report.compiled_seconds, 2) and d["dry_seconds"] > 0, d
 assert made == [], made  # both compiled in the processes, loaded here from the cache on disk
 assert len(kernels) == 2 and all(k.asm["cubin"] for k in kernels)
 
