@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from specheads.kernels import ahead
-from specheads.kernels.fused import triton, unspecialized, use_triton
+from specheads.kernels.fused import triton, use_triton
 from specheads.kernels.tuning import active
 from specheads.modules import gqa_attention
 
@@ -51,6 +51,13 @@ MAX_ROWS = 256  # stacked query rows (heads of a group x tokens) above which SDP
 
 def attention_reference(q, k, v, mask):
     return gqa_attention(q, k, v, mask)
+
+
+def _dry_attention(q, *args, **kwargs):
+    """The attention ops' stand-in in a compile-ahead dry run (ahead.op's `dry`): zeros of the
+    output's shape. Their numbers only feed projections there, and torch's attention over every
+    captured shape cost most of a dry run on an H100 host."""
+    return torch.zeros_like(q)
 
 
 # Split-K arrival counters, one int32 per (batch row, kv head, row block), per device. The
@@ -87,7 +94,6 @@ def split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 if triton is not None:
 
-    @unspecialized("n_tok", "n_rows", "n_keys", "n_splits")  # (bounds and counts: every graph its own)
     def _split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, part_ptr, stat_ptr, cnt_ptr,
                       n_kv, n_tok, n_rows, n_keys, n_splits, scale,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mt, s_ob, s_oh, s_ot,
@@ -168,7 +174,7 @@ if triton is not None:
                 tl.store(cnt, 0)  # every chunk has counted: ready for the next launch (or graph replay)
 
 
-@ahead.op
+@ahead.op(dry=_dry_attention)
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                    chunk: int | None = None) -> torch.Tensor:
     """Softmax attention of q over k, v under a boolean mask (see the module docstring);
@@ -377,7 +383,7 @@ def causal_tiles(n_heads: int, n_kv: int, tree: bool, batch: int = 1, tokens: in
     return dot_m, fill, max(1, touch)
 
 
-@ahead.op
+@ahead.op(dry=_dry_attention)
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                      window: int | None = None, tree=None, split: bool | None = None) -> torch.Tensor:
     """q [B, H, T, D] at positions [B, T] over the cache k, v [B, KV, S, D] (see the section's
@@ -448,7 +454,6 @@ if triton is not None:
         tl.store(stat_ptr + at * 2 + 1, l_i, mask=ok)
         return tl.where(turn, float("-inf"), m_i), tl.where(turn, 0.0, l_i), tl.where(turn, 0.0, acc)
 
-    @unspecialized("n_tok", "n_tiles", "n_chunks", "per")  # (loop bounds and counts: every graph its own)
     def _causal_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, base_ptr, order_ptr, leaf_ptr, path_ptr, o_ptr, part_ptr,
                        stat_ptr, cnt_ptr, n_kv, n_tok, n_tiles, n_chunks, per, scale, window,
                        s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_pb, s_ob, s_oh, s_ot,

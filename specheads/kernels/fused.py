@@ -220,18 +220,8 @@ if triton is not None:
         # wrapped per interpreter mode, so TRITON_INTERPRET=1 set after import is honoured
         key = (fn.__name__, os.environ.get("TRITON_INTERPRET") == "1")
         if key not in _jitted:
-            _jitted[key] = triton.jit(fn, do_not_specialize=getattr(fn, "do_not_specialize", None))
+            _jitted[key] = triton.jit(fn)
         return ahead.launcher(_jitted[key])  # (inside compile_ahead's dry pass: compile only)
-
-
-def unspecialized(*names: str):
-    """A kernel's integer arguments that Triton should not specialize (on equal to 1, divisible by
-    16): counts and bounds whose values vary from one graph to the next but gain a kernel nothing
-    from their divisibility. Each specialization is a variant of its own that a start-up compiles."""
-    def mark(fn):
-        fn.do_not_specialize = names
-        return fn
-    return mark
 
 
 @ahead.op

@@ -187,7 +187,7 @@ def _variants(launches) -> set:
     binders, found = {}, set()
     for fn, args, kwargs in launches:
         if fn not in binders:
-            jf = JITFunction(fn, do_not_specialize=getattr(fn, "do_not_specialize", None))
+            jf = JITFunction(fn)
             binders[fn] = create_function_from_signature(jf.signature, jf.params, backend)
         _, spec, options = binders[fn](*args, **kwargs)
         found.add((fn.__name__, repr(spec), repr(options)))
@@ -204,12 +204,18 @@ def test_the_dry_run_meets_every_variant_the_capture_launches(sm90, no_compile, 
     from specheads.runtime.engine import SpecEngine
     from specheads.runtime.sampling import SamplingParams
 
+    from specheads.kernels import ahead, attention
+
     engine = _tiny_engine()
     buckets, widths = _dry_run_keys(engine, batches=(1,), contexts=1)
     dry = record_launches(monkeypatch)
     before = [t.clone() for t in engine._state()]
+    attended = Counter()  # torch's attention, by the dry run's pass (the attention ops' stand-in: none there)
+    sdpa = attention.gqa_attention
+    monkeypatch.setattr(attention, "gqa_attention", lambda *a: attended.update([ahead.mode()]) or sdpa(*a))
     report = engine._compile_ahead(buckets, widths)
     assert report["failed_ops"] == 0 and report["variants"] > 20, report
+    assert attended[ahead.REFERENCE] == 0 and report["ops"] > 100, (attended, report)
     assert all(torch.equal(a, b) for a, b in zip(before, engine._state()))
     assert len(no_compile) == report["variants"]
     found = _variants(dry)
@@ -262,25 +268,6 @@ def test_every_context_bucket_shares_the_feeds_variants(sm90, no_compile, monkey
         assert engine._compile_ahead(buckets, widths)["failed_ops"] == 0
         feeds[contexts] = {v for v in _variants(launches) if v[0] == _feed_kernel.__name__}
     assert feeds[1] and feeds[None] == feeds[1]
-
-
-@needs_triton
-def test_the_attention_kernels_counts_are_not_specialized(sm90):
-    """The attention kernels' token, tile, chunk and split counts differ from one graph to the next;
-    Triton is told not to specialize them (`fused.unspecialized`), so they make no variants of their
-    own: launches that differ only there share one compiled kernel."""
-    from specheads.kernels import fused
-    from specheads.kernels.attention import _causal_kernel, _split_kernel
-
-    for fn, names in ((_causal_kernel, {"n_tok", "n_tiles", "n_chunks", "per"}),
-                      (_split_kernel, {"n_tok", "n_rows", "n_keys", "n_splits"})):
-        fused._kernel(fn)
-        jitted = fused._jitted[(fn.__name__, False)]
-        assert {p.name for p in jitted.params if p.do_not_specialize} == names
-    from specheads.kernels.draft import _feed_kernel
-
-    fused._kernel(_feed_kernel)  # (the other kernels as before: every integer specialized)
-    assert not any(p.do_not_specialize for p in fused._jitted[(_feed_kernel.__name__, False)].params)
 
 
 @needs_triton
