@@ -384,6 +384,12 @@ def _running_mean(mean: np.ndarray, count: np.ndarray, trials: np.ndarray, hits:
     count[...] = seen
 
 
+def _deepest(trials: np.ndarray) -> int:
+    """1 + the deepest depth with a trial in trials [D] (0: none)."""
+    nz = np.flatnonzero(trials)
+    return int(nz[-1]) + 1 if len(nz) else 0
+
+
 def _shrink(mean, count, toward, weight: float):
     return (mean * count + toward * weight) / (count + weight)
 
@@ -511,6 +517,7 @@ class AdaptivePolicy:
         self._pend_k, self._pend_h = np.zeros((n, d)), np.zeros((n, d))
         self._pend_all_k, self._pend_all_h = np.zeros(d), np.zeros(d)
         self._pending = 0  # observations summed since the last fold
+        self._pend_depth = 0  # the deepest depth with trials among them (a fold updates the depths above it)
         self._pending_slots: list[np.ndarray] = []  # the slots each of them observed
         # [offered, accepted, depth]: a depth is a trial where its parent was reached (depth <=
         # accepted + 1) and it was offered, a hit where it was accepted
@@ -572,36 +579,38 @@ class AdaptivePolicy:
         chain's first draft is the same whatever its length); a tree's top-k is not judged by it."""
         if not rows or not self._chains:
             return
-        trials = np.zeros((len(rows), self.depth))
+        trials = np.zeros((len(rows), self._span(1)))
         trials[:, 0] = 1.0
         found = np.zeros_like(trials)
         found[:, 0] = hits
         self._add(np.asarray(rows), self._chains, trials, found)
 
     def _add(self, slots: np.ndarray, tiers: list[int], trials: np.ndarray, hits: np.ndarray) -> None:
-        """One step's trials and hits [R, D] of these (distinct) slots, summed into the records of
+        """One step's trials and hits [R, W] (the first W <= D depths) of these (distinct) slots, summed into the records of
         `tiers` not yet folded and into every tier's pooled one; folded now where due."""
         self._pend(slots, tiers, trials, hits)
         self._observed(len(slots))
 
     def _pend(self, slots: np.ndarray, tiers: list[int], trials: np.ndarray, hits: np.ndarray) -> None:
-        """Trials and hits [R, D] of these (distinct) slots into the pending records of `tiers` and
-        every tier's pooled one."""
+        """Trials and hits [R, W] of these (distinct) slots at the first W <= D depths (none deeper)
+        into the pending records of `tiers` and every tier's pooled one."""
         k, h = trials.sum(0), hits.sum(0)
+        w = len(k)
+        self._pend_depth = max(self._pend_depth, _deepest(k))
         if len(tiers) == 1:  # (a step's own tier: a plain fancy add, 2 us where np.ix_ takes 5)
             t = tiers[0]
-            self._pend_trials[slots, t] += trials
-            self._pend_hits[slots, t] += hits
-            self._pend_k[t] += k
-            self._pend_h[t] += h
+            self._pend_trials[slots, t, :w] += trials
+            self._pend_hits[slots, t, :w] += hits
+            self._pend_k[t, :w] += k
+            self._pend_h[t, :w] += h
         else:  # (distinct slots and tiers, e.g. every chain's depth 1 from a first draft: one add each)
-            at = np.ix_(slots, tiers)
+            at = np.ix_(slots, tiers, np.arange(w))
             self._pend_trials[at] += trials[:, None, :]
             self._pend_hits[at] += hits[:, None, :]
-            self._pend_k[tiers] += k
-            self._pend_h[tiers] += h
-        self._pend_all_k += k
-        self._pend_all_h += h
+            self._pend_k[tiers, :w] += k
+            self._pend_h[tiers, :w] += h
+        self._pend_all_k[:w] += k
+        self._pend_all_h[:w] += h
         self._pending_slots.append(slots)
 
     def _observed(self, rows: int) -> None:
@@ -624,21 +633,25 @@ class AdaptivePolicy:
         else:
             offered = [o for entry in raw for o in entry[2]]
             accepted = [a for entry in raw for a in entry[3]]
-        trials, hits = self._trials[offered, accepted], self._hits[offered, accepted]  # [N, D]
+        # [N, D'], D' the depths up to the deepest offered (no trial past it: `_span`)
+        d = self._span(max(offered))
+        trials, hits = self._trials[offered, accepted, :d], self._hits[offered, accepted, :d]
         if all(entry[0] == first[0] and entry[1] == first[1] for entry in raw):
-            # the same rows under one tier at every step (a batch that kept its rows and tier): [E, R, D]
+            # the same rows under one tier at every step (a batch that kept its rows and tier): [E, R, D']
             # summed over the steps, then one plain fancy add
             if len(raw) > 1:
-                shape = (len(raw), len(first[0]), self.depth)
+                shape = (len(raw), len(first[0]), d)
                 trials, hits = trials.reshape(shape).sum(0), hits.reshape(shape).sum(0)
             self._pend(np.asarray(first[0]), self._shares[first[1]], trials, hits)
         else:  # per (slot, record) and per record by sums over a flat index
-            self._pend_all_k += trials.sum(0)
-            self._pend_all_h += hits.sum(0)
+            k = trials.sum(0)
+            self._pend_depth = max(self._pend_depth, _deepest(k))
+            self._pend_all_k[:d] += k
+            self._pend_all_h[:d] += hits.sum(0)
             slots = np.concatenate([np.asarray(entry[0]) for entry in raw])
             group = self._group[np.repeat([entry[1] for entry in raw], [len(entry[0]) for entry in raw])]
-            n_tiers, w = len(self.tiers), 2 * self.depth
-            both = np.concatenate([trials, hits], axis=1)  # [N, 2D]
+            n_tiers, w = len(self.tiers), 2 * d
+            both = np.concatenate([trials, hits], axis=1)  # [N, 2D']
             keys, where = np.unique(slots * n_tiers + group, return_inverse=True)
             cols = np.arange(w)
             sums = np.bincount((where[:, None] * w + cols).ravel(), both.ravel(), len(keys) * w).reshape(-1, w)
@@ -647,10 +660,10 @@ class AdaptivePolicy:
             for g in np.unique(of).tolist():  # a record shared by several tiers: added to each
                 mine = of == g
                 for t in self._shares[g]:
-                    self._pend_trials[at[mine], t] += sums[mine, : self.depth]
-                    self._pend_hits[at[mine], t] += sums[mine, self.depth:]
-                    self._pend_k[t] += by[g, : self.depth]
-                    self._pend_h[t] += by[g, self.depth:]
+                    self._pend_trials[at[mine], t, :d] += sums[mine, :d]
+                    self._pend_hits[at[mine], t, :d] += sums[mine, d:]
+                    self._pend_k[t, :d] += by[g, :d]
+                    self._pend_h[t, :d] += by[g, d:]
             self._pending_slots.append(np.unique(at))
 
     def fold(self) -> None:
@@ -668,23 +681,28 @@ class AdaptivePolicy:
         touched = self._pending_slots[0] if len(self._pending_slots) == 1 else np.unique(
             np.concatenate(self._pending_slots))
         self._pending_slots = []
-        mean, count = self.mean[touched], self.count[touched]
-        _running_mean(mean, count, self._pend_trials[touched], self._pend_hits[touched], self.window)
-        self.mean[touched], self.count[touched] = mean, count
-        self._pend_trials[touched] = 0
-        self._pend_hits[touched] = 0
+        # the depths up to the deepest with trials (deeper ones keep their records: a fold without
+        # trials there changes nothing), the rows' records there alone
+        d, self._pend_depth = self._span(self._pend_depth), 0
+        mean, count = self.mean[touched, :, :d], self.count[touched, :, :d]
+        _running_mean(mean, count, self._pend_trials[touched, :, :d], self._pend_hits[touched, :, :d], self.window)
+        self.mean[touched, :, :d], self.count[touched, :, :d] = mean, count
+        self._pend_trials[touched, :, :d] = 0
+        self._pend_hits[touched, :, :d] = 0
         # (every tier at once: one without trials keeps its record, as its count is at most the window)
         _running_mean(self.tier_mean, self.tier_count, self._pend_k, self._pend_h, self.pooled_window)
         _running_mean(self.all_mean, self.all_count, self._pend_all_k, self._pend_all_h, self.pooled_window)
         for pend in (self._pend_k, self._pend_h, self._pend_all_k, self._pend_all_h):
             pend[:] = 0
 
-    def acceptance(self, rows: list[int]) -> np.ndarray:
-        """q [R, T, D]: each row's estimated acceptance per tier and depth."""
+    def acceptance(self, rows: list[int], depths: int | None = None) -> np.ndarray:
+        """q [R, T, D]: each row's estimated acceptance per tier and depth (the first `depths`
+        depths: each depth's estimate reads that depth's records alone)."""
         w = self.prior_weight
-        tier = self._tier_estimate()  # [T, D]
+        d = self.depth if depths is None else depths
+        tier = self._tier_estimate()[:, :d]  # [T, D]
         slots = np.asarray(rows)
-        mean, count = self.mean[slots], self.count[slots]  # [R, T, D]
+        mean, count = self.mean[slots, :, :d], self.count[slots, :, :d]  # [R, T, D]
         # the row's ease: its accepted drafts over what every row's record under the same tiers
         # predicts (by depth, shrunk toward 1); a tier it has little record of takes every row's
         # record of that tier, scaled by the row's ease, never another tier's record (a chain's
@@ -737,9 +755,21 @@ class AdaptivePolicy:
         self.expected_tokens(rows, caps)
 
     def _expected_tokens(self, rows, caps) -> np.ndarray:
-        q = self.acceptance(rows)
-        reach = self._reach[None] & (np.arange(self.depth)[None, None, :] < np.asarray(caps)[:, None, None])
+        caps = np.asarray(caps)
+        d = self._span(int(caps.max()) if len(caps) else 0)  # (no row reaches deeper: a wide batch's caps)
+        q = self.acceptance(rows, d)
+        reach = self._reach[None, :, :d] & (np.arange(d)[None, None, :] < caps[:, None, None])
         return 1.0 + (np.cumprod(q, axis=2) * reach).sum(2)
+
+    def _span(self, depth: int) -> int:
+        """How many depths a record's update or estimate works on to cover the first `depth`: a
+        multiple of 8 (at least 8), or all of them. The depths past `depth` add zeros to a sum over
+        depth, and numpy sums a row of 8 or more in 8 running parts: in a multiple of 8 a row's
+        sum is then the same, bit for bit, as over every depth (the choices are the same); a wide
+        batch's records are used to depth 15 where the ladder makes them 63 deep."""
+        full = self.depth
+        span = max(8, -(-depth // 8) * 8)
+        return span if span <= full - full % 8 else full
 
     def costs(self, batch: int, kv, context: int | None = None) -> np.ndarray:
         """[1 + T]: the step cost of plain decoding and of each tier at this batch bucket; kv is

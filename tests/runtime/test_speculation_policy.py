@@ -1043,3 +1043,49 @@ def test_an_unpaced_tier_costs_at_least_a_shallower_tiers_pace():
         policy.paced(len(TIERS), b, before[-1])
     policy.fold()
     assert policy.costs(b, 512)[-1] == before[-1]
+
+
+def test_records_worked_on_the_depths_in_use_alone_give_the_same_bits():
+    """With the ladder the records are 63 deep, but a wide batch's steps offer and weigh at most the
+    tree's 15 drafts: folds and estimates work on the first depths alone (`_span`: a multiple of 8,
+    so numpy's sums over depth keep their order). Records, estimates and choices equal, bit for bit,
+    those of a policy that works on every depth, through chains, the tree, first drafts, rows that
+    leave and join, and depth caps that change (63 where the gate's chain may run)."""
+    rng = np.random.default_rng(11)
+    tiers = [TreeShape(1, 1, 1), TreeShape(2, 1, 2), TreeShape(4, 1, 4), TreeShape(63, 4, 15)]
+    span, every = (AdaptivePolicy(tiers, TableCost(gpu_like)) for _ in range(2))
+    every._span = lambda depth: every.depth  # (the reference: every depth, as before)
+    assert span._span(15) == 16 and span._span(1) == 8 and span._span(57) == 63 and span._span(63) == 63
+    assert AdaptivePolicy(TIERS, TableCost(gpu_like))._span(4) == 6  # (a tree 6 deep: every depth)
+    rows = [span.new_row() for _ in range(12)]
+    assert [every.new_row() for _ in rows] == rows
+    caps = [15] * len(rows)
+    for step in range(300):
+        n = 12 if step < 200 else 3  # a wide batch, then a narrow one (its every observation folded at once)
+        for p in (span, every):
+            tier = p.choose([(r, c) for r, c in zip(rows[:n], caps)], n, 512, context=300)
+            p.launched(tier)
+        assert span._last_rates[1].tobytes() == every._last_rates[1].tobytes(), step
+        if tier == 0:
+            hits = rng.integers(0, 2, n).tolist()
+            for p in (span, every):
+                p.observe_first(rows[:n], hits)
+            continue
+        offered = [min(tiers[tier - 1].steps, c) for c in caps[:n]]
+        accepted = [int(rng.integers(0, o + 1)) for o in offered]
+        for p in (span, every):
+            p.observe(rows[:n], tier, offered, accepted)
+        if step % 9 == 4:
+            i = int(rng.integers(len(rows)))
+            for p in (span, every):
+                p.release(rows[i])
+            rows[i] = span.new_row()
+            assert every.new_row() == rows[i]
+        if step % 13 == 6:
+            caps[int(rng.integers(n))] = int(rng.choice([1, 4, 15, 40, 63]))
+    for p in (span, every):
+        p.fold()
+    for name in ("mean", "count", "tier_mean", "tier_count", "all_mean", "all_count"):
+        assert getattr(span, name).tobytes() == getattr(every, name).tobytes(), name
+    assert span._expected_tokens(np.asarray(rows), caps).tobytes() == every._expected_tokens(
+        np.asarray(rows), caps).tobytes()
