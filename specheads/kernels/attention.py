@@ -56,7 +56,7 @@ def attention_reference(q, k, v, mask):
 def _dry_attention(q, *args, **kwargs):
     """The attention ops' stand-in in a compile-ahead dry run (ahead.op's `dry`): zeros of the
     output's shape. Their numbers only feed projections there, and torch's attention over every
-    captured shape cost most of a dry run on an H100 host."""
+    captured shape took most of a profiled dry run on an H100 host."""
     return torch.zeros_like(q)
 
 

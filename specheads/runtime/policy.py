@@ -384,12 +384,6 @@ def _running_mean(mean: np.ndarray, count: np.ndarray, trials: np.ndarray, hits:
     count[...] = seen
 
 
-def _deepest(trials: np.ndarray) -> int:
-    """1 + the deepest depth with a trial in trials [D] (0: none)."""
-    nz = np.flatnonzero(trials)
-    return int(nz[-1]) + 1 if len(nz) else 0
-
-
 def _shrink(mean, count, toward, weight: float):
     return (mean * count + toward * weight) / (count + weight)
 
@@ -517,7 +511,7 @@ class AdaptivePolicy:
         self._pend_k, self._pend_h = np.zeros((n, d)), np.zeros((n, d))
         self._pend_all_k, self._pend_all_h = np.zeros(d), np.zeros(d)
         self._pending = 0  # observations summed since the last fold
-        self._pend_depth = 0  # the deepest depth with trials among them (a fold updates the depths above it)
+        self._pend_depth = 0  # the depths their trials and hits cover (a `_span`: a fold updates the records that far)
         self._pending_slots: list[np.ndarray] = []  # the slots each of them observed
         # [offered, accepted, depth]: a depth is a trial where its parent was reached (depth <=
         # accepted + 1) and it was offered, a hit where it was accepted
@@ -596,21 +590,22 @@ class AdaptivePolicy:
         into the pending records of `tiers` and every tier's pooled one."""
         k, h = trials.sum(0), hits.sum(0)
         w = len(k)
-        self._pend_depth = max(self._pend_depth, _deepest(k))
+        self._pend_depth = max(self._pend_depth, w)  # (a fold updates the records that far)
+        cut = slice(None) if w == self.depth else slice(w)  # (every depth: the plain index, a little cheaper)
         if len(tiers) == 1:  # (a step's own tier: a plain fancy add, 2 us where np.ix_ takes 5)
             t = tiers[0]
-            self._pend_trials[slots, t, :w] += trials
-            self._pend_hits[slots, t, :w] += hits
-            self._pend_k[t, :w] += k
-            self._pend_h[t, :w] += h
+            self._pend_trials[slots, t, cut] += trials
+            self._pend_hits[slots, t, cut] += hits
+            self._pend_k[t, cut] += k
+            self._pend_h[t, cut] += h
         else:  # (distinct slots and tiers, e.g. every chain's depth 1 from a first draft: one add each)
             at = np.ix_(slots, tiers, np.arange(w))
             self._pend_trials[at] += trials[:, None, :]
             self._pend_hits[at] += hits[:, None, :]
-            self._pend_k[tiers, :w] += k
-            self._pend_h[tiers, :w] += h
-        self._pend_all_k[:w] += k
-        self._pend_all_h[:w] += h
+            self._pend_k[tiers, cut] += k
+            self._pend_h[tiers, cut] += h
+        self._pend_all_k[cut] += k
+        self._pend_all_h[cut] += h
         self._pending_slots.append(slots)
 
     def _observed(self, rows: int) -> None:
@@ -635,7 +630,10 @@ class AdaptivePolicy:
             accepted = [a for entry in raw for a in entry[3]]
         # [N, D'], D' the depths up to the deepest offered (no trial past it: `_span`)
         d = self._span(max(offered))
-        trials, hits = self._trials[offered, accepted, :d], self._hits[offered, accepted, :d]
+        if d == self.depth:
+            trials, hits = self._trials[offered, accepted], self._hits[offered, accepted]
+        else:
+            trials, hits = self._trials[offered, accepted, :d], self._hits[offered, accepted, :d]
         if all(entry[0] == first[0] and entry[1] == first[1] for entry in raw):
             # the same rows under one tier at every step (a batch that kept its rows and tier): [E, R, D']
             # summed over the steps, then one plain fancy add
@@ -645,7 +643,7 @@ class AdaptivePolicy:
             self._pend(np.asarray(first[0]), self._shares[first[1]], trials, hits)
         else:  # per (slot, record) and per record by sums over a flat index
             k = trials.sum(0)
-            self._pend_depth = max(self._pend_depth, _deepest(k))
+            self._pend_depth = max(self._pend_depth, d)
             self._pend_all_k[:d] += k
             self._pend_all_h[:d] += hits.sum(0)
             slots = np.concatenate([np.asarray(entry[0]) for entry in raw])
@@ -684,11 +682,12 @@ class AdaptivePolicy:
         # the depths up to the deepest with trials (deeper ones keep their records: a fold without
         # trials there changes nothing), the rows' records there alone
         d, self._pend_depth = self._span(self._pend_depth), 0
-        mean, count = self.mean[touched, :, :d], self.count[touched, :, :d]
-        _running_mean(mean, count, self._pend_trials[touched, :, :d], self._pend_hits[touched, :, :d], self.window)
-        self.mean[touched, :, :d], self.count[touched, :, :d] = mean, count
-        self._pend_trials[touched, :, :d] = 0
-        self._pend_hits[touched, :, :d] = 0
+        at = touched if d == self.depth else (touched, slice(None), slice(d))
+        mean, count = self.mean[at], self.count[at]
+        _running_mean(mean, count, self._pend_trials[at], self._pend_hits[at], self.window)
+        self.mean[at], self.count[at] = mean, count
+        self._pend_trials[at] = 0
+        self._pend_hits[at] = 0
         # (every tier at once: one without trials keeps its record, as its count is at most the window)
         _running_mean(self.tier_mean, self.tier_count, self._pend_k, self._pend_h, self.pooled_window)
         _running_mean(self.all_mean, self.all_count, self._pend_all_k, self._pend_all_h, self.pooled_window)
@@ -700,9 +699,10 @@ class AdaptivePolicy:
         depths: each depth's estimate reads that depth's records alone)."""
         w = self.prior_weight
         d = self.depth if depths is None else depths
-        tier = self._tier_estimate()[:, :d]  # [T, D]
+        tier = self._tier_estimate(d)  # [T, D]
         slots = np.asarray(rows)
-        mean, count = self.mean[slots, :, :d], self.count[slots, :, :d]  # [R, T, D]
+        at = slots if d == self.depth else (slots, slice(None), slice(d))
+        mean, count = self.mean[at], self.count[at]  # [R, T, D]
         # the row's ease: its accepted drafts over what every row's record under the same tiers
         # predicts (by depth, shrunk toward 1); a tier it has little record of takes every row's
         # record of that tier, scaled by the row's ease, never another tier's record (a chain's
@@ -716,19 +716,21 @@ class AdaptivePolicy:
             q[:, self._trees] = np.maximum(q[:, self._trees], q[:, self._chains].max(1, keepdims=True))
         return q
 
-    def _tier_estimate(self) -> np.ndarray:
-        """[T, D]: every row's acceptance under each tier, shrunk toward every tier's (worked out
-        once a version of the records)."""
-        if self._tier_version != self.version:
+    def _tier_estimate(self, depths: int | None = None) -> np.ndarray:
+        """[T, D]: every row's acceptance under each tier, shrunk toward every tier's, at the first
+        `depths` depths (worked out once a version of the records, as deep as asked for: each
+        depth's from the ones above it)."""
+        d = self.depth if depths is None else depths
+        if self._tier_version != self.version or self._tier.shape[1] < d:
             w = self.prior_weight
-            pooled = np.empty(self.depth)  # every row, every tier; a depth without data: the one above
+            pooled = np.empty(d)  # every row, every tier; a depth without data: the one above
             above = self.prior
             # (a recurrence over a few depths: Python floats, the same doubles as numpy's scalars, cheaper)
-            for d, (m, c) in enumerate(zip(self.all_mean.tolist(), self.all_count.tolist())):
-                above = pooled[d] = _shrink(m, c, above, w)
-            self._tier = _shrink(self.tier_mean, self.tier_count, pooled[None], w)
+            for j, (m, c) in enumerate(zip(self.all_mean[:d].tolist(), self.all_count[:d].tolist())):
+                above = pooled[j] = _shrink(m, c, above, w)
+            self._tier = _shrink(self.tier_mean[:, :d], self.tier_count[:, :d], pooled[None], w)
             self._tier_version = self.version
-        return self._tier
+        return self._tier[:, :d]
 
     def expected_tokens(self, rows: list[int], caps: list[int]) -> np.ndarray:
         """[R, T]: each row's expected tokens per step under each tier (worked out again only for
@@ -756,7 +758,7 @@ class AdaptivePolicy:
 
     def _expected_tokens(self, rows, caps) -> np.ndarray:
         caps = np.asarray(caps)
-        d = self._span(int(caps.max()) if len(caps) else 0)  # (no row reaches deeper: a wide batch's caps)
+        d = self._span(max(caps.tolist(), default=0))  # (no row reaches deeper: a wide batch's caps)
         q = self.acceptance(rows, d)
         reach = self._reach[None, :, :d] & (np.arange(d)[None, None, :] < caps[:, None, None])
         return 1.0 + (np.cumprod(q, axis=2) * reach).sum(2)
