@@ -23,7 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-PROFILE = Path(__file__).resolve().parent.parent / "docs/results/policy-h100-2026-12-05/profile/eagle3_ngram-tree_6-4-15.json"
+# the H100 step costs measured on 2026-12-05 (the policy prices its choices with them)
+PROFILE = (Path(__file__).resolve().parent.parent
+           / "docs/results/policy-h100-2026-12-05/profile/eagle3_ngram-tree_6-4-15.json")
 
 
 def load_policy(path: str | None):

@@ -511,7 +511,7 @@ class AdaptivePolicy:
         self._pend_k, self._pend_h = np.zeros((n, d)), np.zeros((n, d))
         self._pend_all_k, self._pend_all_h = np.zeros(d), np.zeros(d)
         self._pending = 0  # observations summed since the last fold
-        self._pend_depth = 0  # the depths their trials and hits cover (a `_span`: a fold updates the records that far)
+        self._pend_depth = 0  # the depths their trials and hits cover (a `_span`: a fold updates that many)
         self._pending_slots: list[np.ndarray] = []  # the slots each of them observed
         # [offered, accepted, depth]: a depth is a trial where its parent was reached (depth <=
         # accepted + 1) and it was offered, a hit where it was accepted
@@ -580,8 +580,9 @@ class AdaptivePolicy:
         self._add(np.asarray(rows), self._chains, trials, found)
 
     def _add(self, slots: np.ndarray, tiers: list[int], trials: np.ndarray, hits: np.ndarray) -> None:
-        """One step's trials and hits [R, W] (the first W <= D depths) of these (distinct) slots, summed into the records of
-        `tiers` not yet folded and into every tier's pooled one; folded now where due."""
+        """One step's trials and hits [R, W] (the first W <= D depths) of these (distinct) slots,
+        summed into the records of `tiers` not yet folded and into every tier's pooled one; folded
+        now where due."""
         self._pend(slots, tiers, trials, hits)
         self._observed(len(slots))
 
