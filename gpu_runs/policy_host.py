@@ -2,19 +2,18 @@
 policy (the default tiers with the ladder's 63-deep full tier, priced by a measured H100 profile)
 chooses, is told what each row accepted (drafts drawn geometrically, fixed seed), and sees a row
 leave and another join every 7 steps. Prints ms a step for `choose` and `observe` (the best of
---repeats) and a digest of the choices: two checkouts' digests must be equal where a change is
+--repeats) and a digest of the choices: two commits' digests must be equal where a change is
 meant to change speed only.
 
     python3 gpu_runs/policy_host.py [--batch-sizes 1 8 32 64] [--steps 3000] [--repeats 5]
-        [--policy-file OLD/specheads/runtime/policy.py] [--out FILE.json]
+        [--old COMMIT] [--out FILE.json]
 
---policy-file: the policy module of another checkout (`git show COMMIT:specheads/runtime/policy.py >
-FILE`), loaded in place of this one's: old and new on the same machine, one after the other."""
+--old: the policy module of that commit (gpu_runs/older.py) in place of this checkout's: old and new
+on the same machine, one run after the other."""
 from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import platform
 import sys
@@ -23,20 +22,21 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from older import module_at  # noqa: E402
+
 # the H100 step costs measured on 2026-12-05 (the policy prices its choices with them)
 PROFILE = (Path(__file__).resolve().parent.parent
            / "docs/results/policy-h100-2026-12-05/profile/eagle3_ngram-tree_6-4-15.json")
 
 
-def load_policy(path: str | None):
-    if not path:
+def load_policy(commit: str | None):
+    """This checkout's policy module, or that commit's."""
+    if not commit:
         import specheads.runtime.policy as module
         return module
-    spec = importlib.util.spec_from_file_location("policy_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+    return module_at(commit, "specheads/runtime/policy.py", "old_policy")
 
 
 def run(pol_mod, batch: int, steps: int, seed: int = 0):
@@ -80,10 +80,10 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--policy-file", default=None)
+    ap.add_argument("--old", default=None, help="the older commit whose policy runs instead")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    module = load_policy(args.policy_file)
+    module = load_policy(args.old)
     rows = []
     print(f"{'batch':>5} {'choose ms':>9} {'observe ms':>10} {'total ms':>8}  tiers chosen (plain, then each)  digest")
     for batch in args.batch_sizes:
@@ -104,7 +104,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"machine": platform.processor() or platform.machine(), "steps": args.steps,
-                       "policy_file": args.policy_file, "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
+                       "old": args.old, "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

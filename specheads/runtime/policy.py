@@ -592,7 +592,7 @@ class AdaptivePolicy:
         k, h = trials.sum(0), hits.sum(0)
         w = len(k)
         self._pend_depth = max(self._pend_depth, w)  # (a fold updates the records that far)
-        cut = slice(None) if w == self.depth else slice(w)  # (every depth: the plain index, a little cheaper)
+        cut = self._cut(w)
         if len(tiers) == 1:  # (a step's own tier: a plain fancy add, 2 us where np.ix_ takes 5)
             t = tiers[0]
             self._pend_trials[slots, t, cut] += trials
@@ -631,10 +631,8 @@ class AdaptivePolicy:
             accepted = [a for entry in raw for a in entry[3]]
         # [N, D'], D' the depths up to the deepest offered (no trial past it: `_span`)
         d = self._span(max(offered))
-        if d == self.depth:
-            trials, hits = self._trials[offered, accepted], self._hits[offered, accepted]
-        else:
-            trials, hits = self._trials[offered, accepted, :d], self._hits[offered, accepted, :d]
+        cut = self._cut(d)
+        trials, hits = self._trials[offered, accepted, cut], self._hits[offered, accepted, cut]
         if all(entry[0] == first[0] and entry[1] == first[1] for entry in raw):
             # the same rows under one tier at every step (a batch that kept its rows and tier): [E, R, D']
             # summed over the steps, then one plain fancy add
@@ -773,6 +771,11 @@ class AdaptivePolicy:
         full = self.depth
         span = max(8, -(-depth // 8) * 8)
         return span if span <= full - full % 8 else full
+
+    def _cut(self, span: int) -> slice:
+        """The depth index of a record's first `span` depths (every depth: the plain slice, a little
+        cheaper to index with)."""
+        return slice(None) if span == self.depth else slice(span)
 
     def costs(self, batch: int, kv, context: int | None = None) -> np.ndarray:
         """[1 + T]: the step cost of plain decoding and of each tier at this batch bucket; kv is
