@@ -96,7 +96,6 @@ class HeadCacheRows:
 
     def clear_row(self, row: int) -> None:
         # an idle row computes harmlessly inside a padded batch: one entry of its own to attend to
-        self.committed[row] = 0
-        self.pending_aux[row] = 0
-        self.pending_tok[row] = 0
-        self.pending_n[row] = 1
+        # (fill_: `t[row] = number` copies a host scalar to the card and waits for the step in flight)
+        for t, v in ((self.committed, 0), (self.pending_aux, 0), (self.pending_tok, 0), (self.pending_n, 1)):
+            t[row].fill_(v)

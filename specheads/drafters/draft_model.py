@@ -170,8 +170,8 @@ class DraftModelDrafter(Drafter):
             t[dst] = t[src]
 
     def clear_row(self, row: int) -> None:
-        self.length[row] = 0
-        self.tokens[row] = 0
+        self.length[row].fill_(0)  # (fill_: `= 0` would wait for the step in flight)
+        self.tokens[row].fill_(0)
 
     def park_rows(self, start: int, stop: int) -> None:
         self.length[start:stop] = 0

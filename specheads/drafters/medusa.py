@@ -62,7 +62,7 @@ class MedusaDrafter(Drafter):
         self.feature[dst] = self.feature[src]
 
     def clear_row(self, row: int) -> None:
-        self.feature[row] = 0
+        self.feature[row].fill_(0)
 
     def prefill(self, batch: PrefillBatch) -> None:
         f = batch.features

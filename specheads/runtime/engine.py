@@ -41,7 +41,9 @@ which run ahead too. Under the adaptive policy a host drafter of chains proposes
 policy chooses, where the tokens are known: rows it has nothing for do not draft, and a step
 where no row has anything decodes plainly (the proposal serves the step it plans).
 A row that finished in the step being read (a stop, or its token budget) has run one step
-too many; that step's output is dropped, and the row's cleanup is queued behind it. No step
+too many; that step's output is dropped, and the row's cleanup is queued behind it (as stream
+work: a row's tensors are written with `fill_`, never `t[row] = number`, which on CUDA is a
+blocking copy of a host scalar and so a wait for the step in flight). No step
 runs behind one that ends every row where the host knows it first: every row's last token
 of budget is in flight, or the assist's gate has read the step (`_gate`). A step is not run
 ahead where a row's cache could not hold it after the step in flight. Requests
@@ -828,8 +830,8 @@ class SpecEngine:
         spec, n_draft = row.request.spec, self.widest_nodes - 1
         on = row.speculate
         row.depth_cap = min(spec.num_steps or self.depth, self.depth) if on else 0
-        self.depth_limit[index] = row.depth_cap
-        self.draft_limit[index] = 1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1
+        self.depth_limit[index].fill_(row.depth_cap)  # (fill_, not `= number`: no wait for a step in flight)
+        self.draft_limit[index].fill_(1 + min(spec.num_draft_tokens or n_draft, n_draft) if on else 1)
 
     def _auto(self, row: _Row, drafted: int, accepted: int) -> None:
         """enabled "auto": average the row's acceptance; switch drafting off below the threshold
@@ -1482,7 +1484,7 @@ class SpecEngine:
     def _clear_row(self, row: int) -> None:
         # an idle row inside a padded batch computes harmlessly on its own cache row
         for t in (self.committed, self.root, self.depth_limit, self.draft_limit):
-            t[row] = 0
+            t[row].fill_(0)  # (`t[row] = 0` would wait for the step in flight: a host scalar's copy)
         if self.drafter is not None:
             self.drafter.clear_row(row)
 

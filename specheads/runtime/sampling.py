@@ -103,10 +103,9 @@ class RowParams:
                    torch.zeros(rows, dtype=torch.long, device=device), torch.zeros(rows, dtype=torch.long, device=device))
 
     def set_row(self, row: int, params: SamplingParams, seed: int) -> None:
-        self.temperature[row] = params.temperature
-        self.top_p[row] = params.top_p
-        self.top_k[row] = params.top_k
-        self.seed[row] = seed
+        # (fill_: `t[row] = number` copies a host scalar to the card and waits for the step in flight)
+        for t, v in zip(self.tensors(), (params.temperature, params.top_p, params.top_k, seed)):
+            t[row].fill_(v)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.temperature, self.top_p, self.top_k, self.seed]
