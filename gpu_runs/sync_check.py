@@ -126,12 +126,12 @@ def main() -> None:
         print(f"{spec:24s} {steps:5d} steps  {tokens:6d} tokens  {seconds:6.2f} s  waits {row['waits']}", flush=True)
         for site, n in waits.sites.most_common(12):
             print(f"    {n:5d}  {site}")
+        if args.out:  # (after each engine: a run cut short keeps what it measured)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
         del engine
         if cuda:
             torch.cuda.empty_cache()
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
