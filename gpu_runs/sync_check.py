@@ -7,11 +7,11 @@ pageable copy). Reading a step's result through its event (`_finish`, `_read_pre
 intended wait and is not an operation the mode flags. Each engine runs its requests twice: the first
 pass warms up (graphs are captured at start, `capture_common`), the second is watched.
 
-    python3 gpu_runs/sync_check.py [--max-batch 16] [--prompts 64] [--tokens 160] [--layers 30]
+    python3 gpu_runs/sync_check.py [--max-batch 16] [--prompts 64] [--tokens 160] [--layers 30] [--checkout DIR]
         [--methods ar eagle3+ngram:fixed eagle3+ngram:adaptive ngram:fixed] [--out $OUT/sync_check.json]
 
-Another checkout's engine: `PYTHONPATH=/tmp/site:$PWD/.dev/old-COMMIT python3 gpu_runs/sync_check.py ...`
-(its `specheads` is imported; this checkout's scripts run it). Prints, per engine, the waits by call site, the steps and the
+Another checkout's engine: `--checkout .dev/old-COMMIT` (`git archive COMMIT specheads` there: its
+`specheads` is imported instead of this one's, which the report names). Prints, per engine, the waits by call site, the steps and the
 seconds of the watched pass; on a CPU (no sync mode) it runs the same passes as a smoke run."""
 from __future__ import annotations
 
@@ -83,8 +83,6 @@ class Waits:
 
 
 def main() -> None:
-    from specheads.runtime.engine import SpecEngine
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--prompts", type=int, default=64)
@@ -92,14 +90,18 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--methods", nargs="+", default=["ar", "eagle3+ngram:fixed", "eagle3+ngram:adaptive", "ngram:fixed"],
                     help="METHOD:POLICY (the policy: fixed or adaptive; ar has none)")
+    ap.add_argument("--checkout", default=None, help="a folder holding another checkout's specheads, run instead")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.checkout:  # (before anything imports specheads; draft_step_times put this checkout first)
+        sys.path.insert(0, str(Path(args.checkout).resolve()))
+    import specheads
+    from specheads.runtime.engine import SpecEngine
+
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     target, head = build("eagle3", dev, torch.bfloat16 if cuda else torch.float32, args.layers)
     todo = requests(args.prompts, args.tokens)
-    import specheads
-
     print(f"specheads from {Path(specheads.__file__).parent}")
     report = {"card": torch.cuda.get_device_name() if cuda else "cpu", "sync_debug_mode": cuda,
               "specheads": str(Path(specheads.__file__).parent),

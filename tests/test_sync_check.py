@@ -28,3 +28,20 @@ def test_the_waits_are_counted_by_site():
         for _ in range(3):
             warnings.warn("called a synchronizing CUDA operation")
     assert sum(waits.sites.values()) == 3 and len(waits.sites) == 1
+
+
+def test_another_checkouts_engine_is_the_one_run(tmp_path):
+    """--checkout DIR imports DIR's specheads, not this checkout's (which the script's helper module
+    puts first on the path): the report names the one it ran."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    other = tmp_path / "old"
+    shutil.copytree(root / "specheads", other / "specheads", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "sync.json"
+    subprocess.run([sys.executable, str(root / "gpu_runs" / "sync_check.py"), "--checkout", str(other), "--layers", "1",
+                    "--prompts", "2", "--tokens", "2", "--max-batch", "1", "--methods", "ar", "--out", str(out)],
+                   check=True, capture_output=True, timeout=600)
+    assert json.loads(out.read_text())["specheads"] == str(other / "specheads")
