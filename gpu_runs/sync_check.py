@@ -11,8 +11,9 @@ pass warms up (graphs are captured at start, `capture_common`), the second is wa
         [--methods ar eagle3+ngram:fixed eagle3+ngram:adaptive ngram:fixed] [--out $OUT/sync_check.json]
 
 Another checkout's engine: `--checkout .dev/old-COMMIT` (`git archive COMMIT specheads` there: its
-`specheads` is imported instead of this one's, which the report names). Prints, per engine, the waits by call site, the steps and the
-seconds of the watched pass; on a CPU (no sync mode) it runs the same passes as a smoke run."""
+`specheads` is imported instead of this one's, which the report names). Prints, per engine, the waits by
+call site, the steps and the seconds of the watched pass; on a CPU (no sync mode) it runs the same passes
+as a smoke run."""
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,8 @@ def requests(n: int, tokens: int = 160, seed: int = 0) -> list[tuple[list[int], 
     """n prompts of 8-300 random tokens, budgets of tokens / 10 to `tokens`; every third request sampled."""
     rng = random.Random(seed)
     return [([rng.randrange(10, 40000) for _ in range(rng.randrange(8, 300))],
-             dict(max_new_tokens=rng.randrange(max(1, tokens // 10), tokens + 1), temperature=0.7 if i % 3 == 2 else 0.0,
-                  seed=i))
+             dict(max_new_tokens=rng.randrange(max(1, tokens // 10), tokens + 1),
+                  temperature=0.7 if i % 3 == 2 else 0.0, seed=i))
             for i in range(n)]
 
 
@@ -88,7 +89,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=160, help="the most new tokens a request asks for")
     ap.add_argument("--layers", type=int, default=30)
-    ap.add_argument("--methods", nargs="+", default=["ar", "eagle3+ngram:fixed", "eagle3+ngram:adaptive", "ngram:fixed"],
+    ap.add_argument("--methods", nargs="+",
+                    default=["ar", "eagle3+ngram:fixed", "eagle3+ngram:adaptive", "ngram:fixed"],
                     help="METHOD:POLICY (the policy: fixed or adaptive; ar has none)")
     ap.add_argument("--checkout", default=None, help="a folder holding another checkout's specheads, run instead")
     ap.add_argument("--out", default=None)

@@ -75,7 +75,7 @@ def test_rows_joining_and_leaving_write_no_number_into_one_element(target, kind)
                 engine.add(todo.pop(0))
             done += sum(out.finish_reason is not None for out in engine.step())
     assert done == len(PROMPTS)
-    assert watch.seen == [], f"`t[i] = number` waits for the card's stream on CUDA; use t[i].fill_: {sorted(set(watch.seen))}"
+    assert watch.seen == [], f"`t[i] = number` waits for the stream on CUDA; use fill_: {sorted(set(watch.seen))}"
 
 
 def test_the_watch_sees_a_number_written_into_one_element():
