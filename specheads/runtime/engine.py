@@ -925,15 +925,17 @@ class SpecEngine:
         self.cap = self._cache_len()
         self._check_memory(mb)
         self.cache = KVCache(self.target.spec, mb, self.cap, self.dtype, dev)
-        self.committed = torch.zeros(mb, dtype=torch.long, device=dev)
-        self.root = torch.zeros(mb, dtype=torch.long, device=dev)
+        # the rows' small state in two blocks, one per dtype, each tensor a row of them: a row that moves
+        # or clears is one launch a block (`_move_row`, `_clear_row`), not one a tensor
+        longs = torch.zeros(6, mb, dtype=torch.long, device=dev)
+        floats = torch.stack([torch.zeros(mb, device=dev), torch.ones(mb, device=dev)])
+        self._row_blocks = (longs, floats)
+        self.committed, self.root, self.depth_limit, self.draft_limit = longs[:4]
+        self.row_params = RowParams(floats[0], floats[1], longs[4], longs[5])
         self.base = torch.zeros(mb, dtype=torch.long, device=dev)  # a step's committed length before it
         # a plain decode step's tree, the root alone (made here: a captured step launches nothing for it)
         self._lone = Tree(self.root[:, None], torch.full((mb, 1), -1, dtype=torch.long, device=dev),
                           torch.zeros(mb, 1, dtype=torch.long, device=dev), torch.ones(mb, 1, dtype=torch.bool, device=dev), 0)
-        self.row_params = RowParams.allocate(mb, dev)
-        self.depth_limit = torch.zeros(mb, dtype=torch.long, device=dev)
-        self.draft_limit = torch.zeros(mb, dtype=torch.long, device=dev)
         # per row: accepted count (with the root), bonus, drafted count, depth offered, path tokens,
         # and last a plain step's first-draft check (1: the target's token equals the drafter's first
         # draft; 0: it does not, or the drafter had none, as a drafting step counts an empty draft;
@@ -1025,9 +1027,6 @@ class SpecEngine:
         """Per-row tensors a step changes; graph warm-up restores them."""
         extra = self.drafter.state() if self.drafter is not None else []
         return [self.committed, self.root, self.out] + extra
-
-    def _row_tensors(self) -> list[torch.Tensor]:
-        return [self.committed, self.root, self.depth_limit, self.draft_limit] + self.row_params.tensors()
 
     def _prefill(self) -> list[StepOutput]:
         """The waiting prompts prefilled, their first tokens read (one sync)."""
@@ -1476,15 +1475,16 @@ class SpecEngine:
         """Row src's cache entries [:length] and state into row dst."""
         kv = self.cache.kv
         kv[:, :, dst, :, :length] = kv[:, :, src, :, :length]
-        for t in self._row_tensors():
-            t[dst] = t[src]
+        for block in self._row_blocks:  # (committed, root, limits, sampling parameters: `_allocate`)
+            block[:, dst] = block[:, src]
         if self.drafter is not None:
             self.drafter.move_row(src, dst, length)
 
     def _clear_row(self, row: int) -> None:
         # an idle row inside a padded batch computes harmlessly on its own cache row
-        for t in (self.committed, self.root, self.depth_limit, self.draft_limit):
-            t[row].fill_(0)  # (`t[row] = 0` would wait for the step in flight: a host scalar's copy)
+        # committed, root and the limits at once (`t[row] = 0` would wait for the step in flight: a
+        # host scalar's copy)
+        self._row_blocks[0][:4, row].fill_(0)
         if self.drafter is not None:
             self.drafter.clear_row(row)
 

@@ -601,3 +601,20 @@ def test_requests_joining_an_idle_engine_start_behind_their_prefill(target, head
     engine, order = engine_with_spy()
     assert run(engine, [Request(PROMPTS[3], SamplingParams(max_new_tokens=9), frozenset([stop]))]) == [[]]
     assert order == ["launch", "read"] and engine._inflight is None  # (the step behind it, read and dropped)
+
+
+def test_a_moving_row_takes_all_its_small_state_and_a_cleared_row_none(target):
+    """The rows' small tensors (committed, root, limits, sampling parameters) live in one block per
+    dtype: a row moves in one copy a block and clears in one fill, every tensor included."""
+    engine = SpecEngine(target, method="ar", max_len=64, max_batch=4)
+    engine._allocate()
+    small = {"committed": engine.committed, "root": engine.root, "depth_limit": engine.depth_limit,
+             "draft_limit": engine.draft_limit, **vars(engine.row_params)}
+    for i, t in enumerate(small.values()):
+        t[2].fill_(i + 0.5 if t.is_floating_point() else 10 + i)
+    engine._move_row(2, 0, 0)
+    assert all(t[0].item() == t[2].item() for t in small.values())
+    engine._clear_row(0)
+    cleared = ("committed", "root", "depth_limit", "draft_limit")
+    assert all((t[0].item() == 0) == (name in cleared) for name, t in small.items())
+    assert all(t[2].item() != 0 for t in small.values())  # (the row moved from is untouched)
