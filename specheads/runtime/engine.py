@@ -928,10 +928,9 @@ class SpecEngine:
         # the rows' small state in two blocks, one per dtype, each tensor a row of them: a row that moves
         # or clears is one launch a block (`_move_row`, `_clear_row`), not one a tensor
         longs = torch.zeros(6, mb, dtype=torch.long, device=dev)
-        floats = torch.stack([torch.zeros(mb, device=dev), torch.ones(mb, device=dev)])
-        self._row_blocks = (longs, floats)
         self.committed, self.root, self.depth_limit, self.draft_limit = longs[:4]
-        self.row_params = RowParams(floats[0], floats[1], longs[4], longs[5])
+        self.row_params = RowParams.allocate(mb, dev, longs=longs[4:])
+        self._row_blocks = (longs, self.row_params.floats)
         self.base = torch.zeros(mb, dtype=torch.long, device=dev)  # a step's committed length before it
         # a plain decode step's tree, the root alone (made here: a captured step launches nothing for it)
         self._lone = Tree(self.root[:, None], torch.full((mb, 1), -1, dtype=torch.long, device=dev),

@@ -681,7 +681,7 @@ class AdaptivePolicy:
         # the depths up to the deepest with trials (deeper ones keep their records: a fold without
         # trials there changes nothing), the rows' records there alone
         d, self._pend_depth = self._span(self._pend_depth), 0
-        at = touched if d == self.depth else (touched, slice(None), slice(d))
+        at = (touched, slice(None), self._cut(d))
         mean, count = self.mean[at], self.count[at]
         _running_mean(mean, count, self._pend_trials[at], self._pend_hits[at], self.window)
         self.mean[at], self.count[at] = mean, count
@@ -700,7 +700,7 @@ class AdaptivePolicy:
         d = self.depth if depths is None else depths
         tier = self._tier_estimate(d)  # [T, D]
         slots = np.asarray(rows)
-        at = slots if d == self.depth else (slots, slice(None), slice(d))
+        at = (slots, slice(None), self._cut(d))
         mean, count = self.mean[at], self.count[at]  # [R, T, D]
         # the row's ease: its accepted drafts over what every row's record under the same tiers
         # predicts (by depth, shrunk toward 1); a tier it has little record of takes every row's

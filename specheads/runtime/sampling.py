@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -96,11 +96,15 @@ class RowParams:
     top_p: torch.Tensor
     top_k: torch.Tensor
     seed: torch.Tensor
+    floats: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [temperature, top_p]
 
     @classmethod
-    def allocate(cls, rows: int, device) -> "RowParams":
-        return cls(torch.zeros(rows, device=device), torch.ones(rows, device=device),
-                   torch.zeros(rows, dtype=torch.long, device=device), torch.zeros(rows, dtype=torch.long, device=device))
+    def allocate(cls, rows: int, device, longs: torch.Tensor | None = None) -> "RowParams":
+        """Rows of two blocks: `floats` [2, rows] (temperature 0, top_p 1) and `longs` [2, rows] (top_k,
+        seed: a caller's zeroed rows, e.g. of its own block, else new), so a row moves in one copy a block."""
+        floats = torch.stack([torch.zeros(rows, device=device), torch.ones(rows, device=device)])
+        longs = torch.zeros(2, rows, dtype=torch.long, device=device) if longs is None else longs
+        return cls(floats[0], floats[1], longs[0], longs[1], floats)
 
     def set_row(self, row: int, params: SamplingParams, seed: int) -> None:
         # (fill_: `t[row] = number` copies a host scalar to the card and waits for the step in flight)

@@ -609,7 +609,8 @@ def test_a_moving_row_takes_all_its_small_state_and_a_cleared_row_none(target):
     engine = SpecEngine(target, method="ar", max_len=64, max_batch=4)
     engine._allocate()
     small = {"committed": engine.committed, "root": engine.root, "depth_limit": engine.depth_limit,
-             "draft_limit": engine.draft_limit, **vars(engine.row_params)}
+             "draft_limit": engine.draft_limit,
+             **dict(zip(("temperature", "top_p", "top_k", "seed"), engine.row_params.tensors()))}
     for i, t in enumerate(small.values()):
         t[2].fill_(i + 0.5 if t.is_floating_point() else 10 + i)
     engine._move_row(2, 0, 0)
