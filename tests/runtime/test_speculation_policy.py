@@ -1089,3 +1089,60 @@ def test_records_worked_on_the_depths_in_use_alone_give_the_same_bits():
         assert getattr(span, name).tobytes() == getattr(every, name).tobytes(), name
     assert span._expected_tokens(np.asarray(rows), caps).tobytes() == every._expected_tokens(
         np.asarray(rows), caps).tobytes()
+
+
+def fold_steps(policy, rows, batch, steps, accepted):
+    """Choose, launch and observe `steps` steps of these rows (each accepting `accepted(tier)` drafts
+    of its tier's depth); returns the steps after which the records were folded and the tiers chosen."""
+    folds, picks = [], []
+    for step in range(steps):
+        version = policy.version
+        tier = policy.choose([(r, FULL.steps) for r in rows], batch, 128)
+        policy.launched(tier)
+        picks.append(tier)
+        if tier:
+            depth = policy.tiers[tier - 1].steps
+            policy.observe(rows, tier, [depth] * len(rows), [min(accepted(tier), depth)] * len(rows))
+        if policy.version != version:
+            folds.append(step)
+    return folds, picks
+
+
+def test_a_full_batch_that_keeps_its_pick_folds_less_often_and_catches_up_when_it_changes():
+    """In a batch wider than BACKOFF_ROWS, each fold whose estimate repeats the pick before it doubles
+    the interval to the next fold, up to refresh_max; a new pick brings it back to `refresh`; a new
+    batch bucket folds what is pending first. A narrower batch keeps folding every `refresh` (or at
+    once), and refresh_max=0 keeps the interval at `refresh`."""
+    from specheads.runtime.policy import BACKOFF_ROWS
+
+    policy = AdaptivePolicy(TIERS, TableCost(gpu_like), full_share=0)
+    assert (policy.refresh, policy.refresh_max) == (4, 32)
+    rows = [policy.new_row() for _ in range(BACKOFF_ROWS + 8)]
+    folds, picks = fold_steps(policy, rows, 32, 120, accepted=lambda tier: 6)  # every draft accepted
+    gaps = np.diff(folds).tolist()
+    assert gaps == [4, 8, 16, 32, 32], gaps  # (the first fold's estimate changed the pick: 4 again)
+    assert len(set(picks[4:])) == 1 and picks[-1] > 0
+    # the drafts stop being accepted: the records see it at the next fold (32 observations on), the
+    # pick changes at most a fold later (the running means take a window to turn), and from then on
+    # folds come every `refresh` again
+    folds, picks = fold_steps(policy, rows, 32, 60, accepted=lambda tier: 0)
+    changed = next(i for i, t in enumerate(picks) if t != picks[0])
+    assert folds[0] < changed <= 2 * policy.refresh_max + 1 and picks[changed:] == [0] * (60 - changed)
+    assert policy._interval == policy.refresh
+
+    # a new batch bucket folds the pending observations before its choice
+    policy.observe(rows, 1, [1] * len(rows), [1] * len(rows))
+    assert policy._pending
+    policy.choose([(r, FULL.steps) for r in rows], 64, 128)
+    assert not policy._pending and policy._interval == policy.refresh
+
+    # off: refresh_max=0 (or at most `refresh`)
+    off = AdaptivePolicy(TIERS, TableCost(gpu_like), full_share=0, refresh_max=0)
+    wide = [off.new_row() for _ in range(BACKOFF_ROWS + 8)]
+    folds, _ = fold_steps(off, wide, 32, 60, accepted=lambda tier: 6)
+    assert set(np.diff(folds).tolist()) == {4}
+    # a batch of at most BACKOFF_ROWS rows keeps `refresh` too
+    narrow = AdaptivePolicy(TIERS, TableCost(gpu_like), full_share=0)
+    some = [narrow.new_row() for _ in range(BACKOFF_ROWS)]
+    folds, _ = fold_steps(narrow, some, 16, 60, accepted=lambda tier: 6)
+    assert set(np.diff(folds).tolist()) == {4}
