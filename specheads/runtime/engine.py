@@ -216,6 +216,9 @@ class _Joined:
 # at once) spent 6-9 ms a prefill call against `ar`'s 4.2, up to half of their run; with this, 3.3-3.7
 # ms for every method (docs/benchmarks.md, "Speculation policy").
 STAGED_PREFILL_PROMPTS = 8
+# from this batch bucket on, a step behind a plain step or a smaller tier's feeds the head the smaller
+# tiers' path width, not the full tree's (`_narrow_feed`): the head's feed is b x width entries
+NARROW_FEED_ROWS = 32
 MIN_CONTEXT_BUCKET = 128  # the smallest context bucket a step's graph is captured for
 
 
@@ -328,6 +331,11 @@ class SpecEngine:
         self._gated_last = 0
         # the full tree's tier index; the gate's graph index and the ladder's (`_allocate`)
         self._full, self._gated, self._gated_long = 0, None, None
+        # the last step launched was plain or a tier smaller than the full tree (not gated): each row
+        # holds at most the smaller tiers' path pending, which a wide batch's next step feeds at that
+        # width (`_narrow_feed`, graph variant 4: `_run`)
+        self._narrow_last = False
+        self._narrow_width = None
         # generate() has admitted its last prompt: no request waits for a row (the policy's `drain`
         # setting ranks tiers for the batch's slow end then; runtime/policy.py); a server's engine
         # never drains
@@ -744,6 +752,7 @@ class SpecEngine:
         out = self._run(b, kv, sampled, run, logprobs)
         self._drafted = tier > 0
         self._gated_last = 0 if not gated else 3 if run == self._gated_long else 2
+        self._narrow_last = not gated and tier != self._full
         if b > n:  # padding rows stepped too: back to an empty context, far from the bucket's end
             self.committed[n:b] = 0
             if self.drafter is not None:
@@ -966,6 +975,7 @@ class SpecEngine:
                 self._gated_long = len(self._drafters) - 1
             # the batch buckets a gated step can run in (their drafting steps tell the next root's lookup)
             self._gate_rows = self._batch_bucket(self.gate_rows) if self.buckets else self.gate_rows
+        self._narrow_width = self._narrow_feed(tiers)
         if self._host_drafts:  # its trees are copied into these inputs
             # a well-formed tree in every row from the start (the root at depth 0, drafts invalid):
             # rows no request has used yet still step inside a padded batch and in graph capture,
@@ -1261,6 +1271,8 @@ class SpecEngine:
         steps = [*range(1, self._full + 1), *gates] if gates and b <= self._gate_rows else []
         for wide in (2, 3)[: len(gates)]:
             keys += [(b, kv, False, t, False, wide) for t in [0, *steps]]
+        if self._narrow_width is not None and b >= NARROW_FEED_ROWS:  # behind a smaller tier (`_narrow_feed`)
+            keys += [(b, kv, False, t, False, 4) for t in range(1, self._full)]
         return keys
 
     def _kernel_fingerprint(self, buckets, widths) -> dict:
@@ -1354,6 +1366,8 @@ class SpecEngine:
         graphs = []
         for tier in range(self._full + 1):  # (not the gate's graph: no tier of the policy's)
             key = (b, kv, False, tier)
+            if 0 < tier < self._full and self._narrow_width is not None and b >= NARROW_FEED_ROWS:
+                key += (False, 4)  # (a smaller tier runs behind smaller ones: its narrow feed, `_narrow_feed`)
             if key not in self.graphs:
                 self.graphs[key] = self._capture(*key)
             graphs.append(self.graphs[key])
@@ -1516,6 +1530,8 @@ class SpecEngine:
             key = (b, kv, sampled, tier, logprobs, self._gated_last or 1)
         elif tier and self._gated_last:  # (the variant that feeds a gated step's paths: `_fed`)
             key = (b, kv, sampled, tier, logprobs, self._gated_last)
+        elif 0 < tier < self._full and self._narrow_now(b):  # (a smaller tier behind one: `_narrow_feed`)
+            key = (b, kv, sampled, tier, logprobs, 4)
         if not self.use_graphs:
             with torch.no_grad():
                 self._step(*key)
@@ -1540,10 +1556,38 @@ class SpecEngine:
         from 1.91 to 2.12 ms (2026-12-04), and the full tree at batch 1 from 0.92 to 0.93 ms. In the
         gate's batches every step has both variants; a wider batch, where only rows that joined
         right after a gated step can follow one, feeds that step's paths in a plain step of its own
-        (`_catch_up`). `wide` 3: after a gated step of the ladder's chain (ngram_gate_long)."""
+        (`_catch_up`). `wide` 3: after a gated step of the ladder's chain (ngram_gate_long); `wide` 4:
+        a wide batch's smaller tier behind a plain step or a smaller tier's, the smaller tiers' paths
+        (`_narrow_feed`)."""
+        if wide == 4:
+            return self._narrow_width
         if wide >= 2:
             return 1 + self._drafters[self._gated_long if wide == 3 else self._gated].num_draft
         return self.tree_nodes
+
+    def _narrow_feed(self, tiers) -> int | None:
+        """The feed width of a smaller tier's step (not the full tree's) behind a plain step or a
+        smaller tier's, in batch buckets from NARROW_FEED_ROWS: the longest path those tiers can accept
+        (1 + their depth, at most their draft count), where it is narrower than the full tree's and
+        the drafter feeds its head at a fixed width (`HeadCacheRows.fed`, through the assist's inner
+        drafter); else None. At chat batch 64 on an H100 the adaptive policy's chain-4 steps ran 0.35 ms
+        apart more than a fixed chain 4's (2026-12-06), whose head is fed 5 entries a row where the
+        adaptive engine's fed the full tree's 16. The full tree's step and a plain one keep the full
+        width (rare in a wide batch: fewer graphs to capture at start)."""
+        if len(tiers) < 2 or not self._keeps_up:
+            return None
+        inner = self.drafter
+        while hasattr(inner, "inner"):
+            inner = inner.inner
+        if not hasattr(inner, "fed"):
+            return None
+        width = 1 + max(min(t.steps, t.num_draft) for t in tiers[:-1])
+        return width if width < self.tree_nodes else None
+
+    def _narrow_now(self, b: int) -> bool:
+        """The next step of batch bucket b feeds at the narrow width (`_narrow_feed`)."""
+        return (self._narrow_width is not None and b >= NARROW_FEED_ROWS and self._narrow_last
+                and not self._gated_last)
 
     def _reach(self, b: int) -> int:
         """The most drafts a step of batch bucket `b` can accept: the gate's longer chain in the gate's
@@ -1570,8 +1614,8 @@ class SpecEngine:
 
     def _step(self, b: int, kv: int, sampled: bool, tier: int, logprobs: bool = False, wide: int = 0) -> None:
         """Draft, verify, accept and commit for rows [:b] (tier 0: no drafts; `wide` 1: a plain step
-        after a drafting one, 2: any step after a gated one, 3: after a ladder's, `_fed`); fixed shapes,
-        no host syncs."""
+        after a drafting one, 2: any step after a gated one, 3: after a ladder's, 4: a wide batch's smaller
+        tier behind a smaller tier's, `_fed`); fixed shapes, no host syncs."""
         draft = tier > 0
         # a plain step of a device drafter keeps its row state up to date (the smallest tier takes
         # in what the last step left pending; the root's one-node path is committed below), so a

@@ -754,3 +754,92 @@ def test_a_context_bucket_is_timed_at_its_shortest_and_longest_context(target, h
     assert engine._bucket_fills(2048) == [1024 - n - 1, 2048 - n - 1]
     assert engine._bucket_fills(1500) == [750 - n - 1, 1500 - n - 1]  # a cache of 1500: its last bucket
     assert context_hint(1000.5, 2048) == 1024 and context_hint(1024.2, 2048) == 1152
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle3+ngram", "eagle", "mtp"])
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_a_step_behind_a_smaller_tier_feeds_the_narrow_width(target, heads, reference, method, max_batch,
+                                                             monkeypatch):
+    """From NARROW_FEED_ROWS rows on (here: every batch), a smaller tier's step behind a plain step or a
+    smaller tier's feeds the head the smaller tiers' longest path (graph variant 4), not the full
+    tree's: every row holds at most that many entries pending there (checked before each such step);
+    a step behind the full tree or a gated one, and the full tree's and plain steps, feed the full
+    width; greedy output equals plain decoding. Drafters that do not feed at a fixed width (MTP) keep
+    the one variant."""
+    import specheads.runtime.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "NARROW_FEED_ROWS", 1)
+    kind = method.split("+")[0]
+    engine = SpecEngine(target, heads[kind], method=method if "+" in method else None, max_len=64,
+                        max_batch=max_batch, **FULL)
+    engine.policy = scripted(engine.full_tree, schedule=[4, 1, 0, 3, 2, 4, 4, 0, 1, 3, 3, 2, 2, 0, 0])
+    inner = engine.drafter
+    while hasattr(inner, "inner"):
+        inner = inner.inner
+    variants, step = [], engine._step
+
+    def checked(b, kv, sampled, tier, logprobs=False, wide=0):
+        variants.append((tier, wide))
+        if wide == 4:  # every row's pending path fits the narrow width
+            assert int(inner.pending_n[:b].max()) <= engine._narrow_width
+        return step(b, kv, sampled, tier, logprobs, wide)
+
+    engine._step = checked
+    tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), max_batch)
+    assert tokens == reference
+    if kind == "mtp":
+        assert engine._narrow_width is None and not any(w == 4 for _, w in variants)
+        return
+    # the smaller tiers 1,1,1 / 2,1,2 / 3,2,5: paths of at most 4 entries, against the full tree's 9 nodes
+    assert engine._narrow_width == 4 < engine.tree_nodes
+    narrow = [t for t, w in variants if w == 4]
+    assert set(narrow) == {1, 2, 3}  # every smaller tier
+    assert any(w == 0 and 0 < t < 4 for t, w in variants)  # and the full width behind a full-tree step
+    # every graph a server captures at start: each smaller tier's narrow variant in each bucket
+    narrow_keys = [k for k in engine._bucket_keys(1, 128) if len(k) == 6 and k[-1] == 4]
+    assert narrow_keys == [(1, 128, False, t, False, 4) for t in (1, 2, 3)]
+
+
+def test_a_wide_batch_captures_and_prices_the_narrow_feed(target, heads, reference, monkeypatch):
+    """capture_common captures every step's narrow-feed variant in the batch buckets from
+    NARROW_FEED_ROWS on (here 2), and the policy's costs there time the smaller tiers on it (they run
+    behind smaller tiers and plain steps), the full tree on its own width; the output stays the target's."""
+    import torch
+
+    import specheads.runtime.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "NARROW_FEED_ROWS", 2)
+    monkeypatch.setattr(engine_mod, "capture_graph", _eager_capture)
+    monkeypatch.setattr(torch.cuda, "Event", _Clock)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    engine = SpecEngine(target, heads["eagle3"], method="eagle3", max_len=64, max_batch=4, use_graphs=True,
+                        speculation_policy="adaptive", speculation_tiers=TIERS, **FULL)
+    timed, measuring, step, measure = [], [], engine._step, engine._measure_costs
+
+    def logged(b, kv, sampled, tier, logprobs=False, wide=0):
+        if measuring:
+            timed.append((b, tier, wide))
+        return step(b, kv, sampled, tier, logprobs, wide)
+
+    def measured(b, kv):
+        measuring.append(1)
+        try:
+            measure(b, kv)
+        finally:
+            measuring.clear()
+
+    engine._step, engine._measure_costs = logged, measured
+    engine.capture_common((1, 2))
+    kvs = engine.graph_report["context_buckets"]
+    steps = [k for k in engine.graphs if k[0] != "prefill"]
+    # per bucket: plain, the four tiers, plain after a drafting step; at batch 2 the three smaller tiers narrow
+    assert len(steps) == 2 * len(kvs) * 6 + len(kvs) * 3
+    assert {k for k in steps if len(k) == 6 and k[-1] == 4} == {(2, kv, False, t, False, 4) for kv in kvs
+                                                                for t in (1, 2, 3)}
+    # the costs' replays at batch 2: the smaller tiers' narrow variants, the full tree's and plain's own;
+    # at batch 1 every tier's own
+    assert {(t, w) for b, t, w in timed if b == 2} == {(0, 0), (1, 4), (2, 4), (3, 4), (4, 0)}
+    assert {(t, w) for b, t, w in timed if b == 1} == {(t, 0) for t in range(5)}
+    assert engine.policy.cost.has(2, kvs[-1], engine.policy.tiers)
+    tokens, _ = run(engine, PROMPTS, SamplingParams(max_new_tokens=NEW), 4)
+    assert tokens == reference
