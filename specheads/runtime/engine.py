@@ -216,8 +216,8 @@ class _Joined:
 # at once) spent 6-9 ms a prefill call against `ar`'s 4.2, up to half of their run; with this, 3.3-3.7
 # ms for every method (docs/benchmarks.md, "Speculation policy").
 STAGED_PREFILL_PROMPTS = 8
-# from this batch bucket on, a step behind a plain step or a smaller tier's feeds the head the smaller
-# tiers' path width, not the full tree's (`_narrow_feed`): the head's feed is b x width entries
+# from this batch bucket on, a smaller tier's step behind a plain step or a smaller tier's feeds the head
+# the smaller tiers' path width, not the full tree's (`_narrow_feed`): the head's feed is b x width entries
 NARROW_FEED_ROWS = 32
 MIN_CONTEXT_BUCKET = 128  # the smallest context bucket a step's graph is captured for
 
@@ -332,8 +332,8 @@ class SpecEngine:
         # the full tree's tier index; the gate's graph index and the ladder's (`_allocate`)
         self._full, self._gated, self._gated_long = 0, None, None
         # the last step launched was plain or a tier smaller than the full tree (not gated): each row
-        # holds at most the smaller tiers' path pending, which a wide batch's next step feeds at that
-        # width (`_narrow_feed`, graph variant 4: `_run`)
+        # holds at most the smaller tiers' path pending, which a wide batch's next smaller-tier step
+        # feeds at that width (`_narrow_feed`, graph variant 4: `_run`)
         self._narrow_last = False
         self._narrow_width = None
         # generate() has admitted its last prompt: no request waits for a row (the policy's `drain`
