@@ -1271,7 +1271,7 @@ class SpecEngine:
         steps = [*range(1, self._full + 1), *gates] if gates and b <= self._gate_rows else []
         for wide in (2, 3)[: len(gates)]:
             keys += [(b, kv, False, t, False, wide) for t in [0, *steps]]
-        if self._narrow_width is not None and b >= NARROW_FEED_ROWS:  # behind a smaller tier (`_narrow_feed`)
+        if self._narrows(b):  # a smaller tier behind a smaller tier (`_narrow_feed`)
             keys += [(b, kv, False, t, False, 4) for t in range(1, self._full)]
         return keys
 
@@ -1366,7 +1366,7 @@ class SpecEngine:
         graphs = []
         for tier in range(self._full + 1):  # (not the gate's graph: no tier of the policy's)
             key = (b, kv, False, tier)
-            if 0 < tier < self._full and self._narrow_width is not None and b >= NARROW_FEED_ROWS:
+            if 0 < tier < self._full and self._narrows(b):
                 key += (False, 4)  # (a smaller tier runs behind smaller ones: its narrow feed, `_narrow_feed`)
             if key not in self.graphs:
                 self.graphs[key] = self._capture(*key)
@@ -1530,7 +1530,7 @@ class SpecEngine:
             key = (b, kv, sampled, tier, logprobs, self._gated_last or 1)
         elif tier and self._gated_last:  # (the variant that feeds a gated step's paths: `_fed`)
             key = (b, kv, sampled, tier, logprobs, self._gated_last)
-        elif 0 < tier < self._full and self._narrow_now(b):  # (a smaller tier behind one: `_narrow_feed`)
+        elif 0 < tier < self._full and self._narrow_last and self._narrows(b):  # (`_narrow_feed`)
             key = (b, kv, sampled, tier, logprobs, 4)
         if not self.use_graphs:
             with torch.no_grad():
@@ -1584,10 +1584,10 @@ class SpecEngine:
         width = 1 + max(min(t.steps, t.num_draft) for t in tiers[:-1])
         return width if width < self.tree_nodes else None
 
-    def _narrow_now(self, b: int) -> bool:
-        """The next step of batch bucket b feeds at the narrow width (`_narrow_feed`)."""
-        return (self._narrow_width is not None and b >= NARROW_FEED_ROWS and self._narrow_last
-                and not self._gated_last)
+    def _narrows(self, b: int) -> bool:
+        """Batch bucket b has the narrow-feed variant of the smaller tiers' steps (`_narrow_feed`; a
+        step takes it behind a plain step or a smaller tier's: `_narrow_last`, never after a gated one)."""
+        return self._narrow_width is not None and b >= NARROW_FEED_ROWS
 
     def _reach(self, b: int) -> int:
         """The most drafts a step of batch bucket `b` can accept: the gate's longer chain in the gate's

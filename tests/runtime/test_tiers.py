@@ -801,7 +801,7 @@ def test_a_step_behind_a_smaller_tier_feeds_the_narrow_width(target, heads, refe
 
 
 def test_a_wide_batch_captures_and_prices_the_narrow_feed(target, heads, reference, monkeypatch):
-    """capture_common captures every step's narrow-feed variant in the batch buckets from
+    """capture_common captures every smaller tier's narrow-feed variant in the batch buckets from
     NARROW_FEED_ROWS on (here 2), and the policy's costs there time the smaller tiers on it (they run
     behind smaller tiers and plain steps), the full tree on its own width; the output stays the target's."""
     import torch
