@@ -166,7 +166,18 @@ def run_ours(engine, prompt_ids, params, stops):
 
 def run_repeats(engine, prompt_ids, params, stops, repeats: int):
     """`repeats` timed runs after the caller's warm-up: the median run's figures, every run's tokens/s."""
-    runs = [run_ours(engine, prompt_ids, params, stops) for _ in range(repeats)]
+    return median_run([run_ours(engine, prompt_ids, params, stops) for _ in range(repeats)])
+
+
+def interleaved_orders(n: int, repeats: int) -> list[list[int]]:
+    """The methods' order in each round of an interleaved cell: forward in even rounds, backward in odd
+    ones, so a drift over the rounds falls on every method alike (--interleave)."""
+    return [list(range(n)) if r % 2 == 0 else list(range(n - 1, -1, -1)) for r in range(repeats)]
+
+
+def median_run(runs: list) -> tuple[dict, list]:
+    """One method's timed runs ((figures, outputs) each): the median run's figures, every run's tokens/s."""
+    repeats = len(runs)
     order = sorted(range(repeats), key=lambda i: runs[i][0]["tokens_per_s"])
     res, outs = runs[order[repeats // 2]]
     res["tokens_per_s_runs"] = [r["tokens_per_s"] for r, _ in runs]
@@ -354,6 +365,11 @@ def main() -> None:
                          "and saved back; default: measured for each engine)")
     ap.add_argument("--ngram-tokens", type=int, default=8, help="ngram's draft tokens (its longest chain)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell after the warm-up (the median)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="build every method's engine of a cell first, then take their timed runs in turn (forward, "
+                         "then backward): a drift of the card or the host over the cell falls on every method alike "
+                         "(at batch 1 on an H100 a method's place in the order moved it by 1-3%%); needs the memory of "
+                         "all the cell's engines at once")
     ap.add_argument("--peers", nargs="*", default=["hf", "hf-static-compile"])
     ap.add_argument("--peer-batch-sizes", type=int, nargs="*", default=[1], help="batch sizes the peers run at")
     ap.add_argument("--tree", default=None, help=f"num_steps,topk,num_draft_tokens of KIND-tree ({TREE_DEFAULT_HELP})")
@@ -437,7 +453,7 @@ def main() -> None:
               "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": rows,
               "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                            "seed": args.seed} if sampled else None,
-              "repeats": args.repeats, "speculation_policy": default_policy,
+              "repeats": args.repeats, "interleave": args.interleave, "speculation_policy": default_policy,
               "speculation_settings": args.speculation_settings,
               "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1"}
     out = Path(args.out)
@@ -475,45 +491,69 @@ def main() -> None:
                                add_special_tokens=False)["input_ids"] for t in texts]
     ar_outs = {}
     compiled_ahead = False
+
+    def prepared(method: str, batch: int, prompt_ids):
+        """The method's engine for this batch, started as a server starts and warmed up: (engine, its start-up's figures)."""
+        nonlocal compiled_ahead
+        engine = engine_for(method, batch)
+        startup = {}
+        if engine.policy is not None and engine.policy.name == "adaptive" and engine.use_graphs:
+            # what a server does at start: every tier's greedy graphs at every batch bucket up
+            # to this batch (rows leave as prompts finish), their steps timed; a bucket first
+            # met in a timed run would be captured and timed there, inside its wall time
+            t0 = time.time()
+            engine.capture_common(range(1, batch + 1))
+            startup = {"startup_s": round(time.time() - t0, 2), "graphs": engine.graph_report}
+            print(f"  {engine.graph_summary()}", flush=True)
+            compiled_ahead = True
+        elif not compiled_ahead and engine.use_graphs:
+            # the first engine's kernels compiled in parallel before its warm-up (on a fresh
+            # machine the warm-up compiles them one after another: most of a minute); later
+            # engines share most of them
+            t0 = time.time()
+            compiled = engine.compile_kernels(range(1, batch + 1))
+            startup = {"compile_s": round(time.time() - t0, 2), "compile_ahead": compiled}
+            compiled_ahead = True
+        run_ours(engine, prompt_ids, params, stops)  # warm-up: captures every graph the run needs
+        return engine, startup
+
+    def record(method: str, source: str, batch: int, engine, startup: dict, measured: tuple) -> None:
+        res, outs = measured
+        res.update(policy=engine.policy.name if engine.policy is not None else None,
+                   tiers=[str(t) for t in engine.policy.tiers] if engine.policy is not None else None, **startup)
+        if method == "ar":
+            ar_outs[(source, batch)] = outs
+        res.update(method=method, prompts=source, batch=batch,
+                   identical_to_ar=identical(outs, ar_outs.get((source, batch))),
+                   # the bit-exactness reference: each prompt decoded alone
+                   identical_to_ar_b1=identical(outs, ar_outs.get((source, 1))))
+        rows.append(res)
+        save()
+
     for source, prompt_ids in sources.items():
         for batch in args.batch_sizes:
-            for method in args.methods:
-                if method.partition(":")[0] not in ("ar", "ar-sync", "ngram") and head is None:
-                    continue
-                print(f"running {method} on {source} prompts at batch {batch}", flush=True)
-                engine = engine_for(method, batch)
-                startup = {}
-                if engine.policy is not None and engine.policy.name == "adaptive" and engine.use_graphs:
-                    # what a server does at start: every tier's greedy graphs at every batch bucket up
-                    # to this batch (rows leave as prompts finish), their steps timed; a bucket first
-                    # met in a timed run would be captured and timed there, inside its wall time
-                    t0 = time.time()
-                    engine.capture_common(range(1, batch + 1))
-                    startup = {"startup_s": round(time.time() - t0, 2), "graphs": engine.graph_report}
-                    print(f"  {engine.graph_summary()}", flush=True)
-                    compiled_ahead = True
-                elif not compiled_ahead and engine.use_graphs:
-                    # the first engine's kernels compiled in parallel before its warm-up (on a fresh
-                    # machine the warm-up compiles them one after another: most of a minute); later
-                    # engines share most of them
-                    t0 = time.time()
-                    compiled = engine.compile_kernels(range(1, batch + 1))
-                    startup = {"compile_s": round(time.time() - t0, 2), "compile_ahead": compiled}
-                    compiled_ahead = True
-                run_ours(engine, prompt_ids, params, stops)  # warm-up: captures every graph the run needs
-                res, outs = run_repeats(engine, prompt_ids, params, stops, args.repeats)
-                res.update(policy=engine.policy.name if engine.policy is not None else None,
-                           tiers=[str(t) for t in engine.policy.tiers] if engine.policy is not None else None,
-                           **startup)
-                del engine
-                if method == "ar":
-                    ar_outs[(source, batch)] = outs
-                res.update(method=method, prompts=source, batch=batch,
-                           identical_to_ar=identical(outs, ar_outs.get((source, batch))),
-                           # the bit-exactness reference: each prompt decoded alone
-                           identical_to_ar_b1=identical(outs, ar_outs.get((source, 1))))
-                rows.append(res)
-                save()
+            methods = [m for m in args.methods
+                       if m.partition(":")[0] in ("ar", "ar-sync", "ngram") or head is not None]
+            if not args.interleave:
+                for method in methods:
+                    print(f"running {method} on {source} prompts at batch {batch}", flush=True)
+                    engine, startup = prepared(method, batch, prompt_ids)
+                    record(method, source, batch, engine, startup,
+                           run_repeats(engine, prompt_ids, params, stops, args.repeats))
+                    del engine
+                continue
+            # every method's engine at once, their timed runs taken in turn (forward, then backward)
+            engines = []
+            for method in methods:
+                print(f"preparing {method} on {source} prompts at batch {batch}", flush=True)
+                engines.append(prepared(method, batch, prompt_ids))
+            runs = [[] for _ in methods]
+            for order in interleaved_orders(len(methods), args.repeats):
+                for i in order:
+                    runs[i].append(run_ours(engines[i][0], prompt_ids, params, stops))
+            for i, method in enumerate(methods):  # (ar first where it was named first: the others compare with it)
+                record(method, source, batch, *engines[i], median_run(runs[i]))
+            del engines
     if args.verify_shape == "llama-8b":
         report["verify_cost_llama8b"] = verify_cost(device, dtype)
         save()

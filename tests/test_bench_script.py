@@ -92,3 +92,20 @@ def test_a_run_counts_the_steps_the_card_waited_for_the_host():
     assert not {"_plan_ahead", "_launch", "_measure_costs"} & set(vars(engine))
     engine2 = SpecEngine(target, method="ar", max_len=64, max_batch=2)
     assert outs == [r.token_ids for r in engine2.generate(prompts, SamplingParams(max_new_tokens=6))]
+
+
+def test_interleaved_runs_take_every_method_in_turn_both_ways():
+    """--interleave: each round runs every method once, even rounds forward and odd ones backward, so
+    each method holds every place of the order equally often over an even number of rounds (a drift
+    of the card over a cell then falls on all of them alike); a method's figures are its median run's."""
+    bench = load_script("scripts/bench.py")
+    orders = bench.interleaved_orders(3, 4)
+    assert orders == [[0, 1, 2], [2, 1, 0], [0, 1, 2], [2, 1, 0]]
+    assert all(sorted(o) == [0, 1, 2] for o in orders)
+    places = [sum(o.index(m) for o in orders) for m in range(3)]
+    assert len(set(places)) == 1  # the same mean place for every method
+    runs = [({"tokens_per_s": v, "stalls": {}}, [[v]]) for v in (5.0, 9.0, 7.0)]
+    res, outs = bench.median_run(runs)
+    assert res["tokens_per_s"] == 7.0 and outs == [[7.0]]
+    assert res["tokens_per_s_runs"] == [5.0, 9.0, 7.0]
+    assert res["identical_across_repeats"] is False
