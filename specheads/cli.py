@@ -344,6 +344,10 @@ def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--estimate", action="store_true",
                    help="also estimate each method's acceptance without the decode loop (teacher-forced drafts on "
                         "ar's answers), beside the measured one")
+    p.add_argument("--sequential", action="store_true",
+                   help="one method after another, one engine in memory at a time (default: every method's engine "
+                        "built first and each category timed with the methods in turn, so that a drift of the card "
+                        "over the run falls on every method alike)")
     p.add_argument("--out", default="bench/suite", help="path prefix for .json and .png")
 
 
@@ -386,7 +390,8 @@ def cmd_evaluate(args) -> int:
 
     report.update(evaluate(model, tok, head, prompts, methods, batch_size=args.batch_size,
                            max_new_tokens=args.max_new_tokens, progress=lambda s: print(s, file=sys.stderr, flush=True),
-                           estimate=args.estimate, on_cell=keep))
+                           estimate=args.estimate, on_cell=keep,
+                           interleave=not args.sequential))
     js, png = save(report, Path(args.out))
     partial.unlink(missing_ok=True)
     print_table(report)

@@ -147,12 +147,16 @@ def contexts(target, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int, 
 
 def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[Method], batch_size: int = 1,
              max_new_tokens: int = 256, max_prompt_tokens: int = 3072, progress=print, estimate: bool = False,
-             on_cell=None) -> dict:
+             on_cell=None, interleave: bool = True) -> dict:
     """Every method over every prompt, category by category; returns the report (see module doc).
     estimate: also each drafting method's acceptance estimated without the decode loop
     (evaluation/estimate.py) from `ar`'s answers, beside the measured one.
     on_cell(cells): called after each (method, category) with the cells measured so far
-    ({category: {method: cell}}), e.g. to keep them on disk while a long run goes on."""
+    ({category: {method: cell}}), e.g. to keep them on disk while a long run goes on.
+    interleave: every method's engine is built first and each category runs the methods in turn,
+    forward and backward in alternate categories (on an H100 at batch 1 an engine run later in one
+    process ran about 1% slower than the one before it, 2026-12-06: in turn, that falls on every
+    method alike); False: one method after another, one engine in memory at a time."""
     from specheads.runtime.engine import pooled
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.chat import stop_token_ids
@@ -178,47 +182,68 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
         lookahead = dict(enumerate(longer))
     cells: dict = {c: {} for c in cats}
     outputs: dict = {}
-    for m in methods:
+
+    def timed(engine, idx):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        results = engine.generate([ctx[i] for i in idx], params, stops)
+        if cuda:
+            torch.cuda.synchronize()
+        return results, time.perf_counter() - start
+
+    def record(m: Method, cat: str, idx: list[int], results, secs: float) -> None:
+        totals = pooled(results)
+        tokens = totals["tokens"]
+        looped = sum(loop_share(r.token_ids, LOOP_NGRAM) * len(r.token_ids) for r in results)
+        for i, r in zip(idx, results):
+            outputs[(m.name, i)] = r.token_ids
+            per_prompt[i]["methods"][m.name] = {
+                "tokens": len(r.token_ids), "mean_accept_length": round(r.mean_accept_length, 4),
+                "loop_share": round(loop_share(r.token_ids, LOOP_NGRAM), 4)}
+        same = None
+        if m.name != "ar":
+            same = sum(outputs[(m.name, i)] == outputs[("ar", i)] for i in idx) / len(idx)
+        cells[cat][m.name] = {
+            "prompts": len(idx), "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
+            "mean_accept_length": totals["mean_accept_length"] or 1.0,
+            "loop_share": looped / tokens if tokens else 0.0, "identical_to_ar": same}
+        c = cells[cat][m.name]
+        if estimate and m.name != "ar":
+            c["estimated_accept_length"] = _estimate(target, head, m, [ctx[i] for i in idx],
+                                                     [outputs[("ar", i)] for i in idx],
+                                                     [lookahead[i] for i in idx])
+        ar = cells[cat].get("ar")
+        c["speedup_vs_ar"] = c["tokens_per_s"] / ar["tokens_per_s"] if ar else 1.0
+        est = f" (estimated {c['estimated_accept_length']:.2f})" if "estimated_accept_length" in c else ""
+        progress(f"{m.name:>16} {cat:>11}: {c['tokens_per_s']:8.1f} tok/s, accept {c['mean_accept_length']:.2f}{est}, "
+                 f"{c['speedup_vs_ar']:.2f}x ar, looping {c['loop_share']:.1%}")
+        if on_cell is not None:
+            on_cell({k: dict(v) for k, v in cells.items() if v})
+
+    def started(m: Method):
         engine = m.engine(target, head, max_len, batch_size)
         if cuda:  # every graph these batches replay, captured before the clock starts
             engine.capture_common(range(1, batch_size + 1))  # rows leave: every smaller bucket too
-        for cat in cats:
-            idx = [i for i, p in enumerate(prompts) if p.category == cat]
-            if cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            results = engine.generate([ctx[i] for i in idx], params, stops)
-            if cuda:
-                torch.cuda.synchronize()
-            secs = time.perf_counter() - start
-            totals = pooled(results)
-            tokens = totals["tokens"]
-            looped = sum(loop_share(r.token_ids, LOOP_NGRAM) * len(r.token_ids) for r in results)
-            for i, r in zip(idx, results):
-                outputs[(m.name, i)] = r.token_ids
-                per_prompt[i]["methods"][m.name] = {
-                    "tokens": len(r.token_ids), "mean_accept_length": round(r.mean_accept_length, 4),
-                    "loop_share": round(loop_share(r.token_ids, LOOP_NGRAM), 4)}
-            same = None
-            if m.name != "ar":
-                same = sum(outputs[(m.name, i)] == outputs[("ar", i)] for i in idx) / len(idx)
-            cells[cat][m.name] = {
-                "prompts": len(idx), "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
-                "mean_accept_length": totals["mean_accept_length"] or 1.0,
-                "loop_share": looped / tokens if tokens else 0.0, "identical_to_ar": same}
-            c = cells[cat][m.name]
-            if estimate and m.name != "ar":
-                c["estimated_accept_length"] = _estimate(target, head, m, [ctx[i] for i in idx],
-                                                         [outputs[("ar", i)] for i in idx],
-                                                         [lookahead[i] for i in idx])
-            ar = cells[cat].get("ar")
-            c["speedup_vs_ar"] = c["tokens_per_s"] / ar["tokens_per_s"] if ar else 1.0
-            est = f" (estimated {c['estimated_accept_length']:.2f})" if "estimated_accept_length" in c else ""
-            progress(f"{m.name:>16} {cat:>11}: {c['tokens_per_s']:8.1f} tok/s, accept {c['mean_accept_length']:.2f}{est}, "
-                     f"{c['speedup_vs_ar']:.2f}x ar, looping {c['loop_share']:.1%}")
-            if on_cell is not None:
-                on_cell({k: dict(v) for k, v in cells.items() if v})
-        del engine
+        return engine
+
+    groups = [(cat, [i for i, p in enumerate(prompts) if p.category == cat]) for cat in cats]
+    if not interleave:
+        for m in methods:
+            engine = started(m)
+            for cat, idx in groups:
+                record(m, cat, idx, *timed(engine, idx))
+            del engine
+    else:
+        # every method's engine first; each category then runs them in turn, forward in one category and
+        # backward in the next, so a drift of the card or the host over the run falls on every method alike
+        engines = [started(m) for m in methods]
+        for k, (cat, idx) in enumerate(groups):
+            order = range(len(methods)) if k % 2 == 0 else range(len(methods) - 1, -1, -1)
+            got = {j: timed(engines[j], idx) for j in order}
+            for j, m in enumerate(methods):  # (`ar` first where named first: the others compare with it)
+                record(m, cat, idx, *got[j])
+        del engines
     chat = {}
     for m in methods:
         in_chat = [cells[c][m.name] for c in cats if c in CHAT_CATEGORIES]

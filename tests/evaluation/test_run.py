@@ -77,6 +77,41 @@ def test_evaluate_reports_every_category_and_method(tiny_target, tmp_path):
     assert json.loads(js.read_text())["batch_size"] == 1 and png.stat().st_size > 1000
 
 
+def test_evaluate_times_the_methods_in_turn_and_in_both_orders(tiny_target, monkeypatch):
+    """Every engine is built first, then each category runs the methods one after another, forward in
+    one category and backward in the next (a drift over the run falls on every method alike); the
+    figures other than time equal those of the methods run one after another (`interleave=False`)."""
+    model, tok = tiny_target
+    head = random_head(model)
+    methods = parse_methods(["eagle3@3,2,4", "ngram@4"], (6, 4, 15))
+    calls = []
+    build = Method.engine
+
+    def engine(self, *a):
+        e = build(self, *a)
+        gen = e.generate
+
+        def generate(*args, **kw):
+            calls.append(self.name)
+            return gen(*args, **kw)
+        e.generate = generate
+        return e
+
+    monkeypatch.setattr(Method, "engine", engine)
+    report = evaluate(model, tok, head, _prompts(), methods, max_new_tokens=8, progress=lambda s: None)
+    names = [m.name for m in methods]
+    assert calls == names + names[::-1] + names + names[::-1]  # four categories
+    calls.clear()
+    one = evaluate(model, tok, head, _prompts(), methods, max_new_tokens=8, progress=lambda s: None, interleave=False)
+    assert calls == [n for n in names for _ in range(4)]
+    for cat, cell in report["categories"].items():
+        for name, x in cell.items():
+            y = one["categories"][cat][name]
+            assert (x["tokens"], x["mean_accept_length"], x["identical_to_ar"]) == (
+                y["tokens"], y["mean_accept_length"], y["identical_to_ar"])
+    assert report["prompts"] == one["prompts"]
+
+
 def test_evaluate_command(capsys, tiny_target_dir, tmp_path):
     out = tmp_path / "r"
     code = main(["evaluate", "--target", str(tiny_target_dir), "--methods", "ngram@4", "--categories", "math", "coding",
@@ -98,7 +133,7 @@ def test_evaluate_command_keeps_the_cells_of_a_run_that_dies(tiny_target_dir, tm
 
     def failing(self, *a, **k):
         calls.append(self.method)
-        if len(calls) == 3:  # ar's two categories ran; ngram's first dies
+        if len(calls) == 3:  # the first category ran both methods; the second (backward: ngram first) dies
             raise RuntimeError("the card fell over")
         return real(self, *a, **k)
 
@@ -110,7 +145,7 @@ def test_evaluate_command_keeps_the_cells_of_a_run_that_dies(tiny_target_dir, tm
     assert not out.with_suffix(".json").exists()
     kept = json.loads(out.with_suffix(".partial.json").read_text())
     assert kept["complete"] is False and kept["split"] == "validation"
-    assert {c: list(v) for c, v in kept["categories"].items()} == {"math": ["ar"], "coding": ["ar"]}
+    assert {c: list(v) for c, v in kept["categories"].items()} == {"math": ["ar", "ngram@4"]}
     assert kept["categories"]["math"]["ar"]["tokens"] > 0
 
 
