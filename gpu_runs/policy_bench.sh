@@ -6,7 +6,7 @@
 # chat = the seven single-turn chat categories taken in turn; N prompts (64). Carry .dev/head.
 # SPLIT=validation takes the suite's validation part instead of its test part (40 coding prompts there).
 # The adaptive engines' step costs are measured once and kept in $OUT/profile (bench.py
-# --speculation-profile-dir). bench.py saves after every row, so a run cut short keeps its rows.
+# --speculation-profile-dir). bench.py saves after every cell, so a run cut short keeps the cells done.
 # A cell's methods run interleaved (bench.py --interleave: every engine built first, then their timed
 # runs in turn, forward then backward): at batch 1 on an H100 a method's place in a sequential order
 # moved its tokens/s by 1-3% (2026-12-06), as much as the differences the matrix compares.
