@@ -17,8 +17,8 @@ adaptive policy, off under another, `SpecEngine.gate_rows`): where a row takes
 the chain, the head's tree of that step is drafted for nothing; about 29% of the assisted steps take it
 at batch 1 (SmolLM2-135M, the validation prompts' replay, chat and coding alike), and on an H200 the
 head's six depths are about a fifth of such a step. With the gate, each drafting step also writes
-whether each row's lookup matches at its new root; a full-tree step planned behind it, in a batch of
-at most N rows, waits for it, and where every row matches runs `lookup_only()`: the same chain,
+whether each row's lookup matches at its new root; a drafting step planned behind it (the full tree's,
+or under the adaptive policy any tier's), in a batch of at most N rows, waits for it, and where every row matches runs `lookup_only()`: the same chain,
 verify and commit, with the head only taking in the path. The wait gives up the run-ahead of the
 steps it checks. Measured at batch 1 (one H200, 2026-12-03, median of 3, docs/benchmarks.md): 6,4,15
 +1.2% on chat (128 test prompts) and +2.0% on coding (64), 6,4,31 +2.3% and +0.9%; hence on at
@@ -149,7 +149,7 @@ class NgramAssist(Drafter):
         if gate_long and gate == 0:
             raise ValueError("ngram_gate_long sets the chain of a gated step after a fully accepted one: it needs the "
                              "gate (ngram_gate >= 1)")
-        # the engine's gate (module doc, "The gate"): up to this many rows, a full-tree step whose rows
+        # the engine's gate (module doc, "The gate"): up to this many rows, a drafting step whose rows
         # all match runs `lookup_only()` instead (0: never), a chain of `gate_chain` drafts
         self.gate = gate
         self.inner = inner

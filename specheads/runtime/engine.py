@@ -193,7 +193,7 @@ class _Launch:
     host_s: float = 0.0  # host time of the launch (a host drafter's proposal included)
     offered: list | None = None  # per row: the draft tokens a host drafter proposed (None: not known)
     ahead: bool = False  # launched while the step before it was in flight
-    gated: int = 0  # the full tree's step run without the head's tree (SpecEngine._gate): its chain's drafts
+    gated: int = 0  # a drafting step run without the head's tree (SpecEngine._gate): its chain's drafts
     unpaced: bool = False  # its read is no step's pace: a prefill's work (host or card) came between (step)
     read: list | None = None  # its result rows as Python ints, once read (`SpecEngine._read_now`)
 
@@ -606,18 +606,20 @@ class SpecEngine:
         return all(self._ends(row, self._tokens(r)) for row, r in zip(current.rows, self._read_now(current)))
 
     def _gate(self, current: _Launch, plan: tuple) -> tuple | None:
-        """The n-gram assist's gate (drafters/assist.py, option ngram_gate): a full-tree step planned
-        behind a drafting step, in a batch of at most `gate` rows, waits for that step and reads each
+        """The n-gram assist's gate (drafters/assist.py, option ngram_gate): a drafting step (any tier)
+        planned behind a drafting step, in a batch of at most `gate` rows, waits for that step and reads each
         row's lookup at its new root (written by the step); where every row matches, every row would
         take the lookup's chain, so the step runs without the head's tree (`LookupChain`): the same
         drafts, verify and commit at the cost of the chain's verify. The wait gives up the run-ahead
         of the steps it checks. With the ladder (option ngram_gate_long), a gated step behind a gated
         one whose rows accepted every draft runs the ladder's longer chain (`_gated_long`). Where every
         row ends in the step read (its budget, a stop), no step goes behind it (None): it would run for
-        no row, and the next request's prefill would wait for it."""
+        no row, and the next request's prefill would wait for it. A smaller tier's step is gated as the
+        full tree's is (the lookup's chain replaces whichever tree the policy chose; to the policy a
+        gated step is the full tier's, `_launch`)."""
         b, kv, sampled, tier, logprobs = plan
         rows = self.rows
-        if (tier != self._full or not current.tier or len(rows) > self.gate_rows or not self._same_batch(current)
+        if (not tier or not current.tier or len(rows) > self.gate_rows or not self._same_batch(current)
                 or not all(r.speculate for r in rows) or not all(current.drafting)):
             return plan
         if self._every_row_ends(current):  # (read now: the card idles until the launch)
@@ -631,7 +633,8 @@ class SpecEngine:
             if self._gated_long is not None and n and all(r[2] == n and r[0] - 1 == n for r in host):
                 run = self._gated_long
             nodes = 1 + self._drafters[run].num_draft
-            if nodes > self.tree_nodes:  # a longer chain than the tree (ngram_gate_chain): its own room
+            if nodes > self.tree_nodes or tier != self._full:  # (the chain's own room: longer than the
+                # tree, ngram_gate_chain, or than the smaller tier the plan's bucket was chosen for)
                 before = max(r.committed for r in rows) + self._launch_depth(current) + 1
                 kv = self._step_bucket(before + nodes + 1)
             return b, kv, sampled, run, logprobs
@@ -964,7 +967,7 @@ class SpecEngine:
         # per tier (index 0: none) the drafter of its tree; the last tier, the full tree, is the drafter itself
         tiers = self.policy.tiers if self.policy is not None else []
         self._drafters = [None] + [self.drafter.tier(t) for t in tiers[:-1]] + [self.drafter] * bool(tiers)
-        # the gate (`_gate`): the full tree's step without the head's tree, where every row takes the
+        # the gate (`_gate`): a drafting step without the head's tree, where every row takes the
         # lookup's chain; run as a graph of its own, observed as the full tree's step
         self._full, self._gated, self._gated_long = len(tiers), None, None
         if tiers and self.gate_rows and not self._host_drafts:

@@ -523,9 +523,42 @@ def test_the_gate_keeps_sampled_output_and_the_adaptive_policy(target, reference
                         drafter_options={"ngram_gate": 1}, **TREES["tree"])
     results = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW))
     assert [r.token_ids for r in results] == reference
-    # (the static costs here pick the smaller tiers most of the time; the gate takes the full tree's steps)
+    # (the static costs here pick the smaller tiers most of the time; the gate takes any drafting step whose
+    # lookup matched)
     # a gated step counts as the full tree's to the policy (it is that step, without the head's tree)
     assert set().union(*(r.steps_by_tree for r in results)) <= {"none"} | {str(t) for t in engine.policy.tiers}
+
+
+@pytest.mark.parametrize("buckets", [False, True])
+def test_the_gate_takes_a_smaller_tiers_step_where_the_lookup_matches(looping, head, buckets):
+    """Under the adaptive policy the gate runs the lookup's chain in place of whichever tree the policy
+    chose (here always the smallest tier): every step the lookup matched behind a drafting step is gated,
+    in a context bucket with room for the chain, and the output is the target's own."""
+    from tests.runtime.test_tiers import scripted
+
+    kind = head.kind
+    copying = [TRAIN[2], TRAIN[3]]
+    probe = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=1,
+                       speculation_policy="adaptive", **TREES["tree"])
+    policy = scripted(probe.full_tree, "1,1,1;2,1,2", schedule=[1])
+    engine = SpecEngine(looping, head, method=f"{kind}+ngram", max_len=128, max_batch=1, speculation_policy=policy,
+                        drafter_options={"ngram_gate": 1}, **TREES["tree"])  # (a policy object: the gate asked for)
+    engine.buckets = buckets
+    planned, launch = [], engine._launch
+
+    def spy(ahead, plan=None):
+        out = launch(ahead, plan)
+        planned.append((plan[3] if plan else None, out.gated, plan[1] if plan else None))
+        return out
+
+    engine._launch = spy
+    out, _ = _run(engine, PROMPTS + copying, new=NEW)
+    assert out == ar_tokens(looping, PROMPTS + copying, NEW, max_len=128)
+    gated = [p for p in planned if p[1]]
+    assert gated and all(t in (engine._gated, engine._gated_long) for t, _, _ in gated)
+    assert sum(1 for t, g, _ in planned if t == 1 and not g) > 0  # the chosen tier where the lookup missed
+    if buckets:  # (each gated step's context bucket holds the chain after the step in flight)
+        assert all(kv >= 1 + engine.drafter.gate_chain for _, _, kv in gated)
 
 
 def test_lookup_only_drafts_the_chain_or_the_root_alone():
