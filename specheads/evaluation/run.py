@@ -241,7 +241,7 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
         for k, (cat, idx) in enumerate(groups):
             order = range(len(methods)) if k % 2 == 0 else range(len(methods) - 1, -1, -1)
             got = {j: timed(engines[j], idx) for j in order}
-            for j, m in enumerate(methods):  # (`ar` first where named first: the others compare with it)
+            for j, m in enumerate(methods):  # (`ar` first, `parse_methods`: the others compare with it)
                 record(m, cat, idx, *got[j])
         del engines
     chat = {}
