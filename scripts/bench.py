@@ -548,9 +548,11 @@ def main() -> None:
                 print(f"preparing {method} on {source} prompts at batch {batch}", flush=True)
                 engines.append(prepared(method, batch, prompt_ids))
             runs = [[] for _ in methods]
-            for order in interleaved_orders(len(methods), args.repeats):
+            for r, order in enumerate(interleaved_orders(len(methods), args.repeats)):
                 for i in order:
                     runs[i].append(run_ours(engines[i][0], prompt_ids, params, stops))
+                print(f"  round {r + 1}/{args.repeats}: " + ", ".join(
+                    f"{methods[i]} {runs[i][-1][0]['tokens_per_s']:.0f}" for i in order) + " tok/s", flush=True)
             for i, method in enumerate(methods):  # (ar first where it was named first: the others compare with it)
                 record(method, source, batch, *engines[i], median_run(runs[i]))
             del engines
