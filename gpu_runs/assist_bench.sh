@@ -33,7 +33,7 @@ case "${1:-}" in
     prompts="$suite:coding"
     [ "$1" = chat ] && prompts="$suite:writing,roleplay,reasoning,math,extraction,stem,humanities"
     python3 scripts/bench.py --target $TARGET --draft $HEAD --prompts $prompts --num-prompts ${N:-64} \
-      --max-new-tokens 256 --batch-sizes ${BATCHES:-1 8} --repeats ${REPEATS:-3} --peers --interleave \
+      --max-new-tokens 256 --batch-sizes ${BATCHES:-1 8} --repeats ${REPEATS:-3} --peers \
       --methods ar eagle3-tree@$TREE:fixed eagle3+ngram-tree@$TREE:fixed eagle3+ngram-tree@$TREE:adaptive \
       --speculation-profile-dir $OUT/profile --out $OUT/assist_$1 "${@:2}" 2>&1 | grep -v -i -E "warn|Assertion" ;;
   *) echo "assist_bench.sh: suite, sweep, chat or coding, not '${1:-}'" >&2; exit 2 ;;

@@ -6,4 +6,4 @@ set -euo pipefail
 source gpu_runs/env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 python3 scripts/bench.py --target $TARGET --draft ${HEAD:-.dev/head} --prompts .dev/prompts/sharegpt.json coding \
-  --num-prompts ${N:-6} --batch-sizes 1 8 --interleave --out $OUT/bench "$@" 2>&1 | grep -v -i "warn\|Assertion"
+  --num-prompts ${N:-6} --batch-sizes 1 8 --out $OUT/bench "$@" 2>&1 | grep -v -i "warn\|Assertion"

@@ -245,7 +245,7 @@ EOF
     echo "kinds: $kind bench on $src ($l s left)"
     # a bench cut short leaves no file under the final name: the next call runs it again
     timeout -s TERM -k 10 $(( l - 15 )) $PY scripts/bench.py --target $TARGET --draft $run/final \
-      --methods ar $head-tree ${EXTRA_METHODS:-} --batch-sizes 1 8 --speculation-policy fixed --peers --interleave --num-prompts 100 \
+      --methods ar $head-tree ${EXTRA_METHODS:-} --batch-sizes 1 8 --speculation-policy fixed --peers --num-prompts 100 \
       --prompts $ROOT/prompts/$src.json --out $ROOT/bench/.$kind-$src $tree_arg $BENCH_ARGS >> $ROOT/logs/$kind.bench.log 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then

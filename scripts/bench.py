@@ -171,7 +171,7 @@ def run_repeats(engine, prompt_ids, params, stops, repeats: int):
 
 def interleaved_orders(n: int, repeats: int) -> list[list[int]]:
     """The methods' order in each round of an interleaved cell: forward in even rounds, backward in odd
-    ones, so a drift over the rounds falls on every method alike (--interleave)."""
+    ones, so a drift over the rounds falls on every method alike (the default; not with --sequential)."""
     return [list(range(n)) if r % 2 == 0 else list(range(n - 1, -1, -1)) for r in range(repeats)]
 
 
@@ -365,11 +365,11 @@ def main() -> None:
                          "and saved back; default: measured for each engine)")
     ap.add_argument("--ngram-tokens", type=int, default=8, help="ngram's draft tokens (its longest chain)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell after the warm-up (the median)")
-    ap.add_argument("--interleave", action="store_true",
-                    help="build every method's engine of a cell first, then take their timed runs in turn (forward, "
-                         "then backward): a drift of the card or the host over the cell falls on every method alike "
-                         "(at batch 1 on an H100 a method's place in the order moved it by 1-3%%); needs the memory of "
-                         "all the cell's engines at once")
+    ap.add_argument("--sequential", action="store_true",
+                    help="one method after another, one engine in memory at a time (default: every method's engine of "
+                         "a cell built first, then their timed runs taken in turn, forward then backward, so that a "
+                         "drift of the card or the host over the cell falls on every method alike: at batch 1 on an "
+                         "H100 a method's place in a sequential order moved it by 1-3%%)")
     ap.add_argument("--peers", nargs="*", default=["hf", "hf-static-compile"])
     ap.add_argument("--peer-batch-sizes", type=int, nargs="*", default=[1], help="batch sizes the peers run at")
     ap.add_argument("--tree", default=None, help=f"num_steps,topk,num_draft_tokens of KIND-tree ({TREE_DEFAULT_HELP})")
@@ -453,7 +453,7 @@ def main() -> None:
               "max_new_tokens": args.max_new_tokens, "date": time.strftime("%Y-%m-%d"), "rows": rows,
               "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                            "seed": args.seed} if sampled else None,
-              "repeats": args.repeats, "interleave": args.interleave, "speculation_policy": default_policy,
+              "repeats": args.repeats, "interleave": not args.sequential, "speculation_policy": default_policy,
               "speculation_settings": args.speculation_settings,
               "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1"}
     out = Path(args.out)
@@ -534,7 +534,7 @@ def main() -> None:
         for batch in args.batch_sizes:
             methods = [m for m in args.methods
                        if m.partition(":")[0] in ("ar", "ar-sync", "ngram") or head is not None]
-            if not args.interleave:
+            if args.sequential:
                 for method in methods:
                     print(f"running {method} on {source} prompts at batch {batch}", flush=True)
                     engine, startup = prepared(method, batch, prompt_ids)

@@ -95,7 +95,7 @@ def test_a_run_counts_the_steps_the_card_waited_for_the_host():
 
 
 def test_interleaved_runs_take_every_method_in_turn_both_ways():
-    """--interleave: each round runs every method once, even rounds forward and odd ones backward, so
+    """Interleaved (the default): each round runs every method once, even rounds forward and odd ones backward, so
     each method holds every place of the order equally often over an even number of rounds (a drift
     of the card over a cell then falls on all of them alike); a method's figures are its median run's."""
     bench = load_script("scripts/bench.py")
