@@ -141,6 +141,32 @@ class Stalls:
                 "launches": self.launches, "planned_behind": self.behind, "card_idle_behind": self.card_idle}
 
 
+def machine_state() -> dict:
+    """What the card and the host ran at just now, read after a timed run (outside its clock): the card's
+    SM clock (MHz), temperature (C) and power (W) from nvidia-smi where there is one, and the host's mean
+    core clock (MHz) from /proc/cpuinfo where it tells one. On an H100 at batch 1 an engine run later in one
+    process ran about 1% slower than the one before it (2026-12-06); these say whether the machine moved."""
+    import subprocess
+
+    state = {}
+    try:
+        line = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu,power.draw",
+                               "--format=csv,noheader,nounits", "-i", "0"], capture_output=True, text=True,
+                              timeout=5).stdout.strip().splitlines()
+        sm, temp, power = (float(x) for x in line[0].split(","))
+        state.update(card_sm_mhz=sm, card_temp_c=temp, card_power_w=power)
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        pass
+    try:
+        mhz = [float(x.split(":")[1]) for x in Path("/proc/cpuinfo").read_text().splitlines()
+               if x.startswith("cpu MHz")]
+        if mhz:
+            state["host_mhz"] = round(sum(mhz) / len(mhz), 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return state
+
+
 def run_ours(engine, prompt_ids, params, stops):
     """All prompts through one engine; its max_batch rows stay full (a finished row takes the next prompt)."""
     with Stalls(engine) as stalls:
@@ -161,7 +187,7 @@ def run_ours(engine, prompt_ids, params, stops):
             "request_s_mean": sum(r.seconds for r in results) / max(len(results), 1),
             "mean_accept_length": 1 + accepted / steps if steps else None,
             "steps_by_tree": {t: round(n / steps, 4) for t, n in sorted(trees.items())} if steps else {},
-            "stalls": stalls.report()}, [r.token_ids for r in results]
+            "stalls": stalls.report(), "machine": machine_state()}, [r.token_ids for r in results]
 
 
 def run_repeats(engine, prompt_ids, params, stops, repeats: int):
@@ -182,6 +208,7 @@ def median_run(runs: list) -> tuple[dict, list]:
     res, outs = runs[order[repeats // 2]]
     res["tokens_per_s_runs"] = [r["tokens_per_s"] for r, _ in runs]
     res["stalls_runs"] = [r["stalls"] for r, _ in runs]  # (the median hides a stalled run)
+    res["machine_runs"] = [r.get("machine", {}) for r, _ in runs]  # (each run's card and host clocks)
     res["identical_across_repeats"] = all(o == runs[0][1] for _, o in runs)
     return res, outs
 

@@ -109,3 +109,29 @@ def test_interleaved_runs_take_every_method_in_turn_both_ways():
     assert res["tokens_per_s"] == 7.0 and outs == [[7.0]]
     assert res["tokens_per_s_runs"] == [5.0, 9.0, 7.0]
     assert res["identical_across_repeats"] is False
+
+
+def test_each_run_records_the_cards_and_hosts_clocks(monkeypatch):
+    """After each timed run: the card's SM clock, temperature and power (nvidia-smi) and the host's core
+    clock, so a drift over a process shows whether the machine moved; nothing where neither tells."""
+    import subprocess
+
+    bench = load_script("scripts/bench.py")
+
+    class Done:
+        stdout = "1980, 45, 120.5\n"
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: Done())
+    state = bench.machine_state()
+    assert (state["card_sm_mhz"], state["card_temp_c"], state["card_power_w"]) == (1980.0, 45.0, 120.5)
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert not any(k.startswith("card_") for k in bench.machine_state())
+    target = make_target(seed=0, vocab=64)
+    engine = SpecEngine(target, method="ar", max_len=64, max_batch=2)
+    res, _ = bench.run_ours(engine, random_prompts(2, 64, [5, 3], seed=3), SamplingParams(max_new_tokens=4), ())
+    assert isinstance(res["machine"], dict)
+    assert bench.median_run([(res, [])])[0]["machine_runs"] == [res["machine"]]
