@@ -7,8 +7,10 @@ Prints a table (tokens/s, mean acceptance length, speedup over our ar, a request
 its admission to its last token, share of outputs identical to our ar), writes <out>.json and
 <out>.png. `--verify-shape llama-8b` also times one target forward over k = 1..128 tokens for a
 random-weight Llama-3.1-8B shape (GPU).
-Timings are wall clock after a warm-up, synchronized, the median of --repeats runs; nothing
-here asserts speed.
+Timings are wall clock after a warm-up, synchronized, the median of --repeats runs, a cell's methods
+taken in turn (every engine of the cell built first; forward, then backward; `--sequential`: one
+method after another); each run records the card's and the host's clocks after it. Nothing here
+asserts speed.
 
 Speculation policy: a drafting method runs under --speculation-policy (default: fixed) or the
 one its name ends with, e.g. the best fixed tree, the adaptive policy
