@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from specheads.evaluation.machine import machine_state
 from specheads.runtime.defaults import TREE_DEFAULT_HELP, resolve_tree
 
 CODING_PROMPTS = [
@@ -141,32 +142,6 @@ class Stalls:
                 "gc_max_ms": round(max((max(ms) for ms in self.gc_ms.values()), default=0.0), 2),
                 "costs_timed_ms": round(sum(self.timed_ms), 2), "costs_timed": len(self.timed_ms),
                 "launches": self.launches, "planned_behind": self.behind, "card_idle_behind": self.card_idle}
-
-
-def machine_state() -> dict:
-    """What the card and the host ran at just now, read after a timed run (outside its clock): the card's
-    SM clock (MHz), temperature (C) and power (W) from nvidia-smi where there is one, and the host's mean
-    core clock (MHz) from /proc/cpuinfo where it tells one. On an H100 at batch 1 an engine run later in one
-    process ran about 1% slower than the one before it (2026-12-06); these say whether the machine moved."""
-    import subprocess
-
-    state = {}
-    try:
-        line = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu,power.draw",
-                               "--format=csv,noheader,nounits", "-i", "0"], capture_output=True, text=True,
-                              timeout=5).stdout.strip().splitlines()
-        sm, temp, power = (float(x) for x in line[0].split(","))
-        state.update(card_sm_mhz=sm, card_temp_c=temp, card_power_w=power)
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        pass
-    try:
-        mhz = [float(x.split(":")[1]) for x in Path("/proc/cpuinfo").read_text().splitlines()
-               if x.startswith("cpu MHz")]
-        if mhz:
-            state["host_mhz"] = round(sum(mhz) / len(mhz), 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return state
 
 
 def run_ours(engine, prompt_ids, params, stops):

@@ -122,7 +122,7 @@ def test_each_run_records_the_cards_and_hosts_clocks(monkeypatch):
         stdout = "1980, 45, 120.5\n"
 
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: Done())
-    state = bench.machine_state()
+    state = bench.machine_state()  # (specheads/evaluation/machine.py, which `specheads evaluate` reads too)
     assert (state["card_sm_mhz"], state["card_temp_c"], state["card_power_w"]) == (1980.0, 45.0, 120.5)
 
     def missing(*a, **k):

@@ -157,6 +157,7 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
     forward and backward in alternate categories (on an H100 at batch 1 an engine run later in one
     process ran about 1% slower than the one before it, 2026-12-06: in turn, that falls on every
     method alike); False: one method after another, one engine in memory at a time."""
+    from specheads.evaluation.machine import machine_state
     from specheads.runtime.engine import pooled
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.chat import stop_token_ids
@@ -190,9 +191,10 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
         results = engine.generate([ctx[i] for i in idx], params, stops)
         if cuda:
             torch.cuda.synchronize()
-        return results, time.perf_counter() - start
+        secs = time.perf_counter() - start
+        return results, secs, machine_state()  # (the clocks read after the run's clock stopped)
 
-    def record(m: Method, cat: str, idx: list[int], results, secs: float) -> None:
+    def record(m: Method, cat: str, idx: list[int], results, secs: float, machine: dict) -> None:
         totals = pooled(results)
         tokens = totals["tokens"]
         looped = sum(loop_share(r.token_ids, LOOP_NGRAM) * len(r.token_ids) for r in results)
@@ -207,7 +209,7 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
         cells[cat][m.name] = {
             "prompts": len(idx), "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
             "mean_accept_length": totals["mean_accept_length"] or 1.0,
-            "loop_share": looped / tokens if tokens else 0.0, "identical_to_ar": same}
+            "loop_share": looped / tokens if tokens else 0.0, "identical_to_ar": same, "machine": machine}
         c = cells[cat][m.name]
         if estimate and m.name != "ar":
             c["estimated_accept_length"] = _estimate(target, head, m, [ctx[i] for i in idx],

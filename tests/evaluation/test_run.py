@@ -110,6 +110,8 @@ def test_evaluate_times_the_methods_in_turn_and_in_both_orders(tiny_target, monk
             assert (x["tokens"], x["mean_accept_length"], x["identical_to_ar"]) == (
                 y["tokens"], y["mean_accept_length"], y["identical_to_ar"])
     assert report["prompts"] == one["prompts"]
+    # each cell holds the machine's clocks read after its run (the host's at least, where it tells one)
+    assert all(isinstance(x["machine"], dict) for cell in report["categories"].values() for x in cell.values())
 
 
 def test_evaluate_command(capsys, tiny_target_dir, tmp_path):
