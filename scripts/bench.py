@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from specheads.evaluation.machine import machine_state
+from specheads.evaluation.run import turn_order
 from specheads.runtime.defaults import TREE_DEFAULT_HELP, resolve_tree
 
 CODING_PROMPTS = [
@@ -175,7 +176,7 @@ def run_repeats(engine, prompt_ids, params, stops, repeats: int):
 def interleaved_orders(n: int, repeats: int) -> list[list[int]]:
     """The methods' order in each round of an interleaved cell: forward in even rounds, backward in odd
     ones, so a drift over the rounds falls on every method alike (the default; not with --sequential)."""
-    return [list(range(n)) if r % 2 == 0 else list(range(n - 1, -1, -1)) for r in range(repeats)]
+    return [turn_order(n, r) for r in range(repeats)]
 
 
 def median_run(runs: list) -> tuple[dict, list]:

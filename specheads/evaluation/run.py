@@ -145,6 +145,13 @@ def contexts(target, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int, 
     return [ids(h) for h in histories]
 
 
+def turn_order(n: int, k: int) -> list[int]:
+    """The order n methods are timed in, in round (or category) k of an interleaved run: forward in even
+    rounds, backward in odd ones, so a drift of the card or the host over the run falls on every method
+    alike (`evaluate`, scripts/bench.py)."""
+    return list(range(n)) if k % 2 == 0 else list(range(n - 1, -1, -1))
+
+
 def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[Method], batch_size: int = 1,
              max_new_tokens: int = 256, max_prompt_tokens: int = 3072, progress=print, estimate: bool = False,
              on_cell=None, interleave: bool = True) -> dict:
@@ -241,8 +248,7 @@ def evaluate(target, tokenizer, head, prompts: list[EvalPrompt], methods: list[M
         # backward in the next, so a drift of the card or the host over the run falls on every method alike
         engines = [started(m) for m in methods]
         for k, (cat, idx) in enumerate(groups):
-            order = range(len(methods)) if k % 2 == 0 else range(len(methods) - 1, -1, -1)
-            got = {j: timed(engines[j], idx) for j in order}
+            got = {j: timed(engines[j], idx) for j in turn_order(len(methods), k)}
             for j, m in enumerate(methods):  # (`ar` first, `parse_methods`: the others compare with it)
                 record(m, cat, idx, *got[j])
         del engines
