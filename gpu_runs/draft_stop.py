@@ -15,6 +15,11 @@ step costing `--step-ms` at full depth less `--depth-ms` per depth not drafted.
 
     python3 gpu_runs/draft_stop.py --traces docs/results/policy-sim-cpu/validation_coding_l40_t256_traces.json.gz \
         --draft .dev/head --tree 6,4,15 --limit 16 --out docs/results/draft-stop-cpu/coding16
+
+Under the n-gram assist's gate (`--assist TIER`, a traces file of `eagle3+ngram`): a root where the
+lookup matches (its suffix of MIN_NGRAM tokens occurred before, as the assist's device lookup finds it)
+takes a gated step instead, which drafts no tree: it accepts what that tier's trace says and costs
+`--gate-ms`; the stop rule applies to the other roots only.
 """
 
 from __future__ import annotations
@@ -83,23 +88,49 @@ def positions(drafter, target, sequence: list[int], start: int, rows: int = 64) 
     return out
 
 
-def walk(pos: list[dict], n: int, threshold: float | None, first: int | None = None) -> tuple[int, int, int]:
-    """(steps, tokens, depths drafted) serving n tokens (the first from the prefill), each step stopping
-    after the first depth whose best path is below `threshold` (None: never); with `first` D, a step
-    whose first depth's best path is below `threshold` drafts D depths, any other all of them (a choice
-    made from the first depth alone, as a host could read it before the step's later depths)."""
-    full = len(pos[0]["acc"])
+def matched_roots(prompt: list[int], answer: list[int]) -> list[bool]:
+    """Per step root j (after the answer's (j + 1)-th token): whether the assist's lookup matches there
+    (a suffix of MIN_NGRAM tokens or more ending at the root occurred before; `ngram_lookup_reference`
+    at the assist's MAX_NGRAM and MIN_NGRAM), i.e. whether the gate takes the step at batch 1. Never at the
+    first root: the engine gates a step behind a drafting one, and the prefill drafts none."""
+    from specheads.drafters.assist import MAX_NGRAM, MIN_NGRAM
+    from specheads.kernels.ngram import ngram_lookup_reference
 
-    def pick(p):
-        d = full
+    seq = torch.tensor(prompt + answer)
+    cols = torch.zeros(1, dtype=torch.long)
+    out = []
+    for j in range(len(answer) - 1):
+        root = len(prompt) + j  # the root's index; the lookup reads the tokens before it
+        _, found = ngram_lookup_reference(seq[None, :root], torch.tensor([root]), seq[root: root + 1], cols,
+                                          MAX_NGRAM, MIN_NGRAM)
+        out.append(bool(found[0]) and j > 0)
+    return out
+
+
+def walk(pos: list[dict], n: int, threshold: float | None, first: int | None = None,
+         gated: list | None = None) -> tuple[int, int, int, int]:
+    """(steps, tokens, depths drafted, gated steps) serving n tokens (the first from the prefill), each
+    step stopping after the first depth whose best path is below `threshold` (None: never); with `first`
+    D, a step whose first depth's best path is below `threshold` drafts D depths, any other all of them (a
+    choice made from the first depth alone, as a host could read it before the step's later depths).
+    gated[i]: the drafts a gated step rooted at i accepts where the assist's lookup matches there, None
+    where it does not (a step drafting the head's tree); such a step drafts no depth."""
+    full = len(pos[0]["acc"])
+    count = [0]
+
+    def pick(i):
+        if gated is not None and gated[i] is not None:
+            count[0] += 1
+            return gated[i], 0
+        p, d = pos[i], full
         if threshold is not None and first is None:
             d = next((j + 1 for j, b in enumerate(p["best"]) if b < threshold), full)
         elif threshold is not None and p["best"][0] < threshold:
             d = first
         return p["acc"][d - 1], d
 
-    steps, _, depths = walk_with(n, lambda i: pick(pos[i]))
-    return steps, n - 1, depths
+    steps, _, depths = walk_with(n, pick)
+    return steps, n - 1, depths, count[0]
 
 
 def main(argv=None) -> int:
@@ -116,10 +147,22 @@ def main(argv=None) -> int:
                     help="stop after the first depth whose best path's probability is below this")
     ap.add_argument("--first-depth", type=int, default=None,
                     help="D: the rule reads the first depth only (below the threshold: draft D depths, else all)")
+    ap.add_argument("--assist", default=None, metavar="TIER",
+                    help="a tier of the traces file (from eagle3+ngram, e.g. 31,4,15): where the lookup matches, a "
+                         "gated step accepts what that tier's trace says, costs --gate-ms and drafts no tree")
+    ap.add_argument("--gate-ms", type=float, default=0.85,
+                    help="a gated step (the lookup's chain verified, no tree drafted); an assumed price, not profiled")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     data = json.loads(read_text(args.traces))
     prompts, answers = data["prompts"][: args.limit], data["answers"][: args.limit]
+    gated = [None] * len(prompts)
+    if args.assist:
+        if args.assist not in data["traces"]:
+            ap.error(f"--assist {args.assist}: the traces file has the tiers {sorted(data['traces'])}")
+        trace = data["traces"][args.assist]
+        gated = [[t if m else None for t, m in zip(trace[i], matched_roots(p, a))]
+                 for i, (p, a) in enumerate(zip(prompts, answers))]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.positions:
@@ -142,20 +185,25 @@ def main(argv=None) -> int:
     new = [len(a) for a in answers]
     full = len(rows[0][0]["acc"])
     report = {"traces": args.traces, "tree": args.tree, "prompts": len(rows), "step_ms": args.step_ms,
-              "first_depth": args.first_depth, "rules": []}
-    base = None  # (steps, tokens) of the full draft: the first rule
+              "first_depth": args.first_depth, "assist": args.assist,
+              "gate_ms": args.gate_ms if args.assist else None, "rules": []}
+    base = None  # tokens per ms of the full draft: the first rule
     for t in [None] + args.thresholds:
-        w = [walk(pos, n, None if t is None else math.log(t), args.first_depth) for pos, n in zip(rows, new)]
-        steps, tokens, depths = (sum(x[i] for x in w) for i in range(3))
-        b_steps, b_tokens = base = base or (steps, tokens)
-        rule = {"threshold": t, "steps": steps, "accept": 1 + (tokens - steps) / steps,
-                "mean_depth": depths / steps, "vs_full": {}}
+        w = [walk(pos, n, None if t is None else math.log(t), args.first_depth, g)
+             for pos, n, g in zip(rows, new, gated)]
+        steps, tokens, depths, gates = (sum(x[i] for x in w) for i in range(4))
+        trees = steps - gates  # the steps that draft the head's tree
+        rule = {"threshold": t, "steps": steps, "gated_steps": gates, "accept": 1 + (tokens - steps) / steps,
+                "mean_depth": depths / trees if trees else None, "vs_full": {}}
+        rates = {}
         for c in args.depth_ms:
-            cost = steps * args.step_ms - (steps * full - depths) * c
-            rule["vs_full"][str(c)] = (tokens / cost) / (b_tokens / (b_steps * args.step_ms))
+            cost = trees * args.step_ms - (trees * full - depths) * c + gates * args.gate_ms
+            rates[str(c)] = tokens / cost
+        base = base or rates
+        rule["vs_full"] = {c: r / base[c] for c, r in rates.items()}
         report["rules"].append(rule)
-        print(f"stop below {t if t is not None else '-':>5}: accept {rule['accept']:.3f}, mean depth "
-              f"{rule['mean_depth']:.2f}, tokens/ms against the full draft: "
+        print(f"stop below {t if t is not None else '-':>5}: accept {rule['accept']:.3f}, gated steps {gates} of "
+              f"{steps}, mean depth {rule['mean_depth'] or 0:.2f}, tokens/ms against the full draft: "
               + ", ".join(f"{v:.3f} (a depth {c} ms)" for c, v in rule["vs_full"].items()), flush=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     return 0
