@@ -4,13 +4,14 @@ for batch 1": each kernel of a depth not drafted would read a device flag and re
 
 Captures a graph of N back-to-back launches of a Triton kernel that reads a flag and returns where it is
 set (else writes one value), with programmatic dependent launch as the draft's kernels take it (wait for
-the kernel before, then let the next one launch) and without, replays each graph R times after warm-up,
-and reports the time a skipped launch adds (the slope over N, so the graph's own launch drops out). With
+the kernel before, then let the next one launch) and without, replays each graph R times after warm-up
+(`timing.graph_us`), and reports the time a skipped launch adds (the slope over N, so the graph's own
+launch drops out). With
 --depth-ms (what a drafted depth costs, e.g. from `draft_step_times.py --trees 6,4,15 3,4,15`: the two
 steps' difference over 3) and --kernels-per-depth K, it also prints what a skipped depth would save:
 depth-ms - K x the skipped launch, the --depth-ms figure `draft_stop.py` replays with.
 
-    python3 gpu_runs/skip_cost.py --out $OUT/skip_cost [--launches 0 9 27 54] [--replays 2000]
+    python3 gpu_runs/skip_cost.py --out $OUT/skip_cost [--launches 9 27 54] [--replays 2000]
         [--depth-ms 0.033 --kernels-per-depth 9]
 
 CPU (tests): `skip_reference` and, under TRITON_INTERPRET=1, the kernel itself.
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # timing.py beside it
 
 from specheads.kernels.fused import gdc_launch_dependents, gdc_wait, triton  # noqa: E402
 
@@ -67,36 +69,16 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 
 def graph_us(n: int, pdl: bool, replays: int, flag: torch.Tensor, out: torch.Tensor) -> float:
-    """Microseconds a replay of a graph of n skipped launches takes (median of 5 batches of replays)."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):  # compile and warm up outside the capture
-            skip(flag, out, pdl)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out.add_(0)  # a torch node first, as a step's graph starts with one
-        for _ in range(n):
-            skip(flag, out, pdl)
-    for _ in range(50):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / replays)
-    return sorted(times)[2]
+    """Microseconds a replay of a graph of n skipped launches takes (timing.graph_us, median of 5)."""
+    from timing import graph_us as per_call
+
+    return sorted(per_call(lambda: skip(flag, out, pdl), calls=n, replays=replays) * n for _ in range(5))[2]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="path prefix for the .json")
-    ap.add_argument("--launches", type=int, nargs="+", default=[0, 9, 27, 54])
+    ap.add_argument("--launches", type=int, nargs="+", default=[9, 27, 54])
     ap.add_argument("--replays", type=int, default=2000)
     ap.add_argument("--depth-ms", type=float, default=None, help="what a drafted depth costs (ms)")
     ap.add_argument("--kernels-per-depth", type=int, default=9,
@@ -105,8 +87,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the CPU tests cover the kernel under TRITON_INTERPRET=1)")
-    if len(set(args.launches)) < 2:
-        ap.error(f"--launches needs two different counts or more, got {args.launches}")
+    if len(set(args.launches)) < 2 or min(args.launches) < 1:
+        ap.error(f"--launches needs two different counts of 1 or more, got {args.launches}")
     flag = torch.ones(1, dtype=torch.int32, device="cuda")  # set: every launch returns at once
     out = torch.zeros(1, dtype=torch.int32, device="cuda")
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "replays": args.replays,
