@@ -37,8 +37,9 @@ def export_formats(kind: str | None = None) -> tuple[str, ...]:
 
 # the speculators layouts specheads writes, for a kind that has none and says no more (the built-in
 # MTP and Medusa kinds give their own reasons: their configs' refused_exports)
-SPECULATORS_KINDS = ("specheads writes speculators' eagle3 type (speculators 0.9.0) for EAGLE-3 heads and its eagle "
-                     "type (speculators 0.4.0, docs/formats/speculators-eagle.md) for EAGLE-1 heads")
+SPECULATORS_KINDS = ("specheads writes speculators' eagle3 type (speculators 0.9.0) for EAGLE-3 heads, its eagle "
+                     "type (speculators 0.4.0, docs/formats/speculators-eagle.md) for EAGLE-1 heads and its mtp type "
+                     "(speculators 0.9.0) for one-module MTP heads of Qwen3-family targets")
 
 
 def _exporter(kind: HeadKind, fmt: str):
@@ -46,9 +47,10 @@ def _exporter(kind: HeadKind, fmt: str):
         if fmt == "speculators":
             raise HeadKindError(f"{kind.title} heads have no speculators layout: {SPECULATORS_KINDS}; "
                                 f"{kind.name} heads export to: {', '.join(kind.exporters) or 'nothing'}")
-        if not kind.exporters:
-            raise HeadKindError(f"{kind.title} heads have no export format: no public engine loads this kind for a "
-                                f"target that does not ship it; the head folder itself runs with `specheads serve`")
+        if not set(kind.exporters) - {"speculators"}:  # no serving engine's layout (speculators' is a library's)
+            also = f" ({kind.name} heads export to: speculators)" if kind.exporters else ""
+            raise HeadKindError(f"{kind.title} heads have no {fmt} export: no public engine loads this kind for a "
+                                f"target that does not ship it; the head folder itself runs with `specheads serve`{also}")
         raise HeadKindError(f"export format {fmt!r} is not one of {kind.name} heads' formats: "
                             f"{', '.join(kind.exporters)}")
     return kind.exporters[fmt]

@@ -37,9 +37,13 @@ MTP = HeadKind(
     loss=ttt_loss,
     weights=mtp.weight_shapes,
     mismatches=mtp.head_mismatches,
-    # no public loader runs MTP layers for a target that did not ship them: specheads' own folder only
-    exporters={},
-    hub_architectures={},
+    # no engine runs MTP layers for a target that did not ship them: specheads' own folder; speculators'
+    # `mtp` layout for a one-module, full-vocabulary head of a Qwen3-family target (its training library
+    # stitches it into the verifier's checkpoint; vLLM 0.33.0 loads no speculators mtp folder)
+    exporters={"speculators": mtp.speculators_config},
+    hub_architectures={"speculators": (mtp.SPECULATORS_ARCHITECTURE,)},
+    tensor_exporters={"speculators": mtp.speculators_tensors},
+    own_architectures=(mtp.ARCHITECTURE,),
     card_head=mtp.card_head,
     drafter="specheads.drafters.mtp:MTPDrafter",
 )

@@ -419,13 +419,21 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(d_in, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(d_in, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        if getattr(cfg, "qk_norm", False):  # the target family's q/k norms (Qwen3; MTP modules: cfg.qk_norm)
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def qkv(self, x, cos, sin):
-        """-> q [B, heads, T, D], k and v [B, kv_heads, T, D] (rotated)."""
+        """-> q [B, heads, T, D], k and v [B, kv_heads, T, D] (rotated; each head's q and k normed first
+        where the layer has q/k norms)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
 

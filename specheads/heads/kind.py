@@ -68,6 +68,8 @@ class HeadKind:
     # export format -> the `architectures` of its config.json; a folder without specheads.json is
     # recognized by these names
     hub_architectures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # the `architectures` of the kind's own folder where no export format writes them (MTP's)
+    own_architectures: tuple[str, ...] = ()
     # export format -> fn(tensors {name: tensor}, cfg) -> the tensors that engine's folder holds, for
     # formats whose names differ from the head's own (the folder then carries no specheads.json)
     tensor_exporters: Mapping[str, Callable] = field(default_factory=dict)
@@ -94,8 +96,10 @@ class HeadKind:
         return f"{self.name}+ngram" if self.ngram_assist else self.name
 
     def architectures(self) -> tuple[str, ...]:
-        """Every architecture name this kind writes, in export-format order, without repeats."""
-        return tuple(dict.fromkeys(a for names in self.hub_architectures.values() for a in names))
+        """Every architecture name this kind writes (its own folder's first, then in export-format order),
+        without repeats."""
+        return tuple(dict.fromkeys([*self.own_architectures,
+                                    *(a for names in self.hub_architectures.values() for a in names)]))
 
     def check(self) -> "HeadKind":
         """The entry holds together: raises HeadKindError naming what does not."""

@@ -42,11 +42,15 @@ TITLE = "MTP"
 @dataclass
 class MTPConfig(Eagle3Config):
     num_modules: int = 3
+    # each attention head's q and k RMS-normed before rotary, as the target's own layers do (Qwen3): a module
+    # is then the target family's decoder layer, as speculators' `mtp` layer is (docs/formats/mtp-sources.md)
+    qk_norm: bool = False
     SHAPE_OPTIONS = ("num_modules",)
 
     @classmethod
     def for_target(cls, target, draft_vocab_size: int, layer_ids: list[int] | None = None, **overrides):
         last = [target.spec.num_hidden_layers]  # the final hidden state, after the target's final norm
+        overrides.setdefault("qk_norm", bool(getattr(target.spec, "qk_norm", False)))
         return super().for_target(target, draft_vocab_size, list(layer_ids) if layer_ids else last, **overrides)
 
     def validate(self) -> "MTPConfig":
@@ -66,8 +70,9 @@ class MTPConfig(Eagle3Config):
         return self.num_modules
 
     def refused_exports(self) -> dict[str, str]:
-        """speculators' `mtp` type, with which of its conditions this head fails (export raises it)."""
-        return {"speculators": speculators_refusal(self)}
+        """speculators' `mtp` type where this head fails one of its conditions, with which (export raises it)."""
+        why = speculators_refusal(self)
+        return {"speculators": why} if why else {}
 
     def to_hf(self, dtype: torch.dtype, target_name: str | None) -> dict:
         return {
@@ -88,6 +93,7 @@ class MTPConfig(Eagle3Config):
             "target_num_hidden_layers": self.target_num_layers,
             "specheads_feature_layer": self.target_layer_ids[0],
             "tie_word_embeddings": False,
+            "specheads_qk_norm": self.qk_norm,
             "torch_dtype": str(dtype).replace("torch.", ""),
             "specheads_target": target_name,
         }
@@ -102,6 +108,7 @@ class MTPConfig(Eagle3Config):
             target_hidden_size=raw.get("target_hidden_size") or raw["hidden_size"], target_num_layers=n_target,
             target_layer_ids=[raw.get("specheads_feature_layer", n_target)], rope_parameters=rope,
             target_model_type=raw.get("model_type", "llama"), num_modules=raw.get("num_nextn_predict_layers", 1),
+            qk_norm=bool(raw.get("specheads_qk_norm", False)),
         )
 
 
@@ -113,9 +120,9 @@ ARCHITECTURE = "SpecheadsMTPForCausalLM"  # our folders only: no public loader r
 SPECULATORS_MTP_FAMILIES = ("qwen3", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 
-def speculators_refusal(cfg: MTPConfig) -> str:
-    """Why an MTP head does not export to speculators: the three conditions of its `mtp` type, and
-    the ones this head fails."""
+def speculators_refusal(cfg: MTPConfig) -> str | None:
+    """Why an MTP head does not export to speculators (None: it does): the conditions of its `mtp`
+    type, and the ones this head fails."""
     fails = []
     if cfg.num_modules != 1:
         fails.append(f"(1): it has {cfg.num_modules} modules (head.num_modules={cfg.num_modules})")
@@ -123,13 +130,69 @@ def speculators_refusal(cfg: MTPConfig) -> str:
         fails.append(f"(2): it drafts over {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens")
     if cfg.target_model_type not in SPECULATORS_MTP_FAMILIES:
         fails.append(f"(3): its target is {cfg.target_model_type}")
-    why = ("this head fails " + "; ".join(fails)) if fails else (
-        "this head meets all three, but its decoder layer has no q_norm/k_norm, which speculators' Qwen3 MTP "
-        "layer applies, so that layer would compute another function")
+    elif not cfg.qk_norm:
+        fails.append("(3): its decoder layer has no q_norm/k_norm, which speculators' Qwen3 MTP layer applies "
+                     "(a head made before specheads gave Qwen3 targets' MTP modules the target's q/k norms)")
+    if not fails:
+        return None
     return ("MTP heads do not export to speculators: speculators 0.9.0's mtp type loads (1) one module "
             "(num_nextn_predict_layers == 1), (2) the full vocabulary (no draft vocabulary), (3) a Qwen3-family "
-            f"verifier ({', '.join(SPECULATORS_MTP_FAMILIES)}); {why} (docs/formats/mtp-sources.md, section 3). "
+            f"verifier ({', '.join(SPECULATORS_MTP_FAMILIES)}); this head fails "
+            + "; ".join(fails) + " (docs/formats/mtp-sources.md, section 3). "
             "vLLM 0.33.0 loads no speculators mtp folder either; the head folder itself runs with `specheads serve`")
+
+
+SPECULATORS_ARCHITECTURE = "MTPDraftModel"
+
+
+def speculators_config(head: "MTPHead", dtype: torch.dtype, target_name: str | None) -> dict:
+    """config.json of speculators' `mtp` type (0.9.0, models/mtp/config.py): the module's decoder layer
+    as the verifier family's config (`transformer_layer_config`, its model_type first), one module, the
+    verifier by hub id; no top-level model_type."""
+    from specheads.heads.eagle3 import SPECULATORS_VERSION, speculators_section
+
+    c = head.config
+    section = speculators_section("mtp", c, target_name)
+    section["proposal_methods"][0]["speculative_tokens"] = 3  # speculators' MTP default
+    return {
+        "speculators_model_type": "mtp",
+        "speculators_version": SPECULATORS_VERSION,
+        "num_nextn_predict_layers": 1,
+        "dtype": str(dtype).replace("torch.", ""),
+        "speculators_config": section,
+        "transformer_layer_config": {
+            "model_type": c.target_model_type, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
+            "max_position_embeddings": c.max_position_embeddings, "rope_parameters": dict(c.rope_parameters),
+            "attention_bias": False, "tie_word_embeddings": False,
+        },
+        "specheads_target": target_name,
+    }
+
+
+# our module's names -> speculators' (models/mtp/model_definitions.py: the MTP mixin's norms and projection
+# around the family's decoder layer, whose own names stay)
+_SPECULATORS_NAMES = {"enorm.": "token_layernorm.", "hnorm.": "hidden_layernorm.", "eh_proj.": "input_proj.",
+                      "shared_head.norm.": "final_layernorm."}
+
+
+def speculators_tensors(tensors: dict, cfg: MTPConfig) -> dict:
+    """The one module's tensors under speculators' names (`mtp_layers.0.*`); the lm_head (the target's
+    own over the full vocabulary, frozen) and the vocabulary maps stay out: the library attaches the
+    verifier's embedding and lm_head."""
+    out = {}
+    for name, t in tensors.items():
+        if not name.startswith("layers.0."):
+            continue
+        rest = name[len("layers.0."):]
+        for ours, theirs in _SPECULATORS_NAMES.items():
+            if rest.startswith(ours):
+                rest = theirs + rest[len(ours):]
+                break
+        out["mtp_layers.0." + rest] = t
+    return out
 
 
 head_mismatches = one_feature_mismatches
@@ -149,6 +212,8 @@ def weight_shapes(cfg: MTPConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.gate_proj.weight": (c.intermediate_size, h), p + "mlp.up_proj.weight": (c.intermediate_size, h),
             p + "mlp.down_proj.weight": (h, c.intermediate_size), p + "shared_head.norm.weight": (h,),
         })
+        if c.qk_norm:
+            out.update({p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,)})
     out.update({"lm_head.weight": (c.draft_vocab_size, h), "d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)})
     return out
 
@@ -162,7 +227,8 @@ def native_config(head: "MTPHead", dtype: torch.dtype, target_name: str | None) 
 def card_head(cfg: MTPConfig, dtype: str) -> list[str]:
     return [
         f"| architecture | {cfg.num_modules} MTP modules (DeepSeek-V3 layout: enorm, hnorm, eh_proj, one decoder "
-        f"layer, shared_head.norm), hidden size {cfg.hidden_size}, dtype {dtype} |",
+        f"layer{' with q/k norms' if cfg.qk_norm else ''}, shared_head.norm), hidden size {cfg.hidden_size}, "
+        f"dtype {dtype} |",
         f"| draft vocab | {cfg.draft_vocab_size} of the target's {cfg.vocab_size} tokens |",
         f"| target feature | {_feature(cfg)} |",
         "| layout | per module `layers.{d}.enorm`, `hnorm`, `eh_proj` (input [enorm(embedding), hnorm(hidden)], "
@@ -171,7 +237,9 @@ def card_head(cfg: MTPConfig, dtype: str) -> list[str]:
         "(NextN) run MTP layers only for targets that ship them (DeepSeek-V3/R1, Qwen3-Next, MiMo, GLM-4.5 and "
         "the like) and do not load MTP layers for this target; for those engines, train and export an EAGLE-3 "
         "head. Sources and names: docs/formats/mtp-sources.md in the specheads repository.",
-    ]
+    ] + ([] if speculators_refusal(cfg) else [
+        "", "It also exports to speculators' `mtp` layout (`specheads export HEAD --format speculators`), which "
+        "speculators' scripts stitch into the verifier's checkpoint."])
 
 
 def _feature(cfg: MTPConfig) -> str:
@@ -247,7 +315,11 @@ class MTPHead(DraftVocab, nn.Module):
         and gate/up weights (views), the input norms and projection in two kernels, one kernel per
         projection with its norm or residual inside. lm_head_int8 (default True): the draft lm_head
         in an int8 copy with a float32 scale a row (drafts only: the target verifies every token).
-        Call after the head is on its device and dtype."""
+        Call after the head is on its device and dtype. A head with q/k norms (cfg.qk_norm) drafts on its
+        torch modules: the fused layer has no q/k norm."""
+        if self.config.qk_norm:
+            self.fused, self._lm_int8 = False, None
+            return self
         for module in self.layers:
             fuse_layer(module)
         self.fused = True
@@ -311,5 +383,6 @@ def mtp_unroll(head: MTPHead, embed, input_ids: torch.Tensor, aux_hidden: torch.
     return outputs
 
 
-__all__ = ["ARCHITECTURE", "MTPConfig", "MTPHead", "MTPModule", "TITLE", "card_head", "head_mismatches",
-           "mtp_unroll", "native_config", "weight_shapes"]
+__all__ = ["ARCHITECTURE", "MTPConfig", "MTPHead", "MTPModule", "SPECULATORS_ARCHITECTURE", "TITLE", "card_head",
+           "head_mismatches", "mtp_unroll", "native_config", "speculators_config", "speculators_tensors",
+           "weight_shapes"]

@@ -127,3 +127,73 @@ def test_the_pinned_version_is_what_setup_installs_and_exports_name():
     from specheads.heads.eagle3 import SPECULATORS_VERSION as written
 
     assert written == SPECULATORS_VERSION
+
+
+LOAD_MTP = r"""
+import json, sys, torch
+from safetensors.torch import load_file
+from speculators import SpeculatorModel
+folder, case = sys.argv[1], torch.load(sys.argv[2])
+model = SpeculatorModel.from_pretrained(folder).float().eval()
+saved, state = load_file(folder + "/model.safetensors"), model.state_dict()
+# from_pretrained attached the verifier's embedding and lm_head (the target folder named in the config)
+with torch.no_grad():
+    logits = model(input_ids=case["ids"], hidden_states=case["hidden"])[0][0]
+n = logits.shape[1]
+print(json.dumps({
+    "class": type(model).__name__,
+    "not_in_file": sorted(set(state) - set(saved)), "not_in_model": sorted(set(saved) - set(state)),
+    "unequal": sorted(k for k in set(saved) & set(state) if not torch.equal(saved[k].float(), state[k].float())),
+    "positions": n, "max_logit_diff": (logits - case["logits"][:, :n]).abs().max().item(),
+    "verifier_attached": bool(torch.isfinite(model.embed_tokens.weight).all() and torch.isfinite(model.lm_head.weight).all()),
+}))
+"""
+
+
+def test_speculators_loads_a_qwen3_mtp_export_and_predicts_alike(tmp_path):
+    """A one-module, full-vocabulary MTP head of a Qwen3 target (its module with the target's q/k norms)
+    exports to speculators' mtp type; the library's MTPDraftModel takes every tensor, attaches the
+    verifier's embedding and lm_head from the target folder, and its first step's logits over the same
+    target hidden states and tokens are our module's (float32)."""
+    from transformers import Qwen3Config
+
+    from specheads.heads.mtp import MTPConfig, MTPHead, mtp_unroll
+    from tests.helpers import tiny_config_kwargs
+
+    env = speculators_env()
+    vocab = 64
+    target_dir = tmp_path / "target"
+    save_random_target(target_dir, Qwen3Config(**tiny_config_kwargs(vocab, tie_word_embeddings=False)),
+                       build_tokenizer(vocab), randomize=True)
+    target, _, _ = load_target(target_dir)
+    torch.manual_seed(1)
+    head = MTPHead(MTPConfig.for_target(target, draft_vocab_size=vocab, num_modules=1)).eval()
+    assert head.config.qk_norm and head.config.target_model_type == "qwen3"
+    randomize_(head, seed=3, std=0.2)
+    head.init_readout_from_target(target)  # the target's own lm_head, as training keeps it over the full vocabulary
+    folder = save_head(head, tmp_path / "final", torch.float32, target_name=str(target_dir))
+    out = export_head(folder, "speculators", tmp_path / "spec")
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "mtp" and config["architectures"] == ["MTPDraftModel"]
+    assert config["transformer_layer_config"]["model_type"] == "qwen3" and config["num_nextn_predict_layers"] == 1
+    config["speculators_config"]["verifier"]["name_or_path"] = str(target_dir)  # a local target: named by hand
+    (out / "config.json").write_text(json.dumps(config))
+
+    t = 9
+    hidden = torch.randn(1, t, target.spec.hidden_size, generator=torch.Generator().manual_seed(7))
+    ids = torch.randint(0, vocab, (1, t), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        outputs = mtp_unroll(head, target.embed_tokens, ids, hidden, 1)
+        logits = head.logits(outputs[0])  # position i: from token i+1 and hidden i
+    torch.save({"hidden": hidden, "ids": ids, "logits": logits}, tmp_path / "case.pt")
+
+    run = subprocess.run([sys.executable, "-c", LOAD_MTP, str(out), str(tmp_path / "case.pt")], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["class"] == "MTPDraftModel"
+    # the verifier's own tensors (embedding, lm_head) are not in the file; everything else is
+    assert not [k for k in got["not_in_file"] if not k.startswith(("embed_tokens", "lm_head", "verifier_"))], got
+    assert got["not_in_model"] == [] and got["unequal"] == []
+    assert got["verifier_attached"], got
+    assert got["positions"] >= 5 and got["max_logit_diff"] < 1e-4, got
