@@ -93,6 +93,9 @@ def export_head(src: str | Path, fmt: str, out: str | Path, dtype: torch.dtype |
     dtype = dtype or next(p.dtype for p in head.parameters())
     target_name = json.loads((src / CONFIG_FILE).read_text()).get("specheads_target")
     config = engine_config(head, fmt, dtype, target_name)  # an unknown or refused format fails before anything is written
+    why = kind.export_checks[fmt](meta) if fmt in kind.export_checks else None
+    if why:
+        raise HeadKindError(why)
     save_head(head, out, dtype, {k: v for k, v in meta.items() if k not in ("kind", "config", "layer_id_convention")},
               target_name=target_name)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

@@ -44,6 +44,7 @@ MTP = HeadKind(
     hub_architectures={"speculators": (mtp.SPECULATORS_ARCHITECTURE,)},
     tensor_exporters={"speculators": mtp.speculators_tensors},
     own_architectures=(mtp.ARCHITECTURE,),
+    export_checks={"speculators": mtp.speculators_check},
     card_head=mtp.card_head,
     drafter="specheads.drafters.mtp:MTPDrafter",
 )

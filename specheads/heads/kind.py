@@ -70,6 +70,9 @@ class HeadKind:
     hub_architectures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # the `architectures` of the kind's own folder where no export format writes them (MTP's)
     own_architectures: tuple[str, ...] = ()
+    # export format -> fn(specheads.json of the head folder) -> why that folder's training keeps it from
+    # that format (None: nothing does), for what its config does not tell (e.g. a trained lm_head)
+    export_checks: Mapping[str, Callable[[dict], str | None]] = field(default_factory=dict)
     # export format -> fn(tensors {name: tensor}, cfg) -> the tensors that engine's folder holds, for
     # formats whose names differ from the head's own (the folder then carries no specheads.json)
     tensor_exporters: Mapping[str, Callable] = field(default_factory=dict)
@@ -115,6 +118,9 @@ class HeadKind:
         if set(self.tensor_exporters) - set(self.exporters):
             problems.append(f"tensor exporters for {sorted(set(self.tensor_exporters) - set(self.exporters))}, which "
                             f"are not export formats ({sorted(self.exporters)})")
+        if set(self.export_checks) - set(self.exporters):
+            problems.append(f"export checks for {sorted(set(self.export_checks) - set(self.exporters))}, which are "
+                            f"not export formats ({sorted(self.exporters)})")
         if set(self.launch) - set(self.exporters):
             problems.append(f"launch commands for {sorted(set(self.launch) - set(self.exporters))}, which are not "
                             f"export formats ({sorted(self.exporters)})")

@@ -172,6 +172,18 @@ def speculators_config(head: "MTPHead", dtype: torch.dtype, target_name: str | N
     }
 
 
+def speculators_check(meta: dict) -> str | None:
+    """speculators' MTP model reads out through the verifier's own lm_head: a head whose run trained its
+    lm_head (head.freeze_lm_head=false, or head.lm_head_from_target=false) would compute another function."""
+    opts = (meta.get("run_config") or {}).get("head") or {}
+    if opts.get("freeze_lm_head") is False or opts.get("lm_head_from_target") is False:
+        return ("this MTP head does not export to speculators: its run trained its own lm_head "
+                f"(head.freeze_lm_head={opts.get('freeze_lm_head')}, head.lm_head_from_target="
+                f"{opts.get('lm_head_from_target')}), and speculators' mtp model reads out through the verifier's "
+                "lm_head; train with the defaults (the target's lm_head, frozen) to export it")
+    return None
+
+
 # our module's names -> speculators' (models/mtp/model_definitions.py: the MTP mixin's norms and projection
 # around the family's decoder layer, whose own names stay)
 _SPECULATORS_NAMES = {"enorm.": "token_layernorm.", "hnorm.": "hidden_layernorm.", "eh_proj.": "input_proj.",
@@ -384,5 +396,5 @@ def mtp_unroll(head: MTPHead, embed, input_ids: torch.Tensor, aux_hidden: torch.
 
 
 __all__ = ["ARCHITECTURE", "MTPConfig", "MTPHead", "MTPModule", "SPECULATORS_ARCHITECTURE", "TITLE", "card_head",
-           "head_mismatches", "mtp_unroll", "native_config", "speculators_config", "speculators_tensors",
-           "weight_shapes"]
+           "head_mismatches", "mtp_unroll", "native_config", "speculators_check", "speculators_config",
+           "speculators_tensors", "weight_shapes"]

@@ -96,3 +96,29 @@ def test_a_head_without_qk_norms_still_loads_and_drafts(case, tmp_path):
     res = SpecEngine(target, old, method="mtp", max_len=64, num_steps=2, topk=1, num_draft_tokens=2).generate(
         prompts, SamplingParams(max_new_tokens=NEW))
     assert [r.token_ids for r in res] == ar
+
+
+def _exportable(target):
+    from specheads.heads.mtp import MTPConfig
+
+    torch.manual_seed(0)
+    return MTPHead(MTPConfig.for_target(target, draft_vocab_size=VOCAB, num_modules=1)).eval()
+
+
+@pytest.mark.parametrize("opts, refused", [({}, False), ({"freeze_lm_head": False}, True),
+                                           ({"lm_head_from_target": False}, True)],
+                         ids=["defaults", "trained-lm-head", "random-lm-head"])
+def test_speculators_export_refuses_a_head_whose_run_trained_its_lm_head(case, tmp_path, opts, refused):
+    """speculators' mtp model reads out through the verifier's lm_head: a run that trained its own is refused."""
+    from specheads.heads.kind import HeadKindError
+    from specheads.hub import export_head
+
+    target = case[0]
+    folder = save_head(_exportable(target), tmp_path / "head", torch.float32, {"run_config": {"head": opts}})
+    out = tmp_path / "spec"
+    if not refused:
+        assert (export_head(folder, "speculators", out) / "config.json").is_file()
+        return
+    with pytest.raises(HeadKindError, match="its run trained its own lm_head"):
+        export_head(folder, "speculators", out)
+    assert not out.exists()

@@ -198,6 +198,9 @@ def test_register_checks_the_entry(toy):
         register_head_kind(dataclasses.replace(TOY, name="toy2"))
     with pytest.raises(HeadKindError, match=r"export formats \['plain'\] and hub_architectures' formats \[\] differ"):
         register_head_kind(dataclasses.replace(TOY, hub_architectures={}), replace=True)
+    not_a_format = r"export checks for \['vllm'\], which are not export formats \(\['plain'\]\)"
+    with pytest.raises(HeadKindError, match=not_a_format):
+        register_head_kind(dataclasses.replace(TOY, export_checks={"vllm": lambda meta: None}), replace=True)
     assert head_kind("toy") is TOY  # a refused entry replaces nothing
 
 
