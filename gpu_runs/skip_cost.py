@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -53,8 +54,6 @@ def skip_reference(flag: torch.Tensor, out: torch.Tensor) -> None:
 
 def skip(flag: torch.Tensor, out: torch.Tensor, pdl: bool = False) -> None:
     """One launch of the kernel (Triton on GPU or under TRITON_INTERPRET=1, else the reference)."""
-    import os
-
     if triton is None or not (flag.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return skip_reference(flag, out)
     opts = {"launch_pdl": True} if pdl and gdc_wait is not None else {}
