@@ -35,23 +35,13 @@ case "${1:-}" in
     if [ -f "$STAGE.ok" ] && [ -f "$DEST/model.safetensors" ]; then echo "stage_head: $DEST ready (checked before)"; exit 0; fi
     [ -f "$SRC/meta/SHA256" ] || { echo "stage_head: carry $SRC/meta (its SHA256) with each part" >&2; exit 2; }
     read -r SHA SIZE < "$SRC/meta/SHA256"
-    mkdir -p "$STAGE" "$DEST"
-    n=0
-    for part in "$SRC"/p[0-9]*/part[0-9]*; do
-      [ -f "$part" ] || continue
-      cp "$part" "$STAGE/" && n=$((n + 1))
-    done
-    have=$(cat "$STAGE"/part[0-9]* 2>/dev/null | wc -c)
-    echo "stage_head: $n part(s) copied; $have of $SIZE bytes staged"
-    if [ "$have" -lt "$SIZE" ]; then exit 0; fi
-    cat "$STAGE"/part[0-9]* > "$DEST/model.safetensors"
-    got=$(sha256sum "$DEST/model.safetensors" | cut -d' ' -f1)
-    if [ "$got" != "$SHA" ]; then
-      echo "stage_head: $DEST/model.safetensors sha256 $got, expected $SHA: a part is missing or damaged" >&2
-      rm -f "$DEST/model.safetensors"; exit 1
-    fi
+    mkdir -p "$DEST"
+    source "$(dirname "$0")/join_parts.sh"
+    rc=0; join_parts stage_head "$STAGE" "$DEST/model.safetensors" "$SIZE" "$SHA" "$SRC"/p[0-9]*/part[0-9]* || rc=$?
+    if [ $rc -eq 3 ]; then exit 0; fi  # parts still to come
+    [ $rc -eq 0 ] || exit 1
     for f in "$SRC"/meta/*; do [ "${f##*/}" = SHA256 ] || cp "$f" "$DEST/"; done
-    rm -rf "$STAGE" && touch "$STAGE.ok"
+    touch "$STAGE.ok"
     echo "stage_head: $DEST ready" ;;
   *) echo "stage_head.sh: split or join, not '${1:-}'" >&2; exit 2 ;;
 esac

@@ -14,7 +14,7 @@ set -euo pipefail
 SIZE=${1:?usage: stage_qwen.sh 0.5b|1.5b}
 SRC=.dev/qwen/split-$SIZE
 STAGE=/tmp/qstage/$SIZE
-mkdir -p "$STAGE" /tmp/gguf
+mkdir -p /tmp/gguf
 [ -f "$SRC/SHA256" ] || { echo "stage_qwen: carry $SRC/SHA256 with each chunk" >&2; exit 2; }
 read -r SHA FILE < "$SRC/SHA256"
 GGUF=/tmp/gguf/$FILE
@@ -22,21 +22,9 @@ if [ -f "$GGUF.ok" ]; then echo "stage_qwen: $SIZE ready: $GGUF (checked before)
 # the GGUF's size, from the fetch script's table (the one place the sizes are written)
 BYTES=$(grep -E "^  \"$SIZE " scripts/fetch_qwen_pair.sh | awk '{print $5}')
 [ -n "$BYTES" ] || { echo "stage_qwen: no size for $SIZE in scripts/fetch_qwen_pair.sh" >&2; exit 2; }
-n=0
-for part in "$SRC"/part[0-9][0-9]; do
-  [ -f "$part" ] || continue
-  cp "$part" "$STAGE/" && n=$((n + 1))
-done
-have=$(cat "$STAGE"/part[0-9][0-9] 2>/dev/null | wc -c)
-echo "stage_qwen: $n chunk(s) copied; $(ls "$STAGE" | wc -l) staged, $have of $BYTES bytes"
-if [ "$have" -lt "$BYTES" ]; then exit 0; fi
-cat "$STAGE"/part[0-9][0-9] > "$GGUF"
-got=$(sha256sum "$GGUF" | cut -d' ' -f1)
-if [ "$got" != "$SHA" ]; then
-  echo "stage_qwen: $GGUF sha256 $got, expected $SHA: a chunk is missing or damaged; staged chunks:" >&2
-  ls -l "$STAGE" >&2
-  rm -f "$GGUF"; exit 1
-fi
-rm -rf "$STAGE"  # the chunks are in the GGUF now
+source "$(dirname "$0")/join_parts.sh"
+rc=0; join_parts stage_qwen "$STAGE" "$GGUF" "$BYTES" "$SHA" "$SRC"/part[0-9][0-9] || rc=$?
+if [ $rc -eq 3 ]; then exit 0; fi  # chunks still to come
+[ $rc -eq 0 ] || exit 1
 touch "$GGUF.ok"
 echo "stage_qwen: $SIZE ready: $GGUF"

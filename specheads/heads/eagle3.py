@@ -356,15 +356,21 @@ def speculators_config(head: "Eagle3Head", dtype: torch.dtype, target_name: str 
         "tie_word_embeddings": False,
         "dtype": str(dtype).replace("torch.", ""),
         "speculators_config": speculators_section("eagle3", c, target_name),
-        "transformer_layer_config": {
-            "model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
-            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
-            "max_position_embeddings": c.max_position_embeddings, "rope_parameters": dict(c.rope_parameters),
-            "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
-        },
+        "transformer_layer_config": speculators_layer_config(c, "llama", c.num_layers),
         "specheads_target": target_name,
+    }
+
+
+def speculators_layer_config(c: "Eagle3Config", model_type: str, num_layers: int) -> dict:
+    """`transformer_layer_config` of a speculators folder: the draft's decoder layers as an HF config of
+    `model_type` (no biases, untied)."""
+    return {
+        "model_type": model_type, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": num_layers,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings, "rope_parameters": dict(c.rope_parameters),
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
     }
 
 

@@ -149,7 +149,7 @@ def speculators_config(head: "MTPHead", dtype: torch.dtype, target_name: str | N
     """config.json of speculators' `mtp` type (0.9.0, models/mtp/config.py): the module's decoder layer
     as the verifier family's config (`transformer_layer_config`, its model_type first), one module, the
     verifier by hub id; no top-level model_type."""
-    from specheads.heads.eagle3 import SPECULATORS_VERSION, speculators_section
+    from specheads.heads.eagle3 import SPECULATORS_VERSION, speculators_layer_config, speculators_section
 
     c = head.config
     section = speculators_section("mtp", c, target_name)
@@ -160,14 +160,7 @@ def speculators_config(head: "MTPHead", dtype: torch.dtype, target_name: str | N
         "num_nextn_predict_layers": 1,
         "dtype": str(dtype).replace("torch.", ""),
         "speculators_config": section,
-        "transformer_layer_config": {
-            "model_type": c.target_model_type, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
-            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
-            "max_position_embeddings": c.max_position_embeddings, "rope_parameters": dict(c.rope_parameters),
-            "attention_bias": False, "tie_word_embeddings": False,
-        },
+        "transformer_layer_config": speculators_layer_config(c, c.target_model_type, 1),
         "specheads_target": target_name,
     }
 
