@@ -10,7 +10,10 @@ graph as the rows grow is an outlier), batch rows all decoding.
         [--trees 6,4,15 8,10,63] [--profile 12]
 
 A kind may carry head options: `medusa:shared_lm_head=1` (one vocabulary projection for every
-Medusa head), `medusa:num_heads=2`, and its drafter's `lm_head_int8=0` (the draft readout as loaded).
+Medusa head), `medusa:num_heads=2`, and its drafter's `lm_head_int8=0` (the draft readout as loaded)
+and `draft_stop=P` (EAGLE-3: the draft stopped on the device; with random weights no depth's best
+path keeps much probability, so `eagle3:draft_stop=0.9` stops after depth 1 at every step, the floor
+of a stopped draft, and `eagle3:draft_stop=1e-30` never stops, the cost of the checks alone).
 
 --trees times every kind at each tree shape (a row per kind, tree and batch); --profile N prints,
 for each row, the N kernels that take the most GPU time in a step (torch.profiler over 20 steps),
@@ -44,7 +47,8 @@ SHAPES = {"mtp": {"num_modules": 5}, "medusa": {"num_heads": 4}}
 
 
 FLAGS = ("shared_lm_head", "lm_head_int8")
-DRAFTER_OPTIONS = ("lm_head_int8",)  # the rest configure the head
+DRAFTER_OPTIONS = ("lm_head_int8", "draft_stop")  # the rest configure the head
+FLOATS = ("draft_stop",)
 
 
 def kind_options(spec: str) -> tuple[str, dict, dict]:
@@ -54,7 +58,8 @@ def kind_options(spec: str) -> tuple[str, dict, dict]:
     head, drafter = {}, {}
     for item in (x for x in opts.split(",") if x):
         key, _, value = item.partition("=")
-        (drafter if key in DRAFTER_OPTIONS else head)[key] = value.lower() in ("1", "true") if key in FLAGS else int(value)
+        (drafter if key in DRAFTER_OPTIONS else head)[key] = (value.lower() in ("1", "true") if key in FLAGS else
+                                                              float(value) if key in FLOATS else int(value))
     return kind, head, drafter
 
 

@@ -2,16 +2,43 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from specheads.drafters import DraftSetup
+from specheads.drafters import DrafterError, DraftSetup
 from specheads.drafters.base import Abilities, DraftContext, Drafter, Needs, PrefillBatch, StepResult, tier_copy
 from specheads.drafters.common import HeadCacheRows, check_head_setup
 from specheads.kernels.draft import feed_inputs, select_tree, topk_expand
-from specheads.kernels.fused import embedding
+from specheads.kernels.fused import embedding, skip_stopped, use_triton
 from specheads.kernels.path import take_path
 from specheads.runtime.defaults import tree_pool
 from specheads.runtime.tree import Tree, parse_static_tree
+
+
+# The draft stop's threshold where draft_stop is not given, under the adaptive policy (off under the
+# fixed one): the best of 0.02 and 0.05 on the evaluation suite's validation answers for chat and coding
+# alike, replayed under the n-gram assist's gate (gpu_runs/draft_stop.py; gpu_runs/README.md, "A lever
+# for batch 1")
+DRAFT_STOP = 0.05
+
+
+def default_stop(policy: str | None) -> float:
+    """draft_stop where it is not given: DRAFT_STOP under the adaptive policy, else 0 (off)."""
+    return DRAFT_STOP if policy == "adaptive" else 0.0
+
+
+def stop_threshold(value) -> float:
+    """draft_stop as given (a number or its text) -> a probability in [0, 1), 0 for off."""
+    if value is None:
+        return 0.0
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        p = -1.0
+    if not 0.0 <= p < 1.0 or isinstance(value, bool):
+        raise ValueError(f"draft_stop must be a probability in [0, 1) (0: off), e.g. draft_stop=0.05; got {value!r}")
+    return p
 
 
 class Eagle3Drafter(HeadCacheRows, Drafter):
@@ -24,14 +51,21 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
     path, taken in `commit`), fed at the start of the next step.
 
     Options: lm_head_int8 (default True) drafts with an int8 copy of the head's lm_head on
-    CUDA: it changes which tokens are drafted, never the output (the target verifies)."""
+    CUDA: it changes which tokens are drafted, never the output (the target verifies).
+    draft_stop P (a probability; 0 = off): a dynamic tree's draft stops after the first depth where
+    no row's best node has a cumulative probability of at least P, decided on the device inside the
+    step: the deeper depths' kernels return at once (kernels/fused.py, `skip_stopped`) and the tree
+    takes the nodes drafted (the rest of its nodes padding, never valid). It changes which tokens
+    are drafted, never the output. Unset: DRAFT_STOP under the adaptive policy (its depth chosen
+    each step by the draft itself), off under the fixed one (every step drafts its shape whole)."""
 
     abilities = Abilities(on_device=True, trees=True, tiers=True)
 
     def __init__(self, head, embed, num_steps: int = 5, topk: int = 4, num_draft_tokens: int = 16,
-                 static_tree=None, lm_head_int8: bool = True):
+                 static_tree=None, lm_head_int8: bool = True, draft_stop=None):
         self.head, self.embed = head, embed
         self.lm_head_int8 = lm_head_int8
+        self.draft_stop = stop_threshold(draft_stop)
         self.needs = Needs(capture_layers=tuple(head.config.target_layer_ids))
         self.steps = num_steps
         self.topk = topk
@@ -52,9 +86,15 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
 
     @classmethod
     def from_setup(cls, setup: DraftSetup) -> "Eagle3Drafter":
-        check_head_setup(setup, static_trees=True)
+        check_head_setup(setup, options=("lm_head_int8", "draft_stop"), static_trees=True)
+        options = dict(setup.options)
+        try:
+            options["draft_stop"] = (default_stop(setup.policy) if options.get("draft_stop") is None
+                                     else stop_threshold(options["draft_stop"]))
+        except ValueError as e:
+            raise DrafterError(str(e)) from None
         return cls(setup.head, setup.target.embed_tokens, setup.num_steps, setup.topk, setup.num_draft_tokens,
-                   setup.static_tree, **setup.options)
+                   setup.static_tree, **options)
 
     def prepare(self, device) -> None:
         self.head.fuse_for_inference(lm_head_int8=self.lm_head_int8)
@@ -96,6 +136,8 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         self.no_parent = torch.full((rows, 1), -1, dtype=torch.long, device=device)
         self.root_rows = torch.zeros(rows, k, dtype=torch.long, device=device)  # depth 1 reads the root's hidden
         self.all_valid = torch.ones(rows, self.num_draft + 1, dtype=torch.bool, device=device)
+        # the draft stopped on the device (option draft_stop): [stopped, depth drafted, rows' counter]
+        self.stop_state = torch.zeros(3, dtype=torch.int32, device=device)
         # the tree-attention mask rows of the frontier, two buffers (read one, write the other)
         self.masks = torch.zeros(2, rows, k, self.cols.numel(), dtype=torch.bool, device=device)
 
@@ -199,30 +241,42 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
             hidden = self._last(fed, last)
             logits, node_rows = head.logits(hidden), None
         nxt = head.input_spec(emb, hidden) if self.steps > 1 else None
+        # the draft stopped on the device (draft_stop): only where every depth's kernels are ours, so
+        # that a depth not drafted launches nothing that reads what it did not write
+        state = self.stop_state if self.draft_stop and self.steps > 1 and (head.fused or not use_triton(roots)) else None
+        log_stop = math.log(self.draft_stop) if state is not None else 0.0
         front_tok, front_score, rows, front_pool, *inputs = topk_expand(
             logits, self.zero_score[:b], self.no_parent[:b], k, target_ids, pool_tok[:, :k], pool_score[:, :k],
-            pool_parent[:, :k], 0, masks[0], masks[0], kv, 0, next_input=nxt, node_rows=node_rows)
+            pool_parent[:, :k], 0, masks[0], masks[0], kv, 0, next_input=nxt, node_rows=node_rows,
+            stop=(state, log_stop, 1) if state is not None else None)
         rows = self.root_rows[:b]  # depth 1 reads the root's hidden (non-fused heads: `hidden` is that row)
         # depth d's position: the root's (base - 1) + d, for d = 1 .. steps - 1 (feed_inputs made them)
         slots = self.cols[kv: width][None]  # the tree's own entries after the context
         off = k
         for d in range(1, self.steps):
             mask = masks[(d - 1) % 2]
-            out = head.draft_step(front_tok, emb, hidden, rows, positions[:, d - 1: d].expand(b, k),
-                                  self.k[:, :b], self.v[:, :b], slots[:, (d - 1) * k: d * k].expand(b, k),
-                                  mask[:, None, :, : kv + d * k], inputs=inputs)
-            n = k * k
-            nxt = head.input_spec(emb, out) if d + 1 < self.steps else None
-            front_tok, front_score, rows, front_pool, *inputs = topk_expand(
-                head.logits(out), front_score, front_pool, k, target_ids, pool_tok[:, off: off + n],
-                pool_score[:, off: off + n], pool_parent[:, off: off + n], off, mask,
-                masks[d % 2] if d + 1 < self.steps else None, kv, d * k, next_input=nxt)
+            with skip_stopped(state):  # (a depth after the stop: each kernel returns at once)
+                out = head.draft_step(front_tok, emb, hidden, rows, positions[:, d - 1: d].expand(b, k),
+                                      self.k[:, :b], self.v[:, :b], slots[:, (d - 1) * k: d * k].expand(b, k),
+                                      mask[:, None, :, : kv + d * k], inputs=inputs)
+                n = k * k
+                nxt = head.input_spec(emb, out) if d + 1 < self.steps else None
+                front_tok, front_score, rows, front_pool, *inputs = topk_expand(
+                    head.logits(out), front_score, front_pool, k, target_ids, pool_tok[:, off: off + n],
+                    pool_score[:, off: off + n], pool_parent[:, off: off + n], off, mask,
+                    masks[d % 2] if d + 1 < self.steps else None, kv, d * k, next_input=nxt,
+                    stop=(state, log_stop, d + 1) if state is not None else None)
             hidden = out
             off += n
-        # the best num_draft nodes by cumulative log-probability, as a tree
-        tokens, parents, depths, ranks = select_tree(roots, pool_tok, pool_score, pool_parent,
-                                                     self.pool_depth.expand(b, -1), self.num_draft)
-        return Tree(tokens, parents, depths, self.all_valid[:b], self.steps, ranks)
+        # the best num_draft nodes by cumulative log-probability, as a tree (of the depths drafted)
+        if state is None:
+            tokens, parents, depths, ranks = select_tree(roots, pool_tok, pool_score, pool_parent,
+                                                         self.pool_depth.expand(b, -1), self.num_draft)
+            return Tree(tokens, parents, depths, self.all_valid[:b], self.steps, ranks)
+        tokens, parents, depths, ranks, valid = select_tree(roots, pool_tok, pool_score, pool_parent,
+                                                            self.pool_depth.expand(b, -1), self.num_draft,
+                                                            limit=state[1:2])
+        return Tree(tokens, parents, depths, valid, self.steps, ranks)
 
     def _static(self, h_last, base, kv, roots) -> Tree:
         """Fixed tree shape: node p's token is the rank-p[-1] token of its parent's draft."""

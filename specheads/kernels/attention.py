@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from specheads.kernels import ahead
-from specheads.kernels.fused import triton, use_triton
+from specheads.kernels.fused import skip_options, triton, use_triton
 from specheads.kernels.tuning import active
 from specheads.modules import gqa_attention
 
@@ -98,11 +98,15 @@ if triton is not None:
                       n_kv, n_tok, n_rows, n_keys, n_splits, scale,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mt, s_ob, s_oh, s_ot,
                       REP: tl.constexpr, D: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                      BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+                      skip_ptr, SKIP: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
                 gdc_launch_dependents()
+        if SKIP:  # a draft depth stopped on the device (fused.skip_stopped)
+            if tl.load(skip_ptr) != 0:
+                return
         bh = tl.program_id(0)  # (batch row, kv head)
         split = tl.program_id(1)
         rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -224,7 +228,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         out.stride(0), out.stride(1), out.stride(2),
         REP=rep, D=d, CHUNK_N=chunk, BLOCK_M=block_m, BLOCK_N=64, DIRECT=direct,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
-        **pdl_options(q, "attention", grid[0] * grid[1] * grid[2]))
+        **pdl_options(q, "attention", grid[0] * grid[1] * grid[2]), **skip_options(q))
     return out
 
 

@@ -36,7 +36,8 @@ import torch
 
 from specheads.kernels.attention import split_counters
 from specheads.kernels import ahead
-from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, triton, use_triton
+from specheads.kernels.fused import (_kernel, gdc_launch_dependents, gdc_wait, pdl_options, skip_options, skip_state,
+                                     triton, use_triton)
 from specheads.kernels.tuning import active
 from specheads.modules import rms_norm
 
@@ -88,20 +89,49 @@ def topk_expand_reference(logits, front_score, front_pool, k, target_ids, pool_t
     return tok.gather(1, order), scores.gather(1, order), parent, pool_base + order
 
 
-def select_tree_reference(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
+def stop_reference(state, front_score, log_stop: float, depth: int, skipping: bool) -> None:
+    """What topk_expand's `stop` writes into state, on the device (no host sync): state[0] = 1 where
+    no row's best new node (front_score [B, k], best first) reaches log_stop, state[1] = depth;
+    `skipping` (inside fused.skip_stopped): only where state[0] was 0, as a skipped launch leaves it."""
+    new = torch.stack([(front_score[:, 0].max() < log_stop).to(torch.int32),
+                       torch.tensor(depth, dtype=torch.int32, device=state.device)])
+    if skipping:
+        new = torch.where(state[0] == 0, new, state[:2])
+    state[:2].copy_(new)
+
+
+def select_tree_reference(roots, pool_tok, pool_score, pool_parent, pool_depth, n, limit=None):
     """pool_* [B, P] (pool_parent: pool index, -1 under the root), roots [B] -> tokens,
-    parents, depths, ranks [B, n + 1]: node 0 the root, then the chosen nodes in pool order."""
+    parents, depths, ranks [B, n + 1]: node 0 the root, then the chosen nodes in pool order.
+    limit (int tensor [1], a draft stopped after that depth): only the pool's nodes at most that
+    deep are chosen; where fewer than n are, the rest are padding (token 0 under the root at depth
+    1, after the chosen) and a fifth result, valid [B, n + 1], tells them apart."""
     b, n_pool = pool_tok.shape
     dev = pool_tok.device
-    by_score = torch.sort(pool_score, dim=-1, descending=True, stable=True).indices[:, :n]
+    by_score = torch.sort(pool_score, dim=-1, descending=True, stable=True).indices
+    if limit is not None:  # the nodes past the limit after every other, in the same order
+        past = (pool_depth.expand(b, -1) > limit).gather(1, by_score)
+        by_score = by_score.gather(1, torch.sort(past.to(torch.int8), dim=-1, stable=True).indices)
+        ok = ~past.sort(dim=-1, stable=True).values[:, :n]
+    by_score = by_score[:, :n]
+    if limit is not None:  # padding keeps its rank order after the chosen nodes
+        by_score = torch.where(ok, by_score, n_pool + torch.arange(n, device=dev))
     chosen, order = by_score.sort(dim=-1)  # pool order = depth order; order: each one's score rank - 1
+    real = chosen < n_pool
+    chosen = chosen.clamp(max=n_pool - 1)
     steps = torch.arange(1, n + 1, device=dev).expand(b, -1)
-    pos_in_tree = torch.zeros(b, n_pool, dtype=torch.long, device=dev).scatter_(1, chosen, steps)
-    par_pool = pool_parent.gather(1, chosen)
+    pos_in_tree = torch.zeros(b, n_pool, dtype=torch.long, device=dev).scatter_reduce_(
+        1, chosen, torch.where(real, steps, 0), "amax")
+    par_pool = torch.where(real, pool_parent.gather(1, chosen), -1)
     par_tree = torch.where(par_pool < 0, 0, pos_in_tree.gather(1, par_pool.clamp(min=0)))
     zero = torch.zeros_like(roots[:, None])
-    return (torch.cat([roots[:, None], pool_tok.gather(1, chosen)], 1), torch.cat([zero - 1, par_tree], 1),
-            torch.cat([zero, pool_depth.gather(1, chosen)], 1), torch.cat([zero, order + 1], 1))
+    out = (torch.cat([roots[:, None], torch.where(real, pool_tok.gather(1, chosen), 0)], 1),
+           torch.cat([zero - 1, par_tree], 1),
+           torch.cat([zero, torch.where(real, pool_depth.expand(b, -1).gather(1, chosen), 1)], 1),
+           torch.cat([zero, order + 1], 1))
+    if limit is None:
+        return out
+    return out + (torch.cat([torch.ones_like(real[:, :1]), real], 1),)
 
 
 def feed_inputs_reference(committed, count, width: int, kv: int, masks=None, steps: int = 1):
@@ -199,14 +229,18 @@ if triton is not None:
                      msrc_ptr, mdst_ptr, n_front, pool_base, ctx, width, par_base, s_bt, s_bp,
                      s_fs, s_fp, s_pt, s_ps, s_pp, s_mb, s_mr,
                      emb_ptr, hid_ptr, we_ptr, wh_ptr, x_ptr, hout_ptr, n_cols, eps_e, eps_h, s_hb, s_hs,
-                     nrow_ptr, s_lb,
+                     nrow_ptr, s_lb, skip_ptr, stop_ptr, log_stop, stop_depth, n_batch,
                      K: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr, CP: tl.constexpr,
                      CKP: tl.constexpr, WP: tl.constexpr, HP: tl.constexpr, HAS_MASK: tl.constexpr,
-                     NEXT_INPUT: tl.constexpr, NODE_ROW: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr):
+                     NEXT_INPUT: tl.constexpr, NODE_ROW: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr,
+                     SKIP: tl.constexpr, STOP: tl.constexpr, BP: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
                 gdc_launch_dependents()
+        if SKIP:  # a draft depth stopped on the device (fused.skip_stopped)
+            if tl.load(skip_ptr) != 0:
+                return
         # stage 1, one program per (frontier node, vocabulary chunk): the chunk's (max, sum of exp)
         # and its best K keys; SHARED: every node of a row has the same logits (one row a batch row,
         # Medusa's), so stage 1 runs once a row and stage 2 reads that row's results for every node
@@ -319,10 +353,21 @@ if triton is not None:
                 tl.store(x_ptr + dst * 2 * n_cols + n_cols + cols, (wh.to(tl.float32) * yh.to(tl.float32)).to(dt),
                          mask=c_in)
             tl.store(cnt_ptr + b, 0)  # ready for the next launch (or graph replay)
+            if STOP:  # the last row to finish decides for the batch (topk_expand's `stop`)
+                tl.debug_barrier()
+                rows_done = tl.atomic_add(stop_ptr + 2, 1, sem="acq_rel", scope="gpu")
+                if rows_done == n_batch - 1:
+                    rb = tl.arange(0, BP)
+                    top = tl.max(tl.load(bscore_ptr + rb * K, mask=rb < n_batch, other=float("-inf"),
+                                         cache_modifier=".cg"), axis=0)
+                    tl.store(stop_ptr, (top < log_stop).to(tl.int32))
+                    tl.store(stop_ptr + 1, stop_depth)
+                    tl.store(stop_ptr + 2, 0)
 
     def _select_tree_kernel(root_ptr, tok_ptr, score_ptr, par_ptr, depth_ptr,
                             out_tok_ptr, out_par_ptr, out_depth_ptr, out_rank_ptr, n_pool,
-                            s_pb, s_db, s_ob, PP: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr):
+                            s_pb, s_db, s_ob, lim_ptr, valid_ptr, s_vb, PP: tl.constexpr, N: tl.constexpr,
+                            NP: tl.constexpr, PDL: tl.constexpr, LIMIT: tl.constexpr):
         if PDL:  # fused.pdl_options
             gdc_wait()
             if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
@@ -330,27 +375,35 @@ if triton is not None:
         b = tl.program_id(0).to(tl.int64)
         p = tl.arange(0, PP)
         score = tl.load(score_ptr + b * s_pb + p, mask=p < n_pool, other=float("-inf"))
-        key = tl.where(p < n_pool, order_key(score, p), -9223372036854775807)
+        p_ok = p < n_pool
+        if LIMIT:  # a draft stopped after depth lim: the deeper nodes were not drafted
+            p_ok = p_ok & (tl.load(depth_ptr + b * s_db + p, mask=p_ok, other=0) <= tl.load(lim_ptr))
+        key = tl.where(p_ok, order_key(score, p), -9223372036854775807)
         r = tl.arange(0, NP)
         pick = tl.zeros([NP], tl.int64)
         for j in tl.static_range(N):  # the best n, best first; ties to the earlier node
             best = tl.max(key, axis=0)
             pick = tl.where(r == j, best, pick)
             key = tl.where(key == best, -9223372036854775807, key)
-        ok = r < N
-        idx = tl.where(ok, key_index(pick), -1)  # rank r's pool index
+        in_n = r < N
+        ok = in_n & (pick != -9223372036854775807)  # (LIMIT: fewer nodes than n may be there)
+        idx = tl.where(ok, key_index(pick), n_pool + r)  # rank r's pool index (padding: after every node)
+        idx = tl.where(in_n, idx, -1)
         # tree index (1-based) in pool order: how many choices sit earlier in the pool
-        earlier = (idx[None, :] < idx[:, None]) & ok[None, :]
+        earlier = (idx[None, :] < idx[:, None]) & in_n[None, :]
         pos = tl.sum(earlier.to(tl.int32), axis=1) + 1
-        src = tl.maximum(idx, 0)
+        src = tl.where(ok, idx, 0)
         parent = tl.load(par_ptr + b * s_pb + src, mask=ok, other=-1)
         is_parent = (idx[None, :] == parent[:, None]) & ok[None, :]
         par_tree = tl.sum(tl.where(is_parent, pos[None, :], 0), axis=1)  # 0: the root
         dst = b * s_ob + pos
-        tl.store(out_tok_ptr + dst, tl.load(tok_ptr + b * s_pb + src, mask=ok, other=0), mask=ok)
-        tl.store(out_par_ptr + dst, par_tree, mask=ok)
-        tl.store(out_depth_ptr + dst, tl.load(depth_ptr + b * s_db + src, mask=ok, other=0), mask=ok)
-        tl.store(out_rank_ptr + dst, r + 1, mask=ok)
+        tl.store(out_tok_ptr + dst, tl.load(tok_ptr + b * s_pb + src, mask=ok, other=0), mask=in_n)
+        tl.store(out_par_ptr + dst, par_tree, mask=in_n)
+        tl.store(out_depth_ptr + dst, tl.load(depth_ptr + b * s_db + src, mask=ok, other=1), mask=in_n)
+        tl.store(out_rank_ptr + dst, r + 1, mask=in_n)
+        if LIMIT:
+            tl.store(valid_ptr + b * s_vb + pos, ok.to(tl.int8), mask=in_n)
+            tl.store(valid_ptr + b * s_vb, 1)
         tl.store(out_tok_ptr + b * s_ob, tl.load(root_ptr + b))
         tl.store(out_par_ptr + b * s_ob, -1)
         tl.store(out_depth_ptr + b * s_ob, 0)
@@ -377,7 +430,7 @@ def head_input(tokens, embed_weight, hidden, rows, w_embed, eps_embed, w_hidden,
 @ahead.op
 def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score, pool_parent, pool_base,
                 mask_src=None, mask_dst=None, ctx=0, width=0, next_input=None, node_rows=None, tok_out=None,
-                parent_out=None, parent_base=0, shared: bool = False):
+                parent_out=None, parent_base=0, shared: bool = False, stop=None):
     """See topk_expand_reference; Triton on GPU (or under TRITON_INTERPRET=1), one launch: a
     program per (node, vocabulary chunk), the last of a row's to finish expands the row.
     next_input: (embed_weight, hidden [B, N, H], w_embed, eps_embed, w_hidden, eps_hidden) to
@@ -389,7 +442,17 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     frontier's tokens and its parents plus parent_base go (the next call's inputs, written in
     place); they are returned as the frontier's tokens and parents.
     shared: logits [B, 1, V] are every frontier node's (front_score [B, N]: N nodes a row), as
-    expanding them to [B, N, V] would give, read once a row (Medusa's heads see no draft)."""
+    expanding them to [B, N, V] would give, read once a row (Medusa's heads see no draft).
+    stop: (state int32 [3] on the device, log threshold, depth): the draft stopped on the device
+    (drafters/eagle.py, draft_stop): after the expansion, state[0] = 1 where no row's best new node
+    has a cumulative log-probability of at least the threshold (else 0) and state[1] = depth (the
+    depth these nodes are at); state[2] is the rows' counter, 0 between launches. Inside
+    fused.skip_stopped(state) a call returns at once where state[0] is set (on the Triton path; the
+    reference computes and leaves the state as a skipped launch would)."""
+    if stop is not None:
+        state, log_stop, stop_depth = stop
+        if state.dtype != torch.int32 or state.numel() < 3:
+            raise ValueError("topk_expand: stop's state is an int32 tensor of 3 entries")
     if shared:
         if logits.shape[1] != 1 or node_rows is not None or next_input is not None:
             raise ValueError("topk_expand: shared logits are one row a batch row, without node_rows or next_input")
@@ -417,6 +480,8 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     if not use_triton(logits):
         out = topk_expand_reference(logits, front_score, front_pool, k, target_ids, pool_tok, pool_score,
                                     pool_parent, pool_base, mask_src, mask_dst, ctx, width)
+        if stop is not None:
+            stop_reference(state, out[1], log_stop, stop_depth, skip_state() is not None)
         if next_input is not None:
             emb, hidden, we, eps_e, wh, eps_h = next_input
             out = out + head_input_reference(out[0], emb, hidden, out[2], we, eps_e, wh, eps_h)
@@ -456,18 +521,20 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     else:
         h = 1
         hid_args = (tok, tok, tok, tok, tok, tok, 1, 0.0, 0.0, 0, 0)
+    skip = skip_options(flat)
     _kernel(_topk_kernel)[(rows1, chunks)](
         flat, keys, stat, split_counters(dev, b), vocab, chunks, flat.stride(0),
         front_score, front_pool, target_ids, pool_tok, pool_score, pool_parent,
         tok, score, parent, pool, m_src, m_dst, n, pool_base, ctx, width, parent_base, tok.stride(0), parent.stride(0),
         front_score.stride(0), front_pool.stride(0), pool_tok.stride(0), pool_score.stride(0), pool_parent.stride(0),
         m_dst.stride(0), m_dst.stride(1), *hid_args,
-        node_rows if node_rows is not None else tok, logits.stride(0),
+        node_rows if node_rows is not None else tok, logits.stride(0), skip["skip_ptr"],
+        *(stop if stop is not None else (tok, 0.0, 0)), b,
         K=k, BLOCK=block, NP=triton.next_power_of_2(n), KP=triton.next_power_of_2(k),
         CP=triton.next_power_of_2(chunks), CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k),
         HP=triton.next_power_of_2(h), HAS_MASK=has_mask, NEXT_INPUT=next_input is not None,
         NODE_ROW=node_rows is not None, SHARED=shared, num_warps=active().speed.draft_warps,
-        **pdl_options(flat, "topk_expand"))
+        STOP=stop is not None, BP=triton.next_power_of_2(b), SKIP=skip["SKIP"], **pdl_options(flat, "topk_expand"))
     if next_input is None:
         return tok, score, parent, pool
     return tok, score, parent, pool, x, hid
@@ -505,10 +572,10 @@ def feed_inputs(committed, count, width: int, kv: int, masks=None, steps: int = 
 
 
 @ahead.op
-def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
+def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n, limit=None):
     """See select_tree_reference; Triton on GPU (or under TRITON_INTERPRET=1)."""
     if not use_triton(pool_score):
-        return select_tree_reference(roots, pool_tok, pool_score, pool_parent, pool_depth, n)
+        return select_tree_reference(roots, pool_tok, pool_score, pool_parent, pool_depth, n, limit)
     b, n_pool = pool_tok.shape
     if not 1 <= n <= n_pool:
         raise ValueError(f"cannot select {n} nodes from a pool of {n_pool}")
@@ -516,8 +583,13 @@ def select_tree(roots, pool_tok, pool_score, pool_parent, pool_depth, n):
     assert pool_depth.stride(-1) == 1
     dev = pool_tok.device
     out = [torch.empty(b, n + 1, dtype=torch.long, device=dev) for _ in range(4)]
+    valid = torch.empty(b, n + 1, dtype=torch.bool, device=dev) if limit is not None else None
     _kernel(_select_tree_kernel)[(b,)](roots.contiguous(), pool_tok, pool_score, pool_parent, pool_depth, *out,
                                       n_pool, pool_tok.stride(0), pool_depth.stride(0), out[0].stride(0),
+                                      limit if limit is not None else out[0],
+                                      valid.view(torch.int8) if valid is not None else out[0],
+                                      valid.stride(0) if valid is not None else 0,
                                       PP=triton.next_power_of_2(n_pool), N=n, NP=triton.next_power_of_2(n),
-                                      num_warps=active().speed.draft_warps, **pdl_options(pool_tok, "select_tree"))
-    return tuple(out)
+                                      LIMIT=limit is not None, num_warps=active().speed.draft_warps,
+                                      **pdl_options(pool_tok, "select_tree"))
+    return tuple(out) if valid is None else (*out, valid)

@@ -13,6 +13,7 @@ the fused forward gives the eager forward's numbers.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,38 @@ def pdl_options(t: torch.Tensor, kernel: str, programs: int | None = None) -> di
         return {"PDL": False}
     early = programs is None or programs <= (speed.pdl_early_programs or on[1])
     return {"PDL": 1 if early else 2, "launch_pdl": True}
+
+
+# A draft stopped on the device (issue 25's batch-1 lever; drafters/eagle.py, option draft_stop): while
+# `skip_stopped(state)` is open, the kernels that take it (a draft depth's projections, rotary and
+# attention, and its top-k expansion) read state[0] after their wait and return at once where it is set,
+# so a captured step keeps its launches and a depth not drafted costs their launch alone (0.67 us a
+# launch with PDL on an H100: gpu_runs/skip_cost.py). Their torch references ignore it (they compute
+# every depth; the tree then leaves the deeper nodes out by the same state, so both paths draft the
+# same tree).
+_skip: "torch.Tensor | None" = None
+
+
+@contextmanager
+def skip_stopped(state: "torch.Tensor | None"):
+    """Kernels launched inside return at once where state[0] (int32, on the device) is not 0; None: a
+    no-op."""
+    global _skip
+    old, _skip = _skip, state
+    try:
+        yield
+    finally:
+        _skip = old
+
+
+def skip_state() -> "torch.Tensor | None":
+    """The state `skip_stopped` has open, or None."""
+    return _skip
+
+
+def skip_options(t: torch.Tensor) -> dict:
+    """A skippable kernel's launch arguments: SKIP (constexpr) and skip_ptr (the state, else t)."""
+    return {"SKIP": _skip is not None, "skip_ptr": _skip if _skip is not None else t}
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -133,12 +166,15 @@ if triton is not None:
 
     def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr, n_tok,
                            s_pb, s_pt, s_sb, s_st, s_qb, s_qh, s_qt, s_cb, s_ch, s_cs,
-                           N_HEADS: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                           PDL: tl.constexpr):
+                           skip_ptr, N_HEADS: tl.constexpr, N_KV: tl.constexpr, D: tl.constexpr,
+                           HALF: tl.constexpr, PDL: tl.constexpr, SKIP: tl.constexpr):
         if PDL:
             gdc_wait()
             if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
                 gdc_launch_dependents()
+        if SKIP:  # a draft depth stopped on the device (skip_stopped)
+            if tl.load(skip_ptr) != 0:
+                return
         row = tl.program_id(0).to(tl.int64)  # one (batch row, token)
         head = tl.program_id(1)  # q heads, then k heads, then v heads
         b = row // n_tok
@@ -268,7 +304,8 @@ def rope_cache(qkv, cos_table, sin_table, positions, k_cache, v_cache, slots, n_
         qkv, cos_table, sin_table, positions, q, k_cache, v_cache, slots, t,
         positions.stride(0), positions.stride(1), slots.stride(0), slots.stride(1),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        N_HEADS=n_heads, N_KV=n_kv, D=head_dim, HALF=head_dim // 2, **pdl_options(qkv, "rope_cache"))
+        N_HEADS=n_heads, N_KV=n_kv, D=head_dim, HALF=head_dim // 2, **pdl_options(qkv, "rope_cache"),
+        **skip_options(qkv))
     return q
 
 

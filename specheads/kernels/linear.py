@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from specheads.kernels import ahead
-from specheads.kernels.fused import _kernel, gdc_launch_dependents, gdc_wait, pdl_options, rmsnorm, silu_mul, triton, use_triton
+from specheads.kernels.fused import (_kernel, gdc_launch_dependents, gdc_wait, pdl_options, rmsnorm, silu_mul, skip_options,
+                                     triton, use_triton)
 from specheads.kernels.tuning import active
 
 if triton is not None:
@@ -106,7 +107,7 @@ if triton is not None:
                        SCALED: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        NORM_K: tl.constexpr, NORM_UNROLL: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-                       PREFETCH_K: tl.constexpr, LINE: tl.constexpr):
+                       PREFETCH_K: tl.constexpr, LINE: tl.constexpr, skip_ptr, SKIP: tl.constexpr):
         rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
@@ -123,6 +124,9 @@ if triton is not None:
             gdc_wait()
             if PDL == 1:  # a grid that fits the card at once (fused.pdl_options)
                 gdc_launch_dependents()
+        if SKIP:  # a draft depth stopped on the device (fused.skip_stopped)
+            if tl.load(skip_ptr) != 0:
+                return
         dt = o_ptr.dtype.element_ty
         ss = tl.zeros([BLOCK_M], tl.float32)  # a row's sum of squares (NORM)
         if NORM and not FOLD:  # a first pass for each row's mean square (K is a few thousand at most)
@@ -302,5 +306,5 @@ def linear(x, weight, bias=None, *, norm_weight=None, eps=0.0, residual=None, si
         NORM_K=NORM_K, NORM_UNROLL=max(1, min(speed.linear_norm_keys // NORM_K, triton.cdiv(k, NORM_K)))
         if norm_weight is not None else 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32 (no TF32)
-        PREFETCH_K=prefetch, LINE=line, num_warps=warps, num_stages=stages, **pdl)
+        PREFETCH_K=prefetch, LINE=line, num_warps=warps, num_stages=stages, **pdl, **skip_options(x))
     return given if given is not None else out.view(*x.shape[:-1], n)
