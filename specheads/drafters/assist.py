@@ -209,6 +209,9 @@ class NgramAssist(Drafter):
         self.inner.park_rows(start, stop)
         self.lookup.park_rows(start, stop)
 
+    def full_drafts(self):
+        return self.inner.full_drafts()
+
     def tier(self, shape: TreeShape) -> "NgramAssist":
         """A tier s,k,n: the chain of min(s, n) drafts, or the head's tree of min(s, its depth),k,n (a
         chain tier deeper than the head: the head's chain as deep as it drafts, padded)."""

@@ -44,6 +44,7 @@ method name with `specheads.drafters.register_method`; `SpecEngine(target, metho
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 
@@ -163,6 +164,11 @@ class Drafter:
         if depth > self.depth:
             raise NotImplementedError(f"{type(self).__name__} commits paths of at most {self.depth} drafts, "
                                       f"not {depth}")
+
+    def full_drafts(self):
+        """A context in which every step drafts its whole shape, whatever the drafter would stop early
+        for (the engine times its steps' costs inside it). Default: nothing to turn off."""
+        return contextlib.nullcontext()
 
     def tier(self, shape: TreeShape) -> "Drafter":
         """(abilities.tiers) A drafter of a tree of `shape` (at most this one's depth, topk and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -121,6 +122,9 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         self.pending_n = torch.ones(rows, dtype=torch.long, device=device)
         # constants a step reads (made here, so a captured step does not launch a kernel for each)
         self.cols = torch.arange(cap + self.tree_room, device=device)  # cache columns; also 0, 1, 2, ...
+        # the draft stop's log-threshold, on the device (every tier reads this one; `full_drafts`)
+        self.stop_log = torch.full((1,), math.log(self.draft_stop) if self.draft_stop else -math.inf,
+                                   dtype=torch.float32, device=device)
         if self.static:
             self._static_plan = _StaticPlan(self.static, device)
         else:
@@ -148,6 +152,18 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         tier.tree_room = (shape.steps - 1) * shape.topk
         tier._allocate_scratch(self.committed.shape[0], self.committed.device)
         return tier
+
+    @contextlib.contextmanager
+    def full_drafts(self):
+        """No draft stops while open (the engine times its steps' costs at their whole depth)."""
+        if not self.draft_stop or not hasattr(self, "stop_log"):
+            yield
+            return
+        self.stop_log.fill_(-math.inf)
+        try:
+            yield
+        finally:
+            self.stop_log.fill_(math.log(self.draft_stop))
 
     def move_row(self, src: int, dst: int, length: int) -> None:
         self.k[:, dst, :, :length] = self.k[:, src, :, :length]
@@ -244,11 +260,10 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
         # the draft stopped on the device (draft_stop): only where every depth's kernels are ours, so
         # that a depth not drafted launches nothing that reads what it did not write
         state = self.stop_state if self.draft_stop and self.steps > 1 and (head.fused or not use_triton(roots)) else None
-        log_stop = math.log(self.draft_stop) if state is not None else 0.0
         front_tok, front_score, rows, front_pool, *inputs = topk_expand(
             logits, self.zero_score[:b], self.no_parent[:b], k, target_ids, pool_tok[:, :k], pool_score[:, :k],
             pool_parent[:, :k], 0, masks[0], masks[0], kv, 0, next_input=nxt, node_rows=node_rows,
-            stop=(state, log_stop, 1) if state is not None else None)
+            stop=(state, self.stop_log, 1) if state is not None else None)
         rows = self.root_rows[:b]  # depth 1 reads the root's hidden (non-fused heads: `hidden` is that row)
         # depth d's position: the root's (base - 1) + d, for d = 1 .. steps - 1 (feed_inputs made them)
         slots = self.cols[kv: width][None]  # the tree's own entries after the context
@@ -265,7 +280,7 @@ class Eagle3Drafter(HeadCacheRows, Drafter):
                     head.logits(out), front_score, front_pool, k, target_ids, pool_tok[:, off: off + n],
                     pool_score[:, off: off + n], pool_parent[:, off: off + n], off, mask,
                     masks[d % 2] if d + 1 < self.steps else None, kv, d * k, next_input=nxt,
-                    stop=(state, log_stop, d + 1) if state is not None else None)
+                    stop=(state, self.stop_log, d + 1) if state is not None else None)
             hidden = out
             off += n
         # the best num_draft nodes by cumulative log-probability, as a tree (of the depths drafted)

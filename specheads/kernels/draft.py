@@ -89,11 +89,11 @@ def topk_expand_reference(logits, front_score, front_pool, k, target_ids, pool_t
     return tok.gather(1, order), scores.gather(1, order), parent, pool_base + order
 
 
-def stop_reference(state, front_score, log_stop: float, depth: int, skipping: bool) -> None:
+def stop_reference(state, front_score, log_stop, depth: int, skipping: bool) -> None:
     """What topk_expand's `stop` writes into state, on the device (no host sync): state[0] = 1 where
-    no row's best new node (front_score [B, k], best first) reaches log_stop, state[1] = depth;
+    no row's best new node (front_score [B, k], best first) reaches log_stop (float32 [1]), state[1] = depth;
     `skipping` (inside fused.skip_stopped): only where state[0] was 0, as a skipped launch leaves it."""
-    new = torch.stack([(front_score[:, 0].max() < log_stop).to(torch.int32),
+    new = torch.stack([(front_score[:, 0].max() < log_stop[0]).to(torch.int32),
                        torch.tensor(depth, dtype=torch.int32, device=state.device)])
     if skipping:
         new = torch.where(state[0] == 0, new, state[:2])
@@ -360,7 +360,7 @@ if triton is not None:
                     rb = tl.arange(0, BP)
                     top = tl.max(tl.load(bscore_ptr + rb * K, mask=rb < n_batch, other=float("-inf"),
                                          cache_modifier=".cg"), axis=0)
-                    tl.store(stop_ptr, (top < log_stop).to(tl.int32))
+                    tl.store(stop_ptr, (top < tl.load(log_stop)).to(tl.int32))
                     tl.store(stop_ptr + 1, stop_depth)
                     tl.store(stop_ptr + 2, 0)
 
@@ -443,16 +443,16 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
     place); they are returned as the frontier's tokens and parents.
     shared: logits [B, 1, V] are every frontier node's (front_score [B, N]: N nodes a row), as
     expanding them to [B, N, V] would give, read once a row (Medusa's heads see no draft).
-    stop: (state int32 [3] on the device, log threshold, depth): the draft stopped on the device
-    (drafters/eagle.py, draft_stop): after the expansion, state[0] = 1 where no row's best new node
-    has a cumulative log-probability of at least the threshold (else 0) and state[1] = depth (the
+    stop: (state int32 [3], log threshold float32 [1], both on the device, depth): the draft stopped
+    on the device (drafters/eagle.py, draft_stop): after the expansion, state[0] = 1 where no row's
+    best new node has a cumulative log-probability of at least the threshold (else 0) and state[1] = depth (the
     depth these nodes are at); state[2] is the rows' counter, 0 between launches. Inside
     fused.skip_stopped(state) a call returns at once where state[0] is set (on the Triton path; the
     reference computes and leaves the state as a skipped launch would)."""
     if stop is not None:
         state, log_stop, stop_depth = stop
-        if state.dtype != torch.int32 or state.numel() < 3:
-            raise ValueError("topk_expand: stop's state is an int32 tensor of 3 entries")
+        if state.dtype != torch.int32 or state.numel() < 3 or log_stop.dtype != torch.float32:
+            raise ValueError("topk_expand: stop's state is an int32 tensor of 3 entries, its threshold a float32 one")
     if shared:
         if logits.shape[1] != 1 or node_rows is not None or next_input is not None:
             raise ValueError("topk_expand: shared logits are one row a batch row, without node_rows or next_input")
@@ -529,7 +529,7 @@ def topk_expand(logits, front_score, front_pool, k, target_ids, pool_tok, pool_s
         front_score.stride(0), front_pool.stride(0), pool_tok.stride(0), pool_score.stride(0), pool_parent.stride(0),
         m_dst.stride(0), m_dst.stride(1), *hid_args,
         node_rows if node_rows is not None else tok, logits.stride(0), skip["skip_ptr"],
-        *(stop if stop is not None else (tok, 0.0, 0)), b,
+        *(stop if stop is not None else (tok, score, 0)), b,
         K=k, BLOCK=block, NP=triton.next_power_of_2(n), KP=triton.next_power_of_2(k),
         CP=triton.next_power_of_2(chunks), CKP=triton.next_power_of_2(chunks * k), WP=triton.next_power_of_2(width + k),
         HP=triton.next_power_of_2(h), HAS_MASK=has_mask, NEXT_INPUT=next_input is not None,

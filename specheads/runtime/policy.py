@@ -26,6 +26,12 @@ a shorter chain caps the row there; planned behind a step in flight, a row's dra
 share of steps with a proposal. A smaller tier replaces the full tree only where it promises
 `switch_margin` more: its estimate's error costs more than it gains where the rates are close.
 
+Within a step the draft sets its own depth too: under this policy an EAGLE-3 head's draft stops after
+the first depth where no row's best node keeps a probability of `draft_stop` (the drafter's option,
+DRAFT_STOP by default; drafters/eagle.py), decided on the card inside the captured step. The depths
+it did not draft count as offered and rejected in the records (the acceptance a tier gets with the
+stop is what the choice should expect of it).
+
 Keeping the records fresh. A tier that is not chosen is not observed, and a plain step observes
 nothing, so a record taken early (a stream's first steps accept least) could decide for hundreds of
 steps. Hence:

@@ -7,6 +7,7 @@ depth), the default follows the policy, and a bad threshold is refused naming th
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -75,6 +76,16 @@ def test_greedy_output_equals_ar_with_the_draft_stopped(target, head, reference,
     assert all(a <= d for row in steps for d, a in row)  # nothing accepted past the depth drafted
     if stop == 0.9:  # a threshold most depths miss: drafts stop early, at depth 1 too
         assert min(depths) == 1 and sum(d < FULL["num_steps"] for d in depths) > len(depths) // 2
+        # and inside full_drafts (where the engine times its steps) every step drafts its whole depth
+        again = SpecEngine(target, head, method=method, max_len=64, max_batch=max_batch,
+                           drafter_options={"draft_stop": stop}, **FULL)
+        again.add(Request(PROMPTS[0], SamplingParams(max_new_tokens=NEW)))
+        again.step()  # (allocated)
+        with again.drafter.full_drafts():
+            inner_depths = []
+            while again.has_work:
+                inner_depths += [o.draft_depth for o in again.step() if not o.prefill and o.draft_tree is not None]
+        assert inner_depths and max(inner_depths) > 1 and inner(again.drafter).stop_log.item() == pytest.approx(math.log(stop))
 
 
 def test_a_stopped_draft_accepts_less_only_where_it_stopped(target, head, reference):
@@ -141,7 +152,8 @@ def test_topk_expand_writes_the_stop_and_skips_after_it(monkeypatch, b, log_stop
         pools = [torch.zeros(b, n * k, dtype=torch.long), torch.zeros(b, n * k), torch.zeros(b, n * k, dtype=torch.long)]
         if ref:
             monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-        out = topk_expand(logits, front_score, front_pool, k, target_ids, *pools, 4, stop=(state, log_stop, depth))
+        out = topk_expand(logits, front_score, front_pool, k, target_ids, *pools, 4,
+                          stop=(state, torch.tensor([log_stop]), depth))
         if ref:
             monkeypatch.setenv("TRITON_INTERPRET", "1")
         return out, pools
