@@ -1,5 +1,6 @@
-"""Stopping the head's draft early, replayed from teacher-forced traces (CPU is fine; nothing is built
-into the engine yet).
+"""Stopping the head's draft early, replayed from teacher-forced traces (CPU is fine). The engine has
+it since: the EAGLE-3 drafter's option draft_stop (drafters/eagle.py; 0.05 by default under the
+adaptive policy, chosen with this replay on the validation answers).
 
 A step of an S,K,N tree drafts all S depths. Where the best path's cumulative probability has fallen
 low after depth d, the deeper depths add nodes the answer rarely accepts; a draft that stopped there

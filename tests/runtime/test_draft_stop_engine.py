@@ -68,7 +68,7 @@ def inner(drafter):
 @pytest.mark.parametrize("method", ["eagle3", "eagle3+ngram"])
 def test_greedy_output_equals_ar_with_the_draft_stopped(target, head, reference, stop, max_batch, method):
     engine = SpecEngine(target, head, method=method, max_len=64, max_batch=max_batch,
-                        drafter_options={"draft_stop": stop}, **FULL)
+                        drafter_options={"draft_stop": stop, "draft_stop_rows": max_batch}, **FULL)
     assert inner(engine.drafter).draft_stop == stop
     tokens, steps = run(engine, PROMPTS)
     assert tokens == reference
@@ -78,7 +78,7 @@ def test_greedy_output_equals_ar_with_the_draft_stopped(target, head, reference,
         assert min(depths) == 1 and sum(d < FULL["num_steps"] for d in depths) > len(depths) // 2
         # and inside full_drafts (where the engine times its steps) every step drafts its whole depth
         again = SpecEngine(target, head, method=method, max_len=64, max_batch=max_batch,
-                           drafter_options={"draft_stop": stop}, **FULL)
+                           drafter_options={"draft_stop": stop, "draft_stop_rows": max_batch}, **FULL)
         again.add(Request(PROMPTS[0], SamplingParams(max_new_tokens=NEW)))
         again.step()  # (allocated)
         with again.drafter.full_drafts():
@@ -110,10 +110,30 @@ def test_the_adaptive_policy_stops_drafts_by_default(target, head, reference):
     assert inner(off.drafter).draft_stop == 0.0
 
 
-@pytest.mark.parametrize("value", [1.5, -0.1, "often", True])
-def test_a_bad_threshold_is_refused_naming_the_option(target, head, value):
-    with pytest.raises((DrafterError, EngineError, ValueError), match="draft_stop"):
-        SpecEngine(target, head, max_len=64, max_batch=1, drafter_options={"draft_stop": value}, **FULL)
+def test_a_wider_batch_drafts_whole_unless_asked(target, head, reference):
+    """By default the stop applies to batches of one row (DRAFT_STOP_ROWS): while three rows run, every
+    step drafts the full depth; the last row alone stops."""
+    engine = SpecEngine(target, head, method="eagle3", max_len=64, max_batch=3, drafter_options={"draft_stop": 0.9},
+                        **FULL)
+    assert inner(engine.drafter).draft_stop_rows == 1
+    handles = [engine.add(Request(p, SamplingParams(max_new_tokens=n))) for p, n in zip(PROMPTS[:3], (24, 24, 40))]
+    got, wide, alone = {h: [] for h in handles}, [], []
+    while engine.has_work:
+        outs = engine.step()
+        rows = len(engine.rows) + sum(o.finish_reason is not None for o in outs)
+        for o in outs:
+            got[o.handle] += o.new_tokens
+            if not o.prefill and o.draft_tree is not None:
+                (wide if rows > 1 else alone).append(o.draft_depth)
+    assert [got[h] for h in handles] == [reference[0], reference[1], ar_tokens(target, PROMPTS[2:3], 40)[0]]
+    assert wide and alone and max(wide) == FULL["num_steps"] and min(alone) == 1
+
+
+@pytest.mark.parametrize("option, value", [("draft_stop", 1.5), ("draft_stop", -0.1), ("draft_stop", "often"),
+                                           ("draft_stop", True), ("draft_stop_rows", 0), ("draft_stop_rows", "all")])
+def test_a_bad_threshold_is_refused_naming_the_option(target, head, option, value):
+    with pytest.raises((DrafterError, EngineError, ValueError), match=option):
+        SpecEngine(target, head, max_len=64, max_batch=1, drafter_options={option: value}, **FULL)
 
 
 @needs_triton
@@ -125,10 +145,10 @@ def test_the_interpreted_kernels_skip_and_draft_the_same_trees(target, head, ref
     fused_target.fuse_for_inference()
     fused_head.fuse_for_inference(lm_head_int8=False)
     want = run(SpecEngine(fused_target, fused_head, method="eagle3", max_len=64, max_batch=max_batch,
-                          drafter_options={"draft_stop": 0.3}, **FULL), PROMPTS[:2], 12)
+                          drafter_options={"draft_stop": 0.3, "draft_stop_rows": max_batch}, **FULL), PROMPTS[:2], 12)
     interpret_triton(monkeypatch)
     engine = SpecEngine(fused_target, fused_head, method="eagle3", max_len=64, max_batch=max_batch,
-                        drafter_options={"draft_stop": 0.3}, **FULL)
+                        drafter_options={"draft_stop": 0.3, "draft_stop_rows": max_batch}, **FULL)
     got = run(engine, PROMPTS[:2], 12)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert got[0] == want[0] == [r[:12] for r in reference[:2]]
@@ -200,7 +220,8 @@ def test_the_stopped_draft_kernels_compile_for_sm90():
         with torch.no_grad():
             for method in ("eagle3", "eagle3+ngram"):
                 engine = SpecEngine(tiny, draft, method=method, num_steps=4, topk=3, num_draft_tokens=8, max_batch=2,
-                                    max_len=128, speculation_policy="adaptive", speculation_tiers="1,1,1;2,1,2;3,2,5")
+                                    max_len=128, speculation_policy="adaptive", speculation_tiers="1,1,1;2,1,2;3,2,5",
+                                    drafter_options={"draft_stop_rows": 2})
                 assert inner(engine.drafter).draft_stop == DRAFT_STOP
                 for p in (list(range(1, 20)), list(range(5, 12))):
                     engine.add(Request(p, SamplingParams(max_new_tokens=6)))
