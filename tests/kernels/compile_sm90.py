@@ -12,6 +12,7 @@ leaves triton.language patched in the one it ran in).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -60,6 +61,22 @@ def _arg_type(value) -> str:
     if isinstance(value, float):
         return "fp32"
     raise TypeError(f"no Triton type for {type(value).__name__}")
+
+
+@contextlib.contextmanager
+def recording():
+    """Inside: the kernels run interpreted (TRITON_INTERPRET=1) and every launch is recorded into the
+    list yielded (`record_launches`); both undone after."""
+    import pytest
+
+    from tests.kernels.interpret import interpret_triton
+
+    mp = pytest.MonkeyPatch()
+    try:
+        interpret_triton(mp)
+        yield record_launches(mp)
+    finally:
+        mp.undo()
 
 
 def describe(launch) -> dict:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.compile_sm90 import compile_all, distinct, record_launches, tiny_target
-from tests.kernels.interpret import interpret_triton, needs_triton
+from tests.kernels.compile_sm90 import compile_all, distinct, recording, tiny_target
+from tests.kernels.interpret import needs_triton
 
 
 # a prefill of 19 + 4 tokens and two steps launch every kernel variant that 19 + 7 tokens and five
@@ -25,10 +25,7 @@ def step_launches():
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.model import TargetModel
 
-    mp = pytest.MonkeyPatch()
-    try:
-        interpret_triton(mp)
-        launches = record_launches(mp)
+    with recording() as launches:
         cfg, target = tiny_target()
         with torch.no_grad():
             for method, int8 in (("eagle3", False), ("eagle3", True), ("ar", False)):
@@ -86,8 +83,6 @@ def step_launches():
             h = torch.randint(0, 5, (2, 40))
             for longest in (1, 3, 4, KERNEL_MAX_NGRAM):
                 ngram_lookup(h, torch.tensor([30, 39]), torch.tensor([1, 2]), torch.arange(8), longest, min(3, longest))
-    finally:
-        mp.undo()
     return distinct(launches)
 
 

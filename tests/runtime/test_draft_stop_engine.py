@@ -19,23 +19,8 @@ from specheads.kernels.fused import skip_stopped
 from specheads.runtime.engine import EngineError, Request, SpecEngine
 from specheads.runtime.sampling import SamplingParams
 from tests.kernels.interpret import interpret_triton, needs_triton
-from tests.runtime.spec_helpers import ar_tokens, make_target, random_prompts, train_head
-
-VOCAB = 64
-TRAIN = random_prompts(16, VOCAB, [3, 7, 1, 12, 5, 9, 2, 6, 4, 10, 8, 3, 5, 11, 7, 2], seed=11)
-PROMPTS = TRAIN[:5]
-NEW = 24
-FULL = dict(num_steps=4, topk=3, num_draft_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return make_target(seed=0, vocab=VOCAB, max_positions=128)
-
-
-@pytest.fixture(scope="module")
-def reference(target):
-    return ar_tokens(target, PROMPTS, NEW)
+from tests.runtime.spec_helpers import ar_tokens, train_head
+from tests.runtime.test_tiers import FULL, NEW, PROMPTS, TRAIN, reference, target  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +101,7 @@ def test_a_wider_batch_drafts_whole_unless_asked(target, head, reference):
     engine = SpecEngine(target, head, method="eagle3", max_len=64, max_batch=3, drafter_options={"draft_stop": 0.9},
                         **FULL)
     assert inner(engine.drafter).draft_stop_rows == 1
-    handles = [engine.add(Request(p, SamplingParams(max_new_tokens=n))) for p, n in zip(PROMPTS[:3], (24, 24, 40))]
+    handles = [engine.add(Request(p, SamplingParams(max_new_tokens=n))) for p, n in zip(PROMPTS[:3], (NEW, NEW, 40))]
     got, wide, alone = {h: [] for h in handles}, [], []
     while engine.has_work:
         outs = engine.step()
@@ -208,12 +193,9 @@ def test_the_stopped_draft_kernels_compile_for_sm90():
     expansion reading the stop, the expansion writing it, the selection under its depth) compile for
     the GPU (sm_90), here on CPU."""
     from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
-    from tests.kernels.compile_sm90 import compile_all, distinct, record_launches, tiny_target
+    from tests.kernels.compile_sm90 import compile_all, distinct, recording, tiny_target
 
-    mp = pytest.MonkeyPatch()
-    try:
-        interpret_triton(mp)
-        launches = record_launches(mp)
+    with recording() as launches:
         _, tiny = tiny_target()
         draft = Eagle3Head(Eagle3Config.for_target(tiny, draft_vocab_size=128)).eval()
         draft.fuse_for_inference(lm_head_int8=True)
@@ -227,8 +209,6 @@ def test_the_stopped_draft_kernels_compile_for_sm90():
                     engine.add(Request(p, SamplingParams(max_new_tokens=6)))
                 while engine.has_work:
                     engine.step()
-    finally:
-        mp.undo()
     descs = distinct(launches)
     skipping = {d["name"] for d in descs if d["constexprs"].get("SKIP") or d["constexprs"].get("STOP")
                 or d["constexprs"].get("LIMIT")}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.compile_sm90 import compile_all, distinct, record_launches, tiny_target
-from tests.kernels.interpret import interpret_triton, needs_triton
+from tests.kernels.compile_sm90 import compile_all, distinct, recording, tiny_target
+from tests.kernels.interpret import needs_triton
 from tests.runtime.test_tiers import run, scripted
 
 
@@ -21,10 +21,7 @@ def tier_launches():
     from specheads.runtime.sampling import SamplingParams
     from specheads.target.model import TargetModel
 
-    mp = pytest.MonkeyPatch()
-    try:
-        interpret_triton(mp)
-        launches = record_launches(mp)
+    with recording() as launches:
         cfg, target = tiny_target()
         head = Eagle3Head(Eagle3Config.for_target(target, draft_vocab_size=128)).eval()
         head.fuse_for_inference(lm_head_int8=True)
@@ -39,8 +36,6 @@ def tier_launches():
                 engine.policy = scripted(engine.full_tree, "1,1,1;2,1,2" if i == 2 else "1,1,1;2,1,2;3,2,5",
                                          schedule=[1, 2, 3, 4, 0] if i < 2 else [1, 2, 3, 0])
                 run(engine, prompts, SamplingParams(max_new_tokens=6), 2)
-    finally:
-        mp.undo()
     return distinct(launches)
 
 
